@@ -1,0 +1,571 @@
+"""
+nanoMeSH: the whole model in one file.
+
+MeSH (Memory-as-State-Highways for Recursive Transformers, Yu et al., arXiv
+2510.07739) on a GPT-NeoX / Pythia backbone. A recursive transformer runs a
+prelude, then one weight-shared core several times (the loop steps), then a
+coda. How the hidden state travels from step to step is the "scheme":
+
+    base        h(t+1) = f_t(h(t))
+    residual    h(t+1) = f_t(h(t)) + h(t)
+    anchor      h(t+1) = f_t(h(t)) + h(0)
+    anchor_emb  h(t+1) = f_t(h(t)) + h_emb           (the paper's anchor*)
+    mesh        a B-slot memory buffer with per-step write/read routers (Eq. 2-5)
+
+Read top to bottom: Config and layouts, the GPT-NeoX Block, the Router, the
+model (forward = the paper's Eq. 2-5), init, optimizer, KV cache and
+generation, checkpoints, and a summary command:
+
+    python mesh.py --model pythia-1.4b --layout 4+8R2+4 --scheme mesh
+
+prints the paper's Table 5 numbers for any preset without allocating weights.
+"""
+
+import argparse
+import difflib
+import math
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+SCHEMES = ("base", "residual", "anchor", "anchor_emb", "mesh")
+
+# Pythia shapes: width, heads, vanilla depth, peak LR, padded vocabulary.
+PRESETS = {
+    "pythia-14m": dict(n_embd=128, n_head=4, n_layer=6, lr=1e-3),
+    "pythia-31m": dict(n_embd=256, n_head=8, n_layer=6, lr=1e-3),
+    "pythia-70m": dict(n_embd=512, n_head=8, n_layer=6, lr=1e-3),
+    "pythia-160m": dict(n_embd=768, n_head=12, n_layer=12, lr=6e-4),
+    "pythia-410m": dict(n_embd=1024, n_head=16, n_layer=24, lr=3e-4),
+    "pythia-1b": dict(n_embd=2048, n_head=8, n_layer=16, lr=2.5e-4),
+    "pythia-1.4b": dict(n_embd=2048, n_head=16, n_layer=24, lr=2e-4),
+    "pythia-2.8b": dict(n_embd=2560, n_head=32, n_layer=32, lr=1.6e-4),
+    "pythia-6.9b": dict(n_embd=4096, n_head=32, n_layer=32, lr=1.2e-4, vocab_size=50432),
+    "pythia-12b": dict(n_embd=5120, n_head=40, n_layer=36, lr=1.2e-4, vocab_size=50688),
+    # Trains on a laptop CPU in minutes: 12 layers of compute, 8 unique.
+    "classroom": dict(n_embd=128, n_head=4, layout="2+4R2+2", scheme="mesh", block_size=64,
+                      vocab_size=65, lr=1e-3),
+}
+
+
+def closest(name, options):
+    """' (did you mean X?)' for the nearest valid name, or '' when none is close."""
+    match = difflib.get_close_matches(str(name), list(options), n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+# -----------------------------------------------------------------------------
+# Layouts (SPEC section 2): "P+CRN+Q", "24", "4+8+8+4"
+
+LAYOUT_FORM = "'+'-separated block counts such as '24', '4+8R2+4' or '4+8+8+4'"
+
+
+@dataclass(frozen=True)
+class Layout:
+    prelude: int   # blocks in f_pre
+    cores: tuple   # block count of each unique core
+    schedule: tuple  # for each loop step t, the index of the core it runs
+    coda: int      # blocks in f_coda
+
+    @property
+    def depth(self):  # compute depth: blocks applied per forward (unrolled)
+        return self.prelude + sum(self.cores[c] for c in self.schedule) + self.coda
+
+    @property
+    def unique(self):  # blocks that own parameters
+        return self.prelude + sum(self.cores) + self.coda
+
+
+def parse_layout(text):
+    """'4+8R2+4' -> Layout(4, (8,), (0, 0), 4); '24' -> Layout(24, (), (), 0).
+
+    The first segment is the prelude, the last the coda; each middle segment is
+    'C' (one step with its own C blocks) or 'CRN' (N steps sharing one core)."""
+    bad = f"bad layout {text!r}: expected {LAYOUT_FORM}"
+    segments = str(text).split("+")
+    if not all(segments):
+        raise ValueError(f"{bad} (empty segment)")
+    if len(segments) == 1:
+        if not segments[0].isdigit() or int(segments[0]) < 1:
+            raise ValueError(f"{bad} (a vanilla layout is one positive block count)")
+        return Layout(int(segments[0]), (), (), 0)
+    ends = (segments[0], segments[-1])
+    if not all(s.isdigit() for s in ends):
+        raise ValueError(f"{bad} (prelude and coda are plain block counts, got {ends[0]!r}, {ends[1]!r})")
+    cores, schedule = [], []
+    for seg in segments[1:-1]:
+        m = re.fullmatch(r"(\d+)(?:R(\d+))?", seg)
+        if not m:
+            raise ValueError(f"{bad} (segment {seg!r} is not 'C' or 'CRN')")
+        size, repeats = int(m[1]), int(m[2] or 1)
+        if size < 1 or repeats < 1:
+            raise ValueError(f"{bad} (segment {seg!r} needs at least one block and one step)")
+        schedule += [len(cores)] * repeats
+        cores.append(size)
+    layout = Layout(int(ends[0]), tuple(cores), tuple(schedule), int(ends[1]))
+    if layout.depth < 1:
+        raise ValueError(f"{bad} (no blocks)")
+    return layout
+
+
+# -----------------------------------------------------------------------------
+# Config
+
+@dataclass
+class Config:
+    vocab_size: int = 50304      # GPT-2's 50257 padded to a multiple of 64
+    block_size: int = 2048       # context length
+    n_embd: int = 768
+    n_head: int = 12
+    layout: str = "12"           # SPEC section 2
+    scheme: str = "base"         # one of SCHEMES
+    n_slots: int | None = None   # MeSH buffer slots B; None means K+3 (Appendix E.1)
+    rotary_pct: float = 0.25     # fraction of each head's dims that get rotary
+    rotary_base: float = 10000.0
+    parallel_residual: bool = True   # GPT-NeoX: x + attn(ln_1 x) + mlp(ln_2 x)
+    scale_embeddings: bool = True    # h_emb = wte(idx) * sqrt(D) (Appendix B); off for real Pythia weights
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        self.layout = str(self.layout)
+        self.shape = parse_layout(self.layout)  # not a field: derived, not saved
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"unknown scheme {self.scheme!r}{closest(self.scheme, SCHEMES)}; "
+                             f"expected one of {', '.join(SCHEMES)}")
+        if self.scheme != "base" and not self.shape.schedule:
+            raise ValueError(f"scheme {self.scheme!r} needs loop steps, but layout {self.layout!r} has "
+                             f"none; use a layout like '2+4R2+2' or scheme 'base'")
+        if self.n_slots is not None and self.n_slots < 1:
+            raise ValueError(f"n_slots={self.n_slots} must be at least 1 (or None for K+3)")
+        for name in ("vocab_size", "block_size", "n_embd", "n_head"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
+                             f"pick n_head among the divisors of n_embd")
+        if self.rotary_dims % 2:
+            raise ValueError(f"rotary dims = int(head_dim {self.head_dim} x rotary_pct {self.rotary_pct}) "
+                             f"= {self.rotary_dims} must be even; adjust rotary_pct or n_head")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+    @property
+    def rotary_dims(self):
+        return int(self.head_dim * self.rotary_pct)
+
+    @property
+    def n_steps(self):  # K
+        return len(self.shape.schedule)
+
+    @property
+    def slots(self):  # B, resolved
+        return self.n_slots if self.n_slots is not None else self.n_steps + 3
+
+    def to_dict(self):
+        return asdict(self)  # plain data, saved with every checkpoint
+
+    @classmethod
+    def from_dict(cls, d):
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {', '.join(unknown)}; expected {', '.join(sorted(names))}")
+        return cls(**d)
+
+    @classmethod
+    def from_preset(cls, name, **overrides):
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}{closest(name, PRESETS)}; expected one of {', '.join(PRESETS)}")
+        p = {k: v for k, v in PRESETS[name].items() if k != "lr"}
+        p.setdefault("layout", str(p.pop("n_layer", 0)))
+        p.pop("n_layer", None)
+        p.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(p)
+
+
+# -----------------------------------------------------------------------------
+# The GPT-NeoX block
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with a fused QKV and NeoX rotary on the first rotary_dims of each head."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head, self.head_dim, self.rot = cfg.n_head, cfg.head_dim, cfg.rotary_dims
+        self.dropout = cfg.dropout
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)   # rows: [q | k | v], each head-major
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        # rotary tables for every position < block_size; derived, so not saved (persistent=False)
+        inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, self.rot, 2, dtype=torch.float32) / self.rot))
+        freqs = torch.outer(torch.arange(cfg.block_size, dtype=torch.float32), inv_freq)
+        freqs = torch.cat((freqs, freqs), dim=-1)                    # (block_size, rot)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def rotary(self, x, pos):  # x (B, H, T, hd); pos (T,) or None for 0..T-1
+        cos = self.cos[: x.size(2)] if pos is None else self.cos[pos]   # (T, rot)
+        sin = self.sin[: x.size(2)] if pos is None else self.sin[pos]
+        xr, xp = x[..., : self.rot], x[..., self.rot:]
+        xr = xr * cos.to(x.dtype) + rotate_half(xr) * sin.to(x.dtype)
+        return torch.cat((xr, xp), dim=-1)
+
+    def forward(self, x, pos=None, cache=None, layer=0):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # 3x (B, H, T, hd)
+        q, k = self.rotary(q, pos), self.rotary(k, pos)
+        drop = self.dropout if self.training else 0.0
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)   # (B, H, T, hd)
+        else:  # keys/values of all earlier positions come from the cache; the mask hides empty slots
+            k, v = cache.update(layer, pos, k, v)                                         # (B, H, L, hd)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask[pos], dropout_p=drop)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))  # exact (erf) GELU, as GPT-NeoX
+
+
+class Block(nn.Module):
+    """GPT-NeoX block. block(x) works on a full causal sequence x of shape (B, T, D)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.parallel = cfg.parallel_residual
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        self.attn = Attention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, pos=None, cache=None, layer=0):
+        a = self.drop(self.attn(self.ln_1(x), pos, cache, layer))
+        if self.parallel:
+            return x + a + self.drop(self.mlp(self.ln_2(x)))
+        x = x + a
+        return x + self.drop(self.mlp(self.ln_2(x)))
+
+
+# -----------------------------------------------------------------------------
+# MeSH routers and buffer
+
+class Router(nn.Module):
+    """One router pair (Eq. 3): per-token softmax weights over the B slots for writing and reading."""
+
+    def __init__(self, n_embd, n_slots):
+        super().__init__()
+        self.write = nn.Linear(n_embd, n_slots)
+        self.read = nn.Linear(n_embd, n_slots)
+
+    def forward(self, h):  # h (B, T, D) -> w_write, w_read, each (B, T, S), rows sum to 1
+        return F.softmax(self.write(h), dim=-1), F.softmax(self.read(h), dim=-1)
+
+
+def buffer_write(mem, w_write, h):
+    """Eq. 5: m_b += w_write_b * h for every slot b at once. mem (B, T, S, D), w_write (B, T, S), h (B, T, D)."""
+    return mem + w_write.unsqueeze(-1) * h.unsqueeze(-2)
+
+
+def buffer_read(mem, w_read):
+    """h = sum_b w_read_b * m_b, a batched (1 x S) @ (S x D) per token -> (B, T, D)."""
+    return (w_read.unsqueeze(-2) @ mem).squeeze(-2)
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+class RecursiveGPT(nn.Module):
+    """wte -> prelude -> loop steps over shared cores (state passed by `scheme`) -> coda -> ln_f -> lm_head."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        shape = cfg.shape
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.prelude = nn.ModuleList(Block(cfg) for _ in range(shape.prelude))
+        self.cores = nn.ModuleList(nn.ModuleList(Block(cfg) for _ in range(n)) for n in shape.cores)
+        self.schedule = list(shape.schedule)  # loop step t runs cores[schedule[t]]
+        self.coda = nn.ModuleList(Block(cfg) for _ in range(shape.coda))
+        if cfg.scheme == "mesh":  # K+1 pairs: [0] the transitional cycle, [t+1] loop step t
+            self.routers = nn.ModuleList(Router(cfg.n_embd, cfg.slots) for _ in range(cfg.n_steps + 1))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # untied, as Pythia
+        self.grad_checkpoint = False  # recompute block activations in backward (train.py --grad_checkpoint)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        """All init, one place (SPEC section 4, Appendix B):
+        - Linear weights and embeddings: normal(0, 0.02); biases zero; LayerNorm weight 1, bias 0.
+        - Output projections of attention and MLP (`attn.proj`, `mlp.proj`): std 0.02 / sqrt(2 * N),
+          N = compute depth (unrolled block count), so the residual stream's variance does not
+          grow with depth however often a shared core is reused.
+        - Routers [choice]: like every Linear, weights normal(0, 0.02) and zero bias, so each
+          router starts near uniform (w ~ 1/B for every slot) and no slot or step is favoured
+          before training; the routers learn any preference from the loss alone.
+        """
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, (Attention, MLP)):  # visited after its Linears (apply is post-order)
+            nn.init.normal_(module.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.shape.depth))
+
+    def num_params(self, non_embedding=True):
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wte.weight.numel() + self.lm_head.weight.numel()
+        return n
+
+    def applied_blocks(self):
+        """Every block in the order the forward pass applies it (the KV cache has one layer per entry)."""
+        steps = [blk for c in self.schedule for blk in self.cores[c]]
+        return list(self.prelude) + steps + list(self.coda)
+
+    def run(self, blocks, x, layer, pos, cache):
+        """Apply `blocks` in order; `layer` counts applied blocks so each gets its own KV cache entry."""
+        for block in blocks:
+            if self.grad_checkpoint and self.training:
+                x = checkpoint(block, x, pos, cache, layer, use_reentrant=False)
+            else:
+                x = block(x, pos, cache, layer)
+            layer += 1
+        return x, layer
+
+    def forward(self, idx, targets=None, pos=None, cache=None, capture=None):
+        """idx (B, T) token ids -> (logits (B, T, V), loss or None).
+
+        pos (T,) and cache (a KVCache) are for incremental decoding; capture, a dict, is filled with
+        the states, block (input, output) pairs and router weights that probe.py studies. Neither
+        changes the result.
+        """
+        cfg = self.config
+        x = self.wte(idx)                                                   # (B, T, D)
+        if cfg.scale_embeddings:
+            x = x * math.sqrt(cfg.n_embd)                                   # Appendix B
+        h_emb = x
+        h, layer = self.run(self.prelude, h_emb, 0, pos, cache)             # f_pre(h_emb)
+        record = capture is not None
+        if record:
+            capture.update(states=[("h_emb", h_emb)], blocks=[("prelude", h_emb, h)], routers=[])
+        if cfg.scheme == "mesh":
+            # Eq. 2: slot 0 starts as h_emb, the other B-1 slots as zeros.
+            mem = torch.cat([h_emb.unsqueeze(-2), h_emb.new_zeros(*h_emb.shape[:-1], cfg.slots - 1, cfg.n_embd)],
+                            dim=-2)                                         # (B, T, S, D)
+            # Transitional cycle [choice]: route on the prelude output, write it, read h(0).
+            w_write, w_read = self.routers[0](h)                            # (B, T, S) each
+            mem = buffer_write(mem, w_write, h)
+            h = buffer_read(mem, w_read)
+            if record:
+                capture["routers"].append(("cycle", w_write, w_read))
+        h0 = h                                                              # h(0)
+        for t, c in enumerate(self.schedule):
+            if record:
+                capture["states"].append((f"h{t}", h))
+            h_m, layer = self.run(self.cores[c], h, layer, pos, cache)     # Eq. 4: h_m = f_t(h(t))
+            if record:
+                capture["blocks"].append((f"step{t}", h, h_m))
+            if cfg.scheme == "base":
+                h = h_m
+            elif cfg.scheme == "residual":
+                h = h_m + h
+            elif cfg.scheme == "anchor":
+                h = h_m + h0
+            elif cfg.scheme == "anchor_emb":
+                h = h_m + h_emb
+            else:  # mesh: route on h(t), write h_m (Eq. 5), read h(t+1)
+                w_write, w_read = self.routers[t + 1](h)
+                mem = buffer_write(mem, w_write, h_m)
+                h = buffer_read(mem, w_read)
+                if record:
+                    capture["routers"].append((f"step{t}", w_write, w_read))
+        x, layer = self.run(self.coda, h, layer, pos, cache)                # f_coda(h(K))
+        if record:
+            capture["states"] += [(f"h{cfg.n_steps}", h), ("out", x)]
+            if self.coda:
+                capture["blocks"].append(("coda", h, x))
+        logits = self.lm_head(self.ln_f(x))                                 # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def configure_optimizer(self, weight_decay, lr, betas=(0.9, 0.95), device_type="cpu"):
+        """AdamW with weight decay on matrices (Linear weights, embeddings, router weights) only:
+        biases and LayerNorm parameters (1-d) are never decayed."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        assert len(decay) + len(no_decay) == len(params)
+        assert not {id(p) for p in decay} & {id(p) for p in no_decay}
+        groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=device_type == "cuda")
+
+    # ---- generation --------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """Append max_new_tokens sampled tokens to idx (B, T). temperature 0 is greedy.
+
+        With use_cache (the default) the prompt is prefilled once and each new token is one
+        position through the network. Positions are absolute, so once the sequence outgrows
+        block_size the last block_size tokens are re-prefilled at every step: the result is the
+        same as full recompute (use_cache=False) either way."""
+        L = self.config.block_size
+        cache = None
+        for _ in range(max_new_tokens):
+            T = idx.size(1)
+            if not use_cache:
+                logits, _ = self(idx[:, -L:])
+            elif cache is None or T > L:  # (re-)prefill
+                cache = KVCache(self, idx.size(0), L) if cache is None else cache
+                ctx = idx[:, -L:]
+                logits, _ = self(ctx, pos=torch.arange(ctx.size(1), device=idx.device), cache=cache)
+            else:  # decode one position
+                logits, _ = self(idx[:, -1:], pos=torch.tensor([T - 1], device=idx.device), cache=cache)
+            idx = torch.cat((idx, sample(logits[:, -1, :], temperature, top_k)), dim=1)
+        return idx
+
+
+def sample(logits, temperature=1.0, top_k=None):
+    """logits (B, V) -> next token ids (B, 1); temperature 0 means argmax."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = -float("inf")
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+
+
+class KVCache:
+    """Keys and values of every applied block (so `4+8R2+4` caches 24 layers, not 16), for max_len
+    positions, preallocated so shapes never change while decoding."""
+
+    def __init__(self, model, batch_size, max_len):
+        cfg, p = model.config, model.lm_head.weight
+        shape = (len(model.applied_blocks()), batch_size, cfg.n_head, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, device=p.device, dtype=p.dtype)  # (layers, B, H, L, hd)
+        self.v = torch.zeros_like(self.k)
+        self.mask = torch.ones(max_len, max_len, dtype=torch.bool, device=p.device).tril()  # (L, L) causal
+
+    def update(self, layer, pos, k, v):  # k, v (B, H, T, hd) at positions pos (T,)
+        self.k[layer].index_copy_(2, pos, k.to(self.k.dtype))
+        self.v[layer].index_copy_(2, pos, v.to(self.v.dtype))
+        return self.k[layer], self.v[layer]
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: one writer and one loader, shared by train / sample / probe / bench
+
+class CheckpointError(ValueError):
+    pass
+
+
+def save_checkpoint(obj, path):
+    """torch.save to a temporary file in the same folder, fsync, then os.replace: a crash at any
+    moment leaves either the previous checkpoint or the new one, never half of one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_checkpoint(out_dir, device="cpu"):
+    """Load OUT_DIR/ckpt.pt (weights_only: loading never runs code) -> (model, checkpoint dict)."""
+    path = os.path.join(out_dir, "ckpt.pt")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"no checkpoint at {path}; train one with: python train.py --out_dir={out_dir}")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+        model = RecursiveGPT(Config.from_dict(ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    except Exception as e:  # truncated zip, foreign file, missing keys, ...
+        raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                              f"delete it or point --out_dir at another run") from None
+    return model.to(device), ckpt
+
+
+# -----------------------------------------------------------------------------
+# Summary (the paper's Table 5), on the meta device: no weights are allocated
+
+def summary(cfg):
+    with torch.device("meta"):
+        model = RecursiveGPT(cfg)
+        vanilla = RecursiveGPT(Config(**{**cfg.to_dict(), "layout": str(cfg.shape.depth), "scheme": "base"}))
+    s = cfg.shape
+    lines = [f"layout {cfg.layout}, scheme {cfg.scheme}" + (f", {cfg.slots} slots" if cfg.scheme == "mesh" else "")]
+    first = 0
+
+    def span(n):
+        nonlocal first
+        first += n
+        return f"blocks {first - n}-{first - 1}" if n else "(none)"
+
+    lines.append(f"  prelude  {span(s.prelude)}")
+    core_spans = [span(n) for n in s.cores]
+    for t, c in enumerate(s.schedule):
+        shared = " (shared)" if s.schedule.index(c) != t else ""
+        lines.append(f"  step {t:<3} core {c}: {core_spans[c]}{shared}")
+    lines.append(f"  coda     {span(s.coda)}")
+    ne, vne = model.num_params(), vanilla.num_params()
+    routers = sum(p.numel() for n, p in model.named_parameters() if n.startswith("routers."))
+    lines += [
+        f"compute depth {s.depth}, unique layers {s.unique}",
+        f"total params          {model.num_params(False):>15,}",
+        f"non-embedding params  {ne:>15,}  ({100 * ne / vne:.2f}% of vanilla {s.depth}-layer: {vne:,})",
+        f"router params         {routers:>15,}",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="Print a model's layout and parameter counts (no weights allocated).")
+    ap.add_argument("--model", default="classroom", help=f"preset: {', '.join(PRESETS)}")
+    ap.add_argument("--layout")
+    ap.add_argument("--scheme")
+    ap.add_argument("--n_slots", type=int)
+    ap.add_argument("--vocab_size", type=int)
+    ap.add_argument("--block_size", type=int)
+    a = ap.parse_args()
+    try:
+        config = Config.from_preset(a.model, layout=a.layout, scheme=a.scheme, n_slots=a.n_slots,
+                                    vocab_size=a.vocab_size, block_size=a.block_size)
+    except ValueError as e:
+        ap.exit(2, f"mesh.py: error: {e}\n")
+    print(summary(config))
