@@ -1,0 +1,348 @@
+"""
+Prepare a text dataset for nanoMeSH: tokenize it into train.bin / val.bin plus meta.json.
+
+    python data/prepare.py --dataset shakespeare_char           # Tiny Shakespeare, characters
+    python data/prepare.py --dataset shakespeare                # Tiny Shakespeare, GPT-2 BPE
+    python data/prepare.py --dataset pydoc                      # offline: Python's pydoc topics
+    python data/prepare.py --dataset mytext --input my.txt [--tokenizer char|gpt2]
+
+Writes OUT_ROOT/NAME/{train.bin,val.bin,meta.json} (OUT_ROOT defaults to this folder).
+The .bin files are flat arrays of token ids (uint16, or uint32 when the vocabulary is
+larger than 65535); the first 90% of the tokens are train, the last 10% val. meta.json
+records the tokenizer, vocab_size, dtype, token counts, the source and its sha256.
+
+Tiny Shakespeare is downloaded (to OUT_ROOT/NAME/input.txt) and checked against its
+known sha256 before use; --url or the NANOMESH_SHAKESPEARE_URL environment variable
+replace the address (e.g. a mirror or a file:// URL). --input FILE uses a local copy
+instead (its hash is recorded, not enforced). The GPT-2 vocabulary comes from tiktoken;
+offline, point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files.
+
+Files of any size are streamed in chunks of about chunk_bytes, cut after a newline, so
+memory stays bounded. GPT-2 BPE is applied per chunk, which is what you get by splitting
+the text after newlines and encoding the pieces separately. Outputs are staged in a
+temporary folder and moved into place at the end, meta.json last, so an error never
+leaves a half-written dataset.
+"""
+import argparse
+import contextlib
+import difflib
+import hashlib
+import http.client
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import urllib.request
+
+import numpy as np
+
+DEFAULT_OUT_ROOT = os.path.dirname(os.path.abspath(__file__))
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
+GPT2_VOCAB_SIZE = 50257  # ids >= this are the model's padding (it rounds up to 50304)
+PROGRESS_BYTES = 64 << 20  # one progress line per 64 MiB read
+
+
+class PrepareError(Exception):
+    """A problem with the data the user can fix; the CLI prints it as one line."""
+
+
+class DownloadError(PrepareError):
+    """The download itself failed (offline, bad address), as opposed to a bad file."""
+
+    def __init__(self, url, reason):
+        self.url, self.reason = url, reason
+        super().__init__(f"could not download {url} ({reason}); pass --input FILE with a local copy")
+
+
+def _stderr(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def dtype_for_vocab(vocab_size):
+    return "uint16" if vocab_size <= 65535 else "uint32"
+
+
+class Tokenizer:
+    """Character-level or GPT-2 BPE tokenizer, (de)serialized as the tokenizer part of meta.json."""
+
+    def __init__(self, kind, chars=None, encoding="gpt2"):
+        self.kind = kind
+        if kind == "char":
+            self.chars = list(chars)
+            if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
+                raise PrepareError("char vocabulary must be distinct single characters")
+            # ids are positions in self.chars; a sorted copy of the code points lets numpy
+            # map a whole chunk at once with searchsorted, whatever order chars came in
+            cps = np.array([ord(c) for c in self.chars], dtype=np.uint32)
+            self._order = np.argsort(cps)
+            self._sorted = cps[self._order]
+            self.vocab_size = len(self.chars)
+        elif kind == "gpt2":
+            self.encoding = encoding
+            try:
+                import tiktoken  # lazily: char-level users never need it
+                self._enc = tiktoken.get_encoding(encoding)
+            except Exception as e:
+                reason = f"{type(e).__name__}: {e}"[:160]  # requests' errors can be very long
+                raise PrepareError(
+                    f"the GPT-2 vocabulary could not be loaded ({reason}); tiktoken "
+                    "downloads it once, so offline set TIKTOKEN_CACHE_DIR to a folder holding "
+                    "tiktoken's cached files") from None
+            self.vocab_size = self._enc.n_vocab
+        else:
+            raise PrepareError(f"unknown tokenizer {kind!r}; use 'char' or 'gpt2'")
+
+    @classmethod
+    def from_meta(cls, meta):
+        if meta["tokenizer"] == "char":
+            return cls("char", chars=meta["chars"])
+        return cls(meta["tokenizer"], encoding=meta.get("encoding", "gpt2"))
+
+    @classmethod
+    def load(cls, path):
+        """path: a dataset folder or its meta.json."""
+        if os.path.isdir(path):
+            path = os.path.join(path, "meta.json")
+        with open(path, encoding="utf-8") as f:
+            return cls.from_meta(json.load(f))
+
+    def to_meta(self):
+        if self.kind == "char":
+            return {"tokenizer": "char", "chars": "".join(self.chars), "vocab_size": self.vocab_size}
+        return {"tokenizer": "gpt2", "encoding": self.encoding, "vocab_size": self.vocab_size}
+
+    def encode_array(self, text):
+        if self.kind == "gpt2":
+            return np.array(self._enc.encode(text, allowed_special={"<|endoftext|>"}), dtype=np.int64)
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
+        pos = np.minimum(np.searchsorted(self._sorted, cps), len(self._sorted) - 1)
+        unknown = self._sorted[pos] != cps
+        if unknown.any():
+            bad = sorted({chr(c) for c in cps[unknown]})
+            more = f", ... ({len(bad)} in all)" if len(bad) > 10 else ""
+            raise PrepareError("characters not in the vocabulary: " + ", ".join(map(repr, bad[:10])) + more)
+        return self._order[pos]
+
+    def encode(self, text):
+        return self.encode_array(text).tolist()
+
+    def decode(self, ids):
+        # ids outside the vocabulary (the model's padding rows) are dropped
+        ids = [int(i) for i in ids]
+        if self.kind == "gpt2":
+            return self._enc.decode([i for i in ids if 0 <= i < GPT2_VOCAB_SIZE])
+        return "".join(self.chars[i] for i in ids if 0 <= i < self.vocab_size)
+
+
+def _size(n):
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
+    """Yield the text of `source` (a path or bytes) in pieces of about chunk_bytes, cut after
+    a newline (or, in a line longer than a chunk, between characters); checks it is UTF-8."""
+    f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
+    total = len(source) if isinstance(source, bytes) else os.path.getsize(source)
+    carry, offset, done, mark = b"", 0, 0, PROGRESS_BYTES
+    with f:
+        while True:
+            block = f.read(chunk_bytes)
+            done += len(block)
+            if sha is not None:
+                sha.update(block)
+            buf = carry + block
+            if not buf:
+                return
+            cut = len(buf)
+            if block:  # not at the end: keep the last partial line for the next chunk
+                cut = buf.rfind(b"\n") + 1
+                if cut == 0 and len(buf) > chunk_bytes:  # a line longer than a chunk: cut
+                    cut = len(buf) - 1                   # before its last character's first byte
+                    while cut > max(0, len(buf) - 4) and buf[cut] & 0xC0 == 0x80:
+                        cut -= 1
+            piece, carry = buf[:cut], buf[cut:]
+            try:
+                text = piece.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise PrepareError(f"{label} is not UTF-8: invalid byte 0x{piece[e.start]:02x} "
+                                   f"at byte offset {offset + e.start}") from None
+            offset += len(piece)
+            if done >= mark:
+                log(f"prepare: {what} {_size(done)} / {_size(total)}")
+                mark += PROGRESS_BYTES
+            if text:
+                yield text
+
+
+def _download(url, dest, expected_sha256, log):
+    log(f"prepare: downloading {url}")
+    sha = hashlib.sha256()
+    with open(dest, "wb") as f:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                while block := r.read(1 << 20):
+                    sha.update(block)
+                    f.write(block)
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            raise DownloadError(url, str(getattr(e, "reason", "") or e) or type(e).__name__) from None
+    got = sha.hexdigest()
+    if expected_sha256 and got != expected_sha256:
+        os.remove(dest)
+        raise PrepareError(f"{url} is not the expected file: sha256 expected {expected_sha256}, got {got}")
+
+
+def _pydoc_text():
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        raise PrepareError("pydoc_data.topics is missing from this Python installation") from None
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def _tokenize(source, label, tok, train_path, val_path, chunk_bytes, log):
+    """Stream source into train_path/val_path; tok=None builds a char vocabulary. Returns meta."""
+    sha, scan = hashlib.sha256(), tok is None
+    if scan:  # char: a first pass collects the character set (and hashes the source)
+        chars = set()
+        for text in _read_chunks(source, label, chunk_bytes, log, "scanning", sha):
+            chars.update(text)
+        tok = Tokenizer("char", sorted(chars))
+    dtype = dtype_for_vocab(tok.vocab_size)
+    n = 0
+    with open(train_path, "wb") as f:  # all tokens for now; the val tail is moved out below
+        for text in _read_chunks(source, label, chunk_bytes, log, "encoding", None if scan else sha):
+            ids = tok.encode_array(text).astype(dtype)
+            ids.tofile(f)
+            n += len(ids)
+    n_train = n * 9 // 10
+    if n_train == 0 or n_train == n:
+        raise PrepareError(f"{label} is too small: {n} tokens cannot be split into train and val")
+    # train is a prefix of all tokens: copy the tail out through a memmap, then truncate
+    tokens = np.memmap(train_path, dtype=dtype, mode="r", shape=(n,))
+    with open(val_path, "wb") as f:
+        for i in range(n_train, n, 1 << 24):
+            tokens[i:min(i + (1 << 24), n)].tofile(f)
+    del tokens  # close the map before truncating the file under it
+    os.truncate(train_path, n_train * np.dtype(dtype).itemsize)
+    return {**tok.to_meta(), "dtype": dtype, "train_tokens": n_train, "val_tokens": n - n_train,
+            "sha256": sha.hexdigest()}
+
+
+def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_OUT_ROOT,
+            chunk_bytes=1 << 20, log=_stderr):
+    """Tokenize a dataset into OUT_ROOT/dataset/ and return that folder's path."""
+    if not dataset or dataset.startswith(".") or os.sep in dataset or "/" in dataset:
+        raise PrepareError(f"invalid dataset name {dataset!r}; use a plain folder name")
+    if input is not None and url is not None:
+        raise PrepareError("pass either --input or --url, not both")
+    kind = DATASETS.get(dataset, "char")
+    if tokenizer and dataset in DATASETS and tokenizer != kind:
+        raise PrepareError(f"dataset {dataset!r} uses the {kind} tokenizer; "
+                           f"pick another --dataset name for a {tokenizer} version")
+    kind = tokenizer or kind
+    is_shakespeare = dataset.startswith("shakespeare") and dataset in DATASETS
+    # resolve the source first, so a bad name or missing file is reported before any work
+    if input is not None:
+        if not os.path.isfile(input):
+            raise PrepareError(f"input file {input} does not exist")
+        source, label = input, input
+    elif is_shakespeare or url is not None:
+        url = url or (os.environ.get("NANOMESH_SHAKESPEARE_URL") or SHAKESPEARE_URL)
+        source, label = None, url  # downloaded below, into the staging folder
+    elif dataset == "pydoc":
+        source, label = _pydoc_text().encode("utf-8"), "pydoc_data.topics"
+    else:
+        close = difflib.get_close_matches(dataset, DATASETS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise PrepareError(f"unknown dataset {dataset!r}; {hint}known datasets: {', '.join(sorted(DATASETS))} "
+                           "(any other name needs --input FILE)")
+    if input is not None and os.path.getsize(input) == 0:
+        raise PrepareError(f"{label} is empty")
+    tok = Tokenizer("gpt2") if kind == "gpt2" else None  # fail early if the vocabulary is missing
+
+    final = os.path.join(out_root, dataset)
+    created_root = not os.path.isdir(out_root)
+    os.makedirs(out_root, exist_ok=True)
+    stage = tempfile.mkdtemp(prefix=f".{dataset}.tmp-", dir=out_root)
+    try:
+        if source is None:  # download into the stage; it lands next to the .bin files as input.txt
+            source = os.path.join(stage, "input.txt")
+            _download(url, source, SHAKESPEARE_SHA256 if is_shakespeare else None, log)
+            if os.path.getsize(source) == 0:
+                raise PrepareError(f"{label} is empty")
+        meta = _tokenize(source, label, tok, os.path.join(stage, "train.bin"),
+                         os.path.join(stage, "val.bin"), chunk_bytes, log)
+        meta = {"dataset": dataset, **meta, "source": os.path.abspath(input) if input else label}
+        with open(os.path.join(stage, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2, ensure_ascii=False)
+        # commit: drop the old meta.json first so a crash midway never pairs it with new .bin
+        # files, then move everything in, meta.json last (its presence marks a complete dataset)
+        os.makedirs(final, exist_ok=True)
+        if os.path.exists(os.path.join(final, "meta.json")):
+            os.remove(os.path.join(final, "meta.json"))
+        for name in sorted(os.listdir(stage), key=lambda name: name == "meta.json"):
+            os.replace(os.path.join(stage, name), os.path.join(final, name))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created_root and not os.path.isdir(final):
+            with contextlib.suppress(OSError):
+                os.rmdir(out_root)  # we made it: leave no empty folder behind either
+    log(f"prepare: {dataset}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
+        f"vocab {meta['vocab_size']}, {meta['dtype']} -> {final}")
+    return final
+
+
+def ensure_dataset(dataset, out_root=DEFAULT_OUT_ROOT, log=_stderr):
+    """Return the name of the dataset folder to train on, preparing a named dataset if needed.
+    Offline, shakespeare_char falls back to the 'pydoc' corpus so training still runs."""
+    if os.path.isfile(os.path.join(out_root, dataset, "meta.json")):
+        return dataset
+    if dataset not in DATASETS:
+        raise PrepareError(f"dataset {dataset!r} was never prepared (no {dataset}/meta.json in {out_root}); "
+                           f"prepare it with: python data/prepare.py --dataset {dataset} --input FILE")
+    try:
+        prepare(dataset, out_root=out_root, log=log)
+    except DownloadError as e:
+        if dataset != "shakespeare_char":
+            raise
+        log(f"prepare: Tiny Shakespeare could not be downloaded ({e.reason}); "
+            "training on the offline 'pydoc' corpus instead")
+        return ensure_dataset("pydoc", out_root, log)
+    return dataset
+
+
+def load_split(data_dir, split):
+    """The train or val tokens of a prepared dataset, memory-mapped (read-only)."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', not {split!r}")
+    with open(os.path.join(data_dir, "meta.json"), encoding="utf-8") as f:
+        dtype = json.load(f)["dtype"]
+    return np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=dtype, mode="r")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Tokenize a text dataset into train.bin/val.bin/meta.json.")
+    p.add_argument("--dataset", required=True, help=f"output folder name; known: {', '.join(sorted(DATASETS))}")
+    p.add_argument("--input", help="local text file (UTF-8) to use instead of downloading")
+    p.add_argument("--url", help="download address (default: the canonical Tiny Shakespeare)")
+    p.add_argument("--tokenizer", choices=["char", "gpt2"], help="default: the dataset's, or char")
+    p.add_argument("--out_root", default=DEFAULT_OUT_ROOT, help="where NAME/ is written (default: %(default)s)")
+    args = p.parse_args(argv)
+    try:
+        prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer, out_root=args.out_root)
+    except PrepareError as e:
+        print(f"prepare.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
