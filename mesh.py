@@ -412,7 +412,7 @@ class RecursiveGPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))                                 # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def configure_optimizer(self, weight_decay, lr, betas=(0.9, 0.95), device_type="cpu"):

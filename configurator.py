@@ -1,0 +1,112 @@
+"""
+Command-line settings for train.py and sample.py, generated from a dataclass.
+
+    python train.py config/pythia-160m_mesh.json --max_iters=2000 --lr=6e-4
+
+Positional arguments are JSON files of plain values (read as data, never
+executed); then `--key=value` flags override them. Every field of the dataclass
+is a flag, typed by its annotation; `--help` lists them with their defaults. An
+unknown key or a value of the wrong type is a UsageError naming the closest key
+or the expected type.
+"""
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+
+import torch
+
+
+class UsageError(ValueError):
+    """Bad input from the command line: the entry points print it as one line and exit 2."""
+
+
+def _parse_value(field, text):
+    """Turn the text of --key=value into the field's type (int, float, bool, str, or X | None)."""
+    kinds = typing.get_args(field.type) if isinstance(field.type, types.UnionType) else (field.type,)
+    if type(None) in kinds and str(text).lower() in ("none", "null", ""):
+        return None
+    kind = next(k for k in kinds if k is not type(None))
+    if kind is bool:
+        if isinstance(text, bool):
+            return text
+        if str(text).lower() in ("1", "true", "yes", "on"):
+            return True
+        if str(text).lower() in ("0", "false", "no", "off"):
+            return False
+    else:
+        try:
+            if isinstance(text, bool):
+                raise ValueError
+            value = kind(text)
+            if kind is int and isinstance(text, float) and value != text:
+                raise ValueError
+            return value
+        except (TypeError, ValueError):
+            pass
+    type_name = " | ".join(getattr(k, "__name__", str(k)) for k in kinds)
+    raise UsageError(f"--{field.name}={text} is not a valid {type_name}")
+
+
+def help_text(cls, prog):
+    lines = [f"usage: python {prog} [CONFIG.json ...] [--key=value ...]", "", (cls.__doc__ or "").strip(), ""]
+    for f in dataclasses.fields(cls):
+        lines.append(f"  --{f.name}={f.default!r}")
+    return "\n".join(lines)
+
+
+def parse_flags(cls, argv, prog):
+    """argv -> (settings dict of explicitly given values, validated against cls's fields).
+
+    The caller merges the dict over defaults (or over a checkpoint's settings when resuming),
+    so it can tell which settings the user actually gave."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    given = {}
+
+    def put(key, value, where):
+        if key not in fields:
+            match = difflib.get_close_matches(key, fields, n=1)
+            hint = f"; did you mean --{match[0]}?" if match else f"; see python {prog} --help"
+            raise UsageError(f"unknown setting {key!r} in {where}{hint}")
+        given[key] = _parse_value(fields[key], value)
+
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(help_text(cls, prog))
+            raise SystemExit(0)
+        if arg.startswith("--"):
+            key, eq, value = arg[2:].partition("=")
+            if not eq:
+                if fields.get(key) and fields[key].type is bool:
+                    value = "true"  # a bare --compile means --compile=true
+                else:
+                    raise UsageError(f"flag {arg!r} needs a value: --{key}=VALUE")
+            put(key, value, "the command line")
+        else:
+            try:
+                with open(arg) as f:
+                    values = json.load(f)
+            except (OSError, json.JSONDecodeError) as e:
+                raise UsageError(f"cannot read config file {arg!r}: {e}") from None
+            if not isinstance(values, dict):
+                raise UsageError(f"config file {arg!r} must hold a JSON object of settings")
+            for key, value in values.items():
+                put(key, value, arg)
+    return given
+
+
+def resolve_device(name):
+    """'auto' -> cuda, then mps, then cpu; an explicit device that is not available is a UsageError."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    kind = name.split(":")[0]
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if kind not in available:
+        raise UsageError(f"unknown --device={name}; expected auto, cpu, cuda, cuda:N or mps")
+    if not available[kind]:
+        raise UsageError(f"--device={name} is not available on this machine; use --device=auto or --device=cpu")
+    return name

@@ -1,0 +1,79 @@
+"""
+Sample text from a trained nanoMeSH checkpoint.
+
+    python sample.py --out_dir=out --start="ROMEO:" --num_samples=3 --max_new_tokens=300
+    python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0.8 --top_k=50
+
+Decodes with the tokenizer recorded in the training dataset's meta.json, and uses the
+KV cache (one entry per applied block) for fast decoding.
+"""
+
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from configurator import UsageError, parse_flags, resolve_device
+from data.prepare import PrepareError, Tokenizer
+from mesh import CheckpointError, load_checkpoint
+
+
+@dataclass
+class SampleConfig:
+    """Settings for sampling from OUT_DIR/ckpt.pt."""
+    out_dir: str = "out"
+    start: str = "\n"            # the prompt, or FILE:path to read it from a file
+    num_samples: int = 1
+    max_new_tokens: int = 300
+    temperature: float = 0.8     # 0 is greedy
+    top_k: int | None = 200
+    seed: int = 1337
+    device: str = "auto"
+    debug: bool = False
+
+
+def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=None, device="cpu", num_samples=1):
+    """Continue the text `start` num_samples times; returns the decoded strings (prompt included)."""
+    ids = tokenizer.encode(start) or [0]  # an empty prompt starts from token 0
+    idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (N, T)
+    model.eval()
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k)
+    return [tokenizer.decode(row.tolist()) for row in out]
+
+
+def main(argv):
+    given = {}
+    try:
+        given = parse_flags(SampleConfig, argv, "sample.py")
+        sc = SampleConfig(**given)
+        device = resolve_device(sc.device)
+        if not os.path.isdir(sc.out_dir):
+            raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
+                             f"python train.py --out_dir={sc.out_dir}")
+        model, ckpt = load_checkpoint(sc.out_dir, device)
+        tc = ckpt["train_config"]
+        tokenizer = Tokenizer.load(os.path.join(tc["data_root"], tc["dataset"]))
+        start = sc.start
+        if start.startswith("FILE:"):
+            try:
+                with open(start[5:], encoding="utf-8") as f:
+                    start = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise UsageError(f"cannot read the prompt file {start[5:]!r}: {e}") from None
+        torch.manual_seed(sc.seed)
+        texts = complete(model, tokenizer, start, sc.max_new_tokens, sc.temperature, sc.top_k, device,
+                         sc.num_samples)
+    except (UsageError, CheckpointError, PrepareError, ValueError) as e:
+        if given.get("debug"):
+            raise
+        print(f"sample.py: error: {e}", file=sys.stderr)
+        return 2
+    for text in texts:
+        print(text)
+        print("---------------")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,375 @@
+"""
+Train a nanoMeSH model, from a 2-core laptop CPU to multi-node torchrun DDP.
+
+    python train.py                                   # classroom MeSH model, Tiny Shakespeare chars, ~4 min on CPU
+    python train.py config/table1_base.json           # a JSON file of settings, then --key=value overrides
+    python train.py --init_from=resume --out_dir=out  # continue exactly where a run stopped
+    torchrun --standalone --nproc_per_node=8 train.py config/pythia-160m_mesh.json
+
+Every setting is a field of TrainConfig below (`python train.py --help`). The batches
+of optimizer step `it` are drawn from a generator seeded by (seed, it, micro-batch), so
+they depend only on the seed and the step: never on the number of processes, and a
+resumed run sees exactly the data it would have seen. Checkpoints (OUT_DIR/ckpt.pt) are
+written atomically; Ctrl-C or SIGTERM finishes the current step, saves and exits.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from configurator import UsageError, parse_flags, resolve_device
+from data.prepare import PrepareError, Tokenizer, ensure_dataset, load_split
+from mesh import PRESETS, CheckpointError, Config, RecursiveGPT, load_checkpoint, save_checkpoint
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one training run; model fields left at None take the preset's value."""
+    # model
+    model: str = "classroom"            # a preset of mesh.PRESETS
+    layout: str | None = None           # e.g. 2+4R2+2, 4+8R2+4, 12
+    scheme: str | None = None           # base, residual, anchor, anchor_emb, mesh
+    n_slots: int | None = None          # mesh buffer slots; None means K+3
+    n_embd: int | None = None
+    n_head: int | None = None
+    block_size: int | None = None
+    dropout: float | None = None
+    # data and output
+    dataset: str = "shakespeare_char"   # a folder of DATA_ROOT made by data/prepare.py
+    data_root: str = "data"
+    out_dir: str = "out"
+    overwrite: bool = False             # allow a scratch run to replace an existing OUT_DIR/ckpt.pt
+    init_from: str = "scratch"          # scratch, resume, or hf:PATH (a Hugging Face GPT-NeoX folder)
+    # optimisation (SPEC section 6: AdamW (0.9, 0.95), wd 0.01 on matrices, clip 1.0,
+    # 1% linear warmup, cosine to 10% of peak)
+    batch_size: int = 16                # micro-batch per process
+    grad_accum: int = 1                 # micro-batches per optimizer step, summed over all processes
+    max_iters: int = 1000
+    lr: float | None = None             # peak; None means the preset's (Pythia) value
+    min_lr: float | None = None         # None means 10% of lr
+    warmup_iters: int | None = None     # None means 1% of lr_decay_iters
+    lr_decay_iters: int | None = None   # length of the cosine; None means max_iters
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0              # 0 disables
+    # evaluation, logging, sampling
+    eval_interval: int = 250            # also the checkpoint interval
+    eval_iters: int = 20
+    log_interval: int = 50
+    sample_tokens: int = 300            # printed from the trained model at the end; 0 to skip
+    # system
+    device: str = "auto"                # auto: cuda, then mps, then cpu
+    dtype: str = "auto"                 # auto: bfloat16 autocast on GPUs that support it, else float32
+    compile: bool | None = None         # None: on for CUDA only
+    grad_checkpoint: bool = False       # recompute activations in backward to save memory
+    seed: int = 1337
+    debug: bool = False                 # show Python tracebacks for errors
+
+
+MODEL_KEYS = ("layout", "scheme", "n_slots", "n_embd", "n_head", "block_size", "dropout")
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+
+def model_config(tc, vocab_size):
+    overrides = {k: getattr(tc, k) for k in MODEL_KEYS}
+    return Config.from_preset(tc.model, vocab_size=vocab_size, **overrides)
+
+
+def config_conflicts(tc, given, ckpt_cfg):
+    """Model settings given on the command line that contradict a checkpoint's model config."""
+    wanted = {k: getattr(tc, k) for k in MODEL_KEYS if k in given}
+    if "model" in given:  # the preset's own shape
+        preset = Config.from_preset(tc.model, vocab_size=ckpt_cfg.vocab_size).to_dict()
+        wanted = {**{k: preset[k] for k in PRESETS[tc.model] if k in preset and k != "vocab_size"}, **wanted}
+    return [f"{k}: checkpoint {getattr(ckpt_cfg, k)!r} vs given {v!r}" for k, v in wanted.items()
+            if getattr(ckpt_cfg, k) != v]
+
+
+def get_batch(data, tc, block_size, key, device):
+    """A batch of `tc.batch_size` random windows; `key` (a tuple of ints) alone decides which."""
+    rng = np.random.default_rng([tc.seed, *key])
+    ix = rng.integers(0, len(data) - block_size - 1, size=tc.batch_size)
+    chunk = np.stack([data[i: i + block_size + 1] for i in ix]).astype(np.int64)  # (B, T+1)
+    xy = torch.from_numpy(chunk).to(device, non_blocking=True)
+    return xy[:, :-1], xy[:, 1:]
+
+
+def get_lr(it, tc):
+    warmup, decay = tc.warmup_iters, tc.lr_decay_iters
+    if it < warmup:
+        return tc.lr * (it + 1) / (warmup + 1)
+    if it >= decay:
+        return tc.min_lr
+    ratio = (it - warmup) / max(1, decay - warmup)
+    return tc.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (tc.lr - tc.min_lr)
+
+
+def flops_per_token(cfg):
+    """Training FLOPs per token: 6 x unrolled non-embedding params (a shared core counts once per
+    application) + 6 x D x V for the head + attention 12 x layers x D x T (nanoGPT / PaLM)."""
+    D, L = cfg.n_embd, cfg.shape.depth
+    return 6 * (L * (12 * D * D + 13 * D) + D * cfg.vocab_size) + 12 * L * D * cfg.block_size
+
+
+class Trainer:
+    def __init__(self, tc, given, resume=None):
+        self.tc = tc
+        self.ddp = int(os.environ.get("RANK", -1)) != -1
+        self.rank, self.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
+        self.master = self.rank == 0
+        if tc.grad_accum % self.world:
+            raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size {self.world}; "
+                             f"use a multiple of {self.world}")
+        device = resolve_device(tc.device)
+        if self.ddp:
+            local = int(os.environ.get("LOCAL_RANK", 0))
+            if device.startswith("cuda"):
+                device = f"cuda:{local}"
+                torch.cuda.set_device(device)
+            dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+        self.device, self.device_type = device, device.split(":")[0]
+        if tc.dtype == "auto":
+            tc.dtype = "bfloat16" if self.device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+        if tc.dtype not in ("float32", "bfloat16"):
+            raise UsageError(f"--dtype={tc.dtype} is not supported; use auto, float32 or bfloat16")
+        self.autocast = nullcontext() if tc.dtype == "float32" else \
+            torch.autocast(self.device_type, dtype=torch.bfloat16)
+        tc.compile = self.device_type == "cuda" if tc.compile is None else tc.compile
+        torch.manual_seed(tc.seed + self.rank)
+
+        # ---- data: prepared on first use (the default dataset falls back to 'pydoc' offline)
+        if self.master:
+            tc.dataset = ensure_dataset(tc.dataset, tc.data_root)
+        if self.ddp:  # every rank uses the dataset rank 0 settled on
+            name = [tc.dataset]
+            dist.broadcast_object_list(name, src=0)
+            tc.dataset = name[0]
+        data_dir = os.path.join(tc.data_root, tc.dataset)
+        self.tokenizer = Tokenizer.load(data_dir)
+        self.train_data, self.val_data = load_split(data_dir, "train"), load_split(data_dir, "val")
+        vocab = self.tokenizer.vocab_size
+        vocab = vocab if self.tokenizer.kind == "char" else -(-vocab // 64) * 64  # pad BPE to a multiple of 64
+
+        # ---- model and optimizer: scratch, resume, or a Hugging Face GPT-NeoX import
+        ckpt_path = os.path.join(tc.out_dir, "ckpt.pt")
+        ckpt = None
+        if tc.init_from == "resume":
+            model, ckpt = resume
+            conflicts = config_conflicts(tc, given, model.config)
+            if conflicts:
+                raise UsageError("the checkpoint's model differs from the flags given: " + "; ".join(conflicts))
+        elif tc.init_from == "scratch":
+            if os.path.exists(ckpt_path) and not tc.overwrite:
+                raise UsageError(f"{ckpt_path} exists; continue it with --init_from=resume, or start over "
+                                 f"with --overwrite=true, or choose another --out_dir")
+            model = RecursiveGPT(model_config(tc, vocab))
+        elif tc.init_from.startswith("hf:"):
+            model = RecursiveGPT.from_pretrained(tc.init_from[3:])
+        else:
+            raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, hf:PATH")
+        cfg = model.config
+        if cfg.vocab_size < self.tokenizer.vocab_size:
+            raise UsageError(f"dataset {tc.dataset!r} has {self.tokenizer.vocab_size} tokens but the model's "
+                             f"vocabulary is {cfg.vocab_size}; use a dataset made with the model's tokenizer")
+        if len(self.val_data) <= cfg.block_size + 1:
+            raise UsageError(f"block_size {cfg.block_size} is longer than the validation split of "
+                             f"{tc.dataset!r} ({len(self.val_data)} tokens); use a smaller --block_size or more text")
+        tc.lr = PRESETS[tc.model]["lr"] if tc.lr is None else tc.lr
+        tc.min_lr = 0.1 * tc.lr if tc.min_lr is None else tc.min_lr
+        tc.lr_decay_iters = tc.max_iters if tc.lr_decay_iters is None else tc.lr_decay_iters
+        tc.warmup_iters = max(1, tc.lr_decay_iters // 100) if tc.warmup_iters is None else tc.warmup_iters
+
+        model.grad_checkpoint = tc.grad_checkpoint
+        self.raw_model = model.to(self.device)  # the uncompiled, unwrapped module: saved and sampled
+        self.optimizer = model.configure_optimizer(tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), self.device_type)
+        self.iter_num, self.best_val = 0, float("inf")
+        if ckpt is not None:
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.iter_num, self.best_val = ckpt["iter_num"], ckpt["best_val_loss"]
+            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+            if "cuda" in ckpt["rng"] and self.device_type == "cuda":
+                torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
+        self.model = torch.compile(model) if tc.compile else model
+        if self.ddp:
+            self.model = DDP(self.model, device_ids=[int(self.device.split(":")[1])] if self.device_type == "cuda" else None)
+        self.flops_per_token = flops_per_token(cfg)
+
+        if self.master:
+            os.makedirs(tc.out_dir, exist_ok=True)
+            for name in os.listdir(tc.out_dir):  # temporary files of checkpoint writes that were killed
+                if name.startswith(".ckpt-") and name.endswith(".tmp"):
+                    os.remove(os.path.join(tc.out_dir, name))
+            self.log_file = open(os.path.join(tc.out_dir, "log.jsonl"), "a" if ckpt else "w")
+            print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
+                  f"{model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
+                  f"dataset {tc.dataset} ({len(self.train_data):,} train tokens), device {self.device} {tc.dtype}, "
+                  f"{self.world} process(es), {tc.batch_size * tc.grad_accum * cfg.block_size:,} tokens/step")
+
+    def log(self, record, text):
+        if self.master:
+            print(text, flush=True)
+            self.log_file.write(json.dumps(record) + "\n")
+            self.log_file.flush()
+
+    @torch.no_grad()
+    def evaluate(self):
+        """Mean loss over eval_iters fixed batches per split, shared out over the processes."""
+        self.model.eval()
+        out = {}
+        for code, split, data in ((1, "train", self.train_data), (2, "val", self.val_data)):
+            total = torch.zeros(2, device=self.device)
+            for k in range(self.rank, self.tc.eval_iters, self.world):
+                x, y = get_batch(data, self.tc, self.raw_model.config.block_size, (code, 0, k), self.device)
+                with self.autocast:
+                    _, loss = self.raw_model(x, y)
+                total += torch.stack([loss.float(), torch.ones((), device=self.device)])
+            if self.ddp:
+                dist.all_reduce(total)
+            out[split] = (total[0] / total[1]).item()
+        self.model.train()
+        return out
+
+    def checkpoint(self):
+        if not self.master:
+            return
+        rng = {"torch": torch.get_rng_state()}
+        if self.device_type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state()
+        save_checkpoint({
+            "model": self.raw_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "model_config": self.raw_model.config.to_dict(),
+            "train_config": dataclasses.asdict(self.tc),
+            "iter_num": self.iter_num,
+            "best_val_loss": self.best_val,
+            "rng": rng,
+            "data": {"seed": self.tc.seed, "next_step": self.iter_num},  # batches are a function of (seed, step)
+        }, os.path.join(self.tc.out_dir, "ckpt.pt"))
+
+    def eval_and_save(self):
+        losses = self.evaluate()
+        self.best_val = min(self.best_val, losses["val"])
+        self.log({"iter": self.iter_num, "train_loss": losses["train"], "val_loss": losses["val"]},
+                 f"iter {self.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        self.checkpoint()
+
+    def step(self):
+        """One optimizer step over the global batch; returns [mean loss, stop flag] agreed by all ranks."""
+        tc, it = self.tc, self.iter_num
+        lr = get_lr(it, tc)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        local = tc.grad_accum // self.world
+        loss_sum = torch.zeros((), device=self.device)
+        for j, m in enumerate(range(self.rank, tc.grad_accum, self.world)):  # this rank's micro-batches
+            x, y = get_batch(self.train_data, tc, self.raw_model.config.block_size, (0, it, m), self.device)
+            sync = nullcontext() if not self.ddp or j == local - 1 else self.model.no_sync()
+            with sync:  # DDP all-reduces gradients only on the last micro-batch
+                with self.autocast:
+                    _, loss = self.model(x, y)
+                # DDP averages over ranks, so the update uses the mean over the whole global batch
+                (loss / local).backward()
+            loss_sum += loss.detach().float()
+        if tc.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), tc.grad_clip)
+        state = torch.stack([loss_sum / local, torch.tensor(float(self.stop), device=self.device)])
+        if self.ddp:
+            dist.all_reduce(state, op=dist.ReduceOp.AVG)
+        if not math.isfinite(state[0].item()):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"loss is {state[0].item()} at iter {it}; stopped without saving, so "
+                                     f"{os.path.join(tc.out_dir, 'ckpt.pt')} is the last good checkpoint "
+                                     f"(resume with --init_from=resume and a lower --lr)")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return state[0].item(), lr, state[1].item() > 0
+
+    def train(self):
+        tc = self.tc
+        self.stop = False
+
+        def on_signal(signum, frame):
+            if self.stop:  # a second Ctrl-C stops at once
+                raise KeyboardInterrupt
+            self.stop = True
+            if self.master:
+                print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
+
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, on_signal)
+        tokens_per_step = tc.batch_size * tc.grad_accum * self.raw_model.config.block_size
+        peak = next((v for k, v in PEAK_BF16_FLOPS.items() if self.device_type == "cuda"
+                     and k in torch.cuda.get_device_name()), None)
+        resumed_at = self.iter_num
+        t0, timed_from = time.time(), self.iter_num
+        while self.iter_num < tc.max_iters:
+            if self.iter_num % tc.eval_interval == 0 and (self.iter_num != resumed_at or self.iter_num == 0):
+                self.eval_and_save()
+                t0 = time.time()  # keep evaluation out of ms/iter
+            loss, lr, stop = self.step()
+            self.iter_num += 1
+            if self.iter_num % tc.log_interval == 0 or self.iter_num == tc.max_iters or stop:
+                dt = (time.time() - t0) / (self.iter_num - timed_from)
+                t0, timed_from = time.time(), self.iter_num
+                eta = dt * (tc.max_iters - self.iter_num)
+                mfu = f", mfu {100 * self.flops_per_token * tokens_per_step / dt / peak:.1f}%" if peak else ""
+                self.log({"iter": self.iter_num, "loss": loss, "lr": lr, "ms": 1000 * dt},
+                         f"iter {self.iter_num}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms/iter, "
+                         f"{tokens_per_step / dt:,.0f} tok/s, eta {eta / 60:.1f} min{mfu}")
+            if stop:
+                self.checkpoint()
+                if self.master:
+                    print(f"stopped at iter {self.iter_num}; checkpoint saved. Continue with "
+                          f"python train.py --init_from=resume --out_dir={tc.out_dir}")
+                return False
+        self.eval_and_save()
+        return True
+
+
+def main(argv):
+    given = {}
+    try:
+        given = parse_flags(TrainConfig, argv, "train.py")
+        settings, resume = dataclasses.asdict(TrainConfig()), None
+        if given.get("init_from") == "resume":  # continue with the run's own settings, then the flags given
+            out_dir = given.get("out_dir", settings["out_dir"])
+            if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
+                raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
+                                 f"start with --init_from=scratch or point --out_dir at a run")
+            resume = load_checkpoint(out_dir)
+            settings.update({k: v for k, v in resume[1]["train_config"].items() if k in settings})
+        tc = TrainConfig(**{**settings, **given})
+        trainer = Trainer(tc, given, resume)
+        finished = trainer.train()
+    except (UsageError, CheckpointError, PrepareError, ValueError) as e:
+        if given.get("debug"):
+            raise
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 2
+    except FloatingPointError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 1
+    if finished and trainer.master and tc.sample_tokens > 0:
+        from sample import complete
+        print("---- sample ----")
+        print(complete(trainer.raw_model, trainer.tokenizer, "\n", tc.sample_tokens, temperature=0.8, top_k=None,
+                       device=trainer.device)[0])
+    if trainer.ddp:
+        dist.destroy_process_group()
+    return 0 if finished else 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
