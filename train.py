@@ -148,6 +148,8 @@ class Trainer:
             torch.autocast(self.device_type, dtype=torch.bfloat16)
         tc.compile = self.device_type == "cuda" if tc.compile is None else tc.compile
         torch.manual_seed(tc.seed + self.rank)
+        if tc.init_from == "scratch":  # catch a bad model config before touching data/ or out_dir
+            model_config(tc, vocab_size=1)
 
         # ---- data: prepared on first use (the default dataset falls back to 'pydoc' offline)
         if self.master:
@@ -297,7 +299,6 @@ class Trainer:
         return state[0].item(), lr, state[1].item() > 0
 
     def train(self):
-        tc = self.tc
         self.stop = False
 
         def on_signal(signum, frame):
@@ -307,8 +308,17 @@ class Trainer:
             if self.master:
                 print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
 
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, on_signal)
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self.loop()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if self.master:
+                self.log_file.close()
+
+    def loop(self):
+        tc = self.tc
         tokens_per_step = tc.batch_size * tc.grad_accum * self.raw_model.config.block_size
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if self.device_type == "cuda"
                      and k in torch.cuda.get_device_name()), None)

@@ -1,0 +1,266 @@
+"""
+End-to-end tests of train.py and sample.py on a tiny prepared dataset: every scheme
+trains, resume is exact, 1 vs 2 processes agree, bad input is one line and touches
+nothing, and crashes (kill -9, NaN, Ctrl-C) never lose the last good checkpoint.
+
+    python -m pytest test_train.py -q
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import mesh
+import sample
+import train
+from data.prepare import prepare
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+TEXT = "".join(f"{w} the {v} of {n}.\n" for n in range(400) for w, v in [("Then", "king"), ("So", "queen")])
+TINY = ["--n_embd=32", "--n_head=2", "--block_size=16", "--batch_size=4", "--layout=1+1R2+1",
+        "--eval_iters=2", "--log_interval=1", "--sample_tokens=0", "--dataset=tiny"]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    src = root / "tiny.txt"
+    src.write_text(TEXT)
+    prepare("tiny", input=str(src), out_root=str(root), log=lambda *a: None)
+    return str(root)
+
+
+def run(args, data_root, out_dir):
+    return train.main([*TINY, f"--data_root={data_root}", f"--out_dir={out_dir}", *args])
+
+
+def cli(script, args, data_root, out_dir, **kw):
+    cmd = [sys.executable, os.path.join(ROOT, script), *TINY, f"--data_root={data_root}", f"--out_dir={out_dir}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, **kw)
+
+
+def losses(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [(r["iter"], r["loss"]) for r in map(json.loads, f) if "loss" in r]
+
+
+def snapshot(*folders):
+    """Every file under the folders with its content hash: equal snapshots mean nothing changed."""
+    found = {}
+    for folder in folders:
+        for dirpath, _, files in os.walk(folder):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                with open(path, "rb") as f:
+                    found[path] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+@pytest.mark.parametrize("scheme", mesh.SCHEMES)
+def test_every_scheme_trains_and_samples(scheme, data_root, tmp_path, capsys):
+    out = tmp_path / scheme
+    assert run([f"--scheme={scheme}", "--max_iters=8", "--eval_interval=4", "--lr=3e-3"], data_root, out) == 0
+    log = losses(out)
+    assert [i for i, _ in log] == list(range(1, 9))
+    assert log[-1][1] < log[0][1]  # the loss falls
+    model, ckpt = mesh.load_checkpoint(str(out))
+    assert ckpt["iter_num"] == 8 and model.config.scheme == scheme
+    assert not any("module." in k or "_orig_mod." in k for k in ckpt["model"])
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={out}", "--start=Then", "--max_new_tokens=20", "--num_samples=2"]) == 0
+    texts = capsys.readouterr().out.split("---------------\n")[:2]
+    assert all(t.startswith("Then") and len(t) == len("Then") + 20 + 1 for t in texts)  # + print's newline
+
+
+def test_resume_is_bit_exact(data_root, tmp_path):
+    common = ["--max_iters=10", "--lr_decay_iters=10", "--eval_interval=5", "--dropout=0.1"]
+    assert run(common, data_root, tmp_path / "a") == 0
+    assert run([*common, "--max_iters=5"], data_root, tmp_path / "b") == 0
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'b'}", "--max_iters=10"]) == 0
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")  # bit for bit, dropout included
+    a, b = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True)["model"] for d in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_one_vs_two_processes_and_resume_1_2_1(data_root, tmp_path):
+    """Batches depend only on (seed, step): 1 process and 2 processes (torchrun, gloo) see the same
+    global batch, and a run resumed 1 -> 2 -> 1 processes continues the same loss curve."""
+    common = ["--grad_accum=2", "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=2"]
+    assert run(common, data_root, tmp_path / "one") == 0
+    assert run([*common, "--max_iters=2"], data_root, tmp_path / "mix") == 0
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                os.path.join(ROOT, "train.py"), "--init_from=resume", f"--out_dir={tmp_path / 'mix'}", "--max_iters=4"]
+    r = subprocess.run(torchrun, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "2 process(es)" in r.stdout
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'mix'}", "--max_iters=6"]) == 0
+    one, mix = losses(tmp_path / "one"), losses(tmp_path / "mix")
+    assert [i for i, _ in mix] == [i for i, _ in one] == list(range(1, 7))
+    assert mix[:2] == one[:2]  # same process count: identical
+    assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(one, mix))  # up to float summation order
+
+
+BAD_TRAIN_INPUT = [  # (flags, words the one-line error must contain)
+    (["--max_iter=5"], "did you mean --max_iters"),
+    (["--max_iters=ten"], "--max_iters=ten is not a valid int"),
+    (["--layout=4+xR2+4"], "segment 'xR2'"),
+    (["--scheme=mesj"], "did you mean 'mesh'"),
+    (["--model=pythia-14b"], "did you mean 'pythia-1.4b'"),
+    (["--n_slots=0"], "n_slots=0 must be at least 1"),
+    (["--n_embd=30", "--n_head=4"], "not divisible by n_head=4"),
+    (["--dataset=never_made"], "python data/prepare.py --dataset never_made"),
+    (["--block_size=8192"], "longer than the validation split"),
+    (["--device=cuda"], "not available on this machine"),
+    (["--init_from=resume"], "no checkpoint in"),
+    (["--init_from=gpt2"], "not one of scratch, resume, hf:PATH"),
+    (["--compile=maybe"], "--compile=maybe is not a valid bool"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_TRAIN_INPUT, ids=[" ".join(f) for f, _ in BAD_TRAIN_INPUT])
+def test_bad_train_input_is_one_line_and_touches_nothing(flags, message, data_root, tmp_path, capsys):
+    before = snapshot(data_root, tmp_path)
+    assert run(flags, data_root, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ") and err.count("\n") == 1 and message in err, err
+    assert snapshot(data_root, tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_grad_accum_must_divide_world_size(data_root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run(["--grad_accum=3"], data_root, tmp_path) == 2
+    assert "--grad_accum=3 does not divide by the world size 2" in capsys.readouterr().err
+
+
+def test_existing_run_is_protected_and_resume_conflicts_are_listed(data_root, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(["--max_iters=2", "--eval_interval=2"], data_root, out) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    assert run(["--max_iters=2"], data_root, out) == 2  # scratch over an existing checkpoint
+    assert "--init_from=resume" in capsys.readouterr().err
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--n_embd=64", "--scheme=base"]) == 2
+    err = capsys.readouterr().err
+    assert "n_embd: checkpoint 32 vs given 64" in err and "scheme: checkpoint 'mesh' vs given 'base'" in err
+    assert snapshot(out) == before
+
+
+def test_cli_errors_have_no_traceback(data_root, tmp_path):
+    r = cli("train.py", ["--scheme=mesj"], data_root, tmp_path / "o")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    r = cli("train.py", ["--scheme=mesj", "--debug=true"], data_root, tmp_path / "o")
+    assert r.returncode == 1 and "Traceback" in r.stderr  # --debug shows it
+
+
+def test_bad_sample_input(data_root, tmp_path, capsys):
+    assert sample.main([f"--out_dir={tmp_path / 'missing'}"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    out = tmp_path / "run"
+    assert run(["--max_iters=1", "--eval_interval=1"], data_root, out) == 0
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={out}", "--start=Then é and €"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'é'" in err and "'€'" in err
+    data = (out / "ckpt.pt").read_bytes()
+    (out / "ckpt.pt").write_bytes(data[: len(data) // 2])  # truncated
+    assert sample.main([f"--out_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ckpt.pt is corrupt" in err
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch EXPLOITED",))
+
+
+def test_checkpoints_never_run_code(tmp_path):
+    torch.save({"model": Exploit()}, tmp_path / "ckpt.pt")
+    with pytest.raises(mesh.CheckpointError, match="corrupt or not a nanoMeSH checkpoint"):
+        mesh.load_checkpoint(str(tmp_path))
+    assert not (tmp_path / "EXPLOITED").exists() and not os.path.exists(os.path.join(ROOT, "EXPLOITED"))
+    for name in os.listdir(ROOT):  # and every torch.load in the project is weights_only
+        if name.endswith(".py"):
+            with open(os.path.join(ROOT, name)) as f:
+                for line in f:
+                    if "torch.load(" in line and "def " not in line and "name.endswith" not in line:
+                        assert "weights_only=True" in line, (name, line)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(data_root, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "nan"
+    forward, calls = mesh.RecursiveGPT.forward, []
+
+    def poisoned(self, idx, targets=None, **kw):
+        logits, loss = forward(self, idx, targets, **kw)
+        if self.training:
+            calls.append(1)
+            if len(calls) == 7:  # the 7th training micro-batch: iter 6 (0-based)
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(mesh.RecursiveGPT, "forward", poisoned)
+    assert run(["--max_iters=10", "--eval_interval=4"], data_root, out) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "loss is nan at iter 6" in err
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ckpt["iter_num"] == 4 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_ctrl_c_saves_and_resumes(data_root, tmp_path):
+    out = tmp_path / "int"
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *TINY, f"--data_root={data_root}", f"--out_dir={out}",
+           "--max_iters=100000", "--eval_interval=100000"]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:  # wait for training to be under way
+        if line.startswith("iter 3:"):
+            break
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr
+    assert "checkpoint saved" in stdout
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ckpt["iter_num"] >= 3
+    assert train.main(["--init_from=resume", f"--out_dir={out}", f"--max_iters={ckpt['iter_num'] + 2}"]) == 0
+    assert losses(out)[-1][0] == ckpt["iter_num"] + 2
+
+
+def test_kill_9_during_checkpoint_write_never_corrupts(data_root, tmp_path):
+    """Checkpoint every step, then kill -9 the trainer right as a checkpoint write starts (when its
+    temporary file appears), a little later, and later still: ckpt.pt always loads, and resumes."""
+    out = tmp_path / "kill"
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *TINY, f"--data_root={data_root}", f"--out_dir={out}",
+           "--max_iters=100000", "--eval_interval=1", "--eval_iters=1", "--n_embd=128", "--n_head=4"]
+    interrupted_writes, last_iter = 0, 0
+
+    def temporaries():
+        return {n for n in os.listdir(out) if n.endswith(".tmp")} if out.exists() else set()
+
+    for attempt, delay in enumerate([0.0, 0.002, 0.01, 0.05]):
+        old = temporaries()  # left by the previous kill; the trainer removes them when it starts
+        p = subprocess.Popen(cmd if attempt == 0 else [*cmd, "--init_from=resume"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while not (out / "ckpt.pt").exists() and time.time() < deadline:  # the first checkpoint is done
+            time.sleep(0.01)
+        old |= temporaries()
+        while not temporaries() - old and time.time() < deadline:  # the next write has started
+            pass
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        interrupted_writes += bool(temporaries() - old)
+        model, ckpt = mesh.load_checkpoint(str(out))  # raises if ckpt.pt were torn
+        assert ckpt["iter_num"] >= last_iter  # never goes back
+        last_iter = ckpt["iter_num"]
+    assert interrupted_writes >= 1  # at least one kill landed inside a write
+    assert train.main(["--init_from=resume", f"--out_dir={out}", f"--max_iters={ckpt['iter_num'] + 1}",
+                       "--eval_interval=1000"]) == 0
+    assert not any(n.endswith(".tmp") for n in os.listdir(out))  # leftovers are cleaned on start
