@@ -1,0 +1,562 @@
+"""
+Tests for mesh.py: parameter counts, the five schemes, weight sharing, the exact
+reductions of SPEC section 3, config errors, the optimizer, generation and the KV cache.
+
+    python -m pytest test_mesh.py -q
+
+CPU only, fp32, small single-threaded models; about 20 s of CPU time in all.
+"""
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mesh
+from mesh import Config, KVCache, Layout, RecursiveGPT, parse_layout
+
+ROOT = Path(__file__).resolve().parent
+V = 67  # small vocabulary, not a power of two on purpose
+
+# (scheme, layout): every scheme on a looped layout, base also on a vanilla one and mesh also on
+# mixed shared / unshared steps (two cores).
+CASES = [("base", "4"), ("base", "1+2R2+1"), ("residual", "1+2R2+1"), ("anchor", "1+2R2+1"),
+         ("anchor_emb", "1+2R2+1"), ("mesh", "1+2R2+1"), ("mesh", "1+1+1R2+1")]
+IDS = [f"{s}-{l}" for s, l in CASES]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models are tiny: one thread is faster, and immune to other processes on a shared CPU
+    (OpenMP threads that wait on a busy core make every op ~100x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def small(scheme="mesh", layout="1+2R2+1", **kw):
+    return Config(**{**dict(vocab_size=V, block_size=32, n_embd=64, n_head=4, layout=layout, scheme=scheme), **kw})
+
+
+def build(cfg, seed=0, scramble=False):
+    """A model in eval mode. scramble: replace the (near-uniform) init with larger random weights, so
+    logits depend strongly on context and routers route unevenly: equalities then mean something."""
+    torch.manual_seed(seed)
+    model = RecursiveGPT(cfg).eval()
+    if scramble:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                noise = 0.1 * torch.randn_like(p)
+                p.copy_(1 + noise if ".ln_" in f".{name}" and name.endswith("weight") else noise)
+    return model
+
+
+def tokens(B=2, T=32, seed=1):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def vanilla_formula(L, D):
+    return L * (12 * D * D + 13 * D) + 2 * D
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, str(ROOT / "mesh.py"), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+# -----------------------------------------------------------------------------
+# Parameter counts, on the meta device (SPEC sections 1 and 5)
+
+PYTHIA = {"pythia-14m": 1_189_888, "pythia-31m": 4_739_072, "pythia-70m": 18_915_328,
+          "pythia-160m": 85_056_000, "pythia-410m": 302_311_424, "pythia-1b": 805_736_448,
+          "pythia-1.4b": 1_208_602_624, "pythia-2.8b": 2_517_652_480, "pythia-6.9b": 6_444_163_072,
+          "pythia-12b": 11_327_027_200}
+
+
+def meta_params(cfg, non_embedding=True):
+    with torch.device("meta"):
+        return RecursiveGPT(cfg).num_params(non_embedding)
+
+
+@pytest.mark.parametrize("name", PYTHIA)
+def test_pythia_vanilla_param_counts(name):
+    cfg = Config.from_preset(name)
+    assert cfg.shape.schedule == () and cfg.scheme == "base"
+    L, D = cfg.shape.depth, cfg.n_embd
+    assert L == mesh.PRESETS[name]["n_layer"]
+    assert vanilla_formula(L, D) == PYTHIA[name]
+    assert meta_params(cfg) == PYTHIA[name]
+    # the embeddings are the untied wte and lm_head, vocab x D each
+    assert meta_params(cfg, non_embedding=False) == PYTHIA[name] + 2 * cfg.vocab_size * D
+
+
+def test_pythia_1_4b_recursive_counts():
+    base = Config.from_preset("pythia-1.4b", layout="4+8R2+4")
+    m = Config.from_preset("pythia-1.4b", layout="4+8R2+4", scheme="mesh")
+    assert (m.n_steps, m.slots) == (2, 5)
+    assert meta_params(base) == 805_736_448 == vanilla_formula(16, 2048)
+    assert meta_params(m) == 805_797_918
+    K, D, B = 2, 2048, 5
+    router = (K + 1) * 2 * (D * B + B)
+    assert router == 61_470
+    with torch.device("meta"):
+        model = RecursiveGPT(m)
+    assert sum(p.numel() for n, p in model.named_parameters() if n.startswith("routers.")) == router
+    assert meta_params(m) - meta_params(base) == router
+    # residual / anchor schemes add no parameters
+    for scheme in ("residual", "anchor", "anchor_emb"):
+        assert meta_params(Config.from_preset("pythia-1.4b", layout="4+8R2+4", scheme=scheme)) == 805_736_448
+
+
+def check_summary_text(text):
+    assert "805,797,918" in text
+    assert "61,470" in text
+    assert "compute depth 24, unique layers 16" in text
+    assert "1,208,602,624" in text  # the vanilla 24-layer reference
+
+
+def test_summary():
+    check_summary_text(mesh.summary(Config.from_preset("pythia-1.4b", layout="4+8R2+4", scheme="mesh")))
+    base = mesh.summary(Config.from_preset("pythia-1.4b", layout="4+8R2+4"))
+    assert "805,736,448" in base and "66.67% of vanilla" in base
+    assert "router params                       0" in base
+
+
+def test_summary_cli():
+    r = run_cli("--model", "pythia-1.4b", "--layout", "4+8R2+4", "--scheme", "mesh")
+    assert r.returncode == 0, r.stderr
+    check_summary_text(r.stdout)
+    assert "5 slots" in r.stdout
+
+
+@pytest.mark.parametrize("args, needle", [(("--model", "pythia-14b"), "pythia-1.4b"),
+                                          (("--layout", "4+xR2+4"), "bad layout")])
+def test_cli_bad_input(args, needle):
+    r = run_cli(*args)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# -----------------------------------------------------------------------------
+# Every scheme: causality, initial loss, gradients, routing weights, capture
+
+@pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
+def test_causal(scheme, layout):
+    model = build(small(scheme, layout), scramble=True)
+    idx = tokens()
+    with torch.no_grad():
+        ref, _ = model(idx)
+        for j in (0, 13, 31):
+            other = idx.clone()
+            other[:, j] = (other[:, j] + 1) % V
+            logits, _ = model(other)
+            assert torch.equal(logits[:, :j], ref[:, :j]), f"position {j} leaked into earlier logits"
+            assert (logits[:, j] - ref[:, j]).abs().amax() > 1e-3, f"token {j} does not affect its own logits"
+
+
+@pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
+def test_initial_loss_and_gradients(scheme, layout):
+    model = build(small(scheme, layout)).train()
+    idx = tokens()
+    _, loss = model(idx, targets=tokens(seed=2))
+    assert abs(loss.item() - math.log(V)) < 0.1  # untrained: close to uniform over the vocabulary
+    loss.backward()
+    names = [n for n, _ in model.named_parameters()]
+    if scheme == "mesh":
+        assert sum(n.startswith("routers.") for n in names) == 4 * (model.config.n_steps + 1)
+    for n, p in model.named_parameters():
+        assert p.grad is not None, f"{n} got no gradient"
+        assert p.grad.abs().sum() > 0, f"{n} got an all-zero gradient"
+
+
+def test_grad_checkpoint_same_gradients():
+    grads = []
+    for ckpt in (False, True):
+        model = build(small("mesh"), scramble=True).train()
+        model.grad_checkpoint = ckpt
+        _, loss = model(tokens(), targets=tokens(seed=2))
+        loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for n in grads[0]:
+        assert grads[1][n] is not None, n
+        assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6, rtol=1e-5), n
+
+
+@pytest.mark.parametrize("layout", ["1+2R2+1", "1+1+1R2+1", "2+1R4+1"])
+def test_routing_weights_sum_to_one(layout):
+    model = build(small("mesh", layout), scramble=True)
+    cap = {}
+    with torch.no_grad():
+        model(tokens(), capture=cap)
+    K, B = model.config.n_steps, model.config.slots
+    assert [r[0] for r in cap["routers"]] == ["cycle"] + [f"step{t}" for t in range(K)]
+    for name, w_write, w_read in cap["routers"]:
+        for w in (w_write, w_read):
+            assert w.shape == (2, 32, B)
+            assert (w >= 0).all()
+            assert torch.allclose(w.sum(-1), torch.ones(2, 32), atol=1e-6), name
+    # scrambled routers really route: not uniform over the slots
+    assert max((w - 1 / B).abs().amax() for _, ww, wr in cap["routers"] for w in (ww, wr)) > 0.1
+
+
+@pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
+def test_capture(scheme, layout):
+    model = build(small(scheme, layout), scramble=True)
+    idx = tokens()
+    cap = {}
+    with torch.no_grad():
+        ref, _ = model(idx)
+        logits, _ = model(idx, capture=cap)
+    assert torch.equal(logits, ref)
+    K = model.config.n_steps
+    assert [n for n, _ in cap["states"]] == ["h_emb"] + [f"h{t}" for t in range(K + 1)] + ["out"]
+    assert [n for n, *_ in cap["blocks"]] == ["prelude"] + [f"step{t}" for t in range(K)] + (["coda"] if K else [])
+    assert len(cap["routers"]) == (K + 1 if scheme == "mesh" else 0)
+
+
+@pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
+def test_scheme_update_rules(scheme, layout):
+    """Recompute h(1..K) from each step's captured output h_m with SPEC section 3's formulas."""
+    cfg = small(scheme, layout)
+    model = build(cfg, scramble=True)
+    cap = {}
+    with torch.no_grad():
+        model(tokens(), capture=cap)
+    states = dict(cap["states"])
+    h_emb, x = states["h_emb"], cap["blocks"][0][2]  # x = f_pre(h_emb)
+    pre = h_emb
+    for block in model.prelude:
+        pre = block(pre)
+    assert torch.equal(x, pre)
+    if scheme == "mesh":
+        routers = [(ww, wr) for _, ww, wr in cap["routers"]]
+        mem = [h_emb] + [torch.zeros_like(h_emb)] * (cfg.slots - 1)  # Eq. 2
+        ww, wr = routers[0]
+        mem = [m + ww[..., b:b + 1] * x for b, m in enumerate(mem)]
+        expect = sum(wr[..., b:b + 1] * m for b, m in enumerate(mem))
+        assert torch.allclose(states["h0"], expect, atol=1e-5)
+    else:
+        assert torch.equal(states["h0"], x)
+    for t in range(cfg.n_steps):
+        _, h_in, h_m = cap["blocks"][t + 1]
+        h, nxt = states[f"h{t}"], states[f"h{t + 1}"]
+        assert torch.equal(h_in, h)
+        if scheme == "base":
+            expect = h_m
+        elif scheme == "residual":
+            expect = h_m + h
+        elif scheme == "anchor":
+            expect = h_m + states["h0"]
+        elif scheme == "anchor_emb":
+            expect = h_m + h_emb
+        else:  # Eq. 5 and the read
+            ww, wr = routers[t + 1]
+            mem = [m + ww[..., b:b + 1] * h_m for b, m in enumerate(mem)]
+            expect = sum(wr[..., b:b + 1] * m for b, m in enumerate(mem))
+        assert torch.allclose(nxt, expect, atol=1e-5), f"h{t + 1}"
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_embedding_scale(scale):
+    model = build(small("mesh", scale_embeddings=scale))
+    idx = tokens()
+    cap = {}
+    with torch.no_grad():
+        model(idx, capture=cap)
+    expect = model.wte(idx) * (8.0 if scale else 1.0)  # sqrt(64) (Appendix B)
+    assert torch.equal(dict(cap["states"])["h_emb"], expect)
+
+
+def test_init():
+    """SPEC section 4: std 0.02, output projections 0.02 / sqrt(2 N) with N the *compute* depth."""
+    model = build(small("mesh", "2+4R3+2"))
+    N = 16  # unrolled, not the 8 unique blocks
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            assert torch.equal(p, torch.zeros_like(p)), name
+        elif ".ln_" in f".{name}":
+            assert torch.equal(p, torch.ones_like(p)), name
+        else:  # Linear weights (routers included) and wte: normal(0, std), checked to 4 standard errors
+            std = 0.02 / math.sqrt(2 * N) if name.endswith("proj.weight") else 0.02
+            n = p.numel()
+            assert abs(p.std().item() / std - 1) < 4 / math.sqrt(2 * n), name
+            assert abs(p.mean().item()) < 4 * std / math.sqrt(n), name
+
+
+# -----------------------------------------------------------------------------
+# Weight sharing and the exact equivalences between layouts
+
+def test_shared_core_runs_n_times_counted_once():
+    cfg = small("base", "2+4R3+2")
+    model = build(cfg)
+    calls = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, mesh.Block):
+            calls[name] = 0
+            mod.register_forward_hook(lambda m, i, o, name=name: calls.__setitem__(name, calls[name] + 1))
+    with torch.no_grad():
+        model(tokens())
+    assert calls == {**{f"prelude.{i}": 1 for i in range(2)}, **{f"cores.0.{i}": 3 for i in range(4)},
+                     **{f"coda.{i}": 1 for i in range(2)}}
+    applied = model.applied_blocks()
+    assert len(applied) == cfg.shape.depth == 16 and len({id(b) for b in applied}) == cfg.shape.unique == 8
+    D = cfg.n_embd
+    assert model.num_params() == vanilla_formula(8, D)  # 8 unique blocks, each counted once
+    assert model.num_params() == build(small("base", "2+4+2")).num_params()
+    assert model.num_params() == build(small("base", "8")).num_params()
+    assert model.num_params() < build(small("base", "2+4+4+4+2")).num_params() == vanilla_formula(16, D)
+    # mesh adds only its (K+1) router pairs
+    K, B = 3, 6
+    assert build(small("mesh", "2+4R3+2")).num_params() == vanilla_formula(8, D) + (K + 1) * 2 * (D * B + B)
+
+
+def copy_renamed(src, dst, rename):
+    sd = {}
+    for k, v in src.state_dict().items():
+        for new in rename(k):
+            sd[new] = v.clone()
+    dst.load_state_dict(sd, strict=True)
+
+
+def test_single_step_base_equals_vanilla():
+    """P+CR1+Q under `base` is a plain (P+C+Q)-layer decoder with the same weights, exactly."""
+    looped = build(small("base", "2+3R1+1"), scramble=True)
+    vanilla = build(small("base", "6"), seed=1)
+
+    def rename(k):  # cores.0.j.* -> prelude.(2+j).*, coda.j.* -> prelude.(5+j).*, the rest unchanged
+        m = re.fullmatch(r"(cores\.0|coda)\.(\d+)\.(.*)", k)
+        return [f"prelude.{(2 if m[1] == 'cores.0' else 5) + int(m[2])}.{m[3]}"] if m else [k]
+
+    copy_renamed(looped, vanilla, rename)
+    idx = tokens()
+    with torch.no_grad():
+        a, _ = looped(idx)
+        b, _ = vanilla(idx)
+    assert torch.equal(a, b)
+
+
+def test_shared_core_equals_duplicated_cores():
+    looped = build(small("base", "2+3R2+1"), scramble=True)
+    unrolled = build(small("base", "2+3+3+1"), seed=1)
+
+    def rename(k):
+        if k.startswith("cores.0."):
+            return [k, "cores.1." + k[len("cores.0."):]]
+        return [k]
+
+    copy_renamed(looped, unrolled, rename)
+    idx = tokens()
+    with torch.no_grad():
+        a, _ = looped(idx)
+        b, _ = unrolled(idx)
+    assert torch.equal(a, b)
+    # and the weights really matter: an unrolled model with different second core differs
+    with torch.no_grad():
+        unrolled.cores[1][0].mlp.fc.weight.mul_(2)
+        c, _ = unrolled(idx)
+    assert not torch.allclose(a, c, atol=1e-3)
+
+
+# -----------------------------------------------------------------------------
+# The two exact reductions of SPEC section 3 (Appendix D)
+
+def one_hot_router(router, write_slot, read_slot, big=1e4):
+    """Zero weights, bias +big on one slot: softmax is exactly one-hot in fp32 (exp(-1e4) == 0)."""
+    with torch.no_grad():
+        for lin, slot in ((router.write, write_slot), (router.read, read_slot)):
+            lin.weight.zero_()
+            lin.bias.zero_()
+            lin.bias[slot] = big
+
+
+@pytest.mark.parametrize("target", ["base", "residual"])
+def test_mesh_reduces_exactly(target):
+    layout = "1+2R3+1"
+    m = build(small("mesh", layout), scramble=True)
+    K, B = m.config.n_steps, m.config.slots
+    assert B >= K + 2
+    if target == "base":
+        # cycle: write x into fresh slot 1, read it (h0 = x); step t: write h_m into fresh slot t+2, read it
+        slots = [1] + [t + 2 for t in range(K)]
+    else:
+        # every write and read uses slot 1: h0 = x, then slot 1 accumulates h(t+1) = h(t) + h_m
+        slots = [1] * (K + 1)
+    for router, s in zip(m.routers, slots):
+        one_hot_router(router, s, s)
+    ref = build(small(target, layout), seed=1)
+    ref.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("routers.")}, strict=True)
+    idx = tokens()
+    cap = {}
+    with torch.no_grad():
+        a, _ = m(idx, capture=cap)
+        b, _ = ref(idx)
+    for _, ww, wr in cap["routers"]:  # the routing really is one-hot
+        assert ((ww == 0) | (ww == 1)).all() and ((wr == 0) | (wr == 1)).all()
+    assert torch.equal(a, b)
+
+
+def test_reductions_are_distinct():
+    """base and residual differ on the same weights, so the reduction test can tell them apart."""
+    layout = "1+2R3+1"
+    base = build(small("base", layout), scramble=True)
+    res = build(small("residual", layout), seed=1)
+    res.load_state_dict(base.state_dict())
+    idx = tokens()
+    with torch.no_grad():
+        assert not torch.allclose(base(idx)[0], res(idx)[0], atol=1e-2)
+
+
+# -----------------------------------------------------------------------------
+# Configs and layouts
+
+@pytest.mark.parametrize("text, expect", [
+    ("4+8R2+4", Layout(4, (8,), (0, 0), 4)),
+    ("4+8+8+4", Layout(4, (8, 8), (0, 1), 4)),
+    ("24", Layout(24, (), (), 0)),
+    ("3+6R3+3", Layout(3, (6,), (0, 0, 0), 3)),
+    ("2+4R2+3+1", Layout(2, (4, 3), (0, 0, 1), 1)),
+    ("0+2R2+0", Layout(0, (2,), (0, 0), 0)),
+])
+def test_parse_layout(text, expect):
+    assert parse_layout(text) == expect
+
+
+def test_layout_depths():
+    assert (parse_layout("4+8R2+4").depth, parse_layout("4+8R2+4").unique) == (24, 16)
+    assert (parse_layout("4+8+8+4").depth, parse_layout("4+8+8+4").unique) == (24, 24)
+    assert (parse_layout("24").depth, parse_layout("24").unique) == (24, 24)
+    assert (parse_layout("3+6R3+3").depth, parse_layout("3+6R3+3").unique) == (24, 12)
+
+
+BAD = [
+    ("layout-bad-segment", dict(layout="4+xR2+4"), r"bad layout '4\+xR2\+4'.*segment 'xR2' is not 'C' or 'CRN'"),
+    ("layout-zero-steps", dict(layout="4+8R0+4"), r"segment '8R0' needs at least one block and one step"),
+    ("layout-zero-core", dict(layout="4+0+4"), r"segment '0' needs at least one block"),
+    ("layout-lowercase-r", dict(layout="4+8r2+4"), r"segment '8r2' is not"),
+    ("layout-empty-ends", dict(layout="+8R2+"), r"bad layout '\+8R2\+'.*empty segment"),
+    ("layout-empty", dict(layout=""), r"bad layout ''.*empty segment"),
+    ("layout-zero", dict(layout="0"), r"bad layout '0'.*one positive block count"),
+    ("layout-word", dict(layout="twelve"), r"bad layout 'twelve'"),
+    ("layout-loop-coda", dict(layout="4+8R2"), r"prelude and coda are plain block counts"),
+    ("scheme", dict(scheme="mesj"), r"unknown scheme 'mesj' \(did you mean 'mesh'\?\)"),
+    ("mesh-vanilla", dict(scheme="mesh", layout="12"), r"scheme 'mesh' needs loop steps.*'12'"),
+    ("anchor-vanilla", dict(scheme="anchor", layout="12"), r"scheme 'anchor' needs loop steps"),
+    ("residual-vanilla", dict(scheme="residual", layout="12"), r"scheme 'residual' needs loop steps"),
+    ("anchor_emb-vanilla", dict(scheme="anchor_emb", layout="12"), r"scheme 'anchor_emb' needs loop steps"),
+    ("n_slots", dict(n_slots=0), r"n_slots=0 must be at least 1"),
+    ("heads", dict(n_embd=64, n_head=5), r"n_embd=64 is not divisible by n_head=5"),
+    ("rotary-odd", dict(n_embd=80, n_head=4), r"rotary dims .* = 5 must be even"),
+    ("vocab", dict(vocab_size=0), r"vocab_size=0 must be a positive integer"),
+    ("dropout", dict(dropout=1.0), r"dropout=1.0 must be in \[0, 1\)"),
+]
+
+
+@pytest.mark.parametrize("kw, match", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_config(kw, match):
+    with pytest.raises(ValueError, match=match) as e:
+        small(**kw)
+    assert "\n" not in str(e.value)
+
+
+def test_rotary_even_is_fine():
+    assert small(n_embd=96, n_head=4).rotary_dims == 6
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: Config.from_preset("pythia-14b"), r"unknown preset 'pythia-14b' \(did you mean 'pythia-1.4b'\?\)"),
+    (lambda: Config.from_preset("classroom", scheme="mesj"), r"did you mean 'mesh'"),
+    (lambda: Config.from_dict({"n_embd": 64, "n_heads": 4}), r"unknown config field\(s\) n_heads"),
+    (lambda: Config.from_preset("pythia-160m", nlayer=3), r"unknown config field\(s\) nlayer"),
+], ids=["preset", "preset-scheme", "from_dict-field", "override-field"])
+def test_bad_names(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_from_preset_overrides():
+    cfg = Config.from_preset("pythia-160m", layout="2+4R2+2", scheme="mesh", block_size=256, vocab_size=None)
+    assert (cfg.n_embd, cfg.n_head, cfg.layout, cfg.scheme, cfg.block_size) == (768, 12, "2+4R2+2", "mesh", 256)
+    assert cfg.vocab_size == 50304  # None means "keep the default"
+    assert Config.from_preset("pythia-160m").layout == "12"
+    assert Config.from_preset("pythia-6.9b").vocab_size == 50432
+    assert Config.from_preset("pythia-12b").vocab_size == 50688
+    c = Config.from_preset("classroom")
+    assert (c.layout, c.scheme, c.vocab_size, c.block_size) == ("2+4R2+2", "mesh", 65, 64)
+    assert Config.from_preset("classroom", layout="2+4+2").layout == "2+4+2"
+
+
+def test_config_round_trip():
+    for cfg in (Config.from_preset("classroom"), small("mesh", "1+1+1R2+1", n_slots=7, dropout=0.1)):
+        d = cfg.to_dict()
+        assert json.loads(json.dumps(d)) == d  # plain data
+        back = Config.from_dict(d)
+        assert back == cfg and back.shape == cfg.shape and back.slots == cfg.slots
+
+
+# -----------------------------------------------------------------------------
+# Optimizer
+
+def test_optimizer_groups():
+    model = build(small("mesh"))
+    opt = model.configure_optimizer(weight_decay=0.1, lr=1e-3)
+    seen = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert sorted(seen) == sorted(id(p) for p in model.parameters())  # each exactly once
+    assert len(seen) == len(set(seen))
+    wd = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    for n, p in model.named_parameters():
+        assert wd[id(p)] == (0.1 if p.dim() >= 2 else 0.0), n
+    assert wd[id(model.routers[0].write.weight)] == 0.1 and wd[id(model.routers[0].write.bias)] == 0.0
+    assert all(g["lr"] == 1e-3 for g in opt.param_groups)
+
+
+# -----------------------------------------------------------------------------
+# Generation and the KV cache
+
+def test_generate_shape_and_determinism():
+    model = build(small("mesh"), scramble=True)
+    idx = tokens(2, 5)
+    out = model.generate(idx, 7, temperature=0)
+    assert out.shape == (2, 12) and out.dtype == idx.dtype
+    assert torch.equal(out[:, :5], idx)
+    assert torch.equal(out, model.generate(idx, 7, temperature=0))
+    torch.manual_seed(3)
+    a = model.generate(idx, 7, temperature=1.0, top_k=5)
+    torch.manual_seed(3)
+    assert torch.equal(a, model.generate(idx, 7, temperature=1.0, top_k=5))
+    assert torch.equal(model.generate(idx, 7, temperature=1.0, top_k=1), out)  # top-1 sampling is greedy
+
+
+@pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
+def test_cache_greedy_matches_recompute(scheme, layout):
+    model = build(small(scheme, layout, block_size=16), scramble=True)
+    idx = tokens(2, 10)
+    with_cache = model.generate(idx, 20, temperature=0, use_cache=True)  # runs past block_size 16
+    without = model.generate(idx, 20, temperature=0, use_cache=False)
+    assert with_cache.shape == (2, 30)
+    assert torch.equal(with_cache, without)
+    assert len(set(with_cache[0, 10:].tolist())) > 1  # not a degenerate constant sequence
+
+
+@pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
+def test_cache_logits_match_full_forward(scheme, layout):
+    model = build(small(scheme, layout), scramble=True)
+    seq = tokens(2, 20)
+    P = 12
+    with torch.no_grad():
+        full, _ = model(seq)
+        cache = KVCache(model, 2, model.config.block_size)
+        assert cache.k.shape[0] == model.config.shape.depth  # one entry per applied block
+        pre, _ = model(seq[:, :P], pos=torch.arange(P), cache=cache)
+        torch.testing.assert_close(pre, full[:, :P], atol=1e-5, rtol=0)
+        for t in range(P, seq.size(1)):
+            step, _ = model(seq[:, t:t + 1], pos=torch.tensor([t]), cache=cache)
+            torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=0)
