@@ -1,0 +1,163 @@
+"""
+The lm-evaluation-harness model `mesh`: scores a nanoMeSH checkpoint (OUT_DIR/ckpt.pt) on lm_eval tasks.
+
+lm_eval is optional (pip install lm_eval); it has to import this file to know the model, so run it
+through this file, which is lm_eval's own command line with `--model mesh` filled in:
+
+    python lm_eval_mesh.py --model_args out_dir=out --device cuda --batch_size 16 \\
+        --tasks lambada_openai,piqa,hellaswag,winogrande,arc_easy,arc_challenge,sciq,mmlu_continuation
+
+(the paper's zero-shot suite; every other lm_eval flag works as usual: --num_fewshot, --limit,
+--output_path, ...). model_args: out_dir (default out), dtype (float32, bfloat16 or float16) and
+max_gen_toks (default 256). From Python: `import lm_eval_mesh` registers the model, then
+`lm_eval.simple_evaluate(model="mesh", model_args="out_dir=out", tasks=[...])`.
+
+Token boundaries follow lm_eval's causal models: context + continuation are encoded together and
+split where the context's own encoding ends, so a BPE merge across the boundary cannot shift a
+token between them. The tokenizer is the one the checkpoint trained with (its dataset's
+meta.json). An empty context, and the first window of a rolling log-likelihood, are conditioned on
+one prefix token: GPT-2's <|endoftext|>, or for character models, which have no such token, a
+newline, which separates paragraphs in their training text [choice].
+"""
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
+
+from data.prepare import PrepareError, Tokenizer
+from mesh import load_checkpoint
+
+
+def load_tokenizer(train_config):
+    """The training dataset's tokenizer; a relative data_root is tried from the working folder,
+    then from this file's folder (where data/prepare.py puts datasets by default)."""
+    root, name = train_config.get("data_root", "data"), train_config["dataset"]
+    folders = [os.path.join(root, name), os.path.join(os.path.dirname(os.path.abspath(__file__)), root, name)]
+    for folder in folders[:1] if os.path.isabs(root) else folders:
+        if os.path.isfile(os.path.join(folder, "meta.json")):
+            return Tokenizer.load(folder)
+    raise ValueError(f"the checkpoint's dataset {name!r} is not prepared (no {folders[0]}/meta.json); "
+                     f"prepare it with: python data/prepare.py --dataset {name}")
+
+
+@register_model("mesh")
+class MeshLM(TemplateLM):
+    """An lm_eval LM over a RecursiveGPT; TemplateLM turns (context, continuation) strings into tokens."""
+
+    def __init__(self, out_dir="out", device=None, batch_size=1, max_batch_size=None, dtype="float32",
+                 max_gen_toks=256):  # max_batch_size: lm_eval passes it for automatic batch sizes; unused
+        super().__init__()
+        if device is None or str(device).startswith("cuda") and not torch.cuda.is_available():
+            if device is not None:  # lm_eval's CLI asks for cuda:0 unless told otherwise
+                print(f"lm_eval_mesh: {device} is not available, running on the CPU", file=sys.stderr)
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if str(batch_size).startswith("auto"):
+            raise ValueError("the mesh model has no automatic batch size: pass --batch_size N")
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype={dtype!r}: expected float32, bfloat16 or float16")
+        model, ckpt = load_checkpoint(out_dir, device)
+        self.model = model.to(getattr(torch, dtype)).eval()
+        self.tokenizer = load_tokenizer(ckpt["train_config"])
+        self._device = torch.device(device)
+        self.batch_size, self.max_gen_toks = int(batch_size), int(max_gen_toks)
+        self.block_size = model.config.block_size
+
+    @property
+    def eot_token_id(self):  # the prefix token of the module docstring
+        if self.tokenizer.kind == "gpt2":
+            return self.tokenizer.encode("<|endoftext|>")[0]
+        if "\n" not in self.tokenizer.chars:
+            raise ValueError("this character vocabulary has no newline to condition an empty context on; "
+                             "give every request a non-empty context")
+        return self.tokenizer.encode("\n")[0]
+
+    def tok_encode(self, string, add_special_tokens=None, **kwargs):
+        return self.tokenizer.encode(string)
+
+    @torch.no_grad()
+    def _loglikelihood_tokens(self, requests, disable_tqdm=False):
+        """requests: (cache key or None, context tokens, continuation tokens) -> [(log p, is_greedy)].
+
+        One forward pass per batch over context + continuation without its last token, cut from the left
+        to block_size; the continuation's log-probs are read at the positions just before each of its
+        tokens. Rows are right-padded, which causal attention keeps from reaching real positions, and
+        sorted longest first so each batch holds similar lengths."""
+        L, results = self.block_size, [None] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
+        for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm):
+            batch = order[start:start + self.batch_size]
+            rows = []
+            for i in batch:
+                _, context, cont = requests[i]
+                if len(cont) > L:
+                    raise ValueError(f"a continuation of {len(cont)} tokens cannot be scored in a {L}-token window")
+                rows.append(((context or [self.eot_token_id]) + cont)[-(L + 1):-1])
+            x = torch.zeros(len(rows), max(1, *map(len, rows)), dtype=torch.long)
+            for r, row in enumerate(rows):
+                x[r, :len(row)] = torch.tensor(row)
+            logits, _ = self.model(x.to(self.device))                                   # (B, T, V)
+            for r, i in enumerate(batch):
+                cont = torch.tensor(requests[i][2], device=self.device)               # (n,)
+                logp = F.log_softmax(logits[r, len(rows[r]) - len(cont):len(rows[r])].float(), dim=-1)  # (n, V)
+                results[i] = (logp.gather(-1, cont[:, None]).sum().item(), bool((logp.argmax(-1) == cont).all()))
+                if requests[i][0] is not None:
+                    self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        """Total log p of each text, every token predicted once: disjoint windows of block_size
+        tokens, the first conditioned on the prefix token (lm_eval's perplexity convention)."""
+        windows, owner = [], []
+        for j, req in enumerate(requests):
+            tokens = self.tok_encode(req.args[0])
+            for context, cont in map(make_disjoint_window,
+                                     get_rolling_token_windows(tokens, self.eot_token_id, self.block_size, 1)):
+                windows.append((None, context, cont))
+                owner.append(j)
+        totals = [0.0] * len(requests)
+        for j, (ll, _) in zip(owner, self._loglikelihood_tokens(windows, disable_tqdm)):
+            totals[j] += ll
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    def generate_until(self, requests, disable_tqdm=False, chunk=32):
+        """Greedy (or sampled, with do_sample) decoding with the model's KV cache, one request at a time,
+        `chunk` tokens per generate call (each call prefills the prompt once more) so that it stops
+        soon after any `until` string appears."""
+        outputs = []
+        for req in tqdm(requests, disable=disable_tqdm):
+            context, kwargs = req.args
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            until += ["<|endoftext|>"] if self.tokenizer.kind == "gpt2" else []
+            max_new = int(kwargs.get("max_gen_toks", self.max_gen_toks))
+            temperature = float(kwargs.get("temperature", 1.0)) if kwargs.get("do_sample") else 0.0
+            # keep room for the answer in one window: past block_size, generate re-prefills every token
+            ctx = (self.tok_encode(context) or [self.eot_token_id])[-max(1, self.block_size - max_new):]
+            idx = torch.tensor([ctx], device=self.device)
+            text = ""
+            while idx.size(1) - len(ctx) < max_new and not any(u in text for u in until):
+                n = min(chunk, max_new - (idx.size(1) - len(ctx)))
+                idx = self.model.generate(idx, n, temperature=temperature, use_cache=True)
+                text = self.tokenizer.decode(idx[0, len(ctx):].tolist())
+            for u in until:
+                text = text.split(u)[0]
+            self.cache_hook.add_partial("generate_until", req.args, text)
+            outputs.append(text)
+        return outputs
+
+
+if __name__ == "__main__":
+    from lm_eval.__main__ import cli_evaluate
+
+    sys.argv[1:1] = ["run", "--model", "mesh"]
+    try:
+        cli_evaluate()
+    except (ValueError, TypeError, PrepareError) as e:  # a bad out_dir, model_args, task or character: one line
+        sys.exit(f"lm_eval_mesh.py: error: {e}")

@@ -1,0 +1,225 @@
+"""
+Tests for the Hugging Face bridges: RecursiveGPT.from_pretrained (GPT-NeoX / Pythia import) and the
+lm-evaluation-harness model in lm_eval_mesh.py. Each part is skipped, with the reason, when its
+optional package (transformers, lm_eval) is missing; CI installs both.
+
+    python -m pytest -q test_hf.py
+"""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mesh import CheckpointError, Config, RecursiveGPT, save_checkpoint
+
+# -----------------------------------------------------------------------------
+# GPT-NeoX import: logits of a random (perturbed) HF model equal ours after conversion
+
+
+def hf_neox(tmp_path, parallel, **overrides):
+    """A small random GPTNeoXForCausalLM whose LayerNorms and biases are far from their init, saved to disk."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoXConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256,
+                                     vocab_size=101, max_position_embeddings=64, rotary_pct=0.25,
+                                     use_parallel_residual=parallel, **overrides)
+    cfg._attn_implementation = "eager"
+    hf = transformers.GPTNeoXForCausalLM(cfg).eval()
+    with torch.no_grad():  # LayerNorm weights around 1, all biases nonzero, matrices ~ 1/sqrt(fan_in)
+        for name, p in hf.named_parameters():
+            norm = "layernorm" in name or "layer_norm" in name
+            p.copy_(1 + 0.3 * torch.randn_like(p) if norm and name.endswith("weight") else
+                    0.1 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) / math.sqrt(p.size(1)))
+    path = str(tmp_path / ("parallel" if parallel else "sequential"))
+    hf.save_pretrained(path)
+    return hf, path
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_from_pretrained_matches_transformers_logits(tmp_path, parallel):
+    hf, path = hf_neox(tmp_path, parallel)
+    model = RecursiveGPT.from_pretrained(path).eval()
+    cfg = model.config
+    assert isinstance(cfg, Config) and Config.from_dict(cfg.to_dict()) == cfg  # a plain, saveable Config
+    assert (cfg.layout, cfg.scheme, cfg.scale_embeddings, cfg.parallel_residual) == ("2", "base", False, parallel)
+    assert (cfg.vocab_size, cfg.block_size, cfg.n_embd, cfg.n_head, cfg.rotary_dims) == (101, 64, 64, 4, 4)
+    idx = torch.randint(0, 101, (3, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(idx).logits
+        ours, _ = model(idx)
+    assert ref.abs().max() > 1.0  # the comparison is not between two near-zero tensors
+    assert (ours - ref).abs().max().item() < 1e-4
+
+
+def test_from_pretrained_reads_pytorch_bin(tmp_path):
+    """A .bin (old Pythia uploads) is read with weights_only=True; extra buffers in it are ignored."""
+    hf, path = hf_neox(tmp_path, True)
+    from safetensors.torch import load_file
+    sd = load_file(os.path.join(path, "model.safetensors"))
+    sd["gpt_neox.layers.0.attention.masked_bias"] = torch.tensor(-1e9)  # as in old GPT-NeoX saves
+    torch.save(sd, os.path.join(path, "pytorch_model.bin"))
+    os.remove(os.path.join(path, "model.safetensors"))
+    idx = torch.arange(30).view(1, 30)
+    with torch.no_grad():
+        assert (RecursiveGPT.from_pretrained(path)(idx)[0] - hf(idx).logits).abs().max().item() < 1e-4
+
+
+def test_from_pretrained_tied_embeddings(tmp_path):
+    hf, path = hf_neox(tmp_path, True, tie_word_embeddings=True)
+    model = RecursiveGPT.from_pretrained(path)
+    assert torch.equal(model.lm_head.weight, model.wte.weight)
+    assert model.lm_head.weight.data_ptr() != model.wte.weight.data_ptr()  # untied from here on, as SPEC 1
+
+
+@pytest.mark.parametrize("field, value", [("layer_norm_eps", 1e-6), ("intermediate_size", 100),
+                                          ("hidden_act", "gelu_new"), ("attention_bias", False),
+                                          ("rope_type", "linear")])
+def test_from_pretrained_refuses_unsupported_config(tmp_path, field, value):
+    _, path = hf_neox(tmp_path, True)
+    with open(os.path.join(path, "config.json")) as f:
+        hf_cfg = json.load(f)
+    (hf_cfg["rope_parameters"] if field == "rope_type" else hf_cfg)[field] = value
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_cfg, f)
+    with pytest.raises(CheckpointError, match=f"{field}={value!r} is not supported"):
+        RecursiveGPT.from_pretrained(path)
+
+
+def test_from_pretrained_refuses_bad_folders(tmp_path):
+    with pytest.raises(CheckpointError, match="no GPT-NeoX config.json"):
+        RecursiveGPT.from_pretrained(str(tmp_path))
+    _, path = hf_neox(tmp_path, True)
+    with open(os.path.join(path, "config.json")) as f:
+        hf_cfg = json.load(f)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({**hf_cfg, "vocab_size": 100}, f)
+    with pytest.raises(CheckpointError, match=r"vocab_size=100 in config.json, but embed_in has shape \(101, 64\)"):
+        RecursiveGPT.from_pretrained(path)
+    os.remove(os.path.join(path, "model.safetensors"))
+    with pytest.raises(CheckpointError, match="no weights; expected model.safetensors"):
+        RecursiveGPT.from_pretrained(path)
+
+
+# -----------------------------------------------------------------------------
+# lm-evaluation-harness: the `mesh` model's numbers equal direct computations with the model
+
+CHARS = "\n abcdefghijklmnopqrstuvwxyz?.,"
+
+
+@pytest.fixture(scope="module")
+def mesh_lm(tmp_path_factory):
+    """A MeshLM over a small random MeSH checkpoint trained (nominally) on a character dataset."""
+    pytest.importorskip("lm_eval", reason="lm_eval is not installed: pip install lm_eval")
+    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # everything below is local
+    import lm_eval_mesh
+    root = tmp_path_factory.mktemp("lm_eval")
+    os.makedirs(root / "data" / "tiny")
+    with open(root / "data" / "tiny" / "meta.json", "w") as f:
+        json.dump({"tokenizer": "char", "chars": CHARS, "vocab_size": len(CHARS), "dtype": "uint16"}, f)
+    torch.manual_seed(0)
+    cfg = Config(vocab_size=len(CHARS), block_size=16, n_embd=32, n_head=4, layout="1+1R2+1", scheme="mesh")
+    model = RecursiveGPT(cfg)
+    with torch.no_grad():  # far from uniform predictions, so greedy checks and accuracies mean something
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    save_checkpoint({"model": model.state_dict(), "model_config": cfg.to_dict(), "iter_num": 0,
+                     "train_config": {"dataset": "tiny", "data_root": str(root / "data")}},
+                    str(root / "out" / "ckpt.pt"))
+    lm = lm_eval_mesh.MeshLM(out_dir=str(root / "out"), batch_size=3)
+    return lm, model.eval(), root
+
+
+def enc(text):
+    return [CHARS.index(c) for c in text]
+
+
+def direct_loglikelihood(model, context, continuation):
+    """Sum of log p(continuation token | everything before it), one unpadded sequence, the last
+    block_size tokens as the model's window; an empty context is conditioned on a newline."""
+    ctx, cont = enc(context or "\n"), enc(continuation)
+    tokens = (ctx + cont)[-(model.config.block_size + 1):]
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([tokens[:-1]]))
+    logp = F.log_softmax(logits[0], dim=-1)
+    n = len(tokens) - len(cont)
+    return sum(logp[n - 1 + j, c].item() for j, c in enumerate(cont)), logp[n - 1:].argmax(-1).tolist() == cont
+
+
+def requests(kind, *args):
+    from lm_eval.api.instance import Instance
+    return [Instance(request_type=kind, doc={}, arguments=a, idx=0) for a in args]
+
+
+def test_loglikelihood_equals_direct_sum(mesh_lm):
+    lm, model, _ = mesh_lm
+    with torch.no_grad():
+        best = model(torch.tensor([enc("the cat")]))[0][0, -1].argmax().item()  # greedy next character
+    pairs = [("the cat", " sat on the mat."), ("a", "b"), ("", "hello"), ("the cat", CHARS[best]),
+             ("why is the sky blue? because of light scattering", ", mostly."),  # 58 chars > block_size 16
+             ("xyz", " qq"), ("xyz", "")]
+    got = lm.loglikelihood(requests("loglikelihood", *pairs))
+    for (context, continuation), (ll, greedy) in zip(pairs, got):
+        want, want_greedy = direct_loglikelihood(model, context, continuation)
+        assert ll == pytest.approx(want, abs=1e-4) and greedy == want_greedy
+    assert got[3][1] is True and got[0][1] is False
+    with pytest.raises(ValueError, match="continuation of 17 tokens cannot be scored in a 16-token window"):
+        lm.loglikelihood(requests("loglikelihood", ("a", "b" * 17)))
+
+
+def test_loglikelihood_rolling_equals_model_loss(mesh_lm):
+    lm, model, _ = mesh_lm
+    L = model.config.block_size
+    short, long = "the cat sat.", "the quick brown fox jumps over the lazy dog, twice."  # 12 and 51 = 3L + 3
+    t = torch.tensor(enc(short))
+    with torch.no_grad():  # one window: the newline prefix predicts the first token
+        loss = model(torch.cat([torch.tensor(enc("\n")), t[:-1]])[None], t[None])[1].item()
+    got = lm.loglikelihood_rolling(requests("loglikelihood_rolling", (short,)))
+    assert got[0] == pytest.approx(-loss * len(t), abs=1e-4)
+    # three full disjoint windows, then a last one with a full window of context that scores 3 new tokens
+    t = torch.tensor(enc(long))
+    x = [torch.cat([torch.tensor(enc("\n")), t[:L - 1]]), t[L - 1:2 * L - 1], t[2 * L - 1:3 * L - 1], t[-L - 1:-1]]
+    y = [t[:L], t[L:2 * L], t[2 * L:3 * L], torch.cat([torch.full((L - 3,), -1), t[-3:]])]  # -1: not scored
+    with torch.no_grad():
+        want = -sum(model(xi[None], yi[None])[1].item() * int((yi >= 0).sum()) for xi, yi in zip(x, y))
+    got = lm.loglikelihood_rolling(requests("loglikelihood_rolling", (long,), (short,)))
+    assert got[0] == pytest.approx(want, abs=1e-3) and got[1] == pytest.approx(-loss * len(enc(short)), abs=1e-4)
+
+
+def test_generate_until_is_greedy_and_stops(mesh_lm):
+    lm, model, _ = mesh_lm
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([enc("the cat")]), 9, temperature=0, use_cache=False)[0, 7:].tolist()
+    full = "".join(CHARS[i] for i in ids)
+    stop = full[4]
+    out = lm.generate_until(requests("generate_until", ("the cat", {"until": ["@@"], "max_gen_toks": 9}),
+                                     ("the cat", {"until": [stop], "max_gen_toks": 9})))
+    assert out == [full, full.split(stop)[0]]  # 7 + 9 = block_size: the whole context is kept
+
+
+def test_simple_evaluate_local_multiple_choice(mesh_lm):
+    lm, model, root = mesh_lm
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    docs = [{"question": "the cat sat on the", "choices": ["mat", "sky", "why"], "answer": 0},
+            {"question": "a b c d", "choices": ["e", "z", "q"], "answer": 0},
+            {"question": "is it blue?", "choices": ["yes", "no"], "answer": 1},
+            {"question": "one two three", "choices": ["four", "six", "ten", "one"], "answer": 2}]
+    with open(root / "tiny.jsonl", "w") as f:
+        f.writelines(json.dumps(d) + "\n" for d in docs)
+    (root / "tasks").mkdir()
+    (root / "tasks" / "tiny_mc.yaml").write_text(
+        f"task: tiny_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'tiny.jsonl'}\n"
+        f"  cache_dir: {root / 'hf_cache'}\noutput_type: multiple_choice\ntest_split: test\n"
+        "doc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\n"
+        "metric_list:\n  - metric: acc\n")
+    results = lm_eval.simple_evaluate(model="mesh", model_args=f"out_dir={root / 'out'}", tasks=["tiny_mc"],
+                                      batch_size=2, task_manager=TaskManager(include_path=str(root / "tasks"),
+                                                                             include_defaults=False))
+    # acc: the choice with the highest log-likelihood, " " + choice after the question, is the answer
+    want = np.mean([max(range(len(d["choices"])), key=lambda c: direct_loglikelihood(
+        model, d["question"], " " + d["choices"][c])[0]) == d["answer"] for d in docs])
+    assert results["results"]["tiny_mc"]["acc,none"] == pytest.approx(want)
