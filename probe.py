@@ -1,0 +1,331 @@
+"""
+probe.py: the MeSH paper's diagnostics (SPEC section 7; paper Figures 3, 4, 5) for trained checkpoints.
+
+    python probe.py --out_dir=runs/base --out_dir=runs/mesh --num_samples=64 --json=probe.json --png=figs
+
+For each checkpoint it draws N validation sequences (block_size tokens each, at positions from a
+fixed-seed generator, so every checkpoint of a dataset sees the same text), runs the model once with
+state capture (`model(idx, capture=d)`, mesh.py) and measures, per sequence:
+
+- effort (Fig. 3): the relative update 2 ||f(h) - h||_F / (||f(h)||_F + ||h||_F) of every block
+  application (prelude, each loop step, coda); 0 means the block left its input alone.
+- stagnation (Fig. 4): RBF-kernel CKA (Kornblith et al. 2019) between the captured states h_emb,
+  h0 ... hK, out, each a (T x D) matrix whose T tokens are the examples.
+- collapse (Fig. 5): the top-50 singular values of each state, divided by the largest.
+- routers (mesh only): per router (the transitional cycle, then each step) the mean write and read
+  weight of every slot and the mean routing entropy, at most ln(B); a collapsed router puts all its
+  weight on one slot (entropy near 0) for every token.
+
+It prints compact tables, writes the numbers as JSON (--json) and, if matplotlib is installed (an
+optional dependency), PNG figures with the checkpoints side by side (--png). All metrics are
+computed in float64. std is over the N sequences (population std, ddof=0).
+"""
+
+import argparse
+import json
+import math
+import os
+import warnings
+
+import numpy as np
+import torch
+
+from mesh import CheckpointError, load_checkpoint
+
+# [choice] RBF bandwidth (SPEC section 7): sigma = SIGMA_FRAC x the median distance between distinct
+# tokens of the state. A bandwidth relative to the median makes CKA invariant to an isotropic scaling
+# of either side, which the residual stream's growing norm needs. Kornblith et al. (2019) report RBF
+# CKA at 0.2, 0.4 and 0.8 x the median; we take 0.8, the widest, which sees the global geometry of
+# the T tokens rather than only nearest neighbours, so it is the least noisy with T = 64 tokens per
+# sample. (Their demo code defaults to 1.0 x sqrt(median squared distance over all pairs, self-pairs
+# included); we leave out self-pairs and duplicate rows, e.g. repeated characters in h_emb, whose zero
+# distances would only drag the median down.)
+SIGMA_FRAC = 0.8
+TOP_K = 50         # singular values per state (Fig. 5)
+CHUNK = 8          # sequences per forward pass
+
+
+class ProbeError(ValueError):
+    pass
+
+
+# -----------------------------------------------------------------------------
+# Metrics: small pure functions on tensors; everything in float64
+
+def relative_update(h, fh):
+    """Effort of one block application (Fig. 3): 2 ||f(h) - h||_F / (||f(h)||_F + ||h||_F) over the last
+    two dims, so (T, D) -> scalar and (B, T, D) -> (B,). 0 for the identity; 2/3 for f(h) = 2h."""
+    h, fh = h.double(), fh.double()
+    norm = torch.linalg.matrix_norm  # Frobenius over the last two dims
+    return 2 * norm(fh - h) / (norm(fh) + norm(h))
+
+
+def centered_rbf_gram(X, sigma_frac=SIGMA_FRAC):
+    """X (T, D) -> H K H (T, T), K_ij = exp(-||x_i - x_j||^2 / (2 sigma^2)), sigma = sigma_frac x the
+    median non-zero pairwise distance, H = I - 11^T/T the centering matrix. All zeros when every row of
+    X is the same (no distance to take a median of): such a state carries no information."""
+    X = X.double()
+    sq = (X * X).sum(-1)                                              # (T,)
+    d2 = (sq[:, None] + sq[None, :] - 2 * X @ X.T).clamp_min(0)       # (T, T) squared distances
+    i, j = torch.triu_indices(len(X), len(X), offset=1)
+    pairs = d2[i, j]
+    pairs = pairs[pairs > 1e-12 * pairs.max()] if pairs.numel() else pairs  # rounding noise of equal rows is not a distance
+    if pairs.numel() == 0:
+        return torch.zeros_like(d2)
+    sigma = sigma_frac * torch.quantile(pairs.sqrt(), 0.5)
+    K = torch.exp(-d2 / (2 * sigma**2))                               # (T, T)
+    return K - K.mean(0, keepdim=True) - K.mean(1, keepdim=True) + K.mean()
+
+
+def cka_from_grams(Kc, Lc):
+    """CKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)) for centered grams; HSIC's 1/(T-1)^2 cancels.
+    nan when either side is degenerate (all-zero centered gram)."""
+    hsic = lambda A, B: (A * B).sum()   # tr(A B) for symmetric A, B
+    den = torch.sqrt(hsic(Kc, Kc) * hsic(Lc, Lc))
+    return (hsic(Kc, Lc) / den).item() if den > 0 else float("nan")
+
+
+def rbf_cka(X, Y, sigma_frac=SIGMA_FRAC):
+    """RBF-kernel CKA (Kornblith et al. 2019) between X (T, D1) and Y (T, D2), rows paired by token."""
+    return cka_from_grams(centered_rbf_gram(X, sigma_frac), centered_rbf_gram(Y, sigma_frac))
+
+
+def spectrum(X, k=TOP_K):
+    """Top min(k, T, D) singular values of X (..., T, D), divided by the largest: starts at 1, never increases."""
+    s = torch.linalg.svdvals(X.double())                              # (..., min(T, D)), descending
+    return (s / s[..., :1].clamp_min(torch.finfo(s.dtype).tiny))[..., :k]  # an all-zero state gives zeros
+
+
+# -----------------------------------------------------------------------------
+# Data: the checkpoint's own validation split
+
+def load_val(train_config):
+    """The validation tokens (a 1-d array) of the dataset a checkpoint was trained on."""
+    folder = os.path.join(train_config.get("data_root", "data"), train_config["dataset"])
+    try:
+        from data.prepare import load_split  # the project's reader, when present
+    except ImportError:
+        load_split = None
+    path, meta = os.path.join(folder, "val.bin"), os.path.join(folder, "meta.json")
+    if not (os.path.isfile(path) and os.path.isfile(meta)):
+        raise ProbeError(f"no prepared validation split at {path} (with meta.json); prepare dataset "
+                         f"{train_config['dataset']!r} with data/prepare.py, or run from the folder it was trained in")
+    if load_split is not None:
+        return load_split(folder, "val")
+    with open(meta) as f:
+        return np.memmap(path, dtype=np.dtype(json.load(f)["dtype"]), mode="r")
+
+
+def windows(data, length, n, seed):
+    """n windows of `length` consecutive tokens at positions drawn by a generator seeded with `seed`
+    -> int64 tensor (n, length). The same (data, length, n, seed) always gives the same windows."""
+    if len(data) < length:
+        raise ProbeError(f"the validation split has {len(data)} tokens, fewer than one window of {length}")
+    starts = np.random.default_rng(seed).integers(0, len(data) - length + 1, size=n)
+    return torch.from_numpy(np.stack([np.asarray(data[s:s + length], dtype=np.int64) for s in starts]))
+
+
+# -----------------------------------------------------------------------------
+# Probing one checkpoint
+
+def mean_std(rows):
+    a = np.asarray(rows, dtype=np.float64)
+    return a.mean(0), a.std(0)
+
+
+@torch.no_grad()
+def probe(model, idx, sigma_frac=SIGMA_FRAC):
+    """Run the diagnostics on idx (N, T) -> a JSON-ready dict (effort, cka, spectrum, routers)."""
+    model.eval()
+    effort, cka, spec = {}, [], {}
+    routers = {}  # name -> sums over tokens of the slot weights and entropies, and the token count
+    for chunk in idx.split(CHUNK):
+        cap = {}
+        model(chunk, capture=cap)
+        for name, h, fh in cap["blocks"]:
+            effort.setdefault(name, []).extend(relative_update(h, fh).tolist())
+        labels = [name for name, _ in cap["states"]]
+        for name, x in cap["states"]:
+            spec.setdefault(name, []).extend(spectrum(x).cpu().numpy())
+        for b in range(len(chunk)):
+            grams = [centered_rbf_gram(x[b], sigma_frac) for _, x in cap["states"]]
+            cka.append([[cka_from_grams(K, L) for L in grams] for K in grams])
+        for name, w_write, w_read in cap["routers"]:
+            acc = routers.setdefault(name, dict(write=0, read=0, entropy_write=0, entropy_read=0, tokens=0))
+            for kind, w in (("write", w_write), ("read", w_read)):
+                w = w.double()                                        # (B, T, S)
+                acc[kind] = acc[kind] + w.sum((0, 1))                 # (S,)
+                acc[f"entropy_{kind}"] = acc[f"entropy_{kind}"] - torch.special.xlogy(w, w).sum()  # H = -sum_b w_b ln w_b
+            acc["tokens"] += w_write.shape[0] * w_write.shape[1]
+    out = {"effort": {k: [float(m), float(s)] for k, (m, s) in ((k, mean_std(v)) for k, v in effort.items())}}
+    with warnings.catch_warnings():  # a degenerate state gives nan CKA in every sample: null in the JSON
+        warnings.simplefilter("ignore", RuntimeWarning)
+        matrix = np.nanmean(np.asarray(cka), axis=0)
+    out["cka"] = {"labels": labels, "sigma_frac": sigma_frac, "matrix": nan_to_none(matrix.tolist())}
+    means, stds = zip(*(mean_std(spec[k]) for k in labels))
+    out["spectrum"] = {"labels": labels, "mean": [m.tolist() for m in means], "std": [s.tolist() for s in stds]}
+    out["routers"] = None
+    if routers:
+        n_slots = model.config.slots
+        out["routers"] = {"labels": list(routers), "n_slots": n_slots, "max_entropy": math.log(n_slots)}
+        for key in ("write", "read", "entropy_write", "entropy_read"):
+            out["routers"][key] = [(acc[key] / acc["tokens"]).tolist() for acc in routers.values()]
+    return out
+
+
+def nan_to_none(rows):
+    return [[None if isinstance(v, float) and math.isnan(v) else v for v in row] for row in rows]
+
+
+def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device):
+    model, ckpt = load_checkpoint(out_dir, device)
+    cfg = model.config
+    idx = windows(load_val(ckpt["train_config"]), cfg.block_size, num_samples, seed).to(device)
+    result = {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "num_samples": num_samples,
+              "seq_len": cfg.block_size, "seed": seed}
+    result.update(probe(model, idx, sigma_frac))
+    return result
+
+
+# -----------------------------------------------------------------------------
+# Report: tables on stdout, optional PNG figures
+
+def fmt(v, spec=".2f"):
+    return "  -  " if v is None else format(v, spec)
+
+
+def report(r):
+    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, {r['num_samples']} x {r['seq_len']} tokens =="]
+    lines.append("effort (relative update, mean +- std):  " +
+                 "  ".join(f"{k} {m:.3f}+-{s:.3f}" for k, (m, s) in r["effort"].items()))
+    labels, matrix = r["cka"]["labels"], r["cka"]["matrix"]
+    w = max(6, *(len(l) + 1 for l in labels))
+    lines.append(f"CKA (RBF, sigma = {r['cka']['sigma_frac']} x median distance):")
+    lines.append(" " * w + "".join(f"{l:>{w}}" for l in labels))
+    lines += [f"{l:<{w}}" + "".join(f"{fmt(v):>{w}}" for v in row) for l, row in zip(labels, matrix)]
+    picks = [i for i in (1, 2, 5, 10, 20, 49) if i < len(r["spectrum"]["mean"][0])]
+    lines.append("spectrum sigma_i/sigma_0 (mean) at i = " + ", ".join(map(str, picks)) + ":")
+    lines += [f"  {l:<{w}}" + " ".join(f"{m[i]:.3f}" for i in picks)
+              for l, m in zip(r["spectrum"]["labels"], r["spectrum"]["mean"])]
+    ro = r["routers"]
+    if ro:
+        lines.append(f"routers (mean slot weight; entropy, max ln {ro['n_slots']} = {ro['max_entropy']:.3f}):")
+        for i, l in enumerate(ro["labels"]):
+            lines.append(f"  {l:<7} write [{' '.join(f'{v:.2f}' for v in ro['write'][i])}] H {ro['entropy_write'][i]:.3f}"
+                         f"   read [{' '.join(f'{v:.2f}' for v in ro['read'][i])}] H {ro['entropy_read'][i]:.3f}")
+    return "\n".join(lines)
+
+
+def title(r):
+    return f"{os.path.basename(os.path.normpath(r['out_dir']))}\n{r['layout']} {r['scheme']}"
+
+
+def write_pngs(results, folder):
+    """Paper-style figures, checkpoints side by side: effort.png (Fig. 3), cka.png (Fig. 4),
+    spectrum.png (Fig. 5) and, if any checkpoint is mesh, routers.png. Returns the paths."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("probe.py: matplotlib not installed; skipping PNG figures (pip install matplotlib)")
+        return []
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(folder, exist_ok=True)
+    n, paths = len(results), []
+
+    def save(fig, name):
+        paths.append(os.path.join(folder, name))
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), sharey=True, squeeze=False, layout="constrained")
+    for ax, r in zip(axes[0], results):
+        names = list(r["effort"])
+        m, s = zip(*r["effort"].values())
+        ax.bar(range(len(names)), m, yerr=s, capsize=3, color="tab:blue")
+        ax.set_xticks(range(len(names)), names, rotation=45)
+        ax.set_title(title(r), fontsize=9)
+    axes[0][0].set_ylabel("relative update")
+    save(fig, "effort.png")
+
+    fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.2), squeeze=False, layout="constrained")
+    for ax, r in zip(axes[0], results):
+        labels = r["cka"]["labels"]
+        mat = np.array([[np.nan if v is None else v for v in row] for row in r["cka"]["matrix"]])
+        im = ax.imshow(mat, vmin=0, vmax=1, cmap="viridis")
+        for (i, j), v in np.ndenumerate(mat):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 else "k")
+        ax.set_xticks(range(len(labels)), labels, rotation=45)
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_title(title(r), fontsize=9)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="CKA (RBF)")
+    save(fig, "cka.png")
+
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), sharey=True, squeeze=False, layout="constrained")
+    for ax, r in zip(axes[0], results):
+        sp = r["spectrum"]
+        for label, m, s in zip(sp["labels"], sp["mean"], sp["std"]):
+            m, s = np.array(m), np.array(s)
+            ax.plot(m, label=label)
+            ax.fill_between(range(len(m)), np.clip(m - s, 0, None), np.clip(m + s, None, 1), alpha=0.2)
+        ax.set_ylim(0, 1.02)  # linear: a collapsed state drops to ~0 after a few values
+        ax.set_xlabel("index i")
+        ax.set_title(title(r), fontsize=9)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("sigma_i / sigma_0")
+    save(fig, "spectrum.png")
+
+    meshes = [r for r in results if r["routers"]]
+    if meshes:
+        fig, axes = plt.subplots(len(meshes), 2, figsize=(7, 2.6 * len(meshes)), squeeze=False, layout="constrained")
+        for row, r in zip(axes, meshes):
+            ro = r["routers"]
+            for ax, kind in zip(row, ("write", "read")):
+                mat = np.array(ro[kind])
+                ax.imshow(mat, vmin=0, vmax=1, cmap="magma", aspect="auto")
+                for (i, j), v in np.ndenumerate(mat):
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.5 else "k")
+                ax.set_xticks(range(ro["n_slots"]), [f"m{b}" for b in range(ro["n_slots"])])
+                ax.set_yticks(range(len(ro["labels"])),
+                              [f"{l} H={h:.2f}" for l, h in zip(ro["labels"], ro[f"entropy_{kind}"])])
+                ax.set_title(f"{title(r).replace(chr(10), ': ')}\n{kind} weights (max H {ro['max_entropy']:.2f})", fontsize=8)
+        save(fig, "routers.png")
+    return paths
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="MeSH diagnostics (paper Fig. 3-5) for trained checkpoints.")
+    ap.error = lambda msg: ap.exit(2, f"probe.py: error: {msg}\n")  # one line, no usage dump
+    ap.add_argument("--out_dir", action="append", required=True, help="checkpoint folder (repeat to compare)")
+    ap.add_argument("--num_samples", type=int, default=64, help="validation sequences per checkpoint")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the sequence positions")
+    ap.add_argument("--sigma_frac", type=float, default=SIGMA_FRAC, help="RBF bandwidth / median distance")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", help="write the numbers here")
+    ap.add_argument("--png", help="write PNG figures into this folder (needs matplotlib)")
+    a = ap.parse_args(argv)
+    if a.num_samples < 1:
+        ap.error(f"--num_samples={a.num_samples} must be at least 1")
+    if not a.sigma_frac > 0:
+        ap.error(f"--sigma_frac={a.sigma_frac} must be positive")
+    results = []
+    for out_dir in a.out_dir:
+        try:
+            results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, a.device))
+        except (CheckpointError, ProbeError) as e:
+            ap.exit(2, f"probe.py: error: {e}\n")
+        print(report(results[-1]))
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1, allow_nan=False)
+        print(f"wrote {a.json}")
+    if a.png:
+        for path in write_pngs(results, a.png):
+            print(f"wrote {path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

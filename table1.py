@@ -1,0 +1,244 @@
+"""
+table1.py: the paper's Table 1 in a classroom: Tiny Shakespeare (characters) on a laptop CPU.
+
+    python table1.py                                  # the whole table, then the B ablation and probe figures
+    python table1.py --only=vanilla,mesh --seeds=0 --max_iters=200   # a quick subset
+
+Every variant has the same compute depth (12 applied blocks), width 128, 4 heads, context 64,
+batch 16, peak LR 1e-3 with train.py's schedule (the paper's: 1% warmup, cosine to 10%), and
+the same --seed, hence the same data order, for every variant: vanilla `12` against `2+4R2+2` with
+base, residual, anchor, anchor_emb (the paper's anchor*) and mesh; plus the buffer-size ablation of
+Appendix E.1 (mesh with B = K+1 ... K+4 slots, seed 0). No variant gets any setting the others don't.
+
+Runs go one at a time through `python train.py` into ROOT/NAME/; a run whose result.json exists is
+skipped, so an interrupted table resumes where it stopped. The final validation loss is measured here,
+not taken from train.py's log: each final checkpoint is evaluated on the same fixed EVAL_BATCHES
+batches of the validation split (identical batches for every variant). Results go to
+RESULTS/table1.json and RESULTS/table1.md; probe.py's figures of the base and mesh runs (seed 0) to
+RESULTS/table1_probe/.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+import torch
+
+import probe
+from mesh import Config, RecursiveGPT, closest, load_checkpoint
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
+VARIANTS = {  # name -> (layout, scheme), in table order
+    "vanilla": (DEPTH_LAYOUT, "base"),
+    "base": (LOOP_LAYOUT, "base"),
+    "residual": (LOOP_LAYOUT, "residual"),
+    "anchor": (LOOP_LAYOUT, "anchor"),
+    "anchor_emb": (LOOP_LAYOUT, "anchor_emb"),
+    "mesh": (LOOP_LAYOUT, "mesh"),
+}
+K = Config(layout=LOOP_LAYOUT).n_steps
+ABLATION = tuple(range(K + 1, K + 5))  # B = K+1 .. K+4 (the paper's default B = K+3 is the main mesh run)
+MODEL = dict(n_embd=128, n_head=4, block_size=64)
+TRAIN = dict(dataset="shakespeare_char", batch_size=16, lr=1e-3, eval_iters=20, **MODEL)
+EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 validation tokens, about the whole split
+
+
+# -----------------------------------------------------------------------------
+# The plan: which runs, with which train.py flags
+
+def plan(variants, seeds, ablation):
+    """-> list of runs {name, variant, layout, scheme, n_slots, seed}; the ablation's B = K+3 is mesh seed 0."""
+    runs = [dict(name=f"{v}_s{s}", variant=v, layout=VARIANTS[v][0], scheme=VARIANTS[v][1], n_slots=None, seed=s)
+            for v in variants for s in seeds]
+    for b in ablation:
+        default = b == K + 3
+        runs.append(dict(name="mesh_s0" if default else f"mesh_B{b}_s0", variant="mesh", layout=LOOP_LAYOUT,
+                         scheme="mesh", n_slots=None if default else b, seed=0))
+    unique = {r["name"]: r for r in runs}
+    return list(unique.values())
+
+
+def train_command(run, out_dir, max_iters):
+    flags = dict(out_dir=out_dir, **TRAIN, max_iters=max_iters, eval_interval=max(1, max_iters // 4),
+                 layout=run["layout"], scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"])
+    return [sys.executable, os.path.join(HERE, "train.py")] + [f"--{k}={v}" for k, v in flags.items() if v is not None]
+
+
+# -----------------------------------------------------------------------------
+# One run: train (unless done), then evaluate the final checkpoint
+
+def ms_per_iter(log_path):
+    """Median of the logged per-iteration times (ms), leaving out iteration 0 (warm-up)."""
+    with open(log_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    ms = [r["ms"] for r in rows if "ms" in r and "loss" in r and r["iter"] > 0]
+    return statistics.median(ms) if ms else None
+
+
+@torch.no_grad()
+def val_loss(model, batches):
+    """Mean cross-entropy over batches (n, B, T+1): every batch has B x T targets, so this is the token mean."""
+    model.eval()
+    return statistics.fmean(model(w[:, :-1], w[:, 1:].contiguous())[1].item() for w in batches)  # loss views targets
+
+
+def eval_batches(ckpt, model):
+    T = model.config.block_size
+    n = EVAL_BATCHES * TRAIN["batch_size"]
+    return probe.windows(probe.load_val(ckpt["train_config"]), T + 1, n, EVAL_SEED).view(EVAL_BATCHES, -1, T + 1)
+
+
+def run_one(run, root, max_iters):
+    out_dir = os.path.join(root, run["name"])
+    result_path = os.path.join(out_dir, "result.json")
+    if os.path.isfile(result_path):
+        with open(result_path) as f:
+            result = json.load(f)
+        if result["max_iters"] == max_iters:
+            print(f"{run['name']}: done (val loss {result['val_loss']:.4f})")
+            return result
+    os.makedirs(out_dir, exist_ok=True)
+    for stale in ("log.jsonl", "ckpt.pt"):  # an interrupted or shorter run of ours: start it over
+        if os.path.exists(os.path.join(out_dir, stale)):
+            os.remove(os.path.join(out_dir, stale))
+    cmd = train_command(run, out_dir, max_iters)
+    print(f"{run['name']}: training ({' '.join(cmd[2:])})", flush=True)
+    with open(os.path.join(out_dir, "train.out"), "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=HERE).returncode
+    if rc:
+        with open(os.path.join(out_dir, "train.out")) as f:
+            tail = f.read()[-2000:]
+        sys.exit(f"{tail}\ntable1.py: error: {run['name']} failed (exit {rc}); full output in {out_dir}/train.out")
+    model, ckpt = load_checkpoint(out_dir)
+    result = dict(run, max_iters=max_iters, iter_num=ckpt.get("iter_num"), n_slots=model.config.slots
+                  if run["scheme"] == "mesh" else None, params=model.num_params(),
+                  val_loss=val_loss(model, eval_batches(ckpt, model)), eval_batches=EVAL_BATCHES,
+                  ms_per_iter=ms_per_iter(os.path.join(out_dir, "log.jsonl")), out_dir=out_dir)
+    with open(result_path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"{run['name']}: val loss {result['val_loss']:.4f}, {result['ms_per_iter']} ms/iter")
+    return result
+
+
+# -----------------------------------------------------------------------------
+# Aggregation and the Markdown tables (pure: tested in test_probe.py)
+
+def vanilla_params():
+    with torch.device("meta"):  # counts only, no weights
+        return RecursiveGPT(Config(**MODEL, layout=DEPTH_LAYOUT)).num_params()
+
+
+def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def aggregate(results, vanilla):
+    """Per variant (table order), over its seeds: params, share of vanilla, val loss mean/std/n, ms/iter mean."""
+    rows = []
+    for v, (layout, scheme) in VARIANTS.items():
+        rs = [r for r in results if r["variant"] == v and r["name"] == f"{v}_s{r['seed']}"]
+        if not rs:
+            continue
+        loss, loss_std = mean_std([r["val_loss"] for r in rs])
+        rows.append(dict(variant=v, layout=layout, scheme=scheme, params=rs[0]["params"],
+                         share=rs[0]["params"] / vanilla, val_loss=loss, val_loss_std=loss_std,
+                         seeds=sorted(r["seed"] for r in rs), ms_per_iter=mean_std([r["ms_per_iter"] for r in rs])[0]))
+    return rows
+
+
+def ablation_rows(results):
+    rs = [r for r in results if r["scheme"] == "mesh" and r["seed"] == 0 and r["n_slots"] in ABLATION]
+    return [dict(n_slots=r["n_slots"], params=r["params"], val_loss=r["val_loss"], ms_per_iter=r["ms_per_iter"])
+            for r in sorted(rs, key=lambda r: r["n_slots"])]
+
+
+def ms(v):
+    return "-" if v is None else f"{v:.0f}"
+
+
+def markdown(rows, ablation, max_iters, machine):
+    lines = [f"Tiny Shakespeare (characters), compute depth 12, width {MODEL['n_embd']}, {MODEL['n_head']} heads, "
+             f"context {MODEL['block_size']}, batch {TRAIN['batch_size']}, {max_iters} iterations, peak LR {TRAIN['lr']}. "
+             f"Machine: {machine}.", "",
+             "| variant | layout | non-emb params | % of vanilla | val loss (mean ± std, seeds) | ms/iter |",
+             "|---|---|---:|---:|---|---:|"]
+    for r in rows:
+        std = "" if r["val_loss_std"] is None else f" ± {r['val_loss_std']:.4f}"
+        lines.append(f"| {r['variant']} | `{r['layout']}` | {r['params']:,} | {100 * r['share']:.1f}% | "
+                     f"{r['val_loss']:.4f}{std} ({len(r['seeds'])}) | {ms(r['ms_per_iter'])} |")
+    lines += ["", f"val loss: cross-entropy (nats/char) of the final checkpoint on the same {EVAL_BATCHES} validation "
+              f"batches ({EVAL_BATCHES * TRAIN['batch_size'] * MODEL['block_size']:,} tokens) for every run; std over "
+              "seeds (n-1); ms/iter: median per run, mean over seeds."]
+    if ablation:
+        lines += ["", f"Buffer size B (mesh `{LOOP_LAYOUT}`, K = {K}, seed 0; the default is B = K+3 = {K + 3}):", "",
+                  "| B | non-emb params | val loss | ms/iter |", "|---:|---:|---:|---:|"]
+        lines += [f"| {r['n_slots']} | {r['params']:,} | {r['val_loss']:.4f} | {ms(r['ms_per_iter'])} |" for r in ablation]
+    return "\n".join(lines) + "\n"
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Classroom Table 1: recursive schemes at equal compute depth.")
+    ap.error = lambda msg: ap.exit(2, f"table1.py: error: {msg}\n")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    ap.add_argument("--max_iters", type=int, default=1200)
+    ap.add_argument("--only", default=",".join([*VARIANTS, "ablation"]), help="comma-separated subset of: "
+                    + ", ".join([*VARIANTS, "ablation"]))
+    ap.add_argument("--root", default="runs/table1", help="one folder per run in here")
+    ap.add_argument("--results", default="results", help="table1.json, table1.md and the probe figures go here")
+    ap.add_argument("--dry_run", action="store_true", help="print the train.py commands and stop")
+    a = ap.parse_args(argv)
+    try:
+        seeds = [int(s) for s in a.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds={a.seeds!r} must be comma-separated integers, e.g. --seeds=0,1,2")
+    only = a.only.split(",")
+    for name in only:
+        if name not in [*VARIANTS, "ablation"]:
+            ap.error(f"--only: unknown {name!r}{closest(name, [*VARIANTS, 'ablation'])}; "
+                     f"expected some of {', '.join([*VARIANTS, 'ablation'])}")
+    if a.max_iters < 1:
+        ap.error(f"--max_iters={a.max_iters} must be at least 1")
+    runs = plan([v for v in VARIANTS if v in only], seeds, ABLATION if "ablation" in only else ())
+    if a.dry_run:
+        for run in runs:
+            print(" ".join(train_command(run, os.path.join(a.root, run["name"]), a.max_iters)[1:]))
+        return
+    if not os.path.isfile(os.path.join(HERE, "train.py")):
+        ap.exit(2, "table1.py: error: train.py not found next to table1.py\n")
+    results = [run_one(run, a.root, a.max_iters) for run in runs]
+    rows, abl = aggregate(results, vanilla_params()), ablation_rows(results)
+    os.makedirs(a.results, exist_ok=True)
+    md = markdown(rows, abl, a.max_iters, machine())
+    with open(os.path.join(a.results, "table1.json"), "w") as f:
+        json.dump(dict(settings=dict(TRAIN, max_iters=a.max_iters, seeds=seeds, eval_batches=EVAL_BATCHES,
+                                     eval_seed=EVAL_SEED), machine=machine(), table=rows, ablation=abl,
+                       runs=results), f, indent=1)
+    with open(os.path.join(a.results, "table1.md"), "w") as f:
+        f.write(md)
+    print(md + f"wrote {a.results}/table1.json and {a.results}/table1.md")
+    figures = [os.path.join(a.root, n) for n in ("base_s0", "mesh_s0") if any(r["name"] == n for r in results)]
+    if figures:
+        probe.main([f"--out_dir={d}" for d in figures] + [f"--json={a.results}/table1_probe.json",
+                                                           f"--png={a.results}/table1_probe"])
+
+
+if __name__ == "__main__":
+    main()

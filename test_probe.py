@@ -1,0 +1,264 @@
+"""
+Tests for probe.py (the paper's diagnostics) and table1.py's pure parts.
+
+    python -m pytest -q test_probe.py
+"""
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import probe
+import table1
+from mesh import SCHEMES, Config, RecursiveGPT, save_checkpoint
+
+# -----------------------------------------------------------------------------
+# Metrics
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_cka_of_a_matrix_with_itself_is_one():
+    X = rand(40, 16)
+    assert probe.rbf_cka(X, X) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_cka_is_invariant_to_orthogonal_transform_and_isotropic_scaling():
+    X = rand(40, 16)
+    Q, _ = torch.linalg.qr(rand(16, 16, seed=1))
+    assert probe.rbf_cka(X, X @ Q) == pytest.approx(1.0, abs=1e-9)
+    assert probe.rbf_cka(X, 3 * X) == pytest.approx(1.0, abs=1e-12)
+    Y = rand(40, 8, seed=2)
+    ref = probe.rbf_cka(X, Y)
+    assert probe.rbf_cka(X @ Q, Y) == pytest.approx(ref, abs=1e-9)
+    assert probe.rbf_cka(X, 0.01 * Y) == pytest.approx(ref, abs=1e-12)
+
+
+def test_cka_is_symmetric_and_below_one_for_unrelated_matrices():
+    X, Y = rand(40, 16), rand(40, 24, seed=3)
+    assert probe.rbf_cka(X, Y) == pytest.approx(probe.rbf_cka(Y, X), abs=1e-12)
+    assert 0 < probe.rbf_cka(X, Y) < 0.9
+
+
+def test_cka_bandwidth_is_the_median_distance_of_distinct_rows():
+    # points 0, 1, 2, 2 on a line: distinct-pair distances 1, 2, 2, 1, 1, median 1; the duplicate row adds
+    # a zero distance that must not move the median.
+    X = torch.tensor([[0.0], [1.0], [2.0], [2.0]], dtype=torch.float64)
+    Kc = probe.centered_rbf_gram(X, sigma_frac=1.0)
+    K = torch.exp(-torch.cdist(X, X) ** 2 / 2)  # sigma = 1 x median(1, 2, 1, 2, 1, 0 excluded) = 1
+    H = torch.eye(4, dtype=torch.float64) - 1 / 4
+    assert torch.allclose(Kc, H @ K @ H, atol=1e-12)
+    assert math.isnan(probe.rbf_cka(torch.ones(5, 3), rand(5, 3)))  # no distances at all: undefined, not 1
+
+
+def test_relative_update_of_identity_is_zero_and_of_doubling_is_two_thirds():
+    h = rand(2, 10, 8)
+    assert torch.equal(probe.relative_update(h, h), torch.zeros(2, dtype=torch.float64))
+    assert torch.allclose(probe.relative_update(h, 2 * h), torch.full((2,), 2 / 3, dtype=torch.float64))
+    assert probe.relative_update(h[0], -h[0]).item() == pytest.approx(2.0)  # the maximum
+
+
+def test_spectrum_starts_at_one_and_never_increases():
+    for T, D, n in ((64, 128, 50), (20, 128, 20), (64, 8, 8)):  # min(k, T, D) values
+        s = probe.spectrum(rand(3, T, D))
+        assert s.shape == (3, n)
+        assert torch.equal(s[:, 0], torch.ones(3, dtype=torch.float64))
+        assert (s[:, 1:] <= s[:, :-1]).all() and (s >= 0).all()
+
+
+# -----------------------------------------------------------------------------
+# State capture (mesh.py) feeds the metrics: it must be the model's own computation
+
+TINY = dict(vocab_size=11, block_size=16, n_embd=32, n_head=2)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_captured_states_reproduce_the_normal_logits_exactly(scheme):
+    torch.manual_seed(0)
+    model = RecursiveGPT(Config(**TINY, layout="1+2R3+1", scheme=scheme)).eval()
+    idx = torch.randint(0, 11, (2, 16))
+    with torch.no_grad():
+        plain, _ = model(idx)
+        cap = {}
+        captured, _ = model(idx, capture=cap)
+        assert torch.equal(plain, captured)
+        states = dict(cap["states"])
+        assert list(states) == ["h_emb", "h0", "h1", "h2", "h3", "out"]
+        assert torch.equal(model.lm_head(model.ln_f(states["out"])), plain)
+        blocks = {name: (x, y) for name, x, y in cap["blocks"]}
+        assert list(blocks) == ["prelude", "step0", "step1", "step2", "coda"]
+        for t in range(3):  # each step's recorded output is its core applied to the recorded input h(t)
+            x, y = blocks[f"step{t}"]
+            assert torch.equal(x, states[f"h{t}"])
+            assert torch.equal(model.run(model.cores[0], x, 0, None, None)[0], y)
+        assert torch.equal(blocks["coda"][0], states["h3"]) and torch.equal(blocks["coda"][1], states["out"])
+        assert [name for name, _, _ in cap["routers"]] == (["cycle", "step0", "step1", "step2"] if scheme == "mesh" else [])
+
+
+# -----------------------------------------------------------------------------
+# probe.py end to end on tiny checkpoints
+
+
+def make_run(tmp_path, name, layout, scheme, n_slots=None):
+    data_root = tmp_path / "data"
+    folder = data_root / "tiny_char"
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        tokens = np.random.default_rng(0).integers(0, TINY["vocab_size"], 3000).astype(np.uint16)
+        tokens.tofile(folder / "val.bin")
+        (folder / "meta.json").write_text(json.dumps(dict(tokenizer="char", vocab_size=TINY["vocab_size"], dtype="uint16")))
+    torch.manual_seed(0)
+    model = RecursiveGPT(Config(**TINY, layout=layout, scheme=scheme, n_slots=n_slots))
+    out_dir = tmp_path / name
+    save_checkpoint(dict(model=model.state_dict(), model_config=model.config.to_dict(),
+                         train_config=dict(dataset="tiny_char", data_root=str(data_root)),
+                         iter_num=0), str(out_dir / "ckpt.pt"))
+    return str(out_dir)
+
+
+def test_probe_end_to_end_writes_the_documented_json(tmp_path, capsys, monkeypatch):
+    runs = [make_run(tmp_path, "base", "1+2R2+1", "base"), make_run(tmp_path, "mesh", "1+2R2+1", "mesh", n_slots=4),
+            make_run(tmp_path, "vanilla", "4", "base")]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails: the PNG step must say so and go on
+    out = tmp_path / "probe.json"
+    probe.main([f"--out_dir={d}" for d in runs] + ["--num_samples=10", f"--json={out}", f"--png={tmp_path / 'png'}"])
+    printed = capsys.readouterr().out
+    assert "probe.py: matplotlib not installed; skipping PNG figures (pip install matplotlib)" in printed
+    assert "CKA (RBF, sigma = 0.8 x median distance)" in printed
+    assert not (tmp_path / "png").exists()
+    results = json.loads(out.read_text())
+    assert [r["out_dir"] for r in results] == runs
+    base, mesh, vanilla = results
+    for r, labels, blocks in ((base, ["h_emb", "h0", "h1", "h2", "out"], ["prelude", "step0", "step1", "coda"]),
+                              (mesh, ["h_emb", "h0", "h1", "h2", "out"], ["prelude", "step0", "step1", "coda"]),
+                              (vanilla, ["h_emb", "h0", "out"], ["prelude"])):
+        assert {"out_dir", "effort", "cka", "spectrum", "routers"} <= set(r)
+        assert list(r["effort"]) == blocks
+        assert all(len(v) == 2 and 0 <= v[0] <= 2 and v[1] >= 0 for v in r["effort"].values())
+        assert r["cka"]["labels"] == labels and r["spectrum"]["labels"] == labels
+        m = np.array(r["cka"]["matrix"])
+        assert m.shape == (len(labels),) * 2 and np.allclose(np.diag(m), 1) and np.allclose(m, m.T)
+        assert all(len(s) == 16 and s[0] == 1 for s in r["spectrum"]["mean"])  # min(50, T=16, D=32)
+        assert all(s[0] == 0 for s in r["spectrum"]["std"])
+    assert base["routers"] is None and vanilla["routers"] is None
+    ro = mesh["routers"]
+    assert ro["labels"] == ["cycle", "step0", "step1"] and ro["n_slots"] == 4
+    assert ro["max_entropy"] == pytest.approx(math.log(4))
+    for key in ("write", "read"):
+        assert all(len(w) == 4 and sum(w) == pytest.approx(1) for w in ro[key])
+        assert all(0 <= h <= math.log(4) + 1e-12 for h in ro[f"entropy_{key}"])
+    assert min(ro["entropy_read"]) > 0.9 * math.log(4)  # near-uniform routers at init (mesh.py's router init)
+
+
+def test_probe_same_seed_same_numbers(tmp_path, capsys):
+    run = make_run(tmp_path, "mesh", "1+2R2+1", "mesh")
+    a = probe.main([f"--out_dir={run}", "--num_samples=3", "--seed=5"])
+    b = probe.main([f"--out_dir={run}", "--num_samples=3", "--seed=5"])
+    assert a == b
+
+
+def test_probe_writes_pngs_when_matplotlib_is_installed(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib (optional) is not installed")
+    runs = [make_run(tmp_path, "base", "1+2R2+1", "base"), make_run(tmp_path, "mesh", "1+2R2+1", "mesh")]
+    probe.main([f"--out_dir={d}" for d in runs] + ["--num_samples=2", f"--png={tmp_path / 'png'}"])
+    assert sorted(os.listdir(tmp_path / "png")) == ["cka.png", "effort.png", "routers.png", "spectrum.png"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--out_dir=nowhere"], "probe.py: error: no checkpoint at nowhere/ckpt.pt; train one with: python train.py --out_dir=nowhere\n"),
+    (["--out_dir=x", "--num_samples=0"], "probe.py: error: --num_samples=0 must be at least 1\n"),
+    ([], "probe.py: error: the following arguments are required: --out_dir\n"),
+])
+def test_probe_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        probe.main(args)
+    assert e.value.code == 2 and capsys.readouterr().err == message
+
+
+def test_probe_names_a_missing_validation_split(tmp_path, capsys):
+    run = make_run(tmp_path, "mesh", "1+2R2+1", "mesh")
+    os.remove(tmp_path / "data" / "tiny_char" / "val.bin")
+    with pytest.raises(SystemExit) as e:
+        probe.main([f"--out_dir={run}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"probe.py: error: no prepared validation split at {tmp_path}/data/tiny_char/val.bin")
+
+
+# -----------------------------------------------------------------------------
+# table1.py: plan, log parsing, aggregation and the Markdown table (no training)
+
+
+def test_table1_plan_shares_the_default_buffer_run_and_passes_identical_settings():
+    runs = table1.plan(list(table1.VARIANTS), [0, 1, 2], table1.ABLATION)
+    names = [r["name"] for r in runs]
+    assert len(names) == len(set(names)) == 6 * 3 + 3  # B = K+3 = 5 is mesh_s0 itself
+    assert names[-3:] == ["mesh_B3_s0", "mesh_B4_s0", "mesh_B6_s0"]
+    cmds = {r["name"]: table1.train_command(r, f"runs/{r['name']}", 1200)[2:] for r in runs}
+    assert cmds["mesh_B3_s0"] == ["--out_dir=runs/mesh_B3_s0", "--dataset=shakespeare_char", "--batch_size=16",
+                                  "--lr=0.001", "--eval_iters=20", "--n_embd=128", "--n_head=4", "--block_size=64",
+                                  "--max_iters=1200", "--eval_interval=300", "--layout=2+4R2+2", "--scheme=mesh",
+                                  "--n_slots=3", "--seed=0"]
+    strip = lambda cmd: [c for c in cmd if not c.startswith(("--out_dir", "--layout", "--scheme", "--n_slots"))]
+    assert all(strip(cmds[n]) == strip(cmds["vanilla_s0"]) for n in names if n.endswith("_s0"))
+
+
+def test_table1_ms_per_iter_is_the_median_of_logged_iterations(tmp_path):
+    log = tmp_path / "log.jsonl"
+    lines = [dict(iter=0, loss=4.2, lr=0.0, ms=900.0), dict(iter=0, train_loss=4.2, val_loss=4.2)]
+    lines += [dict(iter=i, loss=3.0, lr=1e-3, ms=ms) for i, ms in zip(range(1, 5), (10.0, 30.0, 20.0, 500.0))]
+    log.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert table1.ms_per_iter(str(log)) == 25.0
+
+
+def test_table1_val_loss_is_the_token_mean_cross_entropy_of_the_batches():
+    torch.manual_seed(0)
+    model = RecursiveGPT(Config(**TINY, layout="1+2R2+1", scheme="mesh"))
+    data = np.random.default_rng(1).integers(0, TINY["vocab_size"], 500).astype(np.uint16)
+    batches = probe.windows(data, 17, 3 * 4, seed=7).view(3, 4, 17)
+    assert torch.equal(batches, probe.windows(data, 17, 12, seed=7).view(3, 4, 17))  # same batches for every run
+    with torch.no_grad():
+        logits, _ = model(batches.view(12, 17)[:, :-1])
+        ref = torch.nn.functional.cross_entropy(logits.reshape(-1, TINY["vocab_size"]), batches.view(12, 17)[:, 1:].reshape(-1))
+    assert table1.val_loss(model, batches) == pytest.approx(ref.item(), rel=1e-5)
+
+
+def fake_result(variant, seed, loss, params, ms, n_slots=None):
+    name = f"{variant}_s{seed}" if n_slots in (None, 5) else f"mesh_B{n_slots}_s{seed}"
+    layout, scheme = table1.VARIANTS[variant]
+    return dict(name=name, variant=variant, layout=layout, scheme=scheme, seed=seed, params=params,
+                n_slots=n_slots, val_loss=loss, ms_per_iter=ms)
+
+
+def test_table1_aggregates_seeds_and_writes_the_markdown_table():
+    results = [fake_result("vanilla", s, l, 2_379_520, 100.0) for s, l in ((0, 1.50), (1, 1.52), (2, 1.54))]
+    results += [fake_result("mesh", s, l, 1_590_302, 90.0, n_slots=5) for s, l in ((0, 1.40), (1, 1.44))]
+    results += [fake_result("mesh", 0, 1.47, 1_588_750, 85.0, n_slots=3)]
+    vanilla = table1.vanilla_params()
+    assert vanilla == 12 * (12 * 128**2 + 13 * 128) + 2 * 128  # SPEC section 5's formula
+    rows = table1.aggregate(results, vanilla)
+    assert [r["variant"] for r in rows] == ["vanilla", "mesh"]  # the B=3 run is not a mesh seed
+    assert rows[0]["val_loss"] == pytest.approx(1.52) and rows[0]["val_loss_std"] == pytest.approx(0.02)
+    assert rows[1]["seeds"] == [0, 1] and rows[1]["share"] == pytest.approx(1_590_302 / vanilla)
+    abl = table1.ablation_rows(results)
+    assert [r["n_slots"] for r in abl] == [3, 5]
+    md = table1.markdown(rows, abl, 1200, "test cpu")
+    assert "| vanilla | `12` | 2,379,520 | 100.0% | 1.5200 ± 0.0200 (3) | 100 |" in md
+    assert "| mesh | `2+4R2+2` | 1,590,302 | 66.8% | 1.4200 ± 0.0283 (2) | 90 |" in md
+    assert "| 3 | 1,588,750 | 1.4700 | 85 |" in md and "| 5 | 1,590,302 | 1.4000 | 90 |" in md
+    assert "Machine: test cpu." in md and "1200 iterations" in md
+
+
+def test_table1_bad_flags_are_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        table1.main(["--only=mesh,anchr"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("table1.py: error: --only: unknown 'anchr' (did you mean 'anchor'?); expected "
+                                       "some of vanilla, base, residual, anchor, anchor_emb, mesh, ablation\n")
