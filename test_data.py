@@ -65,7 +65,7 @@ def test_char_prepare(tmp_path):
     assert sorted(os.listdir(d)) == ["meta.json", "train.bin", "val.bin"]
 
 
-@pytest.mark.parametrize("text", [TEXT, UNICODE, "x" * 1000 + "é" * 500])  # the last has no newline
+@pytest.mark.parametrize("text", [TEXT, UNICODE, "x" * 1000 + "é" * 500], ids=["ascii", "unicode", "one-line"])  # the last has no newline
 def test_char_chunked_equals_one_shot(tmp_path, text):
     src = write(tmp_path / "in.txt", text)
     a = prepare("a", input=src, out_root=str(tmp_path), chunk_bytes=1 << 30, log=quiet)

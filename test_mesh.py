@@ -30,16 +30,6 @@ CASES = [("base", "4"), ("base", "1+2R2+1"), ("residual", "1+2R2+1"), ("anchor",
 IDS = [f"{s}-{l}" for s, l in CASES]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread is faster, and immune to other processes on a shared CPU
-    (OpenMP threads that wait on a busy core make every op ~100x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def small(scheme="mesh", layout="1+2R2+1", **kw):
     return Config(**{**dict(vocab_size=V, block_size=32, n_embd=64, n_head=4, layout=layout, scheme=scheme), **kw})
 
