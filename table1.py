@@ -25,6 +25,7 @@ import platform
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -44,7 +45,7 @@ VARIANTS = {  # name -> (layout, scheme), in table order
 K = Config(layout=LOOP_LAYOUT).n_steps
 ABLATION = tuple(range(K + 1, K + 5))  # B = K+1 .. K+4 (the paper's default B = K+3 is the main mesh run)
 MODEL = dict(n_embd=128, n_head=4, block_size=64)
-TRAIN = dict(dataset="shakespeare_char", batch_size=16, lr=1e-3, eval_iters=20, **MODEL)
+TRAIN = dict(dataset="shakespeare_char", batch_size=16, lr=1e-3, eval_iters=20, sample_tokens=0, **MODEL)
 EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 validation tokens, about the whole split
 
 
@@ -93,7 +94,7 @@ def eval_batches(ckpt, model):
     return probe.windows(probe.load_val(ckpt["train_config"]), T + 1, n, EVAL_SEED).view(EVAL_BATCHES, -1, T + 1)
 
 
-def run_one(run, root, max_iters):
+def run_one(run, root, max_iters, env=None):
     out_dir = os.path.join(root, run["name"])
     result_path = os.path.join(out_dir, "result.json")
     if os.path.isfile(result_path):
@@ -109,7 +110,7 @@ def run_one(run, root, max_iters):
     cmd = train_command(run, out_dir, max_iters)
     print(f"{run['name']}: training ({' '.join(cmd[2:])})", flush=True)
     with open(os.path.join(out_dir, "train.out"), "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=HERE).returncode
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=HERE, env=env).returncode
     if rc:
         with open(os.path.join(out_dir, "train.out")) as f:
             tail = f.read()[-2000:]
@@ -184,14 +185,16 @@ def markdown(rows, ablation, max_iters, machine):
     return "\n".join(lines) + "\n"
 
 
-def machine():
+def machine(jobs=1):
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {jobs} run(s) at a time with "
+            f"{threads} thread(s) each")
 
 
 def main(argv=None):
@@ -203,6 +206,7 @@ def main(argv=None):
                     + ", ".join([*VARIANTS, "ablation"]))
     ap.add_argument("--root", default="runs/table1", help="one folder per run in here")
     ap.add_argument("--results", default="results", help="table1.json, table1.md and the probe figures go here")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores/jobs threads")
     ap.add_argument("--dry_run", action="store_true", help="print the train.py commands and stop")
     a = ap.parse_args(argv)
     try:
@@ -223,13 +227,16 @@ def main(argv=None):
         return
     if not os.path.isfile(os.path.join(HERE, "train.py")):
         ap.exit(2, "table1.py: error: train.py not found next to table1.py\n")
-    results = [run_one(run, a.root, a.max_iters) for run in runs]
+    threads = max(1, (os.cpu_count() or 1) // a.jobs)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    with ThreadPoolExecutor(a.jobs) as pool:  # each run is its own process; threads only wait on them
+        results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env), runs))
     rows, abl = aggregate(results, vanilla_params()), ablation_rows(results)
     os.makedirs(a.results, exist_ok=True)
-    md = markdown(rows, abl, a.max_iters, machine())
+    md = markdown(rows, abl, a.max_iters, machine(a.jobs))
     with open(os.path.join(a.results, "table1.json"), "w") as f:
         json.dump(dict(settings=dict(TRAIN, max_iters=a.max_iters, seeds=seeds, eval_batches=EVAL_BATCHES,
-                                     eval_seed=EVAL_SEED), machine=machine(), table=rows, ablation=abl,
+                                     eval_seed=EVAL_SEED), machine=machine(a.jobs), table=rows, ablation=abl,
                        runs=results), f, indent=1)
     with open(os.path.join(a.results, "table1.md"), "w") as f:
         f.write(md)
