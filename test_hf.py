@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mesh import CheckpointError, Config, RecursiveGPT, save_checkpoint
+from mesh import CheckpointError, Config, RecursiveGPT, load_checkpoint, save_checkpoint
 
 # -----------------------------------------------------------------------------
 # GPT-NeoX import: logits of a random (perturbed) HF model equal ours after conversion
@@ -223,3 +223,25 @@ def test_simple_evaluate_local_multiple_choice(mesh_lm):
     want = np.mean([max(range(len(d["choices"])), key=lambda c: direct_loglikelihood(
         model, d["question"], " " + d["choices"][c])[0]) == d["answer"] for d in docs])
     assert results["results"]["tiny_mc"]["acc,none"] == pytest.approx(want)
+
+
+def test_train_continues_an_imported_model(tmp_path):
+    """train.py --init_from=hf:PATH fine-tunes the imported vanilla model and saves a normal checkpoint."""
+    import train
+    from data.prepare import prepare
+    hf, path = hf_neox(tmp_path, True)
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 200)
+    prepare("fox", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"), log=lambda *a: None)
+    out = tmp_path / "out"
+    flags = [f"--init_from=hf:{path}", f"--data_root={tmp_path / 'data'}", "--dataset=fox", f"--out_dir={out}",
+             "--block_size=32", "--batch_size=4", "--max_iters=6", "--eval_interval=3", "--eval_iters=2",
+             "--log_interval=1", "--sample_tokens=0", "--lr=1e-3"]
+    assert train.main(flags) == 0
+    model, ckpt = load_checkpoint(str(out))
+    cfg = model.config
+    assert (cfg.layout, cfg.scheme, cfg.scale_embeddings, cfg.block_size) == ("2", "base", False, 32)
+    start = RecursiveGPT.from_pretrained(path)
+    moved = [k for k, v in start.state_dict().items() if not torch.equal(v, ckpt["model"][k])]
+    assert moved  # it trained from the imported weights...
+    assert ckpt["model"]["wte.weight"].shape == start.wte.weight.shape  # ...which it kept the shape of
+    assert train.main([*flags, f"--out_dir={tmp_path / 'o2'}", "--layout=1+1R2+1"]) == 2  # shape is the import's

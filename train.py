@@ -177,8 +177,20 @@ class Trainer:
                 raise UsageError(f"{ckpt_path} exists; continue it with --init_from=resume, or start over "
                                  f"with --overwrite=true, or choose another --out_dir")
             model = RecursiveGPT(model_config(tc, vocab))
-        elif tc.init_from.startswith("hf:"):
+        elif tc.init_from.startswith("hf:"):  # a vanilla model; its shape comes from the import
+            shaped = [k for k in MODEL_KEYS if k in given and k not in ("block_size", "dropout")]
+            if shaped:
+                raise UsageError(f"--init_from={tc.init_from} takes the model's shape from the import; "
+                                 f"drop --{', --'.join(shaped)} (only --block_size and --dropout apply)")
             model = RecursiveGPT.from_pretrained(tc.init_from[3:])
+            if tc.block_size or tc.dropout is not None:  # a shorter context or dropout for fine-tuning
+                cfg = Config(**{**model.config.to_dict(), "block_size": tc.block_size or model.config.block_size,
+                                "dropout": model.config.dropout if tc.dropout is None else tc.dropout})
+                state, model = model.state_dict(), RecursiveGPT(cfg)
+                model.load_state_dict(state)
+            if self.master and self.tokenizer.kind == "gpt2":
+                print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; the ids of a GPT-2 "
+                      "dataset mean other tokens to them")
         else:
             raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, hf:PATH")
         cfg = model.config
