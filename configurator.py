@@ -12,7 +12,9 @@ or the expected type.
 
 import dataclasses
 import difflib
+import inspect
 import json
+import re
 import types
 import typing
 
@@ -51,9 +53,12 @@ def _parse_value(field, text):
 
 
 def help_text(cls, prog):
+    """Every field with its default and the comment that follows it in the dataclass's source."""
+    notes = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), flags=re.M))
     lines = [f"usage: python {prog} [CONFIG.json ...] [--key=value ...]", "", (cls.__doc__ or "").strip(), ""]
     for f in dataclasses.fields(cls):
-        lines.append(f"  --{f.name}={f.default!r}")
+        flag = f"  --{f.name}={f.default}"
+        lines.append(f"{flag:<34} {notes.get(f.name, '')}".rstrip())
     return "\n".join(lines)
 
 

@@ -264,3 +264,23 @@ def test_kill_9_during_checkpoint_write_never_corrupts(data_root, tmp_path):
     assert train.main(["--init_from=resume", f"--out_dir={out}", f"--max_iters={ckpt['iter_num'] + 1}",
                        "--eval_interval=1000"]) == 0
     assert not any(n.endswith(".tmp") for n in os.listdir(out))  # leftovers are cleaned on start
+
+
+def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert all(f"--{f}=" in text for f in train.TrainConfig.__dataclass_fields__)
+    assert "--grad_accum=1" in text and "micro-batches per optimizer step" in text
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"max_iters": 7, "scheme": "base"}')
+    assert train.parse_flags(train.TrainConfig, [str(cfg), "--max_iters=9"], "train.py") == {"max_iters": 9,
+                                                                                              "scheme": "base"}
+    cfg.write_text('{"max_iterz": 7}')
+    with pytest.raises(train.UsageError, match="did you mean --max_iters"):
+        train.parse_flags(train.TrainConfig, [str(cfg)], "train.py")
+    for name in os.listdir(os.path.join(ROOT, "config")):  # every shipped config is valid
+        given = train.parse_flags(train.TrainConfig, [os.path.join(ROOT, "config", name)], "train.py")
+        tc = train.TrainConfig(**given)
+        assert train.model_config(tc, vocab_size=50304).shape.depth in (12, 16, 24)
