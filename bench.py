@@ -2,16 +2,18 @@
 Speed of every state-passing scheme, side by side, on whatever device this runs on.
 
     python bench.py                                   # classroom preset, all six variants, ~3 min on 2 CPU cores
-    python bench.py --model=pythia-70m --layout=2+2R2+0 --block_size=256 --schemes=vanilla,base,mesh
+    python bench.py --model=pythia-70m --layout=1+2R2+1 --block_size=256 --batch_size=8 --iters=5
     python bench.py --compile=true --layout=1+1R2+1 --json=bench.jsonl
 
 The variants share one compute depth: `vanilla` runs the layout's compute depth as one unshared
 stack, the others run --layout with their scheme. For each: train-step time (forward, backward,
 AdamW; no clipping) and tokens/s, achieved FLOP/s and its share of the device's peak, the peak
-memory of a train step, and greedy decode speed with and without the KV cache (200 new tokens
-after a 56-token prompt, batch 1, block_size max(--block_size, 256)). Sizes take the same presets
-and flags as train.py. Prints a Markdown table; --json=FILE also writes one JSON line per
-variant plus one for the machine and its peak.
+memory of a train step, and greedy decode speed with and without the KV cache (generate() as
+sample.py runs it: 200 new tokens after a 56-token prompt, batch 1, block_size max(--block_size,
+256), no autocast). Sizes take the same presets and flags as train.py. Prints a Markdown table;
+--json=FILE also appends one JSON line per variant plus one for the machine and its peak.
+With --compile, training and decoding both run compiled; "recompiles" counts the graphs built
+after warm-up (torch._dynamo's counters), which should be 0.
 
 FLOPs per token (train.flops_per_token, nanoGPT / PaLM accounting), the same for every variant:
     6 * (L * (12 D^2 + 13 D) + D * V) + 12 * L * D * T
@@ -23,8 +25,8 @@ Peak: on CPU, a 2048 x 2048 fp32 matmul timed once per round between the train s
 peak sees the same load as the steps (median over rounds); on GPUs, the chip's dense bf16 peak
 from train.PEAK_BF16_FLOPS (a measured matmul in --dtype where the chip is not listed).
 Memory: each variant runs 3 train steps in a fresh process (one at a time): on CPU its peak
-resident set (ru_maxrss), on CUDA the allocator's peak; "step" is that peak minus the same
-process's peak after building the model and optimizer, i.e. what the train step itself adds.
+resident set while stepping (VmHWM), on CUDA the allocator's peak; "step MB" is that peak minus
+the memory held after building the model and optimizer, i.e. what a train step itself adds.
 Timing: rounds interleave the variants (one step each, order rotated), medians over rounds, so a
 busy machine slows all variants alike; the load average is printed with the table.
 """
@@ -104,15 +106,13 @@ def graphs():
     return counters["stats"]["unique_graphs"]
 
 
-def matmul_flops(device, dtype, n):
-    """FLOP/s of one n x n matmul (2 n^3 FLOPs), after one untimed run."""
-    a, b = torch.randn(2, n, n, device=device, dtype=dtype).unbind(0)
-    a @ b
+def matmul_flops(a, b, device):
+    """FLOP/s of one square matmul a @ b (2 n^3 FLOPs)."""
     sync(device)
     t0 = time.perf_counter()
     a @ b
     sync(device)
-    return 2 * n ** 3 / (time.perf_counter() - t0)
+    return 2 * a.size(0) ** 3 / (time.perf_counter() - t0)
 
 
 def build(cfg, bc, device):
@@ -149,20 +149,38 @@ def setup(bc):
     return device, getattr(torch, dtype), autocast
 
 
+def memory_mb(device, peak):
+    """This process's memory in MB, peak or current: the CUDA allocator's, else the resident set (VmHWM / VmRSS;
+    without /proc, ru_maxrss, which is always the peak)."""
+    if device.startswith("cuda"):
+        return (torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated)(device) / 2**20
+    try:  # not ru_maxrss: Linux carries the parent's resident set at fork over into it
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:" if peak else "VmRSS:")) / 2**10
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
 def peak_memory(cfg, bc, conn):
-    """In a fresh process: build, then 3 train steps (AdamW's state exists from the first) -> MB (peak, step)."""
+    """In a fresh process: build, then 3 train steps (AdamW's state exists after the first) -> MB (peak while
+    stepping, and how much of it the steps add to what the model and optimizer hold)."""
     device, _, autocast = setup(bc)
-    cuda = device.startswith("cuda")
-    mb = lambda: (torch.cuda.max_memory_allocated(device) / 2**20 if cuda else  # noqa: E731
-                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10))
     model, opt = build(cfg, bc, device)
     x = torch.randint(cfg.vocab_size, (2, bc.batch_size, cfg.block_size), device=device)
     sync(device)
-    built = mb()
+    built = memory_mb(device, peak=False)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        try:  # restart the peak at the current resident set (Linux), so the peak is the steps' own
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
     for _ in range(3):
         train_step(model, opt, x[0], x[1], autocast)
     sync(device)
-    peak = mb()
+    peak = memory_mb(device, peak=True)
     conn.send((peak, peak - built))
 
 
@@ -211,11 +229,13 @@ def run(bc):
             train_step(model, opt, x, y, autocast)
     steps = {name: [] for name in models}
     recompiles = dict.fromkeys(models, 0)
+    mm = torch.randn(2, 8192 if cuda else 2048, 8192 if cuda else 2048, device=device, dtype=dtype).unbind(0)
+    matmul_flops(*mm, device)  # warm-up
     peaks = []
     names = list(models)
     for r in range(bc.iters):
         if not cuda:
-            peaks.append(matmul_flops(device, dtype, 2048))
+            peaks.append(matmul_flops(*mm, device))
         for name in names[r % len(names):] + names[: r % len(names)]:
             before = graphs()
             sync(device)
@@ -227,11 +247,10 @@ def run(bc):
     spec = next((v for k, v in PEAK_BF16_FLOPS.items() if cuda and k in torch.cuda.get_device_name(device)), None)
     if spec:
         peak, peak_source = spec, "spec sheet, dense bf16"
-    elif cuda or not peaks:
-        peak = median(matmul_flops(device, dtype, 8192) for _ in range(5))
-        peak_source = f"measured {bc.dtype} 8192^2 matmul"
+    elif cuda:
+        peak, peak_source = median(matmul_flops(*mm, device) for _ in range(5)), f"measured {bc.dtype} 8192^2 matmul"
     else:
-        peak, peak_source = median(peaks), f"measured fp32 2048^2 matmul, median of {len(peaks)} rounds between the steps"
+        peak, peak_source = median(peaks), f"measured {bc.dtype} 2048^2 matmul, median of {len(peaks)} rounds between the steps"
 
     rows = []
     ctx = mp.get_context("spawn")  # a fresh interpreter: its peak memory is this variant's alone
@@ -256,7 +275,7 @@ def run(bc):
         except EOFError:
             row["peak_mb"], row["step_mb"] = None, None
         child.join()
-        row["memory"] = "CUDA allocator peak" if cuda else "peak RSS of a fresh process"
+        row["memory"] = "CUDA allocator peak" if cuda else "peak resident set of a fresh process"
         if bc.decode:
             dcfg = Config(**{**cfg.to_dict(), "block_size": max(T, DECODE_BLOCK)})
             cached, full, built = decode_speed(build(dcfg, bc, device)[0], device, bc)
@@ -268,24 +287,24 @@ def run(bc):
 
     info = dict(kind="machine", torch=torch.__version__, device=device, device_name=machine(device),
                 threads=torch.get_num_threads(), peak_flops=peak, peak_source=peak_source,
-                loadavg_start=load0, loadavg_end=os.getloadavg(), settings=dataclasses.asdict(bc),
-                command="python bench.py " + " ".join(sys.argv[1:]))
+                loadavg_start=load0, loadavg_end=os.getloadavg(), settings=dataclasses.asdict(bc))
     return rows, info
 
 
 def table(rows, info):
+    """A Markdown table, one row per variant; columns that the run did not measure are left out."""
     mem = "CUDA peak MB" if info["device"].startswith("cuda") else "peak RSS MB"
-    cols = ["variant", "layout", "non-emb params", "ms/step", "vs vanilla", "tok/s", "GFLOP/s", "% peak",
-            mem, "step MB", "decode tok/s cache", "no cache", "speedup"] + (["recompiles"] if rows[0]["compile"] else [])
-    f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        cells = [r["variant"], r["layout"], f"{r['non_embedding_params']:,}", f(r["ms_per_step"], ".1f"),
-                 f(r.get("time_vs_vanilla"), ".3f"), f(r["tokens_per_s"], ",.0f"), f(r["flops_per_s"] / 1e9, ".1f"),
-                 f(100 * r["peak_fraction"], ".1f"), f(r["peak_mb"], ".0f"), f(r["step_mb"], ".1f"),
-                 f(r.get("decode_tok_s_cache"), ".0f"), f(r.get("decode_tok_s_no_cache"), ".0f"),
-                 f(r.get("decode_speedup"), ".2f")] + ([str(r["recompiles"])] if r["compile"] else [])
-        lines.append("| " + " | ".join(cells) + " |")
+    cols = [("variant", "variant", "s"), ("layout", "layout", "s"), ("non-emb params", "non_embedding_params", ",d"),
+            ("ms/step", "ms_per_step", ".1f"), ("vs vanilla", "time_vs_vanilla", ".3f"), ("tok/s", "tokens_per_s", ",.0f"),
+            ("GFLOP/s", "flops_per_s", ".1f"), ("% of peak", "peak_fraction", ".1f"), (mem, "peak_mb", ".0f"),
+            ("step MB", "step_mb", ".1f"), ("decode tok/s, cache", "decode_tok_s_cache", ".0f"),
+            ("no cache", "decode_tok_s_no_cache", ".0f"), ("speedup", "decode_speedup", ".2f"),
+            ("recompiles", "recompiles", "d")]
+    cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]
+    scale = {"flops_per_s": 1e-9, "peak_fraction": 100}
+    cell = lambda r, key, spec: "-" if r.get(key) is None else format(r[key] * scale.get(key, 1), spec)  # noqa: E731
+    lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r, key, spec) for _, key, spec in cols) + " |" for r in rows]
     r = rows[0]
     lines.append(f"\n{info['device_name']} ({info['device']}, torch threads {info['threads']}, torch {info['torch']}), "
                  f"{r['dtype']}{', compiled' if r['compile'] else ''}; batch {r['batch_size']} x {r['block_size']} "
@@ -303,6 +322,7 @@ def main(argv):
         if min(bc.iters, bc.batch_size, bc.threads or 1) < 1 or bc.warmup < 0:
             raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at least 0")
         rows, info = run(bc)
+        info["command"] = " ".join(["python bench.py", *argv])
     except (UsageError, ValueError) as e:
         print(f"bench.py: error: {e}", file=sys.stderr)
         return 2
