@@ -184,6 +184,22 @@ def peak_memory(cfg, bc, conn):
     conn.send((peak, peak - built))
 
 
+def in_fresh_process(fn, *args):
+    """fn(*args, conn) in a new interpreter (spawn, not fork: nothing of this process's memory comes along);
+    returns what it sends, or (None, None) if it dies."""
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=fn, args=(*args, send))
+    child.start()
+    send.close()  # so that a child that dies reads as EOF here
+    try:
+        return recv.recv()
+    except EOFError:
+        return None, None
+    finally:
+        child.join()
+
+
 @torch.no_grad()
 def decode_speed(model, device, bc, reps=3):
     """New tokens/s of greedy generate() with and without the KV cache, and graphs built while timed."""
@@ -253,7 +269,6 @@ def run(bc):
         peak, peak_source = median(peaks), f"measured {bc.dtype} 2048^2 matmul, median of {len(peaks)} rounds between the steps"
 
     rows = []
-    ctx = mp.get_context("spawn")  # a fresh interpreter: its peak memory is this variant's alone
     for name, cfg in todo:
         model = models[name][0]
         ms = 1000 * median(steps[name])
@@ -266,15 +281,7 @@ def run(bc):
         row["peak_fraction"] = row["flops_per_s"] / peak
         if "vanilla" in steps:  # paired per round: both steps ran moments apart, under the same load
             row["time_vs_vanilla"] = median(a / b for a, b in zip(steps[name], steps["vanilla"]))
-        recv, send = ctx.Pipe(duplex=False)
-        child = ctx.Process(target=peak_memory, args=(cfg, bc, send))
-        child.start()
-        send.close()  # so that a child that dies reads as EOF here
-        try:
-            row["peak_mb"], row["step_mb"] = recv.recv()
-        except EOFError:
-            row["peak_mb"], row["step_mb"] = None, None
-        child.join()
+        row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
         row["memory"] = "CUDA allocator peak" if cuda else "peak resident set of a fresh process"
         if bc.decode:
             dcfg = Config(**{**cfg.to_dict(), "block_size": max(T, DECODE_BLOCK)})
