@@ -1,0 +1,345 @@
+"""
+Speed of every state-passing scheme, side by side, on whatever device this runs on.
+
+    python bench.py                                   # classroom preset, all six variants, ~3 min on 2 CPU cores
+    python bench.py --model=pythia-70m --layout=1+2R2+1 --block_size=256 --batch_size=8 --iters=5
+    python bench.py --compile=true --layout=1+1R2+1 --json=bench.jsonl
+
+The variants share one compute depth: `vanilla` runs the layout's compute depth as one unshared
+stack, the others run --layout with their scheme. For each: train-step time (forward, backward,
+AdamW; no clipping) and tokens/s, achieved FLOP/s and its share of the device's peak, the peak
+memory of a train step, and greedy decode speed with and without the KV cache (generate() as
+sample.py runs it: 200 new tokens after a 56-token prompt, batch 1, block_size max(--block_size,
+256), no autocast). Sizes take the same presets and flags as train.py. Prints a Markdown table;
+--json=FILE also appends one JSON line per variant plus one for the machine and its peak.
+With --compile, training and decoding both run compiled; "recompiles" counts the graphs built
+after warm-up (torch._dynamo's counters), which should be 0.
+
+FLOPs per token (train.flops_per_token, nanoGPT / PaLM accounting), the same for every variant:
+    6 * (L * (12 D^2 + 13 D) + D * V) + 12 * L * D * T
+L the compute depth (a shared core counts once per application, so this is the unrolled vanilla
+model's count), D * V the lm_head, 12 L D T the attention scores and values over the full T x T
+(causal masking not discounted). MeSH routers (under 0.5% of it) are not counted.
+
+Peak: on CPU, a 2048 x 2048 fp32 matmul timed once per round between the train steps, so the
+peak sees the same load as the steps (median over rounds); on GPUs, the chip's dense bf16 peak
+from train.PEAK_BF16_FLOPS (a measured matmul in --dtype where the chip is not listed).
+Memory: each variant runs 3 train steps in a fresh process (one at a time): on CPU its peak
+resident set while stepping (VmHWM), on CUDA the allocator's peak; "step MB" is that peak minus
+the memory held after building the model and optimizer, i.e. what a train step itself adds.
+Timing: rounds interleave the variants (one step each, order rotated), medians over rounds, so a
+busy machine slows all variants alike; the load average is printed with the table.
+"""
+
+import dataclasses
+import json
+import multiprocessing as mp
+import os
+import platform
+import resource
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from statistics import median
+
+import torch
+from torch._dynamo.utils import counters
+
+from configurator import UsageError, parse_flags, resolve_device
+from mesh import SCHEMES, Config, RecursiveGPT, closest
+from train import PEAK_BF16_FLOPS, flops_per_token
+
+VARIANTS = ("vanilla",) + SCHEMES
+PROMPT, NEW_TOKENS, DECODE_BLOCK = 56, 200, 256
+
+
+@dataclass
+class BenchConfig:
+    """Settings of a bench run; model fields left at None take the preset's value."""
+    model: str = "classroom"            # a preset of mesh.PRESETS
+    layout: str | None = None           # the recursive layout; vanilla runs its compute depth as one stack
+    n_embd: int | None = None
+    n_head: int | None = None
+    block_size: int | None = None       # training context T
+    vocab_size: int | None = None       # None: the preset's (65 characters for classroom, 50304 for Pythia)
+    n_slots: int | None = None          # mesh buffer slots; None means K+3
+    batch_size: int = 16
+    schemes: str = ",".join(VARIANTS)   # comma-separated variants to run
+    device: str = "auto"                # auto: cuda, then mps, then cpu
+    dtype: str = "auto"                 # auto: bfloat16 autocast on GPUs that support it, else float32
+    threads: int | None = None          # CPU threads for torch; None keeps torch's default (one per core)
+    compile: bool = False               # torch.compile every model (training and decoding)
+    iters: int = 20                     # timed rounds; a round times one train step of every variant
+    warmup: int = 3                     # untimed steps per variant first
+    decode: bool = True                 # also time decoding, with and without the KV cache
+    json: str | None = None             # append JSON lines to this file
+    seed: int = 1337
+
+
+def variants(bc):
+    """[(name, Config)] for the requested variants, all at the layout's compute depth."""
+    names = [s.strip() for s in bc.schemes.split(",") if s.strip()]
+    for n in names:
+        if n not in VARIANTS:
+            raise UsageError(f"unknown scheme {n!r} in --schemes{closest(n, VARIANTS)}; expected some of {', '.join(VARIANTS)}")
+    if not names:
+        raise UsageError(f"--schemes is empty; name some of {', '.join(VARIANTS)}")
+    cfg = Config.from_preset(bc.model, layout=bc.layout, n_embd=bc.n_embd, n_head=bc.n_head, block_size=bc.block_size,
+                             vocab_size=bc.vocab_size, n_slots=bc.n_slots, scheme="base")
+    if not cfg.shape.schedule and set(names) - {"vanilla", "base"}:
+        raise UsageError(f"layout {cfg.layout!r} has no loop steps, so only vanilla and base apply; pass a "
+                         f"recursive --layout such as 1+2R2+1, or --schemes=vanilla,base")
+    vanilla = dict(layout=str(cfg.shape.depth), scheme="base")
+    return [(n, Config(**{**cfg.to_dict(), **(vanilla if n == "vanilla" else dict(scheme=n))})) for n in names]
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    elif device == "mps":
+        torch.mps.synchronize()
+
+
+def graphs():
+    """Graphs torch.compile has built so far in this process; any growth after warm-up is a recompile."""
+    return counters["stats"]["unique_graphs"]
+
+
+def matmul_flops(a, b, device):
+    """FLOP/s of one square matmul a @ b (2 n^3 FLOPs)."""
+    sync(device)
+    t0 = time.perf_counter()
+    a @ b
+    sync(device)
+    return 2 * a.size(0) ** 3 / (time.perf_counter() - t0)
+
+
+def build(cfg, bc, device):
+    """Model (compiled in place with --compile, so generate() decodes with the compiled forward) and AdamW."""
+    torch.manual_seed(bc.seed)
+    model = RecursiveGPT(cfg).to(device)
+    if bc.compile:
+        model.compile()
+    return model, model.configure_optimizer(0.01, 1e-3, device_type=device.split(":")[0])
+
+
+def train_step(model, opt, x, y, autocast):
+    with autocast:
+        _, loss = model(x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def setup(bc):
+    """Settings -> (device, torch dtype, autocast context); also what every process (children too) sets."""
+    device = resolve_device(bc.device)
+    kind = device.split(":")[0]
+    dtype = bc.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if kind == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if dtype not in ("float32", "bfloat16"):
+        raise UsageError(f"--dtype={bc.dtype} is not supported; use auto, float32 or bfloat16")
+    bc.dtype = dtype
+    if bc.threads is not None:
+        torch.set_num_threads(bc.threads)
+    torch._dynamo.config.recompile_limit = 64  # every variant's graphs share RecursiveGPT's code object
+    autocast = nullcontext() if dtype == "float32" else torch.autocast(kind, dtype=torch.bfloat16)
+    return device, getattr(torch, dtype), autocast
+
+
+def memory_mb(device, peak):
+    """This process's memory in MB, peak or current: the CUDA allocator's, else the resident set (VmHWM / VmRSS;
+    without /proc, ru_maxrss, which is always the peak)."""
+    if device.startswith("cuda"):
+        return (torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated)(device) / 2**20
+    try:  # not ru_maxrss: Linux carries the parent's resident set at fork over into it
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:" if peak else "VmRSS:")) / 2**10
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def peak_memory(cfg, bc, conn):
+    """In a fresh process: build, then 3 train steps (AdamW's state exists after the first) -> MB (peak while
+    stepping, and how much of it the steps add to what the model and optimizer hold)."""
+    device, _, autocast = setup(bc)
+    model, opt = build(cfg, bc, device)
+    x = torch.randint(cfg.vocab_size, (2, bc.batch_size, cfg.block_size), device=device)
+    sync(device)
+    built = memory_mb(device, peak=False)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        try:  # restart the peak at the current resident set (Linux), so the peak is the steps' own
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+    for _ in range(3):
+        train_step(model, opt, x[0], x[1], autocast)
+    sync(device)
+    peak = memory_mb(device, peak=True)
+    conn.send((peak, peak - built))
+
+
+def in_fresh_process(fn, *args):
+    """fn(*args, conn) in a new interpreter (spawn, not fork: nothing of this process's memory comes along);
+    returns what it sends, or (None, None) if it dies."""
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=fn, args=(*args, send))
+    child.start()
+    send.close()  # so that a child that dies reads as EOF here
+    try:
+        return recv.recv()
+    except EOFError:
+        return None, None
+    finally:
+        child.join()
+
+
+@torch.no_grad()
+def decode_speed(model, device, bc, reps=3):
+    """New tokens/s of greedy generate() with and without the KV cache, and graphs built while timed."""
+    prompt = torch.randint(model.config.vocab_size, (1, PROMPT), device=device)
+    model.eval()
+    for use_cache in (True, False):  # warm-up; compiled models see every shape they will meet
+        model.generate(prompt, NEW_TOKENS if bc.compile else 8, temperature=0, use_cache=use_cache)
+    times, built = {True: [], False: []}, graphs()
+    for _ in range(reps):
+        for use_cache in (True, False):
+            sync(device)
+            t0 = time.perf_counter()
+            model.generate(prompt, NEW_TOKENS, temperature=0, use_cache=use_cache)
+            sync(device)
+            times[use_cache].append(time.perf_counter() - t0)
+    return NEW_TOKENS / median(times[True]), NEW_TOKENS / median(times[False]), graphs() - built
+
+
+def machine(device):
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def run(bc):
+    device, dtype, autocast = setup(bc)
+    cuda = device.startswith("cuda")
+    load0 = os.getloadavg()
+    todo = variants(bc)
+    cfg0 = todo[0][1]
+    B, T = bc.batch_size, cfg0.block_size
+    torch.manual_seed(bc.seed)
+    x, y = torch.randint(cfg0.vocab_size, (2, B, T), device=device)
+    models = {name: build(cfg, bc, device) for name, cfg in todo}
+
+    # ---- training: warm-up, then rounds that interleave the variants and the peak matmul
+    for name, (model, opt) in models.items():
+        for _ in range(bc.warmup):
+            train_step(model, opt, x, y, autocast)
+    steps = {name: [] for name in models}
+    recompiles = dict.fromkeys(models, 0)
+    mm = torch.randn(2, 8192 if cuda else 2048, 8192 if cuda else 2048, device=device, dtype=dtype).unbind(0)
+    matmul_flops(*mm, device)  # warm-up
+    peaks = []
+    names = list(models)
+    for r in range(bc.iters):
+        if not cuda:
+            peaks.append(matmul_flops(*mm, device))
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            before = graphs()
+            sync(device)
+            t0 = time.perf_counter()
+            train_step(*models[name], x, y, autocast)
+            sync(device)
+            steps[name].append(time.perf_counter() - t0)
+            recompiles[name] += graphs() - before
+    spec = next((v for k, v in PEAK_BF16_FLOPS.items() if cuda and k in torch.cuda.get_device_name(device)), None)
+    if spec:
+        peak, peak_source = spec, "spec sheet, dense bf16"
+    elif cuda:
+        peak, peak_source = median(matmul_flops(*mm, device) for _ in range(5)), f"measured {bc.dtype} 8192^2 matmul"
+    else:
+        peak, peak_source = median(peaks), f"measured {bc.dtype} 2048^2 matmul, median of {len(peaks)} rounds between the steps"
+
+    rows = []
+    for name, cfg in todo:
+        model = models[name][0]
+        ms = 1000 * median(steps[name])
+        fpt = flops_per_token(cfg)
+        row = dict(kind="variant", variant=name, scheme=cfg.scheme, layout=cfg.layout, compute_depth=cfg.shape.depth,
+                   non_embedding_params=model.num_params(), n_slots=cfg.slots if cfg.scheme == "mesh" else None,
+                   n_embd=cfg.n_embd, n_head=cfg.n_head, vocab_size=cfg.vocab_size, block_size=T, batch_size=B,
+                   device=device, dtype=bc.dtype, compile=bc.compile, ms_per_step=ms, tokens_per_s=B * T / ms * 1000,
+                   flops_per_token=fpt, flops_per_s=fpt * B * T / ms * 1000)
+        row["peak_fraction"] = row["flops_per_s"] / peak
+        if "vanilla" in steps:  # paired per round: both steps ran moments apart, under the same load
+            row["time_vs_vanilla"] = median(a / b for a, b in zip(steps[name], steps["vanilla"]))
+        row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
+        row["memory"] = "CUDA allocator peak" if cuda else "peak resident set of a fresh process"
+        if bc.decode:
+            dcfg = Config(**{**cfg.to_dict(), "block_size": max(T, DECODE_BLOCK)})
+            cached, full, built = decode_speed(build(dcfg, bc, device)[0], device, bc)
+            row.update(decode_tok_s_cache=cached, decode_tok_s_no_cache=full, decode_speedup=cached / full)
+            recompiles[name] += built
+        row["recompiles"] = recompiles[name] if bc.compile else None
+        rows.append(row)
+        del models[name]
+
+    info = dict(kind="machine", torch=torch.__version__, device=device, device_name=machine(device),
+                threads=torch.get_num_threads(), peak_flops=peak, peak_source=peak_source,
+                loadavg_start=load0, loadavg_end=os.getloadavg(), settings=dataclasses.asdict(bc))
+    return rows, info
+
+
+def table(rows, info):
+    """A Markdown table, one row per variant; columns that the run did not measure are left out."""
+    mem = "CUDA peak MB" if info["device"].startswith("cuda") else "peak RSS MB"
+    cols = [("variant", "variant", "s"), ("layout", "layout", "s"), ("non-emb params", "non_embedding_params", ",d"),
+            ("ms/step", "ms_per_step", ".1f"), ("vs vanilla", "time_vs_vanilla", ".3f"), ("tok/s", "tokens_per_s", ",.0f"),
+            ("GFLOP/s", "flops_per_s", ".1f"), ("% of peak", "peak_fraction", ".1f"), (mem, "peak_mb", ".0f"),
+            ("step MB", "step_mb", ".1f"), ("decode tok/s, cache", "decode_tok_s_cache", ".0f"),
+            ("no cache", "decode_tok_s_no_cache", ".0f"), ("speedup", "decode_speedup", ".2f"),
+            ("recompiles", "recompiles", "d")]
+    cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]
+    scale = {"flops_per_s": 1e-9, "peak_fraction": 100}
+    cell = lambda r, key, spec: "-" if r.get(key) is None else format(r[key] * scale.get(key, 1), spec)  # noqa: E731
+    lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r, key, spec) for _, key, spec in cols) + " |" for r in rows]
+    r = rows[0]
+    lines.append(f"\n{info['device_name']} ({info['device']}, torch threads {info['threads']}, torch {info['torch']}), "
+                 f"{r['dtype']}{', compiled' if r['compile'] else ''}; batch {r['batch_size']} x {r['block_size']} "
+                 f"tokens, D={r['n_embd']}, V={r['vocab_size']}; peak {info['peak_flops'] / 1e9:,.1f} GFLOP/s "
+                 f"({info['peak_source']}); load average {info['loadavg_start'][0]:.2f} -> {info['loadavg_end'][0]:.2f}")
+    if not info["device"].startswith("cuda") and info["loadavg_start"][0] > os.cpu_count() / 2:
+        lines.append(f"warning: other processes were using the CPU ({os.cpu_count()} cores): times are unreliable; "
+                     f"rerun on an idle machine (on a shared one, --threads=1 avoids threads spinning on busy cores)")
+    return "\n".join(lines)
+
+
+def main(argv):
+    try:
+        bc = BenchConfig(**parse_flags(BenchConfig, argv, "bench.py"))
+        if min(bc.iters, bc.batch_size, bc.threads or 1) < 1 or bc.warmup < 0:
+            raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at least 0")
+        rows, info = run(bc)
+        info["command"] = " ".join(["python bench.py", *argv])
+    except (UsageError, ValueError) as e:
+        print(f"bench.py: error: {e}", file=sys.stderr)
+        return 2
+    print(table(rows, info))
+    if bc.json:
+        with open(bc.json, "a") as f:
+            for record in rows + [info]:
+                f.write(json.dumps(record) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

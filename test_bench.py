@@ -1,0 +1,84 @@
+"""
+Smoke tests for bench.py: a tiny run end to end prints the table and writes valid JSON lines,
+and bad flags are one-line usage errors. No timing assertions: timing belongs to bench.py.
+
+    python -m pytest test_bench.py
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import bench
+from mesh import Config, RecursiveGPT
+from train import flops_per_token
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+TINY = dict(layout="1+1R2+1", n_embd=32, n_head=2, block_size=16)
+FLAGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--batch_size=2", "--iters=2", "--warmup=1", "--threads=1"]
+KEYS = {"kind", "variant", "scheme", "layout", "compute_depth", "non_embedding_params", "n_slots", "batch_size",
+        "block_size", "device", "dtype", "compile", "ms_per_step", "tokens_per_s", "flops_per_token", "flops_per_s",
+        "peak_fraction", "time_vs_vanilla", "peak_mb", "step_mb", "recompiles"}
+DECODE = {"decode_tok_s_cache", "decode_tok_s_no_cache", "decode_speedup"}
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_tiny_run_end_to_end(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    r = run(*FLAGS, "--schemes=vanilla,base,mesh", f"--json={out}")
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [x["kind"] for x in records] == ["variant"] * 3 + ["machine"]
+    rows, machine = {x["variant"]: x for x in records[:3]}, records[3]
+    assert list(rows) == ["vanilla", "base", "mesh"]
+    assert {"torch", "device", "device_name", "threads", "peak_flops", "peak_source", "loadavg_start",
+            "settings", "command"} <= set(machine)
+    assert machine["threads"] == 1 and machine["peak_flops"] > 0 and machine["device"] == "cpu"
+    for name, row in rows.items():
+        assert KEYS | DECODE <= set(row), name
+        scheme = "base" if name == "vanilla" else name
+        cfg = Config.from_preset("classroom", scheme=scheme, layout="4" if name == "vanilla" else TINY["layout"],
+                                 **{k: v for k, v in TINY.items() if k != "layout"})
+        assert (row["scheme"], row["layout"], row["compute_depth"]) == (scheme, cfg.layout, 4)
+        assert row["non_embedding_params"] == RecursiveGPT(cfg).num_params()
+        assert row["flops_per_token"] == flops_per_token(cfg)  # one FLOP count for every variant of a depth
+        assert row["tokens_per_s"] == pytest.approx(2 * 16 / (row["ms_per_step"] / 1000))
+        assert row["flops_per_s"] == pytest.approx(row["flops_per_token"] * row["tokens_per_s"])
+        assert row["peak_fraction"] == pytest.approx(row["flops_per_s"] / machine["peak_flops"])
+        assert row["decode_speedup"] == pytest.approx(row["decode_tok_s_cache"] / row["decode_tok_s_no_cache"])
+        assert min(row["ms_per_step"], row["peak_mb"], row["decode_tok_s_cache"], row["decode_tok_s_no_cache"]) > 0
+        assert row["recompiles"] is None and row["compile"] is False and row["dtype"] == "float32"
+        assert f"| {name} | {cfg.layout} | {row['non_embedding_params']:,} |" in r.stdout
+    assert rows["vanilla"]["time_vs_vanilla"] == 1.0
+    assert rows["mesh"]["n_slots"] == 5 and rows["base"]["n_slots"] is None  # K + 3
+    assert rows["mesh"]["non_embedding_params"] > rows["base"]["non_embedding_params"]  # its routers
+
+    # --decode=0 skips decoding, and --json appends
+    r = run(*FLAGS, "--schemes=base", "--decode=0", f"--json={out}")
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [x["kind"] for x in records[4:]] == ["variant", "machine"]
+    assert not DECODE & set(records[4]) and "time_vs_vanilla" not in records[4]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--schemes=vanilla,mehs"], "unknown scheme 'mehs' in --schemes (did you mean 'mesh'?)"),
+    (["--schemes=,"], "--schemes is empty"),
+    (["--model=pythia-14m", "--schemes=base,mesh"], "layout '6' has no loop steps, so only vanilla and base apply"),
+    (["--layout=2+xR2"], "bad layout '2+xR2'"),
+    (["--n_embd=30", "--n_head=4"], "n_embd=30 is not divisible by n_head=4"),
+    (["--dtype=float16"], "--dtype=float16 is not supported"),
+    (["--iters=0"], "--iters, --batch_size and --threads must be at least 1"),
+    (["--iter=3"], "unknown setting 'iter' in the command line; did you mean --iters?"),
+    (["--device=tpu"], "unknown --device=tpu"),
+])
+def test_bad_input(args, needle, capsys):
+    assert bench.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench.py: error: ") and needle in err and len(err.strip().splitlines()) == 1
