@@ -328,6 +328,11 @@ def main(argv):
         bc = BenchConfig(**parse_flags(BenchConfig, argv, "bench.py"))
         if min(bc.iters, bc.batch_size, bc.threads or 1) < 1 or bc.warmup < 0:
             raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at least 0")
+        if bc.json:  # find out now, not after the whole run
+            try:
+                open(bc.json, "a").close()
+            except OSError as e:
+                raise UsageError(f"cannot write --json={bc.json}: {e.strerror}") from None
         rows, info = run(bc)
         info["command"] = " ".join(["python bench.py", *argv])
     except (UsageError, ValueError) as e:

@@ -77,6 +77,7 @@ def test_tiny_run_end_to_end(tmp_path):
     (["--iters=0"], "--iters, --batch_size and --threads must be at least 1"),
     (["--iter=3"], "unknown setting 'iter' in the command line; did you mean --iters?"),
     (["--device=tpu"], "unknown --device=tpu"),
+    (["--json=/nonexistent/dir/b.jsonl"], "cannot write --json=/nonexistent/dir/b.jsonl: No such file or directory"),
 ])
 def test_bad_input(args, needle, capsys):
     assert bench.main(args) == 2
