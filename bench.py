@@ -28,7 +28,8 @@ Memory: each variant runs 3 train steps in a fresh process (one at a time): on C
 resident set while stepping (VmHWM), on CUDA the allocator's peak; "step MB" is that peak minus
 the memory held after building the model and optimizer, i.e. what a train step itself adds.
 Timing: rounds interleave the variants (one step each, order rotated), medians over rounds, so a
-busy machine slows all variants alike; the load average is printed with the table.
+busy machine slows all variants alike; the table reports how many CPUs other processes kept busy
+meanwhile (Linux /proc/stat minus this process's own CPU time).
 """
 
 import dataclasses
@@ -218,6 +219,18 @@ def decode_speed(model, device, bc, reps=3):
     return NEW_TOKENS / median(times[True]), NEW_TOKENS / median(times[False]), graphs() - built
 
 
+def cpu_seconds():
+    """(CPU seconds all processes have spent busy, of which this process and its finished children)."""
+    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    try:
+        with open("/proc/stat") as f:  # cpu user nice system idle iowait irq softirq ... in clock ticks
+            ticks = [int(v) for v in f.readline().split()[1:8]]
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own
+    except (OSError, ValueError):
+        return None, own
+
+
 def machine(device):
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(device)
@@ -231,7 +244,6 @@ def machine(device):
 def run(bc):
     device, dtype, autocast = setup(bc)
     cuda = device.startswith("cuda")
-    load0 = os.getloadavg()
     todo = variants(bc)
     cfg0 = todo[0][1]
     B, T = bc.batch_size, cfg0.block_size
@@ -249,6 +261,7 @@ def run(bc):
     matmul_flops(*mm, device)  # warm-up
     peaks = []
     names = list(models)
+    (busy0, own0), t_start = cpu_seconds(), time.perf_counter()
     for r in range(bc.iters):
         if not cuda:
             peaks.append(matmul_flops(*mm, device))
@@ -260,6 +273,8 @@ def run(bc):
             sync(device)
             steps[name].append(time.perf_counter() - t0)
             recompiles[name] += graphs() - before
+    (busy1, own1), elapsed = cpu_seconds(), time.perf_counter() - t_start
+    others = None if busy0 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / elapsed  # CPUs kept busy
     spec = next((v for k, v in PEAK_BF16_FLOPS.items() if cuda and k in torch.cuda.get_device_name(device)), None)
     if spec:
         peak, peak_source = spec, "spec sheet, dense bf16"
@@ -294,7 +309,7 @@ def run(bc):
 
     info = dict(kind="machine", torch=torch.__version__, device=device, device_name=machine(device),
                 threads=torch.get_num_threads(), peak_flops=peak, peak_source=peak_source,
-                loadavg_start=load0, loadavg_end=os.getloadavg(), settings=dataclasses.asdict(bc))
+                cpus=os.cpu_count(), other_processes_cpus=others, settings=dataclasses.asdict(bc))
     return rows, info
 
 
@@ -316,10 +331,13 @@ def table(rows, info):
     lines.append(f"\n{info['device_name']} ({info['device']}, torch threads {info['threads']}, torch {info['torch']}), "
                  f"{r['dtype']}{', compiled' if r['compile'] else ''}; batch {r['batch_size']} x {r['block_size']} "
                  f"tokens, D={r['n_embd']}, V={r['vocab_size']}; peak {info['peak_flops'] / 1e9:,.1f} GFLOP/s "
-                 f"({info['peak_source']}); load average {info['loadavg_start'][0]:.2f} -> {info['loadavg_end'][0]:.2f}")
-    if not info["device"].startswith("cuda") and info["loadavg_start"][0] > os.cpu_count() / 2:
-        lines.append(f"warning: other processes were using the CPU ({os.cpu_count()} cores): times are unreliable; "
-                     f"rerun on an idle machine (on a shared one, --threads=1 avoids threads spinning on busy cores)")
+                 f"({info['peak_source']})")
+    others = info["other_processes_cpus"]
+    if others is not None:
+        lines.append(f"Other processes kept {others:.2f} of the {info['cpus']} CPUs busy during the timed steps.")
+        if not info["device"].startswith("cuda") and others > 0.1 * info["cpus"]:
+            lines.append("warning: times are unreliable on a busy machine; rerun on an idle one (on a shared one, "
+                         "--threads=1 avoids threads spinning on busy cores)")
     return "\n".join(lines)
 
 

@@ -37,7 +37,7 @@ def test_tiny_run_end_to_end(tmp_path):
     assert [x["kind"] for x in records] == ["variant"] * 3 + ["machine"]
     rows, machine = {x["variant"]: x for x in records[:3]}, records[3]
     assert list(rows) == ["vanilla", "base", "mesh"]
-    assert {"torch", "device", "device_name", "threads", "peak_flops", "peak_source", "loadavg_start",
+    assert {"torch", "device", "device_name", "threads", "peak_flops", "peak_source", "other_processes_cpus",
             "settings", "command"} <= set(machine)
     assert machine["threads"] == 1 and machine["peak_flops"] > 0 and machine["device"] == "cpu"
     for name, row in rows.items():
