@@ -203,8 +203,8 @@ def test_table1_plan_shares_the_default_buffer_run_and_passes_identical_settings
     assert names[-3:] == ["mesh_B3_s0", "mesh_B4_s0", "mesh_B6_s0"]
     cmds = {r["name"]: table1.train_command(r, f"runs/{r['name']}", 1200)[2:] for r in runs}
     assert cmds["mesh_B3_s0"] == ["--out_dir=runs/mesh_B3_s0", "--dataset=shakespeare_char", "--batch_size=16",
-                                  "--lr=0.001", "--eval_iters=20", "--n_embd=128", "--n_head=4", "--block_size=64",
-                                  "--max_iters=1200", "--eval_interval=300", "--layout=2+4R2+2", "--scheme=mesh",
+                                  "--lr=0.001", "--eval_iters=20", "--sample_tokens=0", "--n_embd=128", "--n_head=4",
+                                  "--block_size=64", "--max_iters=1200", "--eval_interval=300", "--layout=2+4R2+2", "--scheme=mesh",
                                   "--n_slots=3", "--seed=0"]
     strip = lambda cmd: [c for c in cmd if not c.startswith(("--out_dir", "--layout", "--scheme", "--n_slots"))]
     assert all(strip(cmds[n]) == strip(cmds["vanilla_s0"]) for n in names if n.endswith("_s0"))
