@@ -47,7 +47,7 @@ from statistics import median
 import torch
 from torch._dynamo.utils import counters
 
-from configurator import UsageError, parse_flags, resolve_device
+from configurator import UsageError, parse_flags, report, resolve_device
 from mesh import SCHEMES, Config, RecursiveGPT, closest
 from train import PEAK_BF16_FLOPS, flops_per_token
 
@@ -354,8 +354,7 @@ def main(argv):
         rows, info = run(bc)
         info["command"] = " ".join(["python bench.py", *argv])
     except (UsageError, ValueError) as e:
-        print(f"bench.py: error: {e}", file=sys.stderr)
-        return 2
+        return report("bench.py", e)
     print(table(rows, info))
     if bc.json:
         with open(bc.json, "a") as f:

@@ -15,6 +15,7 @@ import difflib
 import inspect
 import json
 import re
+import sys
 import types
 import typing
 
@@ -23,6 +24,12 @@ import torch
 
 class UsageError(ValueError):
     """Bad input from the command line: the entry points print it as one line and exit 2."""
+
+
+def report(prog, error, code=2):
+    """The one line an entry point prints for an error it can name; returns the exit code."""
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    return code
 
 
 def _parse_value(field, text):

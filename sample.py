@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from configurator import UsageError, parse_flags, resolve_device
+from configurator import UsageError, parse_flags, report, resolve_device
 from data.prepare import PrepareError, Tokenizer
 from mesh import CheckpointError, load_checkpoint
 
@@ -67,8 +67,7 @@ def main(argv):
     except (UsageError, CheckpointError, PrepareError, ValueError) as e:
         if given.get("debug"):
             raise
-        print(f"sample.py: error: {e}", file=sys.stderr)
-        return 2
+        return report("sample.py", e)
     for text in texts:
         print(text)
         print("---------------")

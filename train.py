@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import UsageError, parse_flags, resolve_device
+from configurator import UsageError, parse_flags, report, resolve_device
 from data.prepare import PrepareError, Tokenizer, ensure_dataset, load_split
 from mesh import PRESETS, CheckpointError, Config, RecursiveGPT, load_checkpoint, save_checkpoint
 
@@ -378,11 +378,9 @@ def main(argv):
     except (UsageError, CheckpointError, PrepareError, ValueError) as e:
         if given.get("debug"):
             raise
-        print(f"train.py: error: {e}", file=sys.stderr)
-        return 2
+        return report("train.py", e)
     except FloatingPointError as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        return 1
+        return report("train.py", e, code=1)
     if finished and trainer.master and tc.sample_tokens > 0:
         from sample import complete
         print("---- sample ----")
