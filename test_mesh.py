@@ -225,7 +225,7 @@ def test_scheme_update_rules(scheme, layout):
     h_emb, x = states["h_emb"], cap["blocks"][0][2]  # x = f_pre(h_emb)
     pre = h_emb
     for block in model.prelude:
-        pre = block(pre)
+        pre = block(pre, model.rotary(pre.size(1)))
     assert torch.equal(x, pre)
     if scheme == "mesh":
         routers = [(ww, wr) for _, ww, wr in cap["routers"]]
@@ -459,6 +459,31 @@ def test_bad_config(kw, match):
 
 def test_rotary_even_is_fine():
     assert small(n_embd=96, n_head=4).rotary_dims == 6
+
+
+@pytest.mark.parametrize("n_embd, n_head, pct", [(64, 4, 0.25), (96, 4, 0.25), (64, 2, 1.0)])
+def test_rotary_matches_neox_rotate_half(n_embd, n_head, pct):
+    """x * cos + (x @ R) * sin equals GPT-NeoX's rotate_half form on the first rot dims, pass-through after."""
+    cfg = small(n_embd=n_embd, n_head=n_head, rotary_pct=pct, block_size=16)
+    rot, hd = cfg.rotary_dims, cfg.head_dim
+    pos = torch.tensor([0, 3, 15])
+    cos, sin, R = mesh.Rotary(cfg)(3, pos)
+    x = torch.randn(2, n_head, 3, hd)
+    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2).float() / rot))
+    ang = torch.outer(pos.float(), inv_freq).repeat(1, 2)                      # (T, rot)
+    xr, xp = x[..., :rot], x[..., rot:]
+    half = torch.cat((-xr[..., rot // 2:], xr[..., :rot // 2]), dim=-1)          # rotate_half
+    expect = torch.cat((xr * ang.cos() + half * ang.sin(), xp), dim=-1)
+    torch.testing.assert_close(x * cos + (x @ R) * sin, expect, atol=1e-6, rtol=0)
+    assert torch.equal((x @ R)[..., rot:], torch.zeros_like(xp))               # R is exact: no mixing
+    assert torch.equal(cos[:, rot:], torch.ones(3, hd - rot)) and not sin[:, rot:].any()
+
+
+def test_cache_needs_positions():
+    model = build(small())
+    cache = KVCache(model, 1, model.config.block_size)
+    with pytest.raises(ValueError, match="decoding with a KVCache needs pos"):
+        model(tokens(1, 4), cache=cache)
 
 
 @pytest.mark.parametrize("call, match", [

@@ -97,7 +97,7 @@ def test_captured_states_reproduce_the_normal_logits_exactly(scheme):
         for t in range(3):  # each step's recorded output is its core applied to the recorded input h(t)
             x, y = blocks[f"step{t}"]
             assert torch.equal(x, states[f"h{t}"])
-            assert torch.equal(model.run(model.cores[0], x, 0, None, None)[0], y)
+            assert torch.equal(model.run(model.cores[0], x, 0, model.rotary(x.size(1)), None)[0], y)
         assert torch.equal(blocks["coda"][0], states["h3"]) and torch.equal(blocks["coda"][1], states["out"])
         assert [name for name, _, _ in cap["routers"]] == (["cycle", "step0", "step1", "step2"] if scheme == "mesh" else [])
 
