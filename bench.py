@@ -7,8 +7,8 @@ Speed of every state-passing scheme, side by side, on whatever device this runs 
 
 The variants share one compute depth: `vanilla` runs the layout's compute depth as one unshared
 stack, the others run --layout with their scheme. For each: train-step time (forward, backward,
-AdamW; no clipping) and tokens/s, achieved FLOP/s and its share of the device's peak, the peak
-memory of a train step, and greedy decode speed with and without the KV cache (generate() as
+AdamW; no clipping), its ratio to vanilla's and to base's (paired per round), tokens/s, achieved
+FLOP/s and its share of the device's peak, the peak memory of a train step, and greedy decode speed with and without the KV cache (generate() as
 sample.py runs it: 200 new tokens after a 56-token prompt, batch 1, block_size max(--block_size,
 256), no autocast). Sizes take the same presets and flags as train.py. Prints a Markdown table;
 --json=FILE also appends one JSON line per variant plus one for the machine and its peak.
@@ -296,8 +296,9 @@ def run(bc):
                    device=device, dtype=bc.dtype, compile=bc.compile, ms_per_step=ms, tokens_per_s=B * T / ms * 1000,
                    flops_per_token=fpt, flops_per_s=fpt * B * T / ms * 1000)
         row["peak_fraction"] = row["flops_per_s"] / peak
-        if "vanilla" in steps:  # paired per round: both steps ran moments apart, under the same load
-            row["time_vs_vanilla"] = median(a / b for a, b in zip(steps[name], steps["vanilla"]))
+        for ref in ("vanilla", "base"):  # paired per round: both steps ran moments apart, under the same load
+            if ref in steps:
+                row[f"time_vs_{ref}"] = median(a / b for a, b in zip(steps[name], steps[ref]))
         row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
         row["memory"] = "CUDA allocator peak" if cuda else "peak resident set of a fresh process"
         if bc.decode:
@@ -319,7 +320,8 @@ def table(rows, info):
     """A Markdown table, one row per variant; columns that the run did not measure are left out."""
     mem = "CUDA peak MB" if info["device"].startswith("cuda") else "peak RSS MB"
     cols = [("variant", "variant", "s"), ("layout", "layout", "s"), ("non-emb params", "non_embedding_params", ",d"),
-            ("ms/step", "ms_per_step", ".1f"), ("vs vanilla", "time_vs_vanilla", ".3f"), ("tok/s", "tokens_per_s", ",.0f"),
+            ("ms/step", "ms_per_step", ".1f"), ("vs vanilla", "time_vs_vanilla", ".3f"), ("vs base", "time_vs_base", ".3f"),
+            ("tok/s", "tokens_per_s", ",.0f"),
             ("GFLOP/s", "flops_per_s", ".1f"), ("% of peak", "peak_fraction", ".1f"), (mem, "peak_mb", ".0f"),
             ("step MB", "step_mb", ".1f"), ("decode tok/s, cache", "decode_tok_s_cache", ".0f"),
             ("no cache", "decode_tok_s_no_cache", ".0f"), ("speedup", "decode_speedup", ".2f"),

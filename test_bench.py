@@ -21,7 +21,7 @@ TINY = dict(layout="1+1R2+1", n_embd=32, n_head=2, block_size=16)
 FLAGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--batch_size=2", "--iters=2", "--warmup=1", "--threads=1"]
 KEYS = {"kind", "variant", "scheme", "layout", "compute_depth", "non_embedding_params", "n_slots", "batch_size",
         "block_size", "device", "dtype", "compile", "ms_per_step", "tokens_per_s", "flops_per_token", "flops_per_s",
-        "peak_fraction", "time_vs_vanilla", "peak_mb", "step_mb", "recompiles"}
+        "peak_fraction", "time_vs_vanilla", "time_vs_base", "peak_mb", "step_mb", "recompiles"}
 DECODE = {"decode_tok_s_cache", "decode_tok_s_no_cache", "decode_speedup"}
 
 
@@ -55,7 +55,7 @@ def test_tiny_run_end_to_end(tmp_path):
         assert min(row["ms_per_step"], row["peak_mb"], row["decode_tok_s_cache"], row["decode_tok_s_no_cache"]) > 0
         assert row["recompiles"] is None and row["compile"] is False and row["dtype"] == "float32"
         assert f"| {name} | {cfg.layout} | {row['non_embedding_params']:,} |" in r.stdout
-    assert rows["vanilla"]["time_vs_vanilla"] == 1.0
+    assert rows["vanilla"]["time_vs_vanilla"] == 1.0 and rows["base"]["time_vs_base"] == 1.0
     assert rows["mesh"]["n_slots"] == 5 and rows["base"]["n_slots"] is None  # K + 3
     assert rows["mesh"]["non_embedding_params"] > rows["base"]["non_embedding_params"]  # its routers
 
@@ -64,7 +64,7 @@ def test_tiny_run_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [x["kind"] for x in records[4:]] == ["variant", "machine"]
-    assert not DECODE & set(records[4]) and "time_vs_vanilla" not in records[4]
+    assert not DECODE & set(records[4]) and "time_vs_vanilla" not in records[4] and records[4]["time_vs_base"] == 1.0
 
 
 @pytest.mark.parametrize("args, needle", [
