@@ -10,7 +10,6 @@ unknown key or a value of the wrong type is a UsageError naming the closest key
 or the expected type.
 """
 
-import ctypes
 import dataclasses
 import difflib
 import inspect
@@ -123,18 +122,3 @@ def resolve_device(name):
     if not available[kind]:
         raise UsageError(f"--device={name} is not available on this machine; use --device=auto or --device=cpu")
     return name
-
-
-def keep_freed_memory():
-    """On CPU with glibc: serve large tensors from the heap and keep freed memory there, instead of
-    a fresh mmap for every tensor over 32 MB. A train step frees and re-allocates the same big buffers
-    each step (the logits alone are B*T*V*4 bytes: 400 MB for 8 x 256 tokens of GPT-2's vocabulary),
-    and every fresh mmap is zeroed by the kernel page by page: a fifth of a pythia-70m-width CPU
-    step. The price is a higher resident set (the heap never shrinks, +14% there). The same as
-    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1073741824 in the environment. Returns whether it applied."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h
-        return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**30))
-    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows): leave the allocator alone
-        return False
