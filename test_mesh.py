@@ -517,6 +517,22 @@ def test_config_round_trip():
         assert back == cfg and back.shape == cfg.shape and back.slots == cfg.slots
 
 
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_dropout_only_in_training(p):
+    model = build(small("mesh", dropout=p))
+    idx = tokens()
+    with torch.no_grad():
+        model.train()
+        torch.manual_seed(0)
+        a, _ = model(idx)
+        torch.manual_seed(1)
+        b, _ = model(idx)
+        model.eval()
+        c, _ = model(idx)
+    assert torch.equal(a, b) == (p == 0.0)  # p > 0 drops different units on each call
+    assert torch.equal(a, c) == (p == 0.0)  # eval never drops
+
+
 # -----------------------------------------------------------------------------
 # Optimizer
 
