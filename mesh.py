@@ -398,13 +398,13 @@ class RecursiveGPT(nn.Module):
         if cfg.scale_embeddings:
             x = x * math.sqrt(cfg.n_embd)                                   # Appendix B
         h_emb = x
-        h, layer = self.run(self.prelude, h_emb, 0, rope, cache)             # f_pre(h_emb)
+        h, layer = self.run(self.prelude, h_emb, 0, rope, cache)            # f_pre(h_emb)
         record = capture is not None
         if record:
             capture.update(states=[("h_emb", h_emb)], blocks=[("prelude", h_emb, h)], routers=[])
         if cfg.scheme == "mesh":
             # Eq. 2: slot 0 starts as h_emb, the other B-1 slots as zeros.
-            mem = F.pad(h_emb.unsqueeze(-2), (0, 0, 0, cfg.slots - 1))     # (B, T, S, D)
+            mem = F.pad(h_emb.unsqueeze(-2), (0, 0, 0, cfg.slots - 1))      # (B, T, S, D)
             # Transitional cycle [choice]: route on the prelude output, write it, read h(0).
             w_write, w_read = self.routers[0](h)                            # (B, T, S) each
             mem = buffer_write(mem, w_write, h)
@@ -432,7 +432,7 @@ class RecursiveGPT(nn.Module):
                 h = buffer_read(mem, w_read)
                 if record:
                     capture["routers"].append((f"step{t}", w_write, w_read))
-        x, layer = self.run(self.coda, h, layer, rope, cache)                # f_coda(h(K))
+        x, layer = self.run(self.coda, h, layer, rope, cache)               # f_coda(h(K))
         if record:
             capture["states"] += [(f"h{cfg.n_steps}", h), ("out", x)]
             if self.coda:
