@@ -213,6 +213,16 @@ def test_capture(scheme, layout):
     assert len(cap["routers"]) == (K + 1 if scheme == "mesh" else 0)
 
 
+def test_buffer_final_read_is_write_then_read():
+    torch.manual_seed(0)
+    mem, h = torch.randn(2, 5, 4, 8), torch.randn(2, 5, 8)
+    w_write, w_read = torch.randn(2, 2, 5, 4).softmax(-1).unbind(0)
+    expect = mesh.buffer_read(mesh.buffer_write(mem, w_write, h), w_read)
+    slots = sum(w_read[..., b:b + 1] * (mem[..., b, :] + w_write[..., b:b + 1] * h) for b in range(4))  # per slot
+    torch.testing.assert_close(expect, slots, atol=1e-6, rtol=0)
+    torch.testing.assert_close(mesh.buffer_final_read(mem, w_write, w_read, h), expect, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
 def test_scheme_update_rules(scheme, layout):
     """Recompute h(1..K) from each step's captured output h_m with SPEC section 3's formulas."""
