@@ -195,6 +195,26 @@ def test_checkpoints_never_run_code(tmp_path):
                         assert "weights_only=True" in line, (name, line)
 
 
+def test_ms_per_iter_leaves_evaluation_out(data_root, tmp_path, monkeypatch):
+    """On a fake clock where a step takes 1 s and an evaluation 100 s, every logged ms/iter is 1000."""
+    clock = [0.0]
+    step, evaluate = train.Trainer.step, train.Trainer.evaluate
+
+    def timed(fn, seconds):
+        def wrapper(self):
+            clock[0] += seconds
+            return fn(self)
+        return wrapper
+
+    monkeypatch.setattr(train.time, "time", lambda: clock[0])
+    monkeypatch.setattr(train.Trainer, "step", timed(step, 1.0))
+    monkeypatch.setattr(train.Trainer, "evaluate", timed(evaluate, 100.0))
+    assert run(["--max_iters=9", "--eval_interval=3", "--log_interval=2"], data_root, tmp_path / "clock") == 0
+    with open(tmp_path / "clock" / "log.jsonl") as f:
+        logged = [(r["iter"], r["ms"]) for r in map(json.loads, f) if "ms" in r]
+    assert logged == [(i, 1000.0) for i in (2, 4, 6, 8, 9)]
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(data_root, tmp_path, capsys, monkeypatch):
     out = tmp_path / "nan"
     forward, calls = mesh.RecursiveGPT.forward, []

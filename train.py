@@ -339,7 +339,7 @@ class Trainer:
         while self.iter_num < tc.max_iters:
             if self.iter_num % tc.eval_interval == 0 and (self.iter_num != resumed_at or self.iter_num == 0):
                 self.eval_and_save()
-                t0 = time.time()  # keep evaluation out of ms/iter
+                t0, timed_from = time.time(), self.iter_num  # keep evaluation out of ms/iter
             loss, lr, stop = self.step()
             self.iter_num += 1
             if self.iter_num % tc.log_interval == 0 or self.iter_num == tc.max_iters or stop:
