@@ -327,6 +327,15 @@ def copy_renamed(src, dst, rename):
     dst.load_state_dict(sd, strict=True)
 
 
+def assert_same_logits(a, b, idx):
+    """Both models give bit-identical logits on idx; returns them."""
+    with torch.no_grad():
+        la, _ = a(idx)
+        lb, _ = b(idx)
+    assert torch.equal(la, lb)
+    return la
+
+
 def test_single_step_base_equals_vanilla():
     """P+CR1+Q under `base` is a plain (P+C+Q)-layer decoder with the same weights, exactly."""
     looped = build(small("base", "2+3R1+1"), scramble=True)
@@ -337,11 +346,7 @@ def test_single_step_base_equals_vanilla():
         return [f"prelude.{(2 if m[1] == 'cores.0' else 5) + int(m[2])}.{m[3]}"] if m else [k]
 
     copy_renamed(looped, vanilla, rename)
-    idx = tokens()
-    with torch.no_grad():
-        a, _ = looped(idx)
-        b, _ = vanilla(idx)
-    assert torch.equal(a, b)
+    assert_same_logits(looped, vanilla, tokens())
 
 
 def test_shared_core_equals_duplicated_cores():
@@ -355,10 +360,7 @@ def test_shared_core_equals_duplicated_cores():
 
     copy_renamed(looped, unrolled, rename)
     idx = tokens()
-    with torch.no_grad():
-        a, _ = looped(idx)
-        b, _ = unrolled(idx)
-    assert torch.equal(a, b)
+    a = assert_same_logits(looped, unrolled, idx)
     # and the weights really matter: an unrolled model with different second core differs
     with torch.no_grad():
         unrolled.cores[1][0].mlp.fc.weight.mul_(2)
