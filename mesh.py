@@ -484,7 +484,12 @@ class RecursiveGPT(nn.Module):
         With use_cache (the default) the prompt is prefilled once and each new token is one
         position through the network. Positions are absolute, so once the sequence outgrows
         block_size the last block_size tokens are re-prefilled at every step: the result is the
-        same as full recompute (use_cache=False) either way."""
+        same as full recompute (use_cache=False) either way.
+
+        One-position steps run with oneDNN off (only that flag; restored after). On CPU its only
+        effect here is GELU: oneDNN sets up a kernel on every call, which costs ~6x more than
+        ATen's own GELU on one token's 4D activations, while on whole sequences (training,
+        prefill) oneDNN's is the faster one. Both compute exact GELU."""
         L = self.config.block_size
         cache = None
         for _ in range(max_new_tokens):
@@ -495,8 +500,10 @@ class RecursiveGPT(nn.Module):
                 cache = KVCache(self, idx.size(0), L) if cache is None else cache
                 ctx = idx[:, -L:]
                 logits, _ = self(ctx, pos=torch.arange(ctx.size(1), device=idx.device), cache=cache)
-            else:  # decode one position
-                logits, _ = self(idx[:, -1:], pos=torch.tensor([T - 1], device=idx.device), cache=cache)
+            else:  # decode one position; oneDNN off: see below
+                with torch.backends.mkldnn.flags(enabled=False, deterministic=None, allow_tf32=None,
+                                                 fp32_precision=None):
+                    logits, _ = self(idx[:, -1:], pos=torch.tensor([T - 1], device=idx.device), cache=cache)
             idx = torch.cat((idx, sample(logits[:, -1, :], temperature, top_k)), dim=1)
         return idx
 

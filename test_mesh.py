@@ -578,6 +578,19 @@ def test_generate_shape_and_determinism():
     assert torch.equal(model.generate(idx, 7, temperature=1.0, top_k=1), out)  # top-1 sampling is greedy
 
 
+def test_generate_turns_onednn_off_for_one_token_steps_only():
+    model = build(small("mesh", block_size=16), scramble=True)
+    seen = []  # (tokens in this forward, oneDNN on?)
+    model.register_forward_pre_hook(lambda m, args: seen.append((args[0].size(1), torch.backends.mkldnn.enabled)))
+    before = torch.backends.mkldnn.enabled
+    model.generate(tokens(1, 10), 8, temperature=0)
+    assert seen == [(10, before)] + [(1, False)] * 6 + [(16, before)]  # prefill, decode, re-prefill past 16
+    assert torch.backends.mkldnn.enabled == before  # restored
+    seen.clear()
+    model.generate(tokens(1, 10), 3, temperature=0, use_cache=False)
+    assert seen == [(10, before), (11, before), (12, before)]
+
+
 @pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
 def test_cache_greedy_matches_recompute(scheme, layout):
     model = build(small(scheme, layout, block_size=16), scramble=True)
