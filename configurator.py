@@ -32,9 +32,14 @@ def report(prog, error, code=2):
     return code
 
 
+def _kinds(field):
+    """The types a field accepts: (int,) for `int`, (bool, NoneType) for `bool | None`."""
+    return typing.get_args(field.type) if isinstance(field.type, types.UnionType) else (field.type,)
+
+
 def _parse_value(field, text):
     """Turn the text of --key=value into the field's type (int, float, bool, str, or X | None)."""
-    kinds = typing.get_args(field.type) if isinstance(field.type, types.UnionType) else (field.type,)
+    kinds = _kinds(field)
     if type(None) in kinds and str(text).lower() in ("none", "null", ""):
         return None
     kind = next(k for k in kinds if k is not type(None))
@@ -91,7 +96,7 @@ def parse_flags(cls, argv, prog):
         if arg.startswith("--"):
             key, eq, value = arg[2:].partition("=")
             if not eq:
-                if fields.get(key) and fields[key].type is bool:
+                if key in fields and bool in _kinds(fields[key]):
                     value = "true"  # a bare --compile means --compile=true
                 else:
                     raise UsageError(f"flag {arg!r} needs a value: --{key}=VALUE")

@@ -19,7 +19,6 @@ meta.json). An empty context, and the first window of a rolling log-likelihood, 
 one prefix token: GPT-2's <|endoftext|>, or for character models, which have no such token, a
 newline, which separates paragraphs in their training text [choice].
 """
-import os
 import sys
 
 import torch
@@ -29,20 +28,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from data.prepare import PrepareError, Tokenizer
+from data.prepare import PrepareError, Tokenizer, checkpoint_dataset
 from mesh import load_checkpoint
-
-
-def load_tokenizer(train_config):
-    """The training dataset's tokenizer; a relative data_root is tried from the working folder,
-    then from this file's folder (where data/prepare.py puts datasets by default)."""
-    root, name = train_config.get("data_root", "data"), train_config["dataset"]
-    folders = [os.path.join(root, name), os.path.join(os.path.dirname(os.path.abspath(__file__)), root, name)]
-    for folder in folders[:1] if os.path.isabs(root) else folders:
-        if os.path.isfile(os.path.join(folder, "meta.json")):
-            return Tokenizer.load(folder)
-    raise ValueError(f"the checkpoint's dataset {name!r} is not prepared (no {folders[0]}/meta.json); "
-                     f"prepare it with: python data/prepare.py --dataset {name}")
 
 
 @register_model("mesh")
@@ -62,7 +49,7 @@ class MeshLM(TemplateLM):
             raise ValueError(f"dtype={dtype!r}: expected float32, bfloat16 or float16")
         model, ckpt = load_checkpoint(out_dir, device)
         self.model = model.to(getattr(torch, dtype)).eval()
-        self.tokenizer = load_tokenizer(ckpt["train_config"])
+        self.tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"]))
         self._device = torch.device(device)
         self.batch_size, self.max_gen_toks = int(batch_size), int(max_gen_toks)
         self.block_size = model.config.block_size

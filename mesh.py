@@ -189,7 +189,6 @@ class Config:
             raise ValueError(f"unknown preset {name!r}{closest(name, PRESETS)}; expected one of {', '.join(PRESETS)}")
         p = {k: v for k, v in PRESETS[name].items() if k != "lr"}
         p.setdefault("layout", str(p.pop("n_layer", 0)))
-        p.pop("n_layer", None)
         p.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(p)
 
@@ -490,6 +489,9 @@ class RecursiveGPT(nn.Module):
         effect here is GELU: oneDNN sets up a kernel on every call, which costs ~6x more than
         ATen's own GELU on one token's 4D activations, while on whole sequences (training,
         prefill) oneDNN's is the faster one. Both compute exact GELU."""
+        if temperature < 0 or top_k is not None and top_k < 1:
+            raise ValueError(f"temperature={temperature} must be 0 (greedy) or more and top_k={top_k} "
+                             f"at least 1 (or None for no limit)")
         L = self.config.block_size
         cache = None
         for _ in range(max_new_tokens):
@@ -500,10 +502,12 @@ class RecursiveGPT(nn.Module):
                 cache = KVCache(self, idx.size(0), L) if cache is None else cache
                 ctx = idx[:, -L:]
                 logits, _ = self(ctx, pos=torch.arange(ctx.size(1), device=idx.device), cache=cache)
-            else:  # decode one position; oneDNN off: see below
-                with torch.backends.mkldnn.flags(enabled=False, deterministic=None, allow_tf32=None,
-                                                 fp32_precision=None):
+            else:  # decode one position, with oneDNN off (see above)
+                onednn, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, False
+                try:
                     logits, _ = self(idx[:, -1:], pos=torch.tensor([T - 1], device=idx.device), cache=cache)
+                finally:
+                    torch.backends.mkldnn.enabled = onednn
             idx = torch.cat((idx, sample(logits[:, -1, :], temperature, top_k)), dim=1)
         return idx
 

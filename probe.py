@@ -30,6 +30,8 @@ import warnings
 import numpy as np
 import torch
 
+from configurator import UsageError, resolve_device
+from data.prepare import PrepareError, checkpoint_dataset, load_split
 from mesh import CheckpointError, load_checkpoint
 
 # [choice] RBF bandwidth (SPEC section 7): sigma = SIGMA_FRAC x the median distance between distinct
@@ -101,19 +103,12 @@ def spectrum(X, k=TOP_K):
 
 def load_val(train_config):
     """The validation tokens (a 1-d array) of the dataset a checkpoint was trained on."""
-    folder = os.path.join(train_config.get("data_root", "data"), train_config["dataset"])
-    try:
-        from data.prepare import load_split  # the project's reader, when present
-    except ImportError:
-        load_split = None
-    path, meta = os.path.join(folder, "val.bin"), os.path.join(folder, "meta.json")
-    if not (os.path.isfile(path) and os.path.isfile(meta)):
-        raise ProbeError(f"no prepared validation split at {path} (with meta.json); prepare dataset "
-                         f"{train_config['dataset']!r} with data/prepare.py, or run from the folder it was trained in")
-    if load_split is not None:
-        return load_split(folder, "val")
-    with open(meta) as f:
-        return np.memmap(path, dtype=np.dtype(json.load(f)["dtype"]), mode="r")
+    folder = checkpoint_dataset(train_config)
+    path = os.path.join(folder, "val.bin")
+    if not os.path.isfile(path):
+        raise ProbeError(f"no prepared validation split at {path}; prepare dataset {train_config['dataset']!r} "
+                         f"again with data/prepare.py")
+    return load_split(folder, "val")
 
 
 def windows(data, length, n, seed):
@@ -301,7 +296,7 @@ def main(argv=None):
     ap.add_argument("--num_samples", type=int, default=64, help="validation sequences per checkpoint")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sequence positions")
     ap.add_argument("--sigma_frac", type=float, default=SIGMA_FRAC, help="RBF bandwidth / median distance")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto")
     ap.add_argument("--json", help="write the numbers here")
     ap.add_argument("--png", help="write PNG figures into this folder (needs matplotlib)")
     a = ap.parse_args(argv)
@@ -309,11 +304,15 @@ def main(argv=None):
         ap.error(f"--num_samples={a.num_samples} must be at least 1")
     if not a.sigma_frac > 0:
         ap.error(f"--sigma_frac={a.sigma_frac} must be positive")
+    try:
+        device = resolve_device(a.device)
+    except UsageError as e:
+        ap.error(str(e))
     results = []
     for out_dir in a.out_dir:
         try:
-            results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, a.device))
-        except (CheckpointError, ProbeError) as e:
+            results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device))
+        except (CheckpointError, ProbeError, PrepareError) as e:
             ap.exit(2, f"probe.py: error: {e}\n")
         print(report(results[-1]))
     if a.json:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from configurator import UsageError, parse_flags, report, resolve_device
-from data.prepare import PrepareError, Tokenizer
+from data.prepare import PrepareError, Tokenizer, checkpoint_dataset
 from mesh import CheckpointError, load_checkpoint
 
 
@@ -48,12 +48,14 @@ def main(argv):
         given = parse_flags(SampleConfig, argv, "sample.py")
         sc = SampleConfig(**given)
         device = resolve_device(sc.device)
+        if sc.num_samples < 1 or sc.max_new_tokens < 0:
+            raise UsageError(f"--num_samples={sc.num_samples} must be at least 1 and --max_new_tokens="
+                             f"{sc.max_new_tokens} at least 0")
         if not os.path.isdir(sc.out_dir):
             raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
                              f"python train.py --out_dir={sc.out_dir}")
         model, ckpt = load_checkpoint(sc.out_dir, device)
-        tc = ckpt["train_config"]
-        tokenizer = Tokenizer.load(os.path.join(tc["data_root"], tc["dataset"]))
+        tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"]))
         start = sc.start
         if start.startswith("FILE:"):
             try:

@@ -10,7 +10,7 @@ the same --seed, hence the same data order, for every variant: vanilla `12` agai
 base, residual, anchor, anchor_emb (the paper's anchor*) and mesh; plus the buffer-size ablation of
 Appendix E.1 (mesh with B = K+1 ... K+4 slots, seed 0). No variant gets any setting the others don't.
 
-Runs go one at a time through `python train.py` into ROOT/NAME/; a run whose result.json exists is
+Runs go through `python train.py` (one at a time, or --jobs at once) into ROOT/NAME/; a run whose result.json exists is
 skipped, so an interrupted table resumes where it stopped. The final validation loss is measured here,
 not taken from train.py's log: each final checkpoint is evaluated on the same fixed EVAL_BATCHES
 batches of the validation split (identical batches for every variant). Results go to
@@ -74,10 +74,11 @@ def train_command(run, out_dir, max_iters):
 # One run: train (unless done), then evaluate the final checkpoint
 
 def ms_per_iter(log_path):
-    """Median of the logged per-iteration times (ms), leaving out iteration 0 (warm-up)."""
+    """Median of the logged per-iteration times (ms), leaving out the first logged window: it holds
+    the first steps, which pay for warm-up (allocation, and compilation where on)."""
     with open(log_path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    ms = [r["ms"] for r in rows if "ms" in r and "loss" in r and r["iter"] > 0]
+    ms = [r["ms"] for r in rows if "ms" in r][1:]
     return statistics.median(ms) if ms else None
 
 

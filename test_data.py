@@ -205,3 +205,18 @@ def test_cli(tmp_path):
     assert r.stderr.splitlines() == [f"prepare.py: error: input file {tmp_path / 'missing.txt'} does not exist"]
     r = run("--dataset", "x", "--input", write(tmp_path / "in.txt", TEXT))
     assert r.returncode == 0 and json.load(open(tmp_path / "x" / "meta.json"))["train_tokens"] > 0
+
+
+def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch):
+    prepare("tiny", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path / "data"), log=quiet)
+    assert prep.checkpoint_dataset({"data_root": str(tmp_path / "data"), "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
+    monkeypatch.chdir(tmp_path)  # a relative data_root, from the folder the run was trained in
+    assert prep.checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == os.path.join("data", "tiny")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # ... and from elsewhere: then data/ beside data/prepare.py
+    monkeypatch.setattr(prep, "DEFAULT_OUT_ROOT", str(tmp_path / "data"))
+    assert prep.checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
+    with pytest.raises(PrepareError, match=r"dataset 'nope' is not prepared \(no data/nope/meta.json\); "
+                                           r"prepare it with: python data/prepare.py --dataset nope"):
+        prep.checkpoint_dataset({"data_root": "data", "dataset": "nope"})

@@ -82,7 +82,7 @@ def test_from_pretrained_refuses_unsupported_config(tmp_path, field, value):
     _, path = hf_neox(tmp_path, True)
     with open(os.path.join(path, "config.json")) as f:
         hf_cfg = json.load(f)
-    (hf_cfg["rope_parameters"] if field == "rope_type" else hf_cfg)[field] = value
+    (hf_cfg.setdefault("rope_parameters", {}) if field == "rope_type" else hf_cfg)[field] = value  # transformers 5
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf_cfg, f)
     with pytest.raises(CheckpointError, match=f"{field}={value!r} is not supported"):

@@ -121,11 +121,16 @@ BAD_TRAIN_INPUT = [  # (flags, words the one-line error must contain)
     (["--init_from=resume"], "no checkpoint in"),
     (["--init_from=gpt2"], "not one of scratch, resume, hf:PATH"),
     (["--compile=maybe"], "--compile=maybe is not a valid bool"),
+    (["--eval_interval=0"], "--eval_interval=0 must be at least 1"),
+    (["--log_interval=0"], "--log_interval=0 must be at least 1"),
+    (["--batch_size=0"], "--batch_size=0 must be at least 1"),
+    (["--max_iters=-1"], "--max_iters=-1 must be 0 or more"),
 ]
 
 
 @pytest.mark.parametrize("flags, message", BAD_TRAIN_INPUT, ids=[" ".join(f) for f, _ in BAD_TRAIN_INPUT])
-def test_bad_train_input_is_one_line_and_touches_nothing(flags, message, data_root, tmp_path, capsys):
+def test_bad_train_input_is_one_line_and_touches_nothing(flags, message, data_root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # --device=cuda is unavailable even on a GPU machine
     before = snapshot(data_root, tmp_path)
     assert run(flags, data_root, tmp_path / "out") == 2
     err = capsys.readouterr().err
@@ -169,6 +174,11 @@ def test_bad_sample_input(data_root, tmp_path, capsys):
     assert sample.main([f"--out_dir={out}", "--start=Then é and €"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'é'" in err and "'€'" in err
+    for flag, message in [("--top_k=0", "top_k=0 at least 1"), ("--temperature=-1", "temperature=-1.0 must be 0"),
+                          ("--num_samples=0", "--num_samples=0 must be at least 1")]:
+        assert sample.main([f"--out_dir={out}", flag]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("sample.py: error: ") and err.count("\n") == 1 and message in err, err
     data = (out / "ckpt.pt").read_bytes()
     (out / "ckpt.pt").write_bytes(data[: len(data) // 2])  # truncated
     assert sample.main([f"--out_dir={out}"]) == 2
@@ -298,6 +308,8 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
     cfg.write_text('{"max_iters": 7, "scheme": "base"}')
     assert train.parse_flags(train.TrainConfig, [str(cfg), "--max_iters=9"], "train.py") == {"max_iters": 9,
                                                                                               "scheme": "base"}
+    assert train.parse_flags(train.TrainConfig, ["--compile", "--overwrite"], "train.py") == {"compile": True,
+                                                                                             "overwrite": True}
     cfg.write_text('{"max_iterz": 7}')
     with pytest.raises(train.UsageError, match="did you mean --max_iters"):
         train.parse_flags(train.TrainConfig, [str(cfg)], "train.py")

@@ -1,8 +1,8 @@
 """
 Train a nanoMeSH model, from a 2-core laptop CPU to multi-node torchrun DDP.
 
-    python train.py                                   # classroom MeSH model, Tiny Shakespeare chars, ~4 min on CPU
-    python train.py config/table1_base.json           # a JSON file of settings, then --key=value overrides
+    python train.py                                   # classroom MeSH model, Tiny Shakespeare chars, ~3 min on CPU
+    python train.py config/classroom_base.json        # a JSON file of settings, then --key=value overrides
     python train.py --init_from=resume --out_dir=out  # continue exactly where a run stopped
     torchrun --standalone --nproc_per_node=8 train.py config/pythia-160m_mesh.json
 
@@ -126,6 +126,12 @@ def flops_per_token(cfg):
 class Trainer:
     def __init__(self, tc, given, resume=None):
         self.tc = tc
+        for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
+            if getattr(tc, name) < 1:
+                raise UsageError(f"--{name}={getattr(tc, name)} must be at least 1")
+        for name in ("max_iters", "sample_tokens"):
+            if getattr(tc, name) < 0:
+                raise UsageError(f"--{name}={getattr(tc, name)} must be 0 or more")
         self.ddp = int(os.environ.get("RANK", -1)) != -1
         self.rank, self.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
         self.master = self.rank == 0
@@ -152,12 +158,18 @@ class Trainer:
             model_config(tc, vocab_size=1)
 
         # ---- data: prepared on first use (the default dataset falls back to 'pydoc' offline)
+        failed = None
         if self.master:
-            tc.dataset = ensure_dataset(tc.dataset, tc.data_root)
-        if self.ddp:  # every rank uses the dataset rank 0 settled on
-            name = [tc.dataset]
-            dist.broadcast_object_list(name, src=0)
-            tc.dataset = name[0]
+            try:
+                tc.dataset = ensure_dataset(tc.dataset, tc.data_root)
+            except PrepareError as e:
+                failed = str(e)
+        if self.ddp:  # every rank uses the dataset rank 0 settled on, or stops with rank 0's error
+            shared = [tc.dataset, failed]
+            dist.broadcast_object_list(shared, src=0)
+            tc.dataset, failed = shared
+        if failed:
+            raise PrepareError(failed)
         data_dir = os.path.join(tc.data_root, tc.dataset)
         self.tokenizer = Tokenizer.load(data_dir)
         self.train_data, self.val_data = load_split(data_dir, "train"), load_split(data_dir, "val")
@@ -268,8 +280,7 @@ class Trainer:
             "train_config": dataclasses.asdict(self.tc),
             "iter_num": self.iter_num,
             "best_val_loss": self.best_val,
-            "rng": rng,
-            "data": {"seed": self.tc.seed, "next_step": self.iter_num},  # batches are a function of (seed, step)
+            "rng": rng,  # the data needs no state: a step's batches depend only on (seed, step)
         }, os.path.join(self.tc.out_dir, "ckpt.pt"))
 
     def eval_and_save(self):
@@ -332,8 +343,8 @@ class Trainer:
     def loop(self):
         tc = self.tc
         tokens_per_step = tc.batch_size * tc.grad_accum * self.raw_model.config.block_size
-        peak = next((v for k, v in PEAK_BF16_FLOPS.items() if self.device_type == "cuda"
-                     and k in torch.cuda.get_device_name()), None)
+        peak = next((v for k, v in PEAK_BF16_FLOPS.items() if self.device_type == "cuda" and tc.dtype == "bfloat16"
+                     and k in torch.cuda.get_device_name()), None)  # MFU only against the bf16 peak it ran at
         resumed_at = self.iter_num
         t0, timed_from = time.time(), self.iter_num
         while self.iter_num < tc.max_iters:

@@ -319,6 +319,21 @@ def ensure_dataset(dataset, out_root=DEFAULT_OUT_ROOT, log=_stderr):
     return dataset
 
 
+def checkpoint_dataset(train_config):
+    """The prepared folder of the dataset a checkpoint was trained on (train_config: the TrainConfig
+    saved in it). A relative data_root is tried from the working folder, then from the project folder
+    (where this script puts datasets by default), so sample/probe/lm_eval run from anywhere."""
+    root, name = train_config.get("data_root", "data"), train_config["dataset"]
+    folders = [os.path.join(root, name)]
+    if not os.path.isabs(root):
+        folders.append(os.path.join(os.path.dirname(DEFAULT_OUT_ROOT), root, name))
+    for folder in folders:
+        if os.path.isfile(os.path.join(folder, "meta.json")):
+            return folder
+    raise PrepareError(f"the checkpoint's dataset {name!r} is not prepared (no {folders[0]}/meta.json); "
+                       f"prepare it with: python data/prepare.py --dataset {name}")
+
+
 def load_split(data_dir, split):
     """The train or val tokens of a prepared dataset, memory-mapped (read-only)."""
     if split not in ("train", "val"):
