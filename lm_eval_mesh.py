@@ -148,3 +148,6 @@ if __name__ == "__main__":
         cli_evaluate()
     except (ValueError, TypeError, PrepareError) as e:  # a bad out_dir, model_args, task or character: one line
         sys.exit(f"lm_eval_mesh.py: error: {e}")
+    except OSError as e:  # e.g. a task's dataset that is neither cached nor downloadable (offline)
+        sys.exit(f"lm_eval_mesh.py: error: {type(e).__name__}: {e} (lm_eval downloads each task's data "
+                 f"from the Hugging Face Hub on first use; run once online, then HF_DATASETS_OFFLINE=1 works)")

@@ -74,11 +74,11 @@ def train_command(run, out_dir, max_iters):
 # One run: train (unless done), then evaluate the final checkpoint
 
 def ms_per_iter(log_path):
-    """Median of the logged per-iteration times (ms), leaving out the first logged window: it holds
-    the first steps, which pay for warm-up (allocation, and compilation where on)."""
+    """Median of the per-iteration times (ms) of every logged window. The first window also pays for
+    warm-up; the median keeps that one slow window from moving the result."""
     with open(log_path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    ms = [r["ms"] for r in rows if "ms" in r][1:]
+    ms = [r["ms"] for r in rows if "ms" in r]
     return statistics.median(ms) if ms else None
 
 
@@ -123,7 +123,7 @@ def run_one(run, root, max_iters, env=None):
                   ms_per_iter=ms_per_iter(os.path.join(out_dir, "log.jsonl")), out_dir=out_dir)
     with open(result_path, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{run['name']}: val loss {result['val_loss']:.4f}, {result['ms_per_iter']} ms/iter")
+    print(f"{run['name']}: val loss {result['val_loss']:.4f}, {ms(result['ms_per_iter'])} ms/iter")
     return result
 
 

@@ -8,6 +8,8 @@ optional package (transformers, lm_eval) is missing; CI installs both.
 import json
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from mesh import CheckpointError, Config, RecursiveGPT, load_checkpoint, save_checkpoint
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # -----------------------------------------------------------------------------
 # GPT-NeoX import: logits of a random (perturbed) HF model equal ours after conversion
@@ -223,6 +227,19 @@ def test_simple_evaluate_local_multiple_choice(mesh_lm):
     want = np.mean([max(range(len(d["choices"])), key=lambda c: direct_loglikelihood(
         model, d["question"], " " + d["choices"][c])[0]) == d["answer"] for d in docs])
     assert results["results"]["tiny_mc"]["acc,none"] == pytest.approx(want)
+
+
+def test_cli_task_data_offline_is_one_line(mesh_lm):
+    """A task whose dataset is neither cached nor downloadable ends in one line, not a traceback."""
+    _, _, root = mesh_lm
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(root / "empty_cache"), "HF_HOME": str(root / "empty_home")}
+    r = subprocess.run([sys.executable, "lm_eval_mesh.py", "--model_args", f"out_dir={root / 'out'}", "--tasks",
+                        "lambada_openai", "--device", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert last.startswith("lm_eval_mesh.py: error: ") and "run once online" in last, last
 
 
 def test_train_continues_an_imported_model(tmp_path):

@@ -156,6 +156,9 @@ def test_existing_run_is_protected_and_resume_conflicts_are_listed(data_root, tm
     err = capsys.readouterr().err
     assert "n_embd: checkpoint 32 vs given 64" in err and "scheme: checkpoint 'mesh' vs given 'base'" in err
     assert snapshot(out) == before
+    assert train.main(["--init_from=resume", f"--out_dir={out}"]) == 0  # already finished: nothing to do
+    assert f"{out / 'ckpt.pt'} is at iter 2, already --max_iters=2: nothing to do" in capsys.readouterr().out
+    assert snapshot(out) == before
 
 
 def test_cli_errors_have_no_traceback(data_root, tmp_path):

@@ -77,6 +77,14 @@ class TrainConfig:
     seed: int = 1337
     debug: bool = False                 # show Python tracebacks for errors
 
+    def __post_init__(self):
+        for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name}={getattr(self, name)} must be at least 1")
+        for name in ("max_iters", "sample_tokens"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name}={getattr(self, name)} must be 0 or more")
+
 
 MODEL_KEYS = ("layout", "scheme", "n_slots", "n_embd", "n_head", "block_size", "dropout")
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
@@ -126,12 +134,6 @@ def flops_per_token(cfg):
 class Trainer:
     def __init__(self, tc, given, resume=None):
         self.tc = tc
-        for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
-            if getattr(tc, name) < 1:
-                raise UsageError(f"--{name}={getattr(tc, name)} must be at least 1")
-        for name in ("max_iters", "sample_tokens"):
-            if getattr(tc, name) < 0:
-                raise UsageError(f"--{name}={getattr(tc, name)} must be 0 or more")
         self.ddp = int(os.environ.get("RANK", -1)) != -1
         self.rank, self.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
         self.master = self.rank == 0
@@ -180,10 +182,7 @@ class Trainer:
         ckpt_path = os.path.join(tc.out_dir, "ckpt.pt")
         ckpt = None
         if tc.init_from == "resume":
-            model, ckpt = resume
-            conflicts = config_conflicts(tc, given, model.config)
-            if conflicts:
-                raise UsageError("the checkpoint's model differs from the flags given: " + "; ".join(conflicts))
+            model, ckpt = resume  # its config was checked against the flags given in main()
         elif tc.init_from == "scratch":
             if os.path.exists(ckpt_path) and not tc.overwrite:
                 raise UsageError(f"{ckpt_path} exists; continue it with --init_from=resume, or start over "
@@ -384,6 +383,13 @@ def main(argv):
             resume = load_checkpoint(out_dir)
             settings.update({k: v for k, v in resume[1]["train_config"].items() if k in settings})
         tc = TrainConfig(**{**settings, **given})
+        conflicts = config_conflicts(tc, given, resume[0].config) if resume else []
+        if conflicts:
+            raise UsageError("the checkpoint's model differs from the flags given: " + "; ".join(conflicts))
+        if resume and resume[1]["iter_num"] >= tc.max_iters:  # a finished run: leave it as it is
+            print(f"{os.path.join(tc.out_dir, 'ckpt.pt')} is at iter {resume[1]['iter_num']}, already "
+                  f"--max_iters={tc.max_iters}: nothing to do (raise --max_iters to train further)")
+            return 0
         trainer = Trainer(tc, given, resume)
         finished = trainer.train()
     except (UsageError, CheckpointError, PrepareError, ValueError) as e:
