@@ -107,6 +107,18 @@ def test_one_vs_two_processes_and_resume_1_2_1(data_root, tmp_path):
     assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(one, mix))  # up to float summation order
 
 
+def test_two_processes_stop_together_on_a_dataset_error(data_root, tmp_path):
+    """Rank 0 settles the dataset; when it cannot, every rank stops with its message (none waits forever)."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                os.path.join(ROOT, "train.py"), f"--data_root={data_root}", "--dataset=never_made", "--grad_accum=2",
+                f"--out_dir={tmp_path / 'out'}"]
+    r = subprocess.run(torchrun, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       timeout=120)
+    assert r.returncode != 0 and r.stderr.count("train.py: error: ") == 2, r.stderr[-2000:]
+    assert r.stderr.count("python data/prepare.py --dataset never_made") == 2
+    assert not (tmp_path / "out").exists()
+
+
 BAD_TRAIN_INPUT = [  # (flags, words the one-line error must contain)
     (["--max_iter=5"], "did you mean --max_iters"),
     (["--max_iters=ten"], "--max_iters=ten is not a valid int"),
