@@ -62,6 +62,14 @@ def relative_update(h, fh):
     return 2 * norm(fh - h) / (norm(fh) + norm(h))
 
 
+def median(x):
+    """torch.quantile(x, 0.5) (the mean of the two middle values for an even count), without quantile's
+    limit of 2^24 elements: T tokens give T(T-1)/2 distances, over that limit from T = 5794."""
+    n = x.numel()
+    low = x.kthvalue((n + 1) // 2).values
+    return low if n % 2 else torch.lerp(low, x.kthvalue(n // 2 + 1).values, 0.5)  # as quantile interpolates
+
+
 def centered_rbf_gram(X, sigma_frac=SIGMA_FRAC):
     """X (T, D) -> H K H (T, T), K_ij = exp(-||x_i - x_j||^2 / (2 sigma^2)), sigma = sigma_frac x the
     median non-zero pairwise distance, H = I - 11^T/T the centering matrix. All zeros when every row of
@@ -74,7 +82,7 @@ def centered_rbf_gram(X, sigma_frac=SIGMA_FRAC):
     pairs = pairs[pairs > 1e-12 * pairs.max()] if pairs.numel() else pairs  # rounding noise of equal rows is not a distance
     if pairs.numel() == 0:
         return torch.zeros_like(d2)
-    sigma = sigma_frac * torch.quantile(pairs.sqrt(), 0.5)
+    sigma = sigma_frac * median(pairs.sqrt())
     K = torch.exp(-d2 / (2 * sigma**2))                               # (T, T)
     return K - K.mean(0, keepdim=True) - K.mean(1, keepdim=True) + K.mean()
 

@@ -46,7 +46,8 @@ K = Config(layout=LOOP_LAYOUT).n_steps
 ABLATION = tuple(range(K + 1, K + 5))  # B = K+1 .. K+4 (the paper's default B = K+3 is the main mesh run)
 MODEL = dict(n_embd=128, n_head=4, block_size=64)
 TRAIN = dict(dataset="shakespeare_char", batch_size=16, lr=1e-3, eval_iters=20, sample_tokens=0, **MODEL)
-EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 validation tokens, about the whole split
+EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 targets in random windows: the same for every
+                                     # run; drawn with replacement, so some positions repeat and some are unseen
 
 
 # -----------------------------------------------------------------------------

@@ -388,7 +388,8 @@ def main(argv):
             raise UsageError("the checkpoint's model differs from the flags given: " + "; ".join(conflicts))
         if resume and resume[1]["iter_num"] >= tc.max_iters:  # a finished run: leave it as it is
             print(f"{os.path.join(tc.out_dir, 'ckpt.pt')} is at iter {resume[1]['iter_num']}, already "
-                  f"--max_iters={tc.max_iters}: nothing to do (raise --max_iters to train further)")
+                  f"--max_iters={tc.max_iters}: nothing to do (raise --max_iters to train further, and "
+                  f"--lr_decay_iters to stretch the cosine: past it the learning rate stays at min_lr)")
             return 0
         trainer = Trainer(tc, given, resume)
         finished = trainer.train()
