@@ -486,8 +486,8 @@ class RecursiveGPT(nn.Module):
         same as full recompute (use_cache=False) either way.
 
         One-position steps run with oneDNN off (only that flag; restored after). On CPU its only
-        effect here is GELU: oneDNN sets up a kernel on every call, which costs ~6x more than
-        ATen's own GELU on one token's 4D activations, while on whole sequences (training,
+        effect here is GELU: oneDNN sets up a kernel on every call, which costs several times
+        ATen's own GELU on one token's 4 x n_embd activations, while on whole sequences (training,
         prefill) oneDNN's is the faster one. Both compute exact GELU."""
         if temperature < 0 or top_k is not None and top_k < 1:
             raise ValueError(f"temperature={temperature} must be 0 (greedy) or more and top_k={top_k} "
