@@ -23,7 +23,7 @@ model's count), D * V the lm_head, 12 L D T the attention scores and values over
 
 Peak: on CPU, a 2048 x 2048 fp32 matmul timed once per round between the train steps, so the
 peak sees the same load as the steps (median over rounds); on GPUs, the chip's dense bf16 peak
-from train.PEAK_BF16_FLOPS (a measured matmul in --dtype where the chip is not listed or runs float32).
+from train.peak_bf16_flops (a measured matmul in --dtype where the chip is not listed or runs float32).
 Memory: each variant runs 3 train steps in a fresh process (one at a time): on CPU its peak
 resident set while stepping (VmHWM), on CUDA the allocator's peak; "step MB" is that peak minus
 the memory held after building the model and optimizer, i.e. what a train step itself adds.
@@ -49,7 +49,7 @@ from torch._dynamo.utils import counters
 
 from configurator import UsageError, parse_flags, report, resolve_device
 from mesh import SCHEMES, Config, RecursiveGPT, closest
-from train import PEAK_BF16_FLOPS, flops_per_token
+from train import flops_per_token, peak_bf16_flops
 
 VARIANTS = ("vanilla",) + SCHEMES
 PROMPT, NEW_TOKENS, DECODE_BLOCK = 56, 200, 256
@@ -275,8 +275,7 @@ def run(bc):
             recompiles[name] += graphs() - before
     (busy1, own1), elapsed = cpu_seconds(), time.perf_counter() - t_start
     others = None if busy0 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / elapsed  # CPUs kept busy
-    spec = next((v for k, v in PEAK_BF16_FLOPS.items()
-                 if cuda and bc.dtype == "bfloat16" and k in torch.cuda.get_device_name(device)), None)
+    spec = peak_bf16_flops(device, bc.dtype)
     if spec:
         peak, peak_source = spec, "spec sheet, dense bf16"
     elif cuda:

@@ -32,6 +32,11 @@ class SampleConfig:
     device: str = "auto"
     debug: bool = False
 
+    def __post_init__(self):
+        if self.num_samples < 1 or self.max_new_tokens < 0:
+            raise UsageError(f"--num_samples={self.num_samples} must be at least 1 and --max_new_tokens="
+                             f"{self.max_new_tokens} at least 0")
+
 
 def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=None, device="cpu", num_samples=1):
     """Continue the text `start` num_samples times; returns the decoded strings (prompt included)."""
@@ -48,9 +53,6 @@ def main(argv):
         given = parse_flags(SampleConfig, argv, "sample.py")
         sc = SampleConfig(**given)
         device = resolve_device(sc.device)
-        if sc.num_samples < 1 or sc.max_new_tokens < 0:
-            raise UsageError(f"--num_samples={sc.num_samples} must be at least 1 and --max_new_tokens="
-                             f"{sc.max_new_tokens} at least 0")
         if not os.path.isdir(sc.out_dir):
             raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
                              f"python train.py --out_dir={sc.out_dir}")

@@ -90,6 +90,15 @@ MODEL_KEYS = ("layout", "scheme", "n_slots", "n_embd", "n_head", "block_size", "
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
 
 
+def peak_bf16_flops(device, dtype):
+    """The chip's dense bf16 peak FLOP/s (PEAK_BF16_FLOPS), or None: not CUDA, not bf16, or not listed.
+    MFU is only quoted against the peak of the precision the run used."""
+    if not str(device).startswith("cuda") or dtype != "bfloat16":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
 def model_config(tc, vocab_size):
     overrides = {k: getattr(tc, k) for k in MODEL_KEYS}
     return Config.from_preset(tc.model, vocab_size=vocab_size, **overrides)
@@ -342,8 +351,7 @@ class Trainer:
     def loop(self):
         tc = self.tc
         tokens_per_step = tc.batch_size * tc.grad_accum * self.raw_model.config.block_size
-        peak = next((v for k, v in PEAK_BF16_FLOPS.items() if self.device_type == "cuda" and tc.dtype == "bfloat16"
-                     and k in torch.cuda.get_device_name()), None)  # MFU only against the bf16 peak it ran at
+        peak = peak_bf16_flops(self.device, tc.dtype)
         resumed_at = self.iter_num
         t0, timed_from = time.time(), self.iter_num
         while self.iter_num < tc.max_iters:
