@@ -223,6 +223,38 @@ def test_buffer_final_read_is_write_then_read():
     torch.testing.assert_close(mesh.buffer_final_read(mem, w_write, w_read, h), expect, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("ignored", [0, 3, 12])
+def test_cross_entropy_matches_torch(ignored):
+    """mesh.CrossEntropy: F.cross_entropy(ignore_index=-1)'s loss and gradient (float64 for an exact-ish
+    comparison; also gradcheck), with 0, some or all targets ignored (all: 0/0 = nan, as torch)."""
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(12, 300, dtype=torch.float64)).requires_grad_()
+    targets = torch.randint(300, (12,))
+    targets[torch.randperm(12)[:ignored]] = -1
+    ours = mesh.CrossEntropy.apply(logits, targets)
+    ref = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-1)
+    if ignored == 12:
+        assert ours.isnan() and ref.isnan()
+        return
+    (g_ours,), (g_ref,) = torch.autograd.grad(2.5 * ours, logits), torch.autograd.grad(2.5 * ref, logits)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=0)
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-12, atol=1e-15)
+    assert not g_ours[targets == -1].any()  # an ignored row gets no gradient
+    narrow = torch.where(targets >= 0, targets % 20, -1)  # gradcheck on 20 classes: 240 finite differences
+    assert torch.autograd.gradcheck(lambda x: mesh.CrossEntropy.apply(x, narrow), (logits[:, :20].detach().requires_grad_(),))
+
+
+def test_model_loss_is_cross_entropy_of_its_logits():
+    model = build(small(), scramble=True).train()
+    idx, targets = tokens(), tokens(seed=2)
+    targets[0, :5] = -1
+    logits, loss = model(idx, targets)
+    ref = torch.nn.functional.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-1)
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=0)
+    (g_ours,), (g_ref,) = torch.autograd.grad(loss, logits, retain_graph=True), torch.autograd.grad(ref, logits)
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-9)
+
+
 @pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
 def test_scheme_update_rules(scheme, layout):
     """Recompute h(1..K) from each step's captured output h_m with SPEC section 3's formulas."""
