@@ -330,16 +330,21 @@ class CrossEntropy(torch.autograd.Function):
     """F.cross_entropy(logits, targets, ignore_index=-1), the mean over the targets that are not -1, with
     fewer passes over the logits. F.cross_entropy writes the log-softmax (as large as the logits), then in
     backward a zero-filled one-hot gradient and the log-softmax's gradient: three fresh (N, V) tensors.
-    Here forward reads the logits once (logsumexp, and the target's logit) and backward writes the one
-    gradient, softmax(logits) - onehot(target), scaled. At a 50k vocabulary that halves the loss's time,
-    which was about a quarter of a CPU train step at pythia-70m width; the values agree to rounding
-    (tested against F.cross_entropy)."""
+    Here forward reads the logits (logsumexp, and the target's logit) and writes nothing of their size,
+    and backward writes the one gradient, softmax(logits) - onehot(target), scaled. Same values to
+    rounding (tested against F.cross_entropy); on CPU at pythia-70m width a train step ~7% faster, and
+    the log-softmax no longer kept for backward (400 MB there)."""
 
     @staticmethod
     def forward(ctx, logits, targets):  # logits (N, V) float, targets (N,) ids or -1 -> scalar
         keep = targets != -1                                                    # (N,)
         index = targets.clamp(min=0).unsqueeze(1)                               # (N, 1); -1 reads column 0, then drops
-        nll = torch.logsumexp(logits, dim=-1) - logits.gather(1, index).squeeze(1)  # (N,)  -log softmax[target]
+        # logsumexp makes two temporaries as large as its input (x - max and its exp). On CPU each would be
+        # fresh memory the kernel has to fault in and zero, so it goes ~1M logits (4 MB) at a time and the
+        # temporaries stay in cache; GPUs' caching allocator has no such cost and takes the whole at once.
+        rows = max(1, 2**20 // logits.size(1)) if logits.device.type == "cpu" else logits.size(0)
+        lse = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in logits.split(rows)])   # (N,)
+        nll = lse - logits.gather(1, index).squeeze(1)                          # (N,)  -log softmax[target]
         count = keep.sum()
         ctx.save_for_backward(logits, index, keep, count)
         return torch.where(keep, nll, 0.0).sum() / count

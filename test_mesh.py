@@ -244,6 +244,21 @@ def test_cross_entropy_matches_torch(ignored):
     assert torch.autograd.gradcheck(lambda x: mesh.CrossEntropy.apply(x, narrow), (logits[:, :20].detach().requires_grad_(),))
 
 
+def test_cross_entropy_in_row_blocks():
+    """On CPU the logsumexp goes over blocks of about 2^20 logits: with V just over 2^19, one row per
+    block. The result is the whole-tensor logsumexp's (to rounding: ATen may vectorize one row and
+    many rows differently)."""
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(5, 2**19 + 1)).requires_grad_()
+    targets = torch.tensor([7, -1, 2**19, 0, 123])
+    loss = mesh.CrossEntropy.apply(logits, targets)
+    keep = targets != -1
+    nll = torch.logsumexp(logits, -1) - logits.gather(1, targets.clamp(min=0)[:, None])[:, 0]   # all rows at once
+    expect = torch.where(keep, nll, 0.0).sum() / keep.sum()
+    torch.testing.assert_close(loss, expect, rtol=1e-6, atol=0)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits, targets, ignore_index=-1))
+
+
 def test_model_loss_is_cross_entropy_of_its_logits():
     model = build(small(), scramble=True).train()
     idx, targets = tokens(), tokens(seed=2)
