@@ -341,8 +341,10 @@ class CrossEntropy(torch.autograd.Function):
         index = targets.clamp(min=0).unsqueeze(1)                               # (N, 1); -1 reads column 0, then drops
         # logsumexp makes two temporaries as large as its input (x - max and its exp). On CPU each would be
         # fresh memory the kernel has to fault in and zero, so it goes ~1M logits (4 MB) at a time and the
-        # temporaries stay in cache; GPUs' caching allocator has no such cost and takes the whole at once.
-        rows = max(1, 2**20 // logits.size(1)) if logits.device.type == "cpu" else logits.size(0)
+        # temporaries stay in cache. GPUs' caching allocator has no such cost, and torch.compile fuses
+        # logsumexp into one pass (unrolling the blocks would only slow compilation): both take the whole.
+        blocks = logits.device.type == "cpu" and not torch.compiler.is_compiling()
+        rows = max(1, 2**20 // logits.size(1)) if blocks else logits.size(0)
         lse = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in logits.split(rows)])   # (N,)
         nll = lse - logits.gather(1, index).squeeze(1)                          # (N,)  -log softmax[target]
         count = keep.sum()
