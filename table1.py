@@ -10,10 +10,10 @@ the same --seed, hence the same data order, for every variant: vanilla `12` agai
 base, residual, anchor, anchor_emb (the paper's anchor*) and mesh; plus the buffer-size ablation of
 Appendix E.1 (mesh with B = K+1 ... K+4 slots, seed 0). No variant gets any setting the others don't.
 
-Runs go through `python train.py` (one at a time, or --jobs at once) into ROOT/NAME/; a run whose result.json exists is
-skipped, so an interrupted table resumes where it stopped. The final validation loss is measured here,
-not taken from train.py's log: each final checkpoint is evaluated on the same fixed EVAL_BATCHES
-batches of the validation split (identical batches for every variant). Results go to
+Runs go through `python train.py` (one at a time, or --jobs at once) into ROOT/NAME/; a run whose
+result.json exists is skipped, so an interrupted table resumes where it stopped. The final validation
+loss is measured here, not taken from train.py's log: each final checkpoint is evaluated on the same
+fixed EVAL_BATCHES batches of the validation split (identical batches for every variant). Results go to
 RESULTS/table1.json and RESULTS/table1.md; probe.py's figures of the base and mesh runs (seed 0) to
 RESULTS/table1_probe/.
 """
