@@ -47,7 +47,7 @@ from statistics import median
 import torch
 from torch._dynamo.utils import counters
 
-from configurator import UsageError, parse_flags, report, resolve_device
+from configurator import UsageError, fix_malloc_thresholds, parse_flags, report, resolve_device
 from mesh import SCHEMES, Config, RecursiveGPT, closest
 from train import flops_per_token, peak_bf16_flops
 
@@ -143,6 +143,8 @@ def setup(bc):
     if dtype not in ("float32", "bfloat16"):
         raise UsageError(f"--dtype={bc.dtype} is not supported; use auto, float32 or bfloat16")
     bc.dtype = dtype
+    if kind == "cpu":
+        fix_malloc_thresholds()  # as train.py does
     if bc.threads is not None:
         torch.set_num_threads(bc.threads)
     torch._dynamo.config.recompile_limit = 64  # every variant's graphs share RecursiveGPT's code object

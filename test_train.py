@@ -332,3 +332,40 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
         given = train.parse_flags(train.TrainConfig, [os.path.join(ROOT, "config", name)], "train.py")
         tc = train.TrainConfig(**given)
         assert train.model_config(tc, vocab_size=50304).shape.depth in (12, 16, 24)
+
+
+FAULTS = """
+import resource, sys, torch
+from configurator import fix_malloc_thresholds
+from mesh import Config, RecursiveGPT
+applied = fix_malloc_thresholds() if sys.argv[1] == "fixed" else None
+torch.manual_seed(0)
+model = RecursiveGPT(Config.from_preset("classroom"))
+opt = model.configure_optimizer(0.01, 1e-3)
+x = torch.randint(0, 65, (16, 64))
+def step():
+    model(x, x)[1].backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+for _ in range(5):
+    step()
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    step()
+print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) // 5)
+"""
+
+
+def test_cpu_train_steps_reuse_their_memory_instead_of_faulting_it_in():
+    """fix_malloc_thresholds (train.py and bench.py call it on CPU): classroom train steps with glibc's
+    default thresholds hand their activations back to the kernel and page-fault them in again every
+    step; with it, after warm-up, (almost) none."""
+    def faults_per_step(mode):
+        out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, cwd=ROOT, check=True)
+        applied, faults = out.stdout.split()
+        return applied, int(faults)
+    applied, fixed = faults_per_step("fixed")
+    if applied != "True":
+        pytest.skip("needs glibc's mallopt (Linux)")
+    _, default = faults_per_step("default")
+    assert fixed < 200 and default > 1000, (fixed, default)

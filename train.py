@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import UsageError, parse_flags, report, resolve_device
+from configurator import UsageError, fix_malloc_thresholds, parse_flags, report, resolve_device
 from data.prepare import PrepareError, Tokenizer, ensure_dataset, load_split
 from mesh import PRESETS, CheckpointError, Config, RecursiveGPT, load_checkpoint, save_checkpoint
 
@@ -157,6 +157,8 @@ class Trainer:
                 torch.cuda.set_device(device)
             dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
         self.device, self.device_type = device, device.split(":")[0]
+        if self.device_type == "cpu":
+            fix_malloc_thresholds()
         if tc.dtype == "auto":
             tc.dtype = "bfloat16" if self.device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
         if tc.dtype not in ("float32", "bfloat16"):
