@@ -1,5 +1,6 @@
 """
-Command-line settings for train.py and sample.py, generated from a dataclass.
+Command-line settings for the entry points (train.py, sample.py, bench.py), generated from a
+dataclass, and the process setup they share (device choice, CPU allocator thresholds).
 
     python train.py config/pythia-160m_mesh.json --max_iters=2000 --lr=6e-4
 
@@ -132,12 +133,13 @@ def resolve_device(name):
 
 def fix_malloc_thresholds():
     """On Linux with glibc: serve tensors under 32 MB from the heap and keep up to 64 MB of freed
-    heap memory, from the first step on. glibc's defaults start at 128 KB and rise to these same
-    ceilings only once a tensor that large has been freed, so a CPU train step of a small model
-    keeps giving its activations back to the kernel and faulting them in again, zeroed page by
-    page: 4,000-6,000 page faults per classroom train step, 0-250 with this. Larger tensors (a 50k-vocabulary
-    model's logits) are still mapped afresh each time: keeping those in the heap too raised peak
-    memory 30-45% through fragmentation (commit 6ccda03). Returns whether it applied."""
+    heap memory, from the first step on. glibc starts both thresholds at 128 KB and raises them
+    toward these ceilings only as it frees mapped blocks (to the largest so far, and twice that),
+    so a CPU train step of a small model keeps giving its activations back to the kernel and
+    faulting them in again, zeroed page by page: thousands of page faults per classroom train
+    step, almost none with this (test_train.py counts them). Larger tensors (a 50k-vocabulary
+    model's logits) are still mapped afresh each time: keeping those in the heap too gave no
+    clear gain and a higher peak resident set (README, Speed). Returns whether it applied."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
