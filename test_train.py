@@ -1,7 +1,8 @@
 """
 End-to-end tests of train.py and sample.py on a tiny prepared dataset: every scheme
 trains, resume is exact, 1 vs 2 processes agree, bad input is one line and touches
-nothing, and crashes (kill -9, NaN, Ctrl-C) never lose the last good checkpoint.
+nothing, crashes (kill -9, NaN, Ctrl-C) never lose the last good checkpoint, and CPU
+train steps reuse their memory instead of page-faulting it in again.
 
     python -m pytest test_train.py -q
 """
