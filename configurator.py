@@ -134,12 +134,13 @@ def resolve_device(name):
 def fix_malloc_thresholds():
     """On Linux with glibc: serve tensors under 32 MB from the heap and keep up to 64 MB of freed
     heap memory, from the first step on. glibc starts both thresholds at 128 KB and raises them
-    toward these ceilings only as it frees mapped blocks (to the largest so far, and twice that),
-    so a CPU train step of a small model keeps giving its activations back to the kernel and
-    faulting them in again, zeroed page by page: thousands of page faults per classroom train
-    step, almost none with this (test_train.py counts them). Larger tensors (a 50k-vocabulary
-    model's logits) are still mapped afresh each time: keeping those in the heap too gave no
-    clear gain and a higher peak resident set (README, Speed). Returns whether it applied."""
+    toward these ceilings only as it frees mapped blocks (to the largest so far, and twice that);
+    until then a CPU train step of a small model gives its activations back to the kernel and
+    faults them in again, zeroed page by page (test_train.py counts a classroom step's faults:
+    over 10,000 with the starting thresholds held, under 1,000 with these). Larger tensors (a
+    50k-vocabulary model's logits) are still mapped afresh each time: keeping those in the heap
+    too gave no clear gain and a higher peak resident set (README, Speed). Returns whether it
+    applied."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h

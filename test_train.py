@@ -336,10 +336,14 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
 
 
 FAULTS = """
-import resource, sys, torch
+import ctypes, resource, sys, torch
 from configurator import fix_malloc_thresholds
 from mesh import Config, RecursiveGPT
-applied = fix_malloc_thresholds() if sys.argv[1] == "fixed" else None
+if sys.argv[1] == "fixed":
+    applied = fix_malloc_thresholds()
+else:  # glibc's starting thresholds (128 KB), held there
+    libc = ctypes.CDLL("libc.so.6")
+    applied = bool(libc.mallopt(-3, 128 << 10) and libc.mallopt(-1, 128 << 10))
 torch.manual_seed(0)
 model = RecursiveGPT(Config.from_preset("classroom"))
 opt = model.configure_optimizer(0.01, 1e-3)
@@ -358,9 +362,10 @@ print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) // 5)
 
 
 def test_cpu_train_steps_reuse_their_memory_instead_of_faulting_it_in():
-    """fix_malloc_thresholds (train.py and bench.py call it on CPU): classroom train steps with glibc's
-    default thresholds hand their activations back to the kernel and page-fault them in again every
-    step; with it, after warm-up, (almost) none."""
+    """fix_malloc_thresholds (train.py and bench.py call it on CPU): after warm-up a classroom train
+    step faults few pages in. With glibc's starting thresholds, which its default keeps
+    until large enough blocks happen to be freed (so how often it faults varies from run to run),
+    a step hands its activations back to the kernel and faults them in again."""
     def faults_per_step(mode):
         out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, cwd=ROOT, check=True)
         applied, faults = out.stdout.split()
@@ -368,5 +373,6 @@ def test_cpu_train_steps_reuse_their_memory_instead_of_faulting_it_in():
     applied, fixed = faults_per_step("fixed")
     if applied != "True":
         pytest.skip("needs glibc's mallopt (Linux)")
-    _, default = faults_per_step("default")
-    assert fixed < 200 and default > 1000, (fixed, default)
+    _, small = faults_per_step("small")
+    # a few hundred faults can remain: Python's own 1 MB arenas are mapped outside malloc
+    assert fixed < 1000 and small > 10000, (fixed, small)
