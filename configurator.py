@@ -131,7 +131,7 @@ def resolve_device(name):
     return name
 
 
-def fix_malloc_thresholds():
+def fix_malloc_thresholds(mmap=32 << 20, trim=64 << 20):
     """On Linux with glibc: serve tensors under 32 MB from the heap and keep up to 64 MB of freed
     heap memory, from the first step on. glibc starts both thresholds at 128 KB and raises them
     toward these ceilings only as it frees mapped blocks (to the largest so far, and twice that);
@@ -139,11 +139,11 @@ def fix_malloc_thresholds():
     faults them in again, zeroed page by page (test_train.py counts a classroom step's faults:
     over 10,000 with the starting thresholds held, under 1,000 with these). Larger tensors (a
     50k-vocabulary model's logits) are still mapped afresh each time: keeping those in the heap
-    too gave no clear gain and a higher peak resident set (README, Speed). Returns whether it
-    applied."""
+    too gave no clear gain and a higher peak resident set (README, Speed). mmap and trim are the
+    two thresholds in bytes. Returns whether it applied."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 64 << 20))
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap) and libc.mallopt(M_TRIM_THRESHOLD, trim))
     except (OSError, AttributeError):  # not glibc (macOS, musl, Windows): leave the allocator alone
         return False

@@ -336,14 +336,11 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
 
 
 FAULTS = """
-import ctypes, resource, sys, torch
+import resource, sys, torch
 from configurator import fix_malloc_thresholds
 from mesh import Config, RecursiveGPT
-if sys.argv[1] == "fixed":
-    applied = fix_malloc_thresholds()
-else:  # glibc's starting thresholds (128 KB), held there
-    libc = ctypes.CDLL("libc.so.6")
-    applied = bool(libc.mallopt(-3, 128 << 10) and libc.mallopt(-1, 128 << 10))
+# ours, or glibc's starting thresholds (128 KB) held there
+applied = fix_malloc_thresholds() if sys.argv[1] == "fixed" else fix_malloc_thresholds(128 << 10, 128 << 10)
 torch.manual_seed(0)
 model = RecursiveGPT(Config.from_preset("classroom"))
 opt = model.configure_optimizer(0.01, 1e-3)
