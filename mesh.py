@@ -27,7 +27,7 @@ import json
 import math
 import os
 import re
-import tempfile
+import uuid
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -150,6 +150,9 @@ class Config:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"pick n_head among the divisors of n_embd")
+        if not 0.0 <= self.rotary_pct <= 1.0:
+            raise ValueError(f"rotary_pct={self.rotary_pct} must be in [0, 1] (the share of each head that rotary "
+                             f"rotates; GPT-NeoX uses 0.25)")
         if self.rotary_dims % 2:
             raise ValueError(f"rotary dims = int(head_dim {self.head_dim} x rotary_pct {self.rotary_pct}) "
                              f"= {self.rotary_dims} must be even; adjust rotary_pct or n_head")
@@ -338,7 +341,8 @@ class CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets):  # logits (N, V) float, targets (N,) ids or -1 -> scalar
         keep = targets != -1                                                    # (N,)
-        index = targets.clamp(min=0).unsqueeze(1)                               # (N, 1); -1 reads column 0, then drops
+        # -1 reads column 0, then drops; any other id outside [0, V) makes gather raise, as F.cross_entropy does
+        index = targets.masked_fill(~keep, 0).unsqueeze(1)                      # (N, 1)
         # logsumexp makes two temporaries as large as its input (x - max and its exp). On CPU each would be
         # fresh memory the kernel has to fault in and zero, so it goes ~1M logits (4 MB) at a time and the
         # temporaries stay in cache. GPUs' caching allocator has no such cost, and torch.compile fuses
@@ -433,6 +437,9 @@ class RecursiveGPT(nn.Module):
         changes the result.
         """
         cfg = self.config
+        if idx.size(1) > cfg.block_size:
+            raise ValueError(f"idx has {idx.size(1)} positions but block_size is {cfg.block_size}; "
+                             f"pass at most the last {cfg.block_size} tokens (as generate does)")
         rope = self.rotary(idx.size(1), pos)                                # once for every block
         if cache is not None:
             cache.seek(pos)
@@ -525,7 +532,7 @@ class RecursiveGPT(nn.Module):
         effect here is GELU: oneDNN sets up a kernel on every call, which costs several times
         ATen's own GELU on one token's 4 x n_embd activations, while on whole sequences (training,
         prefill) oneDNN's is the faster one. Both compute exact GELU."""
-        if temperature < 0 or top_k is not None and top_k < 1:
+        if not temperature >= 0 or top_k is not None and top_k < 1:  # (not >= also refuses nan)
             raise ValueError(f"temperature={temperature} must be 0 (greedy) or more and top_k={top_k} "
                              f"at least 1 (or None for no limit)")
         L = self.config.block_size
@@ -552,7 +559,9 @@ def sample(logits, temperature=1.0, top_k=None):
     """logits (B, V) -> next token ids (B, 1); temperature 0 means argmax."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # shift the maximum to 0 before dividing: softmax is unchanged, and a tiny temperature gives -inf, not inf/inf
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
         logits[logits < v[:, [-1]]] = -float("inf")
@@ -599,9 +608,10 @@ def save_checkpoint(obj, path):
     moment leaves either the previous checkpoint or the new one, never half of one."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=folder)
+    # a fresh name opened exclusively ("x"); not mkstemp, whose file is private (0600) where a plain save is not
+    tmp = os.path.join(folder, f".ckpt-{os.getpid()}-{uuid.uuid4().hex}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
@@ -619,6 +629,9 @@ def load_checkpoint(out_dir, device="cpu"):
         raise CheckpointError(f"no checkpoint at {path}; train one with: python train.py --out_dir={out_dir}")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
+        missing = {"model", "model_config", "train_config"} - set(ckpt)
+        if missing:
+            raise KeyError(f"no {', '.join(sorted(missing))}")
         model = RecursiveGPT(Config.from_dict(ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
     except Exception as e:  # truncated zip, foreign file, missing keys, ...

@@ -506,6 +506,8 @@ BAD = [
     ("rotary-odd", dict(n_embd=80, n_head=4), r"rotary dims .* = 5 must be even"),
     ("vocab", dict(vocab_size=0), r"vocab_size=0 must be a positive integer"),
     ("dropout", dict(dropout=1.0), r"dropout=1.0 must be in \[0, 1\)"),
+    ("rotary-over", dict(rotary_pct=1.5), r"rotary_pct=1.5 must be in \[0, 1\]"),
+    ("rotary-negative", dict(rotary_pct=-0.25), r"rotary_pct=-0.25 must be in \[0, 1\]"),
 ]
 
 
@@ -606,6 +608,30 @@ def test_optimizer_groups():
         assert wd[id(p)] == (0.1 if p.dim() >= 2 else 0.0), n
     assert wd[id(model.routers[0].write.weight)] == 0.1 and wd[id(model.routers[0].write.bias)] == 0.0
     assert all(g["lr"] == 1e-3 for g in opt.param_groups)
+
+
+def test_cross_entropy_refuses_other_negative_ids():
+    """Only -1 is ignored: -100 (another library's ignore id) raises, as F.cross_entropy(ignore_index=-1)
+    does, instead of silently counting as class 0."""
+    logits, targets = torch.randn(4, 10), torch.tensor([1, 2, -100, 3])
+    with pytest.raises(IndexError):
+        torch.nn.functional.cross_entropy(logits, targets, ignore_index=-1)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        mesh.CrossEntropy.apply(logits, targets)
+
+
+def test_forward_refuses_sequences_longer_than_block_size():
+    model = build(small(block_size=16))
+    with pytest.raises(ValueError, match=r"idx has 17 positions but block_size is 16; pass at most the last 16"):
+        model(tokens(1, 17))
+    assert model(tokens(1, 16))[0].shape == (1, 16, model.config.vocab_size)
+
+
+def test_sample_tiny_temperature_is_greedy():
+    """The maximum is shifted to 0 before dividing by the temperature: 1e-40 gives argmax, not inf/inf = nan."""
+    logits = torch.tensor([[10.0, 0.0, 9.0], [-5.0, 3.0, 2.0]])
+    assert mesh.sample(logits, 1e-40).tolist() == [[0], [1]]
+    assert mesh.sample(logits, 1e-40, top_k=2).tolist() == [[0], [1]]
 
 
 # -----------------------------------------------------------------------------
