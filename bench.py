@@ -47,7 +47,7 @@ from statistics import median
 import torch
 from torch._dynamo.utils import counters
 
-from configurator import UsageError, fix_malloc_thresholds, parse_flags, report, resolve_device
+from configurator import UsageError, check_writable, fix_malloc_thresholds, parse_flags, report, resolve_device
 from mesh import SCHEMES, Config, RecursiveGPT, closest
 from train import flops_per_token, peak_bf16_flops
 
@@ -348,13 +348,10 @@ def table(rows, info):
 def main(argv):
     try:
         bc = BenchConfig(**parse_flags(BenchConfig, argv, "bench.py"))
-        if min(bc.iters, bc.batch_size, bc.threads or 1) < 1 or bc.warmup < 0:
+        if min(bc.iters, bc.batch_size, 1 if bc.threads is None else bc.threads) < 1 or bc.warmup < 0:
             raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at least 0")
         if bc.json:  # find out now, not after the whole run
-            try:
-                open(bc.json, "a").close()
-            except OSError as e:
-                raise UsageError(f"cannot write --json={bc.json}: {e.strerror}") from None
+            check_writable(bc.json, "json")
         rows, info = run(bc)
         info["command"] = " ".join(["python bench.py", *argv])
     except (UsageError, ValueError) as e:

@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import inspect
 import json
+import os
 import re
 import sys
 import types
@@ -30,8 +31,20 @@ class UsageError(ValueError):
 
 def report(prog, error, code=2):
     """The one line an entry point prints for an error it can name; returns the exit code."""
+    if isinstance(error, OSError) and error.filename:  # e.g. an --out_dir that is a file, a full disk
+        error = f"cannot use {error.filename}: {error.strerror}; check the path"
     print(f"{prog}: error: {error}", file=sys.stderr)
     return code
+
+
+def check_writable(path, flag):
+    """Raise UsageError now, not after a long run, when the output file `path` of --flag cannot be written.
+    Creates nothing."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"--{flag}={path} is a folder; give a file name")
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        raise UsageError(f"cannot write --{flag}={path}: no such folder or no permission")
 
 
 def _kinds(field):
@@ -71,7 +84,8 @@ def help_text(cls, prog):
     notes = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), flags=re.M))
     lines = [f"usage: python {prog} [CONFIG.json ...] [--key=value ...]", "", (cls.__doc__ or "").strip(), ""]
     for f in dataclasses.fields(cls):
-        flag = f"  --{f.name}={f.default}"
+        shown = repr(f.default) if isinstance(f.default, str) and not f.default.isprintable() else f.default
+        flag = f"  --{f.name}={shown}"  # a newline default shows as '\n', not as a line break
         lines.append(f"{flag:<34} {notes.get(f.name, '')}".rstrip())
     return "\n".join(lines)
 

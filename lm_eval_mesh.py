@@ -23,13 +23,20 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from tqdm import tqdm
 
+from configurator import report
 from data.prepare import PrepareError, Tokenizer, checkpoint_dataset
 from mesh import load_checkpoint
+
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    from tqdm import tqdm
+except ImportError as e:
+    if __name__ != "__main__":
+        raise
+    sys.exit(report("lm_eval_mesh.py", f"{e.name or 'lm_eval'} is not installed; pip install lm_eval"))
 
 
 @register_model("mesh")
@@ -147,7 +154,7 @@ if __name__ == "__main__":
     try:
         cli_evaluate()
     except (ValueError, TypeError, PrepareError) as e:  # a bad out_dir, model_args, task or character: one line
-        sys.exit(f"lm_eval_mesh.py: error: {e}")
+        sys.exit(report("lm_eval_mesh.py", e))
     except OSError as e:  # e.g. a task's dataset that is neither cached nor downloadable (offline)
-        sys.exit(f"lm_eval_mesh.py: error: {type(e).__name__}: {e} (lm_eval downloads each task's data "
-                 f"from the Hugging Face Hub on first use; run once online, then HF_DATASETS_OFFLINE=1 works)")
+        sys.exit(report("lm_eval_mesh.py", f"{type(e).__name__}: {e} (lm_eval downloads each task's data from "
+                        f"the Hugging Face Hub on first use; run once online, then HF_DATASETS_OFFLINE=1 works)"))

@@ -30,7 +30,7 @@ import warnings
 import numpy as np
 import torch
 
-from configurator import UsageError, resolve_device
+from configurator import UsageError, check_writable, resolve_device
 from data.prepare import PrepareError, checkpoint_dataset, load_split
 from mesh import CheckpointError, load_checkpoint
 
@@ -314,6 +314,10 @@ def main(argv=None):
         ap.error(f"--sigma_frac={a.sigma_frac} must be positive")
     try:
         device = resolve_device(a.device)
+        if a.json:  # find out now, not after the probing
+            check_writable(a.json, "json")
+        if a.png and os.path.exists(a.png) and not os.path.isdir(a.png):
+            raise UsageError(f"--png={a.png} is a file; give a folder for the figures")
     except UsageError as e:
         ap.error(str(e))
     results = []

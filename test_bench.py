@@ -81,9 +81,18 @@ def test_tiny_run_end_to_end(tmp_path):
     (["--iters=0"], "--iters, --batch_size and --threads must be at least 1"),
     (["--iter=3"], "unknown setting 'iter' in the command line; did you mean --iters?"),
     (["--device=tpu"], "unknown --device=tpu"),
-    (["--json=/nonexistent/dir/b.jsonl"], "cannot write --json=/nonexistent/dir/b.jsonl: No such file or directory"),
+    (["--threads=0"], "--iters, --batch_size and --threads must be at least 1"),
+    (["--json=/nonexistent/dir/b.jsonl"], "cannot write --json=/nonexistent/dir/b.jsonl: no such folder or no permission"),
+    (["--json=/tmp"], "--json=/tmp is a folder; give a file name"),
 ])
 def test_bad_input(args, needle, capsys):
     assert bench.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("bench.py: error: ") and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_json_that_fails_later_is_not_created(tmp_path, capsys):
+    """--json is checked before the run without creating the file: a run refused later leaves nothing."""
+    out = tmp_path / "b.jsonl"
+    assert bench.main([f"--json={out}", "--dtype=float16"]) == 2
+    assert "--dtype=float16 is not supported" in capsys.readouterr().err and not out.exists()

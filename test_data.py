@@ -205,6 +205,22 @@ def test_cli(tmp_path):
     assert r.stderr.splitlines() == [f"prepare.py: error: input file {tmp_path / 'missing.txt'} does not exist"]
     r = run("--dataset", "x", "--input", write(tmp_path / "in.txt", TEXT))
     assert r.returncode == 0 and json.load(open(tmp_path / "x" / "meta.json"))["train_tokens"] > 0
+    r = subprocess.run([sys.executable, "data/prepare.py", "--dataset", "y", "--input", str(tmp_path / "in.txt"),
+                        "--out_root", str(tmp_path / "in.txt")], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"prepare.py: error: cannot use {tmp_path / 'in.txt'}: File exists; check the path"]
+
+
+def test_damaged_dataset_names_the_file_and_the_fix(tmp_path):
+    prepare("tiny", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path), log=quiet)
+    os.remove(tmp_path / "tiny" / "train.bin")
+    with pytest.raises(PrepareError, match=r"tiny/train.bin is missing; prepare the dataset again: "
+                                           r"python data/prepare.py --dataset tiny$"):
+        load_split(str(tmp_path / "tiny"), "train")
+    (tmp_path / "tiny" / "meta.json").write_text('{"tokenizer": "char",')
+    for call in (lambda: load_split(str(tmp_path / "tiny"), "val"), lambda: Tokenizer.load(str(tmp_path / "tiny"))):
+        with pytest.raises(PrepareError, match=r"tiny/meta.json is damaged \(JSONDecodeError: .*\); prepare the dataset again"):
+            call()
 
 
 def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch):

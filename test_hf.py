@@ -238,8 +238,17 @@ def test_cli_task_data_offline_is_one_line(mesh_lm):
                         "lambada_openai", "--device", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
     last = r.stderr.strip().splitlines()[-1]
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert last.startswith("lm_eval_mesh.py: error: ") and "run once online" in last, last
+
+
+def test_cli_without_lm_eval_is_one_line(tmp_path):
+    """Run as a script where lm_eval cannot be imported: one line that says what to install, exit 2."""
+    (tmp_path / "lm_eval").mkdir()
+    (tmp_path / "lm_eval" / "__init__.py").write_text('raise ModuleNotFoundError("No module named lm_eval", name="lm_eval")')
+    r = subprocess.run([sys.executable, "lm_eval_mesh.py", "--tasks", "x"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert (r.returncode, r.stderr) == (2, "lm_eval_mesh.py: error: lm_eval is not installed; pip install lm_eval\n")
 
 
 def test_train_continues_an_imported_model(tmp_path):

@@ -187,6 +187,8 @@ def test_probe_writes_pngs_when_matplotlib_is_installed(tmp_path, capsys):
     (["--out_dir=nowhere"], "probe.py: error: no checkpoint at nowhere/ckpt.pt; train one with: python train.py --out_dir=nowhere\n"),
     (["--out_dir=x", "--num_samples=0"], "probe.py: error: --num_samples=0 must be at least 1\n"),
     ([], "probe.py: error: the following arguments are required: --out_dir\n"),
+    (["--out_dir=nowhere", "--json=/tmp"], "probe.py: error: --json=/tmp is a folder; give a file name\n"),
+    (["--out_dir=nowhere", "--png=README.md"], "probe.py: error: --png=README.md is a file; give a folder for the figures\n"),
 ])
 def test_probe_bad_input_is_one_line_and_exit_2(args, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -255,8 +257,10 @@ def test_table1_aggregates_seeds_and_writes_the_markdown_table():
     results += [fake_result("mesh", 0, 1.47, 1_588_750, 85.0, n_slots=3)]
     vanilla = table1.vanilla_params()
     assert vanilla == 12 * (12 * 128**2 + 13 * 128) + 2 * 128  # SPEC section 5's formula
-    rows = table1.aggregate(results, vanilla)
+    rows = table1.aggregate(results, vanilla, [0, 1, 2])
     assert [r["variant"] for r in rows] == ["vanilla", "mesh"]  # the B=3 run is not a mesh seed
+    only_1 = table1.aggregate(results, vanilla, [1])  # --seeds=1 with the ablation: its mesh_s0 is not a seed
+    assert [(r["variant"], r["seeds"], r["val_loss"]) for r in only_1] == [("vanilla", [1], 1.52), ("mesh", [1], 1.44)]
     assert rows[0]["val_loss"] == pytest.approx(1.52) and rows[0]["val_loss_std"] == pytest.approx(0.02)
     assert rows[1]["seeds"] == [0, 1] and rows[1]["share"] == pytest.approx(1_590_302 / vanilla)
     abl = table1.ablation_rows(results)
@@ -274,3 +278,6 @@ def test_table1_bad_flags_are_one_line(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err == ("table1.py: error: --only: unknown 'anchr' (did you mean 'anchor'?); expected "
                                        "some of vanilla, base, residual, anchor, anchor_emb, mesh, ablation\n")
+    with pytest.raises(SystemExit) as e:
+        table1.main(["--jobs=0"])
+    assert e.value.code == 2 and capsys.readouterr().err == "table1.py: error: --jobs=0 must be at least 1\n"

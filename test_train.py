@@ -90,6 +90,36 @@ def test_resume_is_bit_exact(data_root, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resume_resolves_lr_dtype_and_compile_afresh(data_root, tmp_path):
+    """The checkpoint keeps --dtype, --compile, --lr and --min_lr as given (auto / None: resolved again
+    on the machine that resumes), so a resume with a lower --lr also gets 10% of it as min_lr."""
+    out = tmp_path / "run"
+    assert run(["--max_iters=2", "--eval_interval=2", "--lr=1e-2"], data_root, out) == 0
+    saved = torch.load(out / "ckpt.pt", weights_only=True)["train_config"]
+    assert (saved["dtype"], saved["compile"], saved["lr"], saved["min_lr"]) == ("auto", None, 1e-2, None)
+    assert saved["lr_decay_iters"] == 2  # the schedule's length stays the run's
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--lr=1e-3"]) == 0
+    with open(out / "log.jsonl") as f:
+        lrs = [r["lr"] for r in map(json.loads, f) if "lr" in r]
+    assert lrs[2:] == [1e-4, 1e-4]  # past lr_decay_iters: min_lr, 10% of the new --lr
+
+
+def test_resume_never_prepares_or_swaps_its_dataset(data_root, tmp_path, capsys, monkeypatch):
+    """A run trained on data_root 'data' (relative), resumed from a folder without it, says where the
+    dataset is missing; nothing is downloaded, no other dataset stands in, nothing is created."""
+    monkeypatch.chdir(data_root + "/..")
+    rel = os.path.basename(data_root)
+    out = tmp_path / "run"
+    assert train.main([*TINY, f"--data_root={rel}", f"--out_dir={out}", "--max_iters=2", "--eval_interval=2"]) == 0
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
+    err = capsys.readouterr().err
+    assert f"the checkpoint's dataset 'tiny' is not prepared (no {rel}/tiny/meta.json)" in err
+    assert snapshot(tmp_path) == before and not os.path.exists(tmp_path / rel)
+
+
 def test_one_vs_two_processes_and_resume_1_2_1(data_root, tmp_path):
     """Batches depend only on (seed, step): 1 process and 2 processes (torchrun, gloo) see the same
     global batch, and a run resumed 1 -> 2 -> 1 processes continues the same loss curve."""
@@ -168,10 +198,30 @@ def test_existing_run_is_protected_and_resume_conflicts_are_listed(data_root, tm
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--n_embd=64", "--scheme=base"]) == 2
     err = capsys.readouterr().err
     assert "n_embd: checkpoint 32 vs given 64" in err and "scheme: checkpoint 'mesh' vs given 'base'" in err
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--model=pythia-14m", "--max_iters=4"]) == 2
+    assert "model: checkpoint 'classroom' vs given 'pythia-14m'" in capsys.readouterr().err
     assert snapshot(out) == before
     assert train.main(["--init_from=resume", f"--out_dir={out}"]) == 0  # already finished: nothing to do
     assert f"{out / 'ckpt.pt'} is at iter 2, already --max_iters=2: nothing to do" in capsys.readouterr().out
     assert snapshot(out) == before
+
+
+def test_out_dir_that_is_a_file_is_one_line(data_root, tmp_path, capsys):
+    (tmp_path / "f").write_text("mine")
+    assert run(["--max_iters=1"], data_root, tmp_path / "f") == 2
+    assert capsys.readouterr().err == f"train.py: error: cannot use {tmp_path / 'f'}: File exists; check the path\n"
+    assert (tmp_path / "f").read_text() == "mine"
+
+
+def test_checkpoint_file_gets_the_mode_of_a_plain_save(data_root, tmp_path):
+    """Atomic writes go through a temporary file, which still gets the mode a plain save would (umask)."""
+    umask = os.umask(0o022)
+    try:
+        assert run(["--max_iters=1", "--eval_interval=1"], data_root, tmp_path / "o") == 0
+    finally:
+        os.umask(umask)
+    assert os.stat(tmp_path / "o" / "ckpt.pt").st_mode & 0o777 == 0o644
+    assert not [n for n in os.listdir(tmp_path / "o") if n.endswith(".tmp")]
 
 
 def test_cli_errors_have_no_traceback(data_root, tmp_path):
@@ -189,8 +239,9 @@ def test_bad_sample_input(data_root, tmp_path, capsys):
     capsys.readouterr()
     assert sample.main([f"--out_dir={out}", "--start=Then é and €"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "'é'" in err and "'€'" in err
+    assert err.count("\n") == 1 and "'é'" in err and "'€'" in err and "leave them out" in err
     for flag, message in [("--top_k=0", "top_k=0 at least 1"), ("--temperature=-1", "temperature=-1.0 must be 0"),
+                          ("--temperature=nan", "temperature=nan must be 0"),
                           ("--num_samples=0", "--num_samples=0 must be at least 1")]:
         assert sample.main([f"--out_dir={out}", flag]) == 2
         err = capsys.readouterr().err
@@ -210,6 +261,9 @@ class Exploit:
 def test_checkpoints_never_run_code(tmp_path):
     torch.save({"model": Exploit()}, tmp_path / "ckpt.pt")
     with pytest.raises(mesh.CheckpointError, match="corrupt or not a nanoMeSH checkpoint"):
+        mesh.load_checkpoint(str(tmp_path))
+    torch.save({"model": {}, "model_config": {}}, tmp_path / "ckpt.pt")  # not ours: no train_config
+    with pytest.raises(mesh.CheckpointError, match=r"not a nanoMeSH checkpoint \(KeyError: 'no train_config'\)"):
         mesh.load_checkpoint(str(tmp_path))
     assert not (tmp_path / "EXPLOITED").exists() and not os.path.exists(os.path.join(ROOT, "EXPLOITED"))
     needle = "torch" + ".load("  # spelled apart so that this scan does not find itself

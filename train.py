@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import UsageError, fix_malloc_thresholds, parse_flags, report, resolve_device
-from data.prepare import PrepareError, Tokenizer, ensure_dataset, load_split
+from data.prepare import PrepareError, Tokenizer, checkpoint_dataset, dataset_folder, ensure_dataset, load_split
 from mesh import PRESETS, CheckpointError, Config, RecursiveGPT, load_checkpoint, save_checkpoint
 
 
@@ -104,14 +104,11 @@ def model_config(tc, vocab_size):
     return Config.from_preset(tc.model, vocab_size=vocab_size, **overrides)
 
 
-def config_conflicts(tc, given, ckpt_cfg):
-    """Model settings given on the command line that contradict a checkpoint's model config."""
-    wanted = {k: getattr(tc, k) for k in MODEL_KEYS if k in given}
-    if "model" in given:  # the preset's own shape
-        preset = Config.from_preset(tc.model, vocab_size=ckpt_cfg.vocab_size).to_dict()
-        wanted = {**{k: preset[k] for k in PRESETS[tc.model] if k in preset and k != "vocab_size"}, **wanted}
-    return [f"{k}: checkpoint {getattr(ckpt_cfg, k)!r} vs given {v!r}" for k, v in wanted.items()
-            if getattr(ckpt_cfg, k) != v]
+def config_conflicts(given, ckpt_cfg, ckpt_settings):
+    """Settings given on the command line that contradict a checkpoint: its preset or its model config."""
+    saved = {"model": ckpt_settings.get("model"), **ckpt_cfg.to_dict()}
+    return [f"{k}: checkpoint {saved[k]!r} vs given {given[k]!r}" for k in ("model",) + MODEL_KEYS
+            if k in given and saved[k] != given[k]]
 
 
 def get_batch(data, tc, block_size, key, device):
@@ -143,6 +140,9 @@ def flops_per_token(cfg):
 class Trainer:
     def __init__(self, tc, given, resume=None):
         self.tc = tc
+        # Resolved below for this machine and run, but saved as given: a resume on another machine picks its
+        # own dtype and compile, and a new --lr there brings its own 10% min_lr.
+        self.as_given = {k: getattr(tc, k) for k in ("dtype", "compile", "lr", "min_lr")}
         self.ddp = int(os.environ.get("RANK", -1)) != -1
         self.rank, self.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
         self.master = self.rank == 0
@@ -170,20 +170,22 @@ class Trainer:
         if tc.init_from == "scratch":  # catch a bad model config before touching data/ or out_dir
             model_config(tc, vocab_size=1)
 
-        # ---- data: prepared on first use (the default dataset falls back to 'pydoc' offline)
-        failed = None
+        # ---- data: prepared on first use (the default dataset falls back to 'pydoc' offline); a resumed
+        # run only looks for its dataset, as sample.py does (a relative data_root also from the project folder)
+        data_dir = failed = None
         if self.master:
             try:
-                tc.dataset = ensure_dataset(tc.dataset, tc.data_root)
+                if tc.init_from != "resume" and not dataset_folder(tc.data_root, tc.dataset):
+                    tc.dataset = ensure_dataset(tc.dataset, tc.data_root)
+                data_dir = checkpoint_dataset(dataclasses.asdict(tc))
             except PrepareError as e:
                 failed = str(e)
         if self.ddp:  # every rank uses the dataset rank 0 settled on, or stops with rank 0's error
-            shared = [tc.dataset, failed]
+            shared = [tc.dataset, data_dir, failed]
             dist.broadcast_object_list(shared, src=0)
-            tc.dataset, failed = shared
+            tc.dataset, data_dir, failed = shared
         if failed:
             raise PrepareError(failed)
-        data_dir = os.path.join(tc.data_root, tc.dataset)
         self.tokenizer = Tokenizer.load(data_dir)
         self.train_data, self.val_data = load_split(data_dir, "train"), load_split(data_dir, "val")
         vocab = self.tokenizer.vocab_size
@@ -287,7 +289,7 @@ class Trainer:
             "model": self.raw_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "model_config": self.raw_model.config.to_dict(),
-            "train_config": dataclasses.asdict(self.tc),
+            "train_config": {**dataclasses.asdict(self.tc), **self.as_given},
             "iter_num": self.iter_num,
             "best_val_loss": self.best_val,
             "rng": rng,  # the data needs no state: a step's batches depend only on (seed, step)
@@ -393,7 +395,7 @@ def main(argv):
             resume = load_checkpoint(out_dir)
             settings.update({k: v for k, v in resume[1]["train_config"].items() if k in settings})
         tc = TrainConfig(**{**settings, **given})
-        conflicts = config_conflicts(tc, given, resume[0].config) if resume else []
+        conflicts = config_conflicts(given, resume[0].config, resume[1]["train_config"]) if resume else []
         if conflicts:
             raise UsageError("the checkpoint's model differs from the flags given: " + "; ".join(conflicts))
         if resume and resume[1]["iter_num"] >= tc.max_iters:  # a finished run: leave it as it is
@@ -403,7 +405,7 @@ def main(argv):
             return 0
         trainer = Trainer(tc, given, resume)
         finished = trainer.train()
-    except (UsageError, CheckpointError, PrepareError, ValueError) as e:
+    except (UsageError, CheckpointError, PrepareError, ValueError, OSError) as e:
         if given.get("debug"):
             raise
         return report("train.py", e)

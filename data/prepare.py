@@ -53,9 +53,10 @@ class PrepareError(Exception):
 class DownloadError(PrepareError):
     """The download itself failed (offline, bad address), as opposed to a bad file."""
 
-    def __init__(self, url, reason):
+    def __init__(self, url, reason, dataset):
         self.url, self.reason = url, reason
-        super().__init__(f"could not download {url} ({reason}); pass --input FILE with a local copy")
+        super().__init__(f"could not download {url} ({reason}); prepare it from a local copy with: "
+                         f"python data/prepare.py --dataset {dataset} --input FILE")
 
 
 def _stderr(msg):
@@ -107,8 +108,7 @@ class Tokenizer:
         """path: a dataset folder or its meta.json."""
         if os.path.isdir(path):
             path = os.path.join(path, "meta.json")
-        with open(path, encoding="utf-8") as f:
-            return cls.from_meta(json.load(f))
+        return cls.from_meta(read_meta(path))
 
     def to_meta(self):
         if self.kind == "char":
@@ -124,7 +124,9 @@ class Tokenizer:
         if unknown.any():
             bad = sorted({chr(c) for c in cps[unknown]})
             more = f", ... ({len(bad)} in all)" if len(bad) > 10 else ""
-            raise PrepareError("characters not in the vocabulary: " + ", ".join(map(repr, bad[:10])) + more)
+            raise PrepareError("characters not in the vocabulary: " + ", ".join(map(repr, bad[:10])) + more +
+                               f"; this character-level model knows only the {self.vocab_size} characters of its "
+                               "training text: leave them out")
         return self._order[pos]
 
     def encode(self, text):
@@ -182,7 +184,7 @@ def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
                 yield text
 
 
-def _download(url, dest, expected_sha256, log):
+def _download(url, dest, expected_sha256, dataset, log):
     log(f"prepare: downloading {url}")
     sha = hashlib.sha256()
     with open(dest, "wb") as f:
@@ -192,7 +194,7 @@ def _download(url, dest, expected_sha256, log):
                     sha.update(block)
                     f.write(block)
         except (OSError, ValueError, http.client.HTTPException) as e:
-            raise DownloadError(url, str(getattr(e, "reason", "") or e) or type(e).__name__) from None
+            raise DownloadError(url, str(getattr(e, "reason", "") or e) or type(e).__name__, dataset) from None
     got = sha.hexdigest()
     if expected_sha256 and got != expected_sha256:
         os.remove(dest)
@@ -275,7 +277,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_OUT_
     try:
         if source is None:  # download into the stage; it lands next to the .bin files as input.txt
             source = os.path.join(stage, "input.txt")
-            _download(url, source, SHAKESPEARE_SHA256 if is_shakespeare else None, log)
+            _download(url, source, SHAKESPEARE_SHA256 if is_shakespeare else None, dataset, log)
             if os.path.getsize(source) == 0:
                 raise PrepareError(f"{label} is empty")
         meta = _tokenize(source, label, tok, os.path.join(stage, "train.bin"),
@@ -319,28 +321,49 @@ def ensure_dataset(dataset, out_root=DEFAULT_OUT_ROOT, log=_stderr):
     return dataset
 
 
-def checkpoint_dataset(train_config):
-    """The prepared folder of the dataset a checkpoint was trained on (train_config: the TrainConfig
-    saved in it). A relative data_root is tried from the working folder, then from the project folder
-    (where this script puts datasets by default), so sample/probe/lm_eval run from anywhere."""
-    root, name = train_config.get("data_root", "data"), train_config["dataset"]
+def dataset_folder(root, name):
+    """The folder of prepared dataset `name` under data_root `root`, or None. A relative root is tried
+    from the working folder, then from the project folder (where this script puts datasets by
+    default), so train/sample/probe/lm_eval run from anywhere."""
     folders = [os.path.join(root, name)]
     if not os.path.isabs(root):
         folders.append(os.path.join(os.path.dirname(DEFAULT_OUT_ROOT), root, name))
-    for folder in folders:
-        if os.path.isfile(os.path.join(folder, "meta.json")):
-            return folder
-    raise PrepareError(f"the checkpoint's dataset {name!r} is not prepared (no {folders[0]}/meta.json); "
-                       f"prepare it with: python data/prepare.py --dataset {name}")
+    return next((f for f in folders if os.path.isfile(os.path.join(f, "meta.json"))), None)
+
+
+def checkpoint_dataset(train_config):
+    """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config: the
+    TrainConfig saved in it, as a dict."""
+    root, name = train_config.get("data_root", "data"), train_config["dataset"]
+    folder = dataset_folder(root, name)
+    if folder is None:
+        raise PrepareError(f"the checkpoint's dataset {name!r} is not prepared (no {os.path.join(root, name)}"
+                           f"/meta.json); prepare it with: python data/prepare.py --dataset {name}")
+    return folder
 
 
 def load_split(data_dir, split):
     """The train or val tokens of a prepared dataset, memory-mapped (read-only)."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
-    with open(os.path.join(data_dir, "meta.json"), encoding="utf-8") as f:
-        dtype = json.load(f)["dtype"]
-    return np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=dtype, mode="r")
+    dtype, path = read_meta(os.path.join(data_dir, "meta.json"))["dtype"], os.path.join(data_dir, f"{split}.bin")
+    if not os.path.isfile(path):
+        raise PrepareError(f"{path} is missing; prepare the dataset again: python data/prepare.py --dataset "
+                           f"{os.path.basename(os.path.normpath(data_dir))}")
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def read_meta(path):
+    """A dataset's meta.json as a dict; a damaged one is a PrepareError that names it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict) or not {"tokenizer", "dtype"} <= set(meta):
+            raise ValueError("no tokenizer or dtype")
+        return meta
+    except (OSError, ValueError) as e:
+        raise PrepareError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again with "
+                           f"python data/prepare.py") from None
 
 
 def main(argv=None):
@@ -355,6 +378,9 @@ def main(argv=None):
         prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer, out_root=args.out_root)
     except PrepareError as e:
         print(f"prepare.py: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. an --out_root that is a file
+        print(f"prepare.py: error: cannot use {e.filename}: {e.strerror}; check the path", file=sys.stderr)
         return 2
     return 0
 
