@@ -97,7 +97,7 @@ def variants(bc):
 
 def sync(device):
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)  # this GPU's queue (with --device=cuda:1, not GPU 0's)
     elif device == "mps":
         torch.mps.synchronize()
 
@@ -299,6 +299,8 @@ def run(bc):
         for ref in ("vanilla", "base"):  # paired per round: both steps ran moments apart, under the same load
             if ref in steps:
                 row[f"time_vs_{ref}"] = median(a / b for a, b in zip(steps[name], steps[ref]))
+        if cuda:  # the child shares this GPU: hand it what the parent's allocator holds but no longer uses
+            torch.cuda.empty_cache()
         row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
         row["memory"] = "CUDA allocator peak" if cuda else "peak resident set of a fresh process"
         if bc.decode:

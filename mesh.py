@@ -23,6 +23,7 @@ prints the paper's Table 5 numbers for any preset without allocating weights.
 
 import argparse
 import difflib
+import functools
 import json
 import math
 import os
@@ -246,7 +247,7 @@ class Attention(nn.Module):
         cos, sin, R = rope
         qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
         qk, v = qkv.split((2, 1))               # split, not indexing: its backward is one cat, no zero-filling
-        qk = qk * cos.to(x.dtype) + (qk @ R.to(x.dtype)) * sin.to(x.dtype)   # rotary on q and k at once
+        qk = qk * cos.to(qk.dtype) + (qk @ R.to(qk.dtype)) * sin.to(qk.dtype)   # rotary on q and k at once
         q, k = qk.unbind(0)                     # (B, H, T, hd) each
         v = v.squeeze(0)                        # (B, H, T, hd)
         drop = self.dropout if self.training else 0.0
@@ -306,6 +307,22 @@ class Router(nn.Module):
         return F.softmax(self.write(h), dim=-1), F.softmax(self.read(h), dim=-1)
 
 
+def float32_under_autocast(op):
+    """[choice] The buffer, and every state read from it, stays float32 under bf16 autocast, like the
+    residual stream of the other schemes (there x + a bf16 branch output promotes to float32). Autocast
+    would run the buffer's batched matmuls in bf16, round the buffer at every write and hand the cores a
+    bf16 stream: less precise than the baselines it is compared with."""
+    @functools.wraps(op)
+    def run(*tensors):
+        device = tensors[0].device.type
+        if not torch.is_autocast_enabled(device):
+            return op(*tensors)
+        with torch.autocast(device, enabled=False):
+            return op(*(t.float() for t in tensors))
+    return run
+
+
+@float32_under_autocast
 def buffer_write(mem, w_write, h):
     """Eq. 5: m_b += w_write_b * h for every slot b at once. mem (B, T, S, D), w_write (B, T, S), h (B, T, D).
     One batched outer product per token, (S x 1) @ (1 x D), added in the same kernel (baddbmm)."""
@@ -313,12 +330,14 @@ def buffer_write(mem, w_write, h):
     return torch.baddbmm(mem.view(-1, S, D), w_write.reshape(-1, S, 1), h.reshape(-1, 1, D)).view(mem.shape)
 
 
+@float32_under_autocast
 def buffer_read(mem, w_read):
     """h = sum_b w_read_b * m_b, a batched (1 x S) @ (S x D) per token -> (B, T, D)."""
     S, D = mem.shape[-2:]
     return torch.bmm(w_read.reshape(-1, 1, S), mem.view(-1, S, D)).view(*mem.shape[:-2], D)
 
 
+@float32_under_autocast
 def buffer_final_read(mem, w_write, w_read, h):
     """buffer_read(buffer_write(mem, w_write, h), w_read), the same value without building the written
     buffer: sum_b r_b (m_b + w_b h) = sum_b r_b m_b + (r . w) h. One pass over the buffer instead of
@@ -345,10 +364,11 @@ class CrossEntropy(torch.autograd.Function):
         index = targets.masked_fill(~keep, 0).unsqueeze(1)                      # (N, 1)
         # logsumexp makes two temporaries as large as its input (x - max and its exp). On CPU each would be
         # fresh memory the kernel has to fault in and zero, so it goes ~1M logits (4 MB) at a time and the
-        # temporaries stay in cache. GPUs' caching allocator has no such cost, and torch.compile fuses
-        # logsumexp into one pass (unrolling the blocks would only slow compilation): both take the whole.
-        blocks = logits.device.type == "cpu" and not torch.compiler.is_compiling()
-        rows = max(1, 2**20 // logits.size(1)) if blocks else logits.size(0)
+        # temporaries stay in cache. On GPUs it goes 2^28 logits (1 GiB) at a time, which bounds the
+        # temporaries of an uncompiled evaluation (16 x 4096 tokens x 50k vocabulary would be 13 GB each).
+        # torch.compile fuses logsumexp into one pass (unrolling the blocks would only slow compilation).
+        block = 2**20 if logits.device.type == "cpu" else 2**28
+        rows = logits.size(0) if torch.compiler.is_compiling() else max(1, block // logits.size(1))
         lse = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in logits.split(rows)])   # (N,)
         nll = lse - logits.gather(1, index).squeeze(1)                          # (N,)  -log softmax[target]
         count = keep.sum()

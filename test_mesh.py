@@ -610,6 +610,25 @@ def test_optimizer_groups():
     assert all(g["lr"] == 1e-3 for g in opt.param_groups)
 
 
+@pytest.mark.parametrize("scheme", ["residual", "mesh"])
+def test_state_stream_stays_float32_under_bf16_autocast(scheme):
+    """[choice] Under bf16 autocast MeSH's buffer and the states read from it stay float32, as the residual
+    stream of the other schemes does; its logits are as close to float32's as the baselines' are."""
+    model = build(small(scheme), scramble=True)
+    idx, cap = tokens(2, 16), {}
+    with torch.no_grad():
+        ref, _ = model(idx)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low, _ = model(idx, capture=cap)
+    assert [t.dtype for _, t in cap["states"]] == [torch.float32] * len(cap["states"])
+    assert (low.float() - ref).abs().max() < 0.02
+    mem, w, h = torch.randn(2, 3, 4, 8), torch.softmax(torch.randn(2, 3, 4), -1), torch.randn(2, 3, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outs = mesh.buffer_write(mem, w, h), mesh.buffer_read(mem, w), mesh.buffer_final_read(mem, w, w, h)
+    assert all(o.dtype == torch.float32 for o in outs)
+    assert torch.equal(outs[0], mesh.buffer_write(mem, w, h))  # the very float32 op, not a rounded one
+
+
 def test_cross_entropy_refuses_other_negative_ids():
     """Only -1 is ignored: -100 (another library's ignore id) raises, as F.cross_entropy(ignore_index=-1)
     does, instead of silently counting as class 0."""

@@ -224,6 +224,16 @@ def test_checkpoint_file_gets_the_mode_of_a_plain_save(data_root, tmp_path):
     assert not [n for n in os.listdir(tmp_path / "o") if n.endswith(".tmp")]
 
 
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                                        ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+                                        ("NVIDIA A10G", None), ("NVIDIA H200 NVL", None)])
+def test_mfu_peak_by_exact_chip_name(name, peak, monkeypatch):
+    """Substrings would mislead ('NVIDIA L40S' contains 'L4'); a chip not listed gets no MFU rather than a wrong one."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert train.peak_bf16_flops("cuda:0", "bfloat16") == peak
+    assert train.peak_bf16_flops("cuda:0", "float32") is None and train.peak_bf16_flops("cpu", "bfloat16") is None
+
+
 def test_cli_errors_have_no_traceback(data_root, tmp_path):
     r = cli("train.py", ["--scheme=mesj"], data_root, tmp_path / "o")
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1

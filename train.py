@@ -87,7 +87,11 @@ class TrainConfig:
 
 
 MODEL_KEYS = ("layout", "scheme", "n_slots", "n_embd", "n_head", "block_size", "dropout")
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+# Dense bf16 peak FLOP/s by the exact name torch.cuda.get_device_name gives (every A100 is 312e12): exact,
+# because substrings mislead ("L40S" contains "L4", "H100 PCIe" is not an SXM H100). Not listed: no MFU.
+PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12, "NVIDIA H100 PCIe": 756e12,
+                   "NVIDIA H100 NVL": 835e12, "NVIDIA H200": 989e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
+                   "NVIDIA L4": 121e12, "NVIDIA A10": 125e12}
 
 
 def peak_bf16_flops(device, dtype):
@@ -96,7 +100,7 @@ def peak_bf16_flops(device, dtype):
     if not str(device).startswith("cuda") or dtype != "bfloat16":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    return 312e12 if name.startswith("NVIDIA A100") else PEAK_BF16_FLOPS.get(name)
 
 
 def model_config(tc, vocab_size):
@@ -150,11 +154,11 @@ class Trainer:
             raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size {self.world}; "
                              f"use a multiple of {self.world}")
         device = resolve_device(tc.device)
+        if self.ddp and device.startswith("cuda"):
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        if device.startswith("cuda:"):  # so that RNG states, bf16 checks and kernels all use this GPU, not GPU 0
+            torch.cuda.set_device(device)
         if self.ddp:
-            local = int(os.environ.get("LOCAL_RANK", 0))
-            if device.startswith("cuda"):
-                device = f"cuda:{local}"
-                torch.cuda.set_device(device)
             dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
         self.device, self.device_type = device, device.split(":")[0]
         if self.device_type == "cpu":
@@ -236,12 +240,17 @@ class Trainer:
         if ckpt is not None:
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.iter_num, self.best_val = ckpt["iter_num"], ckpt["best_val_loss"]
-            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-            if "cuda" in ckpt["rng"] and self.device_type == "cuda":
-                torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
+            if self.rank == 0:  # the saved RNG state is rank 0's; the others get their own (dropout masks differ)
+                torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+                if "cuda" in ckpt["rng"] and self.device_type == "cuda":
+                    torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
+            else:
+                torch.manual_seed(tc.seed + self.rank + self.world * self.iter_num)
         self.model = torch.compile(model) if tc.compile else model
         if self.ddp:
-            self.model = DDP(self.model, device_ids=[int(self.device.split(":")[1])] if self.device_type == "cuda" else None)
+            # no buffers to broadcast: the rotary tables are the same on every rank
+            self.model = DDP(self.model, device_ids=[int(self.device.split(":")[1])] if self.device_type == "cuda" else None,
+                             broadcast_buffers=False)
         self.flops_per_token = flops_per_token(cfg)
 
         if self.master:
@@ -368,7 +377,8 @@ class Trainer:
                 dt = (time.time() - t0) / (self.iter_num - timed_from)
                 t0, timed_from = time.time(), self.iter_num
                 eta = dt * (tc.max_iters - self.iter_num)
-                mfu = f", mfu {100 * self.flops_per_token * tokens_per_step / dt / peak:.1f}%" if peak else ""
+                # tokens_per_step is the global batch, so the peak is all processes' together
+                mfu = f", mfu {100 * self.flops_per_token * tokens_per_step / dt / (peak * self.world):.1f}%" if peak else ""
                 self.log({"iter": self.iter_num, "loss": loss, "lr": lr, "ms": 1000 * dt},
                          f"iter {self.iter_num}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms/iter, "
                          f"{tokens_per_step / dt:,.0f} tok/s, eta {eta / 60:.1f} min{mfu}")
@@ -404,21 +414,23 @@ def main(argv):
                   f"--lr_decay_iters to stretch the cosine: past it the learning rate stays at min_lr)")
             return 0
         trainer = Trainer(tc, given, resume)
+        resume = None  # the loaded checkpoint (a copy of model and optimizer) is in the trainer now: free it
         finished = trainer.train()
+        if finished and trainer.master and tc.sample_tokens > 0:
+            from sample import complete
+            print("---- sample ----")
+            print(complete(trainer.raw_model, trainer.tokenizer, "\n", tc.sample_tokens, temperature=0.8,
+                           top_k=None, device=trainer.device)[0])
+        return 0 if finished else 130
     except (UsageError, CheckpointError, PrepareError, ValueError, OSError) as e:
         if given.get("debug"):
             raise
         return report("train.py", e)
     except FloatingPointError as e:
         return report("train.py", e, code=1)
-    if finished and trainer.master and tc.sample_tokens > 0:
-        from sample import complete
-        print("---- sample ----")
-        print(complete(trainer.raw_model, trainer.tokenizer, "\n", tc.sample_tokens, temperature=0.8, top_k=None,
-                       device=trainer.device)[0])
-    if trainer.ddp:
-        dist.destroy_process_group()
-    return 0 if finished else 130
+    finally:  # on every way out, errors and a second Ctrl-C included
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":
