@@ -28,9 +28,9 @@ def hf_neox(tmp_path, parallel, **overrides):
     """A small random GPTNeoXForCausalLM whose LayerNorms and biases are far from their init, saved to disk."""
     transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install transformers")
     torch.manual_seed(0)
-    cfg = transformers.GPTNeoXConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256,
-                                     vocab_size=101, max_position_embeddings=64, rotary_pct=0.25,
-                                     use_parallel_residual=parallel, **overrides)
+    cfg = transformers.GPTNeoXConfig(**{**dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                               intermediate_size=256, vocab_size=101, max_position_embeddings=64,
+                                               rotary_pct=0.25, use_parallel_residual=parallel), **overrides})
     cfg._attn_implementation = "eager"
     hf = transformers.GPTNeoXForCausalLM(cfg).eval()
     with torch.no_grad():  # LayerNorm weights around 1, all biases nonzero, matrices ~ 1/sqrt(fan_in)
@@ -57,6 +57,16 @@ def test_from_pretrained_matches_transformers_logits(tmp_path, parallel):
         ours, _ = model(idx)
     assert ref.abs().max() > 1.0  # the comparison is not between two near-zero tensors
     assert (ours - ref).abs().max().item() < 1e-4
+
+
+def test_from_pretrained_rotary_settings(tmp_path):
+    """A rotary share and base other than Pythia's come through the import (config.json, either spelling)."""
+    hf, path = hf_neox(tmp_path, True, rotary_pct=0.5, rotary_emb_base=500)
+    model = RecursiveGPT.from_pretrained(path).eval()
+    assert (model.config.rotary_dims, model.config.rotary_base) == (8, 500.0)
+    idx = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (model(idx)[0] - hf(idx).logits).abs().max().item() < 1e-4
 
 
 def test_from_pretrained_reads_pytorch_bin(tmp_path):

@@ -168,7 +168,12 @@ def test_initial_loss_and_gradients(scheme, layout):
         assert p.grad.abs().sum() > 0, f"{n} got an all-zero gradient"
 
 
-def test_grad_checkpoint_same_gradients():
+def test_grad_checkpoint_same_gradients(monkeypatch):
+    """Checkpointing recomputes every applied block in backward (one checkpoint() call each, training only)
+    and gives the same gradients."""
+    calls = []
+    real = mesh.checkpoint
+    monkeypatch.setattr(mesh, "checkpoint", lambda *a, **kw: calls.append(a[0]) or real(*a, **kw))
     grads = []
     for ckpt in (False, True):
         model = build(small("mesh"), scramble=True).train()
@@ -176,9 +181,33 @@ def test_grad_checkpoint_same_gradients():
         _, loss = model(tokens(), targets=tokens(seed=2))
         loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert calls == model.applied_blocks()  # none without grad_checkpoint, every applied block with it
+    with torch.no_grad():
+        model.eval()(tokens())
+    assert len(calls) == len(model.applied_blocks())  # not in evaluation
     for n in grads[0]:
         assert grads[1][n] is not None, n
         assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6, rtol=1e-5), n
+
+
+def test_routers_see_the_state_before_each_update():
+    """The cycle's router reads the prelude output, step t's router reads h(t) (Eq. 3-4), not h_emb or h_m."""
+    model = build(small("mesh", "1+2R3+1"), scramble=True)
+    cap = {}
+    with torch.no_grad():
+        model(tokens(), capture=cap)
+        states, blocks = dict((n, h) for n, h in cap["states"]), {n: (i, o) for n, i, o in cap["blocks"]}
+        inputs = [blocks["prelude"][1]] + [states[f"h{t}"] for t in range(model.config.n_steps)]
+        for router, h, (_, w_write, w_read) in zip(model.routers, inputs, cap["routers"], strict=True):
+            expect_write, expect_read = router(h)
+            assert torch.equal(w_write, expect_write) and torch.equal(w_read, expect_read)
+        assert not torch.equal(model.routers[0](states["h_emb"])[0], cap["routers"][0][1])  # inputs tell apart
+
+
+def test_every_layernorm_is_neox_eps():
+    model = build(small("mesh"))
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) == 2 * model.config.shape.unique + 1 and all(m.eps == 1e-5 for m in norms)
 
 
 @pytest.mark.parametrize("layout", ["1+2R2+1", "1+1+1R2+1", "2+1R4+1"])
@@ -644,6 +673,18 @@ def test_forward_refuses_sequences_longer_than_block_size():
     with pytest.raises(ValueError, match=r"idx has 17 positions but block_size is 16; pass at most the last 16"):
         model(tokens(1, 17))
     assert model(tokens(1, 16))[0].shape == (1, 16, model.config.vocab_size)
+
+
+def test_sample_draws_from_softmax_of_logits_over_temperature(monkeypatch):
+    """What sample() hands torch.multinomial: softmax(logits / T), with all but the top_k zeroed."""
+    seen = []
+    real = torch.multinomial
+    monkeypatch.setattr(torch, "multinomial", lambda p, **kw: seen.append(p) or real(p, **kw))
+    logits = torch.tensor([[2.0, 0.0, -1.0, 1.0]])
+    mesh.sample(logits, 0.5)
+    mesh.sample(logits, 2.0, top_k=2)
+    torch.testing.assert_close(seen[0], torch.softmax(logits / 0.5, -1))
+    torch.testing.assert_close(seen[1], torch.softmax(torch.tensor([[1.0, -float("inf"), -float("inf"), 0.5]]), -1))
 
 
 def test_sample_tiny_temperature_is_greedy():

@@ -9,6 +9,7 @@ train steps reuse their memory instead of page-faulting it in again.
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import torch
 import mesh
 import sample
 import train
-from data.prepare import prepare
+from data.prepare import Tokenizer, prepare
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TEXT = "".join(f"{w} the {v} of {n}.\n" for n in range(400) for w, v in [("Then", "king"), ("So", "queen")])
@@ -47,9 +48,17 @@ def cli(script, args, data_root, out_dir, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, **kw)
 
 
-def losses(out_dir):
+def losses(out_dir, key="loss"):
+    """(iter, value) of every log.jsonl record with `key`: training losses, or with key="val_loss" evaluations."""
     with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [(r["iter"], r["loss"]) for r in map(json.loads, f) if "loss" in r]
+        return [(r["iter"], r[key]) for r in map(json.loads, f) if key in r]
+
+
+def trainer_for(data_root, tmp_path, *flags):
+    """A Trainer on the tiny dataset, built as train.main builds it, without training."""
+    given = train.parse_flags(train.TrainConfig, [*TINY, f"--data_root={data_root}", f"--out_dir={tmp_path / 'out'}",
+                                                  *flags], "train.py")
+    return train.Trainer(train.TrainConfig(**given), given)
 
 
 def snapshot(*folders):
@@ -86,8 +95,84 @@ def test_resume_is_bit_exact(data_root, tmp_path):
     assert run([*common, "--max_iters=5"], data_root, tmp_path / "b") == 0
     assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'b'}", "--max_iters=10"]) == 0
     assert losses(tmp_path / "a") == losses(tmp_path / "b")  # bit for bit, dropout included
-    a, b = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True)["model"] for d in "ab")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    a, b = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True) for d in "ab")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    vals = losses(tmp_path / "b", "val_loss")
+    assert [i for i, _ in vals] == [0, 5, 10]  # the resume does not evaluate iter 5 again
+    assert b["best_val_loss"] == a["best_val_loss"] == min(v for _, v in vals)
+
+
+def test_get_batch_windows_reach_the_last_token():
+    """Windows of T+1 tokens start anywhere from 0 to len - T - 1: on T+1 tokens the one window is all of them."""
+    tc = train.TrainConfig(batch_size=3)
+    x, y = train.get_batch(torch.arange(9).numpy(), tc, 8, (0, 0, 0), "cpu")
+    assert x.tolist() == [list(range(8))] * 3 and y.tolist() == [list(range(1, 9))] * 3
+    starts = {train.get_batch(torch.arange(12).numpy(), tc, 8, (0, it, 0), "cpu")[0][0, 0].item() for it in range(40)}
+    assert starts == {0, 1, 2, 3}
+
+
+def test_lr_schedule_is_warmup_then_cosine_to_min_lr():
+    """SPEC section 6: linear warmup, then a cosine from lr down to min_lr at lr_decay_iters, then min_lr."""
+    tc = train.TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=110)
+    lr = lambda it: train.get_lr(it, tc)
+    assert lr(0) == pytest.approx(1e-3 / 11) and lr(9) == pytest.approx(1e-3 * 10 / 11)
+    assert lr(10) == pytest.approx(1e-3) and lr(60) == pytest.approx(5.5e-4)  # the cosine's middle
+    assert lr(85) == pytest.approx(1e-4 + 0.5 * (1 + math.cos(0.75 * math.pi)) * 9e-4)
+    assert lr(110) == lr(1000) == 1e-4
+
+
+def test_train_step_applies_the_recipe(data_root, tmp_path, monkeypatch):
+    """One step over --grad_accum=2: clipping (at --grad_clip) sees the mean of the micro-batches'
+    gradients; AdamW gets this step's lr, betas (0.9, 0.95) and weight decay 0.01 on matrices only;
+    warmup defaults to 1% of lr_decay_iters and min_lr to 10% of lr; --grad_clip=0 skips clipping."""
+    trainer = trainer_for(data_root, tmp_path, "--grad_accum=2", "--grad_clip=0.5", "--lr=1e-2", "--lr_decay_iters=300")
+    tc, model = trainer.tc, trainer.raw_model
+    assert (tc.warmup_iters, tc.min_lr) == (3, pytest.approx(1e-3))
+    params = list(model.parameters())
+    expect = [torch.zeros_like(p) for p in params]
+    for m in range(2):
+        x, y = train.get_batch(trainer.train_data, tc, model.config.block_size, (0, 0, m), "cpu")
+        for e, g in zip(expect, torch.autograd.grad(model(x, y)[1], params)):
+            e += g / 2
+    seen, real = [], torch.nn.utils.clip_grad_norm_
+
+    def spy(ps, max_norm, *a, **kw):
+        ps = list(ps)
+        seen.append(([p.grad.clone() for p in ps], max_norm))
+        return real(ps, max_norm, *a, **kw)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    trainer.stop = False
+    _, lr, _ = trainer.step()
+    (grads, max_norm), = seen
+    assert max_norm == 0.5
+    for e, g in zip(expect, grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-7)
+    groups = trainer.optimizer.param_groups
+    assert lr == pytest.approx(1e-2 / 4) and [g["lr"] for g in groups] == [lr] * len(groups)
+    assert all(g["betas"] == (0.9, 0.95) for g in groups)
+    decayed = {id(p) for g in groups if g["weight_decay"] == 0.01 for p in g["params"]}
+    assert decayed == {id(p) for p in params if p.dim() >= 2}
+    assert sum(len(g["params"]) for g in groups) == len(params) and {g["weight_decay"] for g in groups} == {0.0, 0.01}
+    trainer.tc.grad_clip = 0
+    trainer.step()
+    assert len(seen) == 1
+
+
+def test_evaluate_uses_the_same_batches_of_each_split(data_root, tmp_path):
+    """evaluate(): the mean loss over eval_iters batches of each split, the same batches at every evaluation."""
+    trainer = trainer_for(data_root, tmp_path, "--eval_iters=3")
+    model, T = trainer.raw_model, trainer.raw_model.config.block_size
+
+    def direct(data, code):
+        with torch.no_grad():
+            return sum(model(*train.get_batch(data, trainer.tc, T, (code, 0, k), "cpu"))[1].item() for k in range(3)) / 3
+
+    first = trainer.evaluate()
+    trainer.iter_num = 7
+    assert trainer.evaluate() == first
+    assert first["train"] == pytest.approx(direct(trainer.train_data, 1), rel=1e-6)
+    assert first["val"] == pytest.approx(direct(trainer.val_data, 2), rel=1e-6) and first["val"] != first["train"]
 
 
 def test_resume_resolves_lr_dtype_and_compile_afresh(data_root, tmp_path):
@@ -123,7 +208,7 @@ def test_resume_never_prepares_or_swaps_its_dataset(data_root, tmp_path, capsys,
 def test_one_vs_two_processes_and_resume_1_2_1(data_root, tmp_path):
     """Batches depend only on (seed, step): 1 process and 2 processes (torchrun, gloo) see the same
     global batch, and a run resumed 1 -> 2 -> 1 processes continues the same loss curve."""
-    common = ["--grad_accum=2", "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=2"]
+    common = ["--grad_accum=4", "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=2"]  # 2 micro-batches a rank
     assert run(common, data_root, tmp_path / "one") == 0
     assert run([*common, "--max_iters=2"], data_root, tmp_path / "mix") == 0
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -136,6 +221,9 @@ def test_one_vs_two_processes_and_resume_1_2_1(data_root, tmp_path):
     assert [i for i, _ in mix] == [i for i, _ in one] == list(range(1, 7))
     assert mix[:2] == one[:2]  # same process count: identical
     assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(one, mix))  # up to float summation order
+    one, mix = losses(tmp_path / "one", "val_loss"), losses(tmp_path / "mix", "val_loss")  # evaluation shared out too
+    assert [i for i, _ in mix] == [i for i, _ in one] == [0, 2, 4, 6]
+    assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(one, mix))
 
 
 def test_two_processes_stop_together_on_a_dataset_error(data_root, tmp_path):
@@ -239,6 +327,12 @@ def test_cli_errors_have_no_traceback(data_root, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
     r = cli("train.py", ["--scheme=mesj", "--debug=true"], data_root, tmp_path / "o")
     assert r.returncode == 1 and "Traceback" in r.stderr  # --debug shows it
+
+
+def test_empty_prompt_starts_from_token_0(data_root):
+    tok = Tokenizer.load(os.path.join(data_root, "tiny"))
+    model = mesh.RecursiveGPT(mesh.Config(vocab_size=tok.vocab_size, block_size=8, n_embd=16, n_head=2, layout="2"))
+    assert sample.complete(model, tok, "", 0, num_samples=2) == [tok.decode([0])] * 2
 
 
 def test_bad_sample_input(data_root, tmp_path, capsys):

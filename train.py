@@ -118,7 +118,7 @@ def config_conflicts(given, ckpt_cfg, ckpt_settings):
 def get_batch(data, tc, block_size, key, device):
     """A batch of `tc.batch_size` random windows; `key` (a tuple of ints) alone decides which."""
     rng = np.random.default_rng([tc.seed, *key])
-    ix = rng.integers(0, len(data) - block_size - 1, size=tc.batch_size)
+    ix = rng.integers(0, len(data) - block_size, size=tc.batch_size)  # every window of T+1 tokens, the last included
     chunk = np.stack([data[i: i + block_size + 1] for i in ix]).astype(np.int64)  # (B, T+1)
     xy = torch.from_numpy(chunk).to(device, non_blocking=True)
     return xy[:, :-1], xy[:, 1:]
@@ -225,7 +225,7 @@ class Trainer:
         if cfg.vocab_size < self.tokenizer.vocab_size:
             raise UsageError(f"dataset {tc.dataset!r} has {self.tokenizer.vocab_size} tokens but the model's "
                              f"vocabulary is {cfg.vocab_size}; use a dataset made with the model's tokenizer")
-        if len(self.val_data) <= cfg.block_size + 1:
+        if len(self.val_data) < cfg.block_size + 1:
             raise UsageError(f"block_size {cfg.block_size} is longer than the validation split of "
                              f"{tc.dataset!r} ({len(self.val_data)} tokens); use a smaller --block_size or more text")
         tc.lr = PRESETS[tc.model]["lr"] if tc.lr is None else tc.lr
