@@ -244,6 +244,14 @@ def test_table1_val_loss_is_the_token_mean_cross_entropy_of_the_batches():
     assert table1.val_loss(model, batches) == pytest.approx(ref.item(), rel=1e-5)
 
 
+def test_windows_reach_the_last_start_and_mean_std_is_over_the_population():
+    data = np.arange(20, dtype=np.uint16)
+    assert probe.windows(data, 20, 3, seed=0).tolist() == [list(range(20))] * 3  # the one window that fits
+    assert set(probe.windows(data, 18, 200, seed=1)[:, 0].tolist()) == {0, 1, 2}
+    mean, std = probe.mean_std([[1.0, 2.0], [3.0, 6.0]])
+    assert mean.tolist() == [2.0, 4.0] and std.tolist() == [1.0, 2.0]  # ddof 0: the spread of these rows
+
+
 def fake_result(variant, seed, loss, params, ms, n_slots=None):
     name = f"{variant}_s{seed}" if n_slots in (None, 5) else f"mesh_B{n_slots}_s{seed}"
     layout, scheme = table1.VARIANTS[variant]
