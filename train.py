@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import UsageError, fix_malloc_thresholds, parse_flags, report, resolve_device
-from data.prepare import PrepareError, Tokenizer, checkpoint_dataset, dataset_folder, ensure_dataset, load_split
+from data.prepare import PrepareError, Tokenizer, checkpoint_dataset, ensure_dataset, load_split
 from mesh import PRESETS, CheckpointError, Config, RecursiveGPT, load_checkpoint, save_checkpoint
 
 
@@ -179,7 +179,7 @@ class Trainer:
         data_dir = failed = None
         if self.master:
             try:
-                if tc.init_from != "resume" and not dataset_folder(tc.data_root, tc.dataset):
+                if tc.init_from != "resume":
                     tc.dataset = ensure_dataset(tc.dataset, tc.data_root)
                 data_dir = checkpoint_dataset(dataclasses.asdict(tc))
             except PrepareError as e:

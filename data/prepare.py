@@ -303,9 +303,10 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_OUT_
 
 
 def ensure_dataset(dataset, out_root=DEFAULT_OUT_ROOT, log=_stderr):
-    """Return the name of the dataset folder to train on, preparing a named dataset if needed.
-    Offline, shakespeare_char falls back to the 'pydoc' corpus so training still runs."""
-    if os.path.isfile(os.path.join(out_root, dataset, "meta.json")):
+    """Return the name of the dataset folder to train on, preparing a named dataset if needed (one already
+    prepared is found as dataset_folder finds it). Offline, shakespeare_char falls back to the 'pydoc'
+    corpus so training still runs."""
+    if dataset_folder(out_root, dataset):
         return dataset
     if dataset not in DATASETS:
         raise PrepareError(f"dataset {dataset!r} was never prepared (no {dataset}/meta.json in {out_root}); "
