@@ -29,7 +29,9 @@ resident set while stepping (VmHWM), on CUDA the allocator's peak; "step MB" is 
 the memory held after building the model and optimizer, i.e. what a train step itself adds.
 Timing: rounds interleave the variants (one step each, order rotated), medians over rounds, so a
 busy machine slows all variants alike; the table reports how many CPUs other processes kept busy
-meanwhile (Linux /proc/stat minus this process's own CPU time).
+meanwhile (Linux /proc/stat minus this process's own CPU time). Decoding is timed the same way once
+the training models are freed: 3 rounds, each decoding with and without the cache for every variant;
+the speedup is paired per round.
 """
 
 import dataclasses
@@ -204,21 +206,32 @@ def in_fresh_process(fn, *args):
 
 
 @torch.no_grad()
-def decode_speed(model, device, bc, reps=3):
-    """New tokens/s of greedy generate() with and without the KV cache, and graphs built while timed."""
-    prompt = torch.randint(model.config.vocab_size, (1, PROMPT), device=device)
-    model.eval()
-    for use_cache in (True, False):  # warm-up; compiled models see every shape they will meet
-        model.generate(prompt, NEW_TOKENS if bc.compile else 8, temperature=0, use_cache=use_cache)
-    times, built = {True: [], False: []}, graphs()
-    for _ in range(reps):
-        for use_cache in (True, False):
-            sync(device)
-            t0 = time.perf_counter()
-            model.generate(prompt, NEW_TOKENS, temperature=0, use_cache=use_cache)
-            sync(device)
-            times[use_cache].append(time.perf_counter() - t0)
-    return NEW_TOKENS / median(times[True]), NEW_TOKENS / median(times[False]), graphs() - built
+def decode_speeds(models, device, bc, reps=3):
+    """{name: (new tokens/s of greedy generate() with the KV cache, without, speedup, graphs built while timed)}.
+    Like the train steps, rounds interleave the variants (order rotated) and each round times every variant
+    with and without the cache, so a slow spell of the machine slows all alike; the speedup is paired per
+    round, medians over rounds."""
+    prompt = torch.randint(next(iter(models.values())).config.vocab_size, (1, PROMPT), device=device)
+    for model in models.values():
+        model.eval()
+        for use_cache in (True, False):  # warm-up; compiled models see every shape they will meet
+            model.generate(prompt, NEW_TOKENS if bc.compile else 8, temperature=0, use_cache=use_cache)
+    times = {name: {True: [], False: []} for name in models}
+    built = dict.fromkeys(models, 0)
+    names = list(models)
+    for r in range(reps):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            for use_cache in (True, False):
+                before = graphs()
+                sync(device)
+                t0 = time.perf_counter()
+                models[name].generate(prompt, NEW_TOKENS, temperature=0, use_cache=use_cache)
+                sync(device)
+                times[name][use_cache].append(time.perf_counter() - t0)
+                built[name] += graphs() - before
+    return {name: (NEW_TOKENS / median(t[True]), NEW_TOKENS / median(t[False]),
+                   median(full / cached for cached, full in zip(t[True], t[False])), built[name])
+            for name, t in times.items()}
 
 
 def cpu_seconds():
@@ -303,14 +316,20 @@ def run(bc):
             torch.cuda.empty_cache()
         row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
         row["memory"] = "CUDA allocator peak" if cuda else "peak resident set of a fresh process"
-        if bc.decode:
-            dcfg = Config(**{**cfg.to_dict(), "block_size": max(T, DECODE_BLOCK)})
-            cached, full, built = decode_speed(build(dcfg, bc, device)[0], device, bc)
-            row.update(decode_tok_s_cache=cached, decode_tok_s_no_cache=full, decode_speedup=cached / full)
-            recompiles[name] += built
-        row["recompiles"] = recompiles[name] if bc.compile else None
         rows.append(row)
         del models[name]
+
+    # ---- decoding (after the training models are freed): rounds interleave the variants again
+    if bc.decode:
+        block = dict(block_size=max(T, DECODE_BLOCK))
+        speeds = decode_speeds({name: build(Config(**{**cfg.to_dict(), **block}), bc, device)[0]
+                                for name, cfg in todo}, device, bc)
+        for row in rows:
+            cached, full, speedup, built = speeds[row["variant"]]
+            row.update(decode_tok_s_cache=cached, decode_tok_s_no_cache=full, decode_speedup=speedup)
+            recompiles[row["variant"]] += built
+    for row in rows:
+        row["recompiles"] = recompiles[row["variant"]] if bc.compile else None
 
     info = dict(kind="machine", torch=torch.__version__, device=device, device_name=machine(device),
                 threads=torch.get_num_threads(), peak_flops=peak, peak_source=peak_source,
