@@ -1,7 +1,7 @@
 """
 Speed of every state-passing scheme, side by side, on whatever device this runs on.
 
-    python bench.py                                   # classroom preset, all six variants, ~3 min on 2 CPU cores
+    python bench.py                                   # classroom preset, all six variants, ~2 min on 2 CPU cores
     python bench.py --model=pythia-70m --layout=1+2R2+1 --block_size=256 --batch_size=8 --iters=5
     python bench.py --compile=true --layout=1+1R2+1 --json=bench.jsonl
 
