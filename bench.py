@@ -267,9 +267,9 @@ def run(bc):
     models = {name: build(cfg, bc, device) for name, cfg in todo}
 
     # ---- training: warm-up, then rounds that interleave the variants and the peak matmul
-    for name, (model, opt) in models.items():
+    for name in models:
         for _ in range(bc.warmup):
-            train_step(model, opt, x, y, autocast)
+            train_step(*models[name], x, y, autocast)
     steps = {name: [] for name in models}
     recompiles = dict.fromkeys(models, 0)
     mm = torch.randn(2, 8192 if cuda else 2048, 8192 if cuda else 2048, device=device, dtype=dtype).unbind(0)
@@ -300,11 +300,10 @@ def run(bc):
 
     rows = []
     for name, cfg in todo:
-        model = models[name][0]
         ms = 1000 * median(steps[name])
         fpt = flops_per_token(cfg)
         row = dict(kind="variant", variant=name, scheme=cfg.scheme, layout=cfg.layout, compute_depth=cfg.shape.depth,
-                   non_embedding_params=model.num_params(), n_slots=cfg.slots if cfg.scheme == "mesh" else None,
+                   non_embedding_params=models[name][0].num_params(), n_slots=cfg.slots if cfg.scheme == "mesh" else None,
                    n_embd=cfg.n_embd, n_head=cfg.n_head, vocab_size=cfg.vocab_size, block_size=T, batch_size=B,
                    device=device, dtype=bc.dtype, compile=bc.compile, ms_per_step=ms, tokens_per_s=B * T / ms * 1000,
                    flops_per_token=fpt, flops_per_s=fpt * B * T / ms * 1000)
@@ -317,7 +316,7 @@ def run(bc):
         row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
         row["memory"] = "CUDA allocator peak" if cuda else "peak resident set of a fresh process"
         rows.append(row)
-        del models[name]
+        del models[name]  # the last reference: decoding below runs with no training model or optimizer left
 
     # ---- decoding (after the training models are freed): rounds interleave the variants again
     if bc.decode:

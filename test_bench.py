@@ -5,12 +5,14 @@ and bad flags are one-line usage errors. No timing assertions: timing belongs to
     python -m pytest test_bench.py
 """
 
+import gc
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 import bench
 from mesh import Config, RecursiveGPT
@@ -100,6 +102,26 @@ def test_decode_rounds_interleave_variants(monkeypatch):
     assert calls == warm + a + b + b + a + a + b
     assert speeds["a"] == (200 / 1.5, 200 / 8.0, 6.0, 0)   # median of 8/1, 8/4, 9/1.5
     assert speeds["b"] == (200 / 2.0, 200 / 6.0, 3.0, 0)   # median of 5/2, 7/2, 6/2
+
+
+def test_decoding_runs_after_the_training_models_are_freed(monkeypatch):
+    """Decode models are built once every training model and optimizer is gone (on a GPU, the memory)."""
+    seen = {}
+
+    def decode_speeds(models, device, bc):
+        gc.collect()
+        alive = [o for o in gc.get_objects() if issubclass(type(o), (RecursiveGPT, torch.optim.Optimizer))]
+        seen.update(models=models, alive=alive)
+        return {name: (1.0, 1.0, 1.0, 0) for name in models}
+
+    monkeypatch.setattr(bench, "decode_speeds", decode_speeds)
+    monkeypatch.setattr(bench, "in_fresh_process", lambda fn, cfg, bc: (1.0, 1.0))
+    flags = dict(TINY, schemes="base,mesh", batch_size=2, iters=1, warmup=1, threads=torch.get_num_threads())
+    rows, _ = bench.run(bench.BenchConfig(**flags))
+    assert [r["decode_speedup"] for r in rows] == [1.0, 1.0]
+    assert list(seen["models"]) == ["base", "mesh"]
+    assert sorted(map(id, seen["alive"])) == sorted(map(id, seen["models"].values()))  # the decode models only
+    assert all(m.config.block_size == bench.DECODE_BLOCK for m in seen["models"].values())
 
 
 @pytest.mark.parametrize("args, needle", [
