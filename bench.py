@@ -13,7 +13,11 @@ sample.py runs it: 200 new tokens after a 56-token prompt, batch 1, block_size m
 256), no autocast). Sizes take the same presets and flags as train.py. Prints a Markdown table;
 --json=FILE also appends one JSON line per variant plus one for the machine and its peak.
 With --compile, training and decoding both run compiled; "recompiles" counts the graphs built
-after warm-up (torch._dynamo's counters), which should be 0.
+after warm-up (torch._dynamo's counters), which should be 0. With --profile (CPU), torch.profiler
+then watches more train steps (PROFILE_ROUNDS rounds that interleave the variants, PROFILE_STEPS
+steps each): the share of their time spent in matmuls (mm, addmm, bmm, baddbmm: the operators' own
+time) and in attention (the SDPA operators), and the matmuls' FLOP/s there as a share of the peak:
+where a step's FLOP/s go.
 
 FLOPs per token (train.flops_per_token, nanoGPT / PaLM accounting), the same for every variant:
     6 * (L * (12 D^2 + 13 D) + D * V) + 12 * L * D * T
@@ -42,6 +46,7 @@ import platform
 import resource
 import sys
 import time
+from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass
 from statistics import median
@@ -55,6 +60,8 @@ from train import flops_per_token, peak_bf16_flops
 
 VARIANTS = ("vanilla",) + SCHEMES
 PROMPT, NEW_TOKENS, DECODE_BLOCK = 56, 200, 256
+PROFILE_ROUNDS, PROFILE_STEPS = 3, 3
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
 @dataclass
@@ -76,6 +83,7 @@ class BenchConfig:
     iters: int = 20                     # timed rounds; a round times one train step of every variant
     warmup: int = 3                     # untimed steps per variant first
     decode: bool = True                 # also time decoding, with and without the KV cache
+    profile: bool = False               # also profile train steps (CPU): time share of matmuls and attention
     json: str | None = None             # append JSON lines to this file
     seed: int = 1337
 
@@ -116,6 +124,31 @@ def matmul_flops(a, b, device):
     a @ b
     sync(device)
     return 2 * a.size(0) ** 3 / (time.perf_counter() - t0)
+
+
+def rotated(names, r):
+    """The variants in round r's order: rotated by r, so no variant always runs first (or right after another)."""
+    return names[r % len(names):] + names[: r % len(names)]
+
+
+def profile_steps(step, steps=PROFILE_STEPS):
+    """Run step() once, then `steps` times under torch.profiler -> seconds of those steps: wall (timed around
+    step() alone, so not the profiler's bookkeeping between steps), matmul and attention (the operators' own
+    time: an addmm's bias copy is not matmul time), and matmul_flops, as the profiler counts them (2 m n k per
+    product). The first step only warms the profiler up."""
+    P = torch.profiler
+    wall = 0.0
+    with P.profile(activities=[P.ProfilerActivity.CPU], with_flops=True, acc_events=True,
+                   schedule=P.schedule(wait=0, warmup=1, active=steps)) as prof:
+        for i in range(1 + steps):
+            t0 = time.perf_counter()
+            step()
+            wall += time.perf_counter() - t0 if i else 0.0
+            prof.step()
+    events = prof.key_averages()  # times in microseconds
+    return dict(wall=wall, matmul=sum(e.self_cpu_time_total for e in events if e.key in MATMULS) * 1e-6,
+                attention=sum(e.self_cpu_time_total for e in events if "scaled_dot_product" in e.key) * 1e-6,
+                matmul_flops=sum(e.flops for e in events if e.key in MATMULS))
 
 
 def build(cfg, bc, device):
@@ -220,7 +253,7 @@ def decode_speeds(models, device, bc, reps=3):
     built = dict.fromkeys(models, 0)
     names = list(models)
     for r in range(reps):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in rotated(names, r):
             for use_cache in (True, False):
                 before = graphs()
                 sync(device)
@@ -280,7 +313,7 @@ def run(bc):
     for r in range(bc.iters):
         if not cuda:
             peaks.append(matmul_flops(*mm, device))
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in rotated(names, r):
             before = graphs()
             sync(device)
             t0 = time.perf_counter()
@@ -289,6 +322,12 @@ def run(bc):
             steps[name].append(time.perf_counter() - t0)
             recompiles[name] += graphs() - before
     (busy1, own1), elapsed = cpu_seconds(), time.perf_counter() - t_start
+    profiles = {}
+    if bc.profile:  # after the timed rounds, which the profiler's own overhead would slow; rounds again, summed
+        profiles = {name: Counter() for name in names}
+        for r in range(PROFILE_ROUNDS):
+            for name in rotated(names, r):
+                profiles[name].update(profile_steps(lambda: train_step(*models[name], x, y, autocast)))
     others = None if busy0 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / elapsed  # CPUs kept busy
     spec = peak_bf16_flops(device, bc.dtype)
     if spec:
@@ -308,6 +347,10 @@ def run(bc):
                    device=device, dtype=bc.dtype, compile=bc.compile, ms_per_step=ms, tokens_per_s=B * T / ms * 1000,
                    flops_per_token=fpt, flops_per_s=fpt * B * T / ms * 1000)
         row["peak_fraction"] = row["flops_per_s"] / peak
+        if name in profiles:
+            p = profiles[name]
+            row.update(matmul_share=p["matmul"] / p["wall"], attention_share=p["attention"] / p["wall"],
+                       matmul_peak_fraction=p["matmul_flops"] / p["matmul"] / peak)
         for ref in ("vanilla", "base"):  # paired per round: both steps ran moments apart, under the same load
             if ref in steps:
                 row[f"time_vs_{ref}"] = median(a / b for a, b in zip(steps[name], steps[ref]))
@@ -341,13 +384,15 @@ def table(rows, info):
     mem = "CUDA peak MB" if info["device"].startswith("cuda") else "peak RSS MB"
     cols = [("variant", "variant", "s"), ("layout", "layout", "s"), ("non-emb params", "non_embedding_params", ",d"),
             ("ms/step", "ms_per_step", ".1f"), ("vs vanilla", "time_vs_vanilla", ".3f"), ("vs base", "time_vs_base", ".3f"),
-            ("tok/s", "tokens_per_s", ",.0f"),
-            ("GFLOP/s", "flops_per_s", ".1f"), ("% of peak", "peak_fraction", ".1f"), (mem, "peak_mb", ".0f"),
+            ("tok/s", "tokens_per_s", ",.0f"), ("GFLOP/s", "flops_per_s", ".1f"), ("% of peak", "peak_fraction", ".1f"),
+            ("% matmul", "matmul_share", ".0f"), ("matmul % of peak", "matmul_peak_fraction", ".0f"),
+            ("% attention", "attention_share", ".0f"), (mem, "peak_mb", ".0f"),
             ("step MB", "step_mb", ".1f"), ("decode tok/s, cache", "decode_tok_s_cache", ".0f"),
             ("no cache", "decode_tok_s_no_cache", ".0f"), ("speedup", "decode_speedup", ".2f"),
             ("recompiles", "recompiles", "d")]
     cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]
-    scale = {"flops_per_s": 1e-9, "peak_fraction": 100}
+    percent = ("peak_fraction", "matmul_share", "matmul_peak_fraction", "attention_share")
+    scale = {"flops_per_s": 1e-9, **dict.fromkeys(percent, 100)}
     cell = lambda r, key, spec: "-" if r.get(key) is None else format(r[key] * scale.get(key, 1), spec)  # noqa: E731
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(r, key, spec) for _, key, spec in cols) + " |" for r in rows]
@@ -370,6 +415,9 @@ def main(argv):
         bc = BenchConfig(**parse_flags(BenchConfig, argv, "bench.py"))
         if min(bc.iters, bc.batch_size, 1 if bc.threads is None else bc.threads) < 1 or bc.warmup < 0:
             raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at least 0")
+        if bc.profile and resolve_device(bc.device) != "cpu":
+            raise UsageError(f"--profile times CPU operators, but --device={bc.device} runs on "
+                             f"{resolve_device(bc.device)}; use --device=cpu (on a GPU, Nsight or torch.profiler)")
         if bc.json:  # find out now, not after the whole run
             check_writable(bc.json, "json")
         rows, info = run(bc)

@@ -124,6 +124,54 @@ def test_decoding_runs_after_the_training_models_are_freed(monkeypatch):
     assert all(m.config.block_size == bench.DECODE_BLOCK for m in seen["models"].values())
 
 
+def test_profile_steps_counts_the_profiled_steps_only():
+    """Matmul FLOPs are exact: the 3 profiled steps' products (2 m n k each, for every matmul operator), not the
+    warm-up step's; attention is the SDPA operators' time, zero in a step without attention."""
+    a, b, bias = torch.randn(32, 16), torch.randn(16, 8), torch.randn(8)
+    a3, b3, c3 = torch.randn(4, 32, 16), torch.randn(4, 16, 8), torch.randn(4, 32, 8)
+    q = torch.randn(1, 2, 8, 4)
+    flops = 2 * 32 * 16 * 8
+
+    def step(attention):
+        a @ b, torch.addmm(bias, a, b), torch.bmm(a3, b3), torch.baddbmm(c3, a3, b3), torch.exp(a)
+        if attention:
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    with_attention, without = bench.profile_steps(lambda: step(True), 3), bench.profile_steps(lambda: step(False), 3)
+    for p in (with_attention, without):
+        assert p["matmul_flops"] == 3 * (2 * flops + 2 * 4 * flops)
+        assert 0 < p["matmul"] + p["attention"] < p["wall"]
+    assert with_attention["attention"] > 0 and without["attention"] == 0
+
+
+def test_profile_columns(monkeypatch, capsys):
+    """--profile adds each variant's matmul and attention shares of a step and the matmuls' share of the peak,
+    derived from profile_steps' seconds; bench.py refuses it on a GPU."""
+    seen = []
+
+    def profile_steps(step):
+        seen.append(real(step))
+        return seen[-1]
+
+    real = bench.profile_steps
+    monkeypatch.setattr(bench, "profile_steps", profile_steps)
+    monkeypatch.setattr(bench, "in_fresh_process", lambda fn, cfg, bc: (1.0, 1.0))
+    flags = dict(TINY, schemes="base,mesh", batch_size=2, iters=1, warmup=1, decode=False, profile=True)
+    rows, info = bench.run(bench.BenchConfig(**flags, threads=torch.get_num_threads()))
+    assert len(seen) == bench.PROFILE_ROUNDS * 2 and [r["variant"] for r in rows] == ["base", "mesh"]
+    for row in rows:  # summed over the rounds, which rotate the variants
+        mine = [p for k, p in enumerate(seen) if bench.rotated(["base", "mesh"], k // 2)[k % 2] == row["variant"]]
+        p = {key: sum(q[key] for q in mine) for key in mine[0]}
+        expect = dict(matmul_share=p["matmul"] / p["wall"], attention_share=p["attention"] / p["wall"],
+                      matmul_peak_fraction=p["matmul_flops"] / p["matmul"] / info["peak_flops"])
+        assert {key: row[key] for key in expect} == pytest.approx(expect, rel=1e-12)
+        assert 0 < row["matmul_share"] + row["attention_share"] < 1
+    assert "| % matmul | matmul % of peak | % attention |" in bench.table(rows, info)
+    monkeypatch.setattr(bench, "resolve_device", lambda name: "cuda")
+    assert bench.main(["--profile=true"]) == 2
+    assert "--profile times CPU operators, but --device=auto runs on cuda; use --device=cpu" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--schemes=vanilla,mehs"], "unknown scheme 'mehs' in --schemes (did you mean 'mesh'?)"),
     (["--schemes=,"], "--schemes is empty"),
