@@ -4,6 +4,7 @@ Speed of every state-passing scheme, side by side, on whatever device this runs 
     python bench.py                                   # classroom preset, all six variants, ~2 min on 2 CPU cores
     python bench.py --model=pythia-70m --layout=1+2R2+1 --block_size=256 --batch_size=8 --iters=5
     python bench.py --compile=true --layout=1+1R2+1 --json=bench.jsonl
+    python bench.py --profile=true --decode=false     # also where a CPU train step's time goes
 
 The variants share one compute depth: `vanilla` runs the layout's compute depth as one unshared
 stack, the others run --layout with their scheme. For each: train-step time (forward, backward,
