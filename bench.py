@@ -416,9 +416,9 @@ def main(argv):
         bc = BenchConfig(**parse_flags(BenchConfig, argv, "bench.py"))
         if min(bc.iters, bc.batch_size, 1 if bc.threads is None else bc.threads) < 1 or bc.warmup < 0:
             raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at least 0")
-        if bc.profile and resolve_device(bc.device) != "cpu":
-            raise UsageError(f"--profile times CPU operators, but --device={bc.device} runs on "
-                             f"{resolve_device(bc.device)}; use --device=cpu (on a GPU, Nsight or torch.profiler)")
+        if bc.profile and (device := resolve_device(bc.device)) != "cpu":
+            raise UsageError(f"--profile times CPU operators, but --device={bc.device} runs on {device}; "
+                             f"use --device=cpu (on a GPU, Nsight or torch.profiler)")
         if bc.json:  # find out now, not after the whole run
             check_writable(bc.json, "json")
         rows, info = run(bc)
