@@ -233,14 +233,28 @@ class Rotary(nn.Module):
         return self.cos[pos], self.sin[pos], self.R
 
 
+class Linear(nn.Linear):
+    """nn.Linear, except that under torch.compile the bias is a separate add. Inductor then fuses that add
+    into the elementwise kernel that follows (rotary, GELU, the residual sum, the router's softmax), where
+    an addmm would first copy the bias into every row of its output, one more pass over it (on CPU: Inductor
+    does this itself on GPUs). Uncompiled, F.linear's addmm stays: there a separate add would be one more
+    operator and pass of its own. The bias is cast to the product's dtype, as addmm does under autocast."""
+
+    def forward(self, x):
+        if self.bias is None or not torch.compiler.is_compiling():
+            return super().forward(x)
+        y = x @ self.weight.t()                 # (..., out_features)
+        return y + self.bias.to(y.dtype)
+
+
 class Attention(nn.Module):
     """Causal self-attention with a fused QKV and rotary positions (see Rotary)."""
 
     def __init__(self, cfg):
         super().__init__()
         self.n_head, self.head_dim, self.dropout = cfg.n_head, cfg.head_dim, cfg.dropout
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)   # rows: [q | k | v], each head-major
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd)   # rows: [q | k | v], each head-major
+        self.proj = Linear(cfg.n_embd, cfg.n_embd)
 
     def forward(self, x, rope, cache=None, layer=0):
         B, T, C = x.shape
@@ -262,8 +276,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
-        self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        self.fc = Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.proj = Linear(4 * cfg.n_embd, cfg.n_embd)
 
     def forward(self, x):
         return self.proj(F.gelu(self.fc(x)))  # exact (erf) GELU, as GPT-NeoX
@@ -300,8 +314,8 @@ class Router(nn.Module):
 
     def __init__(self, n_embd, n_slots):
         super().__init__()
-        self.write = nn.Linear(n_embd, n_slots)
-        self.read = nn.Linear(n_embd, n_slots)
+        self.write = Linear(n_embd, n_slots)
+        self.read = Linear(n_embd, n_slots)
 
     def forward(self, h):  # h (B, T, D) -> w_write, w_read, each (B, T, S), rows sum to 1
         return F.softmax(self.write(h), dim=-1), F.softmax(self.read(h), dim=-1)
@@ -402,7 +416,7 @@ class RecursiveGPT(nn.Module):
         if cfg.scheme == "mesh":  # K+1 pairs: [0] the transitional cycle, [t+1] loop step t
             self.routers = nn.ModuleList(Router(cfg.n_embd, cfg.slots) for _ in range(cfg.n_steps + 1))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=1e-5)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # untied, as Pythia
+        self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # untied, as Pythia
         self.grad_checkpoint = False  # recompute block activations in backward (train.py --grad_checkpoint)
         self.apply(self._init_weights)
 

@@ -658,6 +658,46 @@ def test_state_stream_stays_float32_under_bf16_autocast(scheme):
     assert torch.equal(outs[0], mesh.buffer_write(mem, w, h))  # the very float32 op, not a rounded one
 
 
+def test_linear_compiled_form_is_nn_linear(monkeypatch):
+    """Under torch.compile mesh.Linear adds its bias apart from the matmul (for Inductor to fuse): the same
+    values as F.linear, and under bf16 autocast the same dtype as F.linear's addmm."""
+    layer, x = mesh.Linear(8, 5), torch.randn(3, 4, 8)
+    with torch.no_grad():
+        layer.bias.normal_()
+    expect = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    torch.testing.assert_close(layer(x), expect, atol=1e-6, rtol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layer(x)
+    assert got.dtype == low.dtype == torch.bfloat16
+    torch.testing.assert_close(got, low, atol=0.02, rtol=0)
+
+
+def test_compiled_equals_uncompiled_without_recompiles():
+    """torch.compile (Dynamo and AOT autograd; the aot_eager backend, so no C++ kernels to build here) traces
+    the model: loss, gradients and cached greedy decoding equal the uncompiled model's, and another train
+    step and a longer decode (every cache position a new value, not a new shape) build no new graph."""
+    torch._dynamo.reset()
+    eager = build(small("mesh", "1+1R2+1", n_embd=32), scramble=True).train()
+    compiled = build(small("mesh", "1+1R2+1", n_embd=32), scramble=True).train()
+    compiled.compile(backend="aot_eager")
+    idx, targets = tokens(2, 16), tokens(2, 16, seed=2)
+    losses = [model(idx, targets)[1] for model in (eager, compiled)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=0)
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=0, msg=name)
+    prompt = idx[:1, :4]
+    assert torch.equal(compiled.generate(prompt, 3, temperature=0), eager.generate(prompt, 3, temperature=0))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled(idx, targets)[1].backward()
+    assert torch.equal(compiled.generate(prompt, 12, temperature=0), eager.generate(prompt, 12, temperature=0))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
 def test_cross_entropy_refuses_other_negative_ids():
     """Only -1 is ignored: -100 (another library's ignore id) raises, as F.cross_entropy(ignore_index=-1)
     does, instead of silently counting as class 0."""
