@@ -226,11 +226,12 @@ class Rotary(nn.Module):
         self.register_buffer("sin", torch.cat((freqs.sin(), pad), dim=-1), persistent=False)      # (L, hd)
         self.register_buffer("R", R, persistent=False)                                            # (hd, hd)
 
-    def forward(self, T, pos=None):
-        """Tables for positions pos (T,), or 0..T-1 when pos is None -> (cos, sin, R)."""
-        if pos is None:
-            return self.cos[:T], self.sin[:T], self.R   # (T, hd), (T, hd), (hd, hd)
-        return self.cos[pos], self.sin[pos], self.R
+    def forward(self, T, pos=None, dtype=torch.float32):
+        """Tables for positions pos (T,), or 0..T-1 when pos is None, in dtype, the dtype q and k are
+        computed in (RecursiveGPT.compute_dtype: cast here once per forward, not in every block)
+        -> (cos, sin, R)."""
+        cos, sin = (self.cos[:T], self.sin[:T]) if pos is None else (self.cos[pos], self.sin[pos])
+        return cos.to(dtype), sin.to(dtype), self.R.to(dtype)   # (T, hd), (T, hd), (hd, hd)
 
 
 class Linear(nn.Linear):
@@ -262,7 +263,7 @@ class Attention(nn.Module):
         cos, sin, R = rope
         qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
         qk, v = qkv.split((2, 1))               # split, not indexing: its backward is one cat, no zero-filling
-        qk = qk * cos.to(qk.dtype) + (qk @ R.to(qk.dtype)) * sin.to(qk.dtype)   # rotary on q and k at once
+        qk = qk * cos + (qk @ R) * sin          # rotary on q and k at once
         q, k = qk.unbind(0)                     # (B, H, T, hd) each
         v = v.squeeze(0)                        # (B, H, T, hd)
         drop = self.dropout if self.training else 0.0
@@ -286,7 +287,7 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """GPT-NeoX block. block(x, rope) works on a full causal sequence x of shape (B, T, D), with rope
-    = model.rotary(T) (cos, sin and R for its positions)."""
+    = model.rotary(T) (cos, sin and R for its positions; under autocast pass dtype=its dtype)."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -443,6 +444,13 @@ class RecursiveGPT(nn.Module):
         elif isinstance(module, (Attention, MLP)):  # visited after its Linears (apply is post-order)
             nn.init.normal_(module.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.shape.depth))
 
+    def compute_dtype(self, device_type):
+        """The dtype the Linear layers compute in, so also q, k and v: autocast's where it is on, else the
+        weights'. The rotary tables and the KV cache are made in it."""
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return self.lm_head.weight.dtype
+
     def num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
@@ -475,7 +483,7 @@ class RecursiveGPT(nn.Module):
         if idx.size(1) > cfg.block_size:
             raise ValueError(f"idx has {idx.size(1)} positions but block_size is {cfg.block_size}; "
                              f"pass at most the last {cfg.block_size} tokens (as generate does)")
-        rope = self.rotary(idx.size(1), pos)                                # once for every block
+        rope = self.rotary(idx.size(1), pos, self.compute_dtype(idx.device.type))  # once for every block
         if cache is not None:
             cache.seek(pos)
         x = self.wte(idx)                                                   # (B, T, D)
@@ -609,14 +617,15 @@ class KVCache:
     forward; each block then writes its keys/values at those positions and attends through attn_mask."""
 
     def __init__(self, model, batch_size, max_len):
-        cfg, p = model.config, model.lm_head.weight
+        cfg, device = model.config, model.lm_head.weight.device
+        dtype = model.compute_dtype(device.type)  # keys and values as the blocks make them: no cast per update
         shape = (len(model.applied_blocks()), batch_size, cfg.n_head, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=p.device, dtype=p.dtype)  # (layers, B, H, L, hd)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (layers, B, H, L, hd)
         self.v = torch.zeros_like(self.k)
         self.layers = list(zip(self.k.unbind(0), self.v.unbind(0)))  # per-layer views, made once
-        causal = torch.ones(max_len, max_len, dtype=torch.bool, device=p.device).tril()
+        causal = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
         # additive (0 or -inf) rather than boolean: SDPA would convert a boolean mask in every block
-        self.mask = torch.zeros(max_len, max_len, device=p.device, dtype=p.dtype).masked_fill(~causal, -math.inf)
+        self.mask = torch.zeros(max_len, max_len, device=device, dtype=dtype).masked_fill(~causal, -math.inf)
         self.pos = self.attn_mask = None
 
     def seek(self, pos):  # pos (T,): the positions of this forward's tokens
@@ -626,8 +635,8 @@ class KVCache:
 
     def update(self, layer, k, v):  # k, v (B, H, T, hd) at positions self.pos -> all keys, values (B, H, L, hd)
         keys, values = self.layers[layer]
-        keys.index_copy_(2, self.pos, k.to(keys.dtype))
-        values.index_copy_(2, self.pos, v.to(values.dtype))
+        keys.index_copy_(2, self.pos, k)
+        values.index_copy_(2, self.pos, v)
         return keys, values
 
 

@@ -659,6 +659,26 @@ def test_state_stream_stays_float32_under_bf16_autocast(scheme):
     assert torch.equal(outs[0], mesh.buffer_write(mem, w, h))  # the very float32 op, not a rounded one
 
 
+
+@pytest.mark.parametrize("scheme", ["base", "mesh"])
+def test_cache_under_bf16_autocast(scheme):
+    """Under autocast the rotary tables and the KV cache come in autocast's dtype (compute_dtype): the cache
+    holds the blocks' bf16 keys as they are, and prefill plus one-token steps give the full forward's logits
+    up to bf16 rounding."""
+    model = build(small(scheme), scramble=True)
+    seq = tokens(2, 20)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.compute_dtype("cpu") == torch.bfloat16 and model.compute_dtype("cuda") == torch.float32
+        assert [t.dtype for t in model.rotary(4, dtype=model.compute_dtype("cpu"))] == [torch.bfloat16] * 3
+        full, _ = model(seq)
+        cache = KVCache(model, 2, model.config.block_size)
+        assert cache.k.dtype == cache.v.dtype == cache.mask.dtype == torch.bfloat16
+        steps = [model(seq[:, :12], pos=torch.arange(12), cache=cache)[0]]
+        steps += [model(seq[:, t:t + 1], pos=torch.tensor([t]), cache=cache)[0] for t in range(12, 20)]
+    assert cache.k.abs().amax(dim=(1, 2, 4))[:, :20].all()  # every position of every layer written
+    assert (torch.cat(steps, dim=1).float() - full.float()).abs().max() < 0.05
+    assert KVCache(model, 2, 16).k.dtype == model.compute_dtype("cpu") == torch.float32
+
 def test_linear_compiled_form_is_nn_linear(monkeypatch):
     """Under torch.compile mesh.Linear adds its bias apart from the matmul (for Inductor to fuse): the same
     values as F.linear, and under bf16 autocast the same dtype as F.linear's addmm."""
