@@ -659,7 +659,6 @@ def test_state_stream_stays_float32_under_bf16_autocast(scheme):
     assert torch.equal(outs[0], mesh.buffer_write(mem, w, h))  # the very float32 op, not a rounded one
 
 
-
 @pytest.mark.parametrize("scheme", ["base", "mesh"])
 def test_cache_under_bf16_autocast(scheme):
     """Under autocast the rotary tables and the KV cache come in autocast's dtype (compute_dtype): the cache
@@ -678,6 +677,7 @@ def test_cache_under_bf16_autocast(scheme):
     assert cache.k.abs().amax(dim=(1, 2, 4))[:, :20].all()  # every position of every layer written
     assert (torch.cat(steps, dim=1).float() - full.float()).abs().max() < 0.05
     assert KVCache(model, 2, 16).k.dtype == model.compute_dtype("cpu") == torch.float32
+
 
 def test_linear_compiled_form_is_nn_linear(monkeypatch):
     """Under torch.compile mesh.Linear adds its bias apart from the matmul (for Inductor to fuse): the same
