@@ -796,17 +796,41 @@ def test_cache_greedy_matches_recompute(scheme, layout):
     assert len(set(with_cache[0, 10:].tolist())) > 1  # not a degenerate constant sequence
 
 
-@pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
-def test_cache_logits_match_full_forward(scheme, layout):
-    model = build(small(scheme, layout), scramble=True)
+@pytest.mark.parametrize("scheme, layout, parallel", [(s, l, True) for s, l in CASES] +
+                         [("base", "4", False), ("mesh", "1+2R2+1", False)],
+                         ids=IDS + ["base-4-sequential", "mesh-1+2R2+1-sequential"])
+def test_cache_logits_match_full_forward(scheme, layout, parallel):
+    model = build(small(scheme, layout, parallel_residual=parallel), scramble=True)
     seq = tokens(2, 20)
     P = 12
     with torch.no_grad():
         full, _ = model(seq)
         cache = KVCache(model, 2, model.config.block_size)
-        assert cache.k.shape[0] == model.config.shape.depth  # one entry per applied block
+        assert cache.k.shape[0] == len(cache.inputs) == model.config.shape.depth  # one entry per applied block
+        assert all((fused is not None) == parallel for fused in cache.inputs)  # fused inputs: parallel residual only
         pre, _ = model(seq[:, :P], pos=torch.arange(P), cache=cache)
         torch.testing.assert_close(pre, full[:, :P], atol=1e-5, rtol=0)
         for t in range(P, seq.size(1)):
             step, _ = model(seq[:, t:t + 1], pos=torch.tensor([t]), cache=cache)
             torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=0)
+
+
+def test_fused_inputs_fold_both_layernorms():
+    """Block.fused_inputs: linear(normalize(x), weight, bias) is qkv(ln_1(x)) next to mlp.fc(ln_2(x)), with the
+    LayerNorms' own (scrambled) weights and biases; and a cache really decodes through it."""
+    model = build(small("mesh"), scramble=True)
+    block, x = model.prelude[0], torch.randn(2, 5, 64)
+    weight, bias = block.fused_inputs(torch.float32)
+    assert weight.shape == (7 * 64, 64) and bias.shape == (7 * 64,)
+    with torch.no_grad():
+        expect = torch.cat((block.attn.qkv(block.ln_1(x)), block.mlp.fc(block.ln_2(x))), dim=-1)
+    got = torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (64,)), weight, bias)
+    torch.testing.assert_close(got, expect, atol=1e-5, rtol=0)
+    assert block.fused_inputs(torch.bfloat16)[0].dtype == torch.bfloat16
+    seq = tokens(1, 6)
+    with torch.no_grad():
+        full, _ = model(seq)
+        cache = KVCache(model, 1, 8)
+        cache.inputs[0] = (2 * weight, bias)  # the first block's fused weight doubled: decoding must see it
+        got, _ = model(seq, pos=torch.arange(6), cache=cache)
+    assert (got - full).abs().max() > 0.1
