@@ -321,9 +321,8 @@ class Block(nn.Module):
 
         With a parallel residual both branches read the same normalized x, each through its own LayerNorm
         affine, which folds into the matmul after it: (xn * g + b) W^T + c = xn (W * g)^T + (W b + c). One
-        normalization and one matmul instead of two of each (KVCache makes these for decoding, where every
-        operator costs its overhead: about 20% more tokens/s at classroom size on CPU, README Speed). Equal
-        to the two-matmul path up to float rounding."""
+        normalization and one matmul instead of two of each: KVCache makes these for decoding, where a token's
+        time goes to per-operator overhead (README, Speed). Equal to the two-matmul path up to float rounding."""
         halves = [(lin.weight * ln.weight, lin.weight @ ln.bias + lin.bias)
                   for ln, lin in ((self.ln_1, self.attn.qkv), (self.ln_2, self.mlp.fc))]
         return tuple(torch.cat(parts).to(dtype) for parts in zip(*halves))
