@@ -308,6 +308,7 @@ class Block(nn.Module):
         if cache is not None and self.parallel:  # decoding: one LayerNorm and one matmul feed both branches
             D = x.size(-1)
             qkv, h = F.linear(F.layer_norm(x, (D,), eps=self.ln_1.eps), *cache.inputs[layer]).split((3 * D, 4 * D), -1)
+            # qkv (B, T, 3D), h (B, T, 4D): the projections of the two-matmul path below
             return x + self.drop(self.attn.attend(qkv, rope, cache, layer)) + self.drop(self.mlp.proj(F.gelu(h)))
         a = self.drop(self.attn(self.ln_1(x), rope, cache, layer))
         if self.parallel:
@@ -644,7 +645,8 @@ class KVCache:
         cfg, device = model.config, model.lm_head.weight.device
         dtype = model.compute_dtype(device.type)  # keys and values as the blocks make them: no cast per update
         blocks = model.applied_blocks()
-        fused = {id(b): b.fused_inputs(dtype) for b in blocks} if cfg.parallel_residual else {}  # shared cores once
+        unique = {id(b): b for b in blocks} if cfg.parallel_residual else {}  # a shared core's blocks once
+        fused = {key: b.fused_inputs(dtype) for key, b in unique.items()}
         self.inputs = [fused.get(id(b)) for b in blocks]  # per layer: (weight (7D, D), bias (7D,)) or None
         shape = (len(blocks), batch_size, cfg.n_head, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (layers, B, H, L, hd)
