@@ -262,7 +262,7 @@ class Attention(nn.Module):
         return self.attend(self.qkv(x), rope, cache, layer)
 
     def attend(self, qkv, rope, cache=None, layer=0):
-        """The rest of forward, from the projection qkv (B, T, 3D) on (Block's decoding path makes its own)."""
+        """forward after the projection: qkv (B, T, 3D) is self.qkv(x), or Block's decoding path's fused one."""
         B, T, C = qkv.size(0), qkv.size(1), self.n_head * self.head_dim
         cos, sin, R = rope
         qkv = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
