@@ -333,7 +333,10 @@ class Block(nn.Module):
 # MeSH routers and buffer
 
 class Router(nn.Module):
-    """One router pair (Eq. 3): per-token softmax weights over the B slots for writing and reading."""
+    """One router pair (Eq. 3): per-token softmax weights over the B slots for writing and reading.
+    The two Linears run as one matmul that puts the slots first, (2S, B*T): on CPU a softmax over a leading
+    dimension is several times faster than over a last dimension of a few slots, and one matmul is half
+    the operators of two, forward and backward (README, Speed)."""
 
     def __init__(self, n_embd, n_slots):
         super().__init__()
@@ -341,7 +344,13 @@ class Router(nn.Module):
         self.read = Linear(n_embd, n_slots)
 
     def forward(self, h):  # h (B, T, D) -> w_write, w_read, each (B, T, S), rows sum to 1
-        return F.softmax(self.write(h), dim=-1), F.softmax(self.read(h), dim=-1)
+        S, D = self.write.weight.shape
+        weight = torch.cat([self.write.weight, self.read.weight])                 # (2S, D)
+        bias = torch.cat([self.write.bias, self.read.bias]).unsqueeze(-1)         # (2S, 1)
+        logits = torch.addmm(bias, weight, h.reshape(-1, D).t())                  # (2S, B*T)
+        w = logits.view(2, S, -1).softmax(1).permute(2, 0, 1).contiguous()       # (B*T, 2, S)
+        w = w.view(*h.shape[:-1], 2, S)                                           # (B, T, 2, S)
+        return w[..., 0, :], w[..., 1, :]
 
 
 def float32_under_autocast(op):
@@ -359,19 +368,95 @@ def float32_under_autocast(op):
     return run
 
 
+# The buffer's per-token contractions over slots, as batched matmuls over the B*T tokens (no loop over slots).
+
+def slot_mix(w, mem):  # w (B, T, S), mem (B, T, S, D) -> (B, T, D): sum_b w_b m_b, a (1 x S) @ (S x D) per token
+    S, D = mem.shape[-2:]
+    return torch.bmm(w.reshape(-1, 1, S), mem.reshape(-1, S, D)).view(*mem.shape[:-2], D)
+
+
+def slot_dots(mem, x):  # mem (B, T, S, D), x (B, T, D) -> (B, T, S): m_b . x, a (1 x D) @ (D x S) per token
+    S, D = mem.shape[-2:]
+    return torch.bmm(x.reshape(-1, 1, D), mem.reshape(-1, S, D).transpose(1, 2)).view(mem.shape[:-1])
+
+
+def outer(w, x):  # w (B, T, S), x (B, T, D) -> (B, T, S, D): w_b x for every slot b
+    return w.unsqueeze(-1) * x.unsqueeze(-2)
+
+
 @float32_under_autocast
 def buffer_write(mem, w_write, h):
-    """Eq. 5: m_b += w_write_b * h for every slot b at once. mem (B, T, S, D), w_write (B, T, S), h (B, T, D).
-    One batched outer product per token, (S x 1) @ (1 x D), added in the same kernel (baddbmm)."""
-    S, D = mem.shape[-2:]
-    return torch.baddbmm(mem.view(-1, S, D), w_write.reshape(-1, S, 1), h.reshape(-1, 1, D)).view(mem.shape)
+    """Eq. 5: m_b += w_write_b * h for every slot b at once, in one kernel. mem (B, T, S, D), w_write (B, T, S),
+    h (B, T, D)."""
+    return torch.addcmul(mem, w_write.unsqueeze(-1), h.unsqueeze(-2))
 
 
 @float32_under_autocast
 def buffer_read(mem, w_read):
-    """h = sum_b w_read_b * m_b, a batched (1 x S) @ (S x D) per token -> (B, T, D)."""
-    S, D = mem.shape[-2:]
-    return torch.bmm(w_read.reshape(-1, 1, S), mem.view(-1, S, D)).view(*mem.shape[:-2], D)
+    """h = sum_b w_read_b * m_b -> (B, T, D)."""
+    return slot_mix(w_read, mem)
+
+
+class BufferStart(torch.autograd.Function):
+    """Eq. 2 and the transitional cycle: the buffer with slot 0 = h_emb and zeros elsewhere, h written into
+    it (Eq. 5), and h(0) read from it. Forward returns (mem, h0) = (e_0 h_emb + w (x) h, r_0 h_emb + (r . w) h):
+    the read needs no pass over the buffer, as only slot 0 held anything before the write. Backward, for
+    the gradients G of mem (B, T, S, D) and g of h0 (B, T, D):
+        d h_emb = G_0 + r_0 g          d h = sum_b w_b G_b + (r . w) g
+        d w_b   = G_b . h + r_b (g . h)    d r_b = w_b (g . h) + [b = 0] (h_emb . g)
+    three passes over the buffer-sized G, where autograd's graph of the same ops makes several more and
+    keeps a buffer for backward (README, Speed); test_mesh.py checks both directions against that graph."""
+
+    @staticmethod
+    def forward(ctx, h_emb, w_write, w_read, h):
+        mem = outer(w_write, h)                                                    # (B, T, S, D)
+        mem[..., 0, :] += h_emb                                                    # slot 0 starts as h_emb
+        rw = (w_read * w_write).sum(-1, keepdim=True)                              # (B, T, 1)
+        h0 = torch.addcmul(w_read[..., :1] * h_emb, rw, h)                         # (B, T, D)
+        ctx.save_for_backward(h_emb, w_write, w_read, h)
+        return mem, h0
+
+    @staticmethod
+    def backward(ctx, G, g):
+        h_emb, w, r, h = ctx.saved_tensors
+        gh = (g * h).sum(-1, keepdim=True)                                         # (B, T, 1)
+        d_h_emb = torch.addcmul(G[..., 0, :], r[..., :1], g)
+        d_h = torch.addcmul(slot_mix(w, G), (r * w).sum(-1, keepdim=True), g)
+        d_w = torch.addcmul(slot_dots(G, h), r, gh)
+        d_r = w * gh
+        d_r[..., 0] += (h_emb * g).sum(-1)
+        return d_h_emb, d_w, d_r, d_h
+
+
+class BufferStep(torch.autograd.Function):
+    """One loop step's write then read (Eq. 5): mem' = buffer_write(mem, w, h), h' = buffer_read(mem', r).
+    Backward, for the gradients G of mem' and g of h': the buffer's gradient is G~ = G + r (x) g (the read
+    adds r_b g to slot b), and then
+        d mem = G~      d w_b = G~_b . h      d h = sum_b w_b G~_b      d r_b = m'_b . g
+    four passes over buffer-sized tensors and no sum of two buffer gradients, which autograd's graph of the
+    same ops makes (checked against it in test_mesh.py)."""
+
+    @staticmethod
+    def forward(ctx, mem, w_write, w_read, h):
+        mem = buffer_write(mem, w_write, h)                                        # (B, T, S, D)
+        ctx.save_for_backward(mem, w_write, w_read, h)
+        return mem, buffer_read(mem, w_read)
+
+    @staticmethod
+    def backward(ctx, G, g):
+        mem, w, r, h = ctx.saved_tensors
+        G = torch.addcmul(G, r.unsqueeze(-1), g.unsqueeze(-2))                    # (B, T, S, D)
+        return G, slot_dots(G, h), slot_dots(mem, g), slot_mix(w, G)
+
+
+@float32_under_autocast
+def buffer_start(h_emb, w_write, w_read, h):
+    return BufferStart.apply(h_emb, w_write, w_read, h)
+
+
+@float32_under_autocast
+def buffer_step(mem, w_write, w_read, h):
+    return BufferStep.apply(mem, w_write, w_read, h)
 
 
 @float32_under_autocast
@@ -516,12 +601,10 @@ class RecursiveGPT(nn.Module):
         if record:
             capture.update(states=[("h_emb", h_emb)], blocks=[("prelude", h_emb, h)], routers=[])
         if cfg.scheme == "mesh":
-            # Eq. 2: slot 0 starts as h_emb, the other B-1 slots as zeros.
-            mem = F.pad(h_emb.unsqueeze(-2), (0, 0, 0, cfg.slots - 1))      # (B, T, S, D)
-            # Transitional cycle [choice]: route on the prelude output, write it, read h(0).
+            # Eq. 2: slot 0 starts as h_emb, the other B-1 slots as zeros. Transitional cycle [choice]:
+            # route on the prelude output, write it, read h(0).
             w_write, w_read = self.routers[0](h)                            # (B, T, S) each
-            mem = buffer_write(mem, w_write, h)
-            h = buffer_read(mem, w_read)
+            mem, h = buffer_start(h_emb, w_write, w_read, h)                # (B, T, S, D), (B, T, D)
             if record:
                 capture["routers"].append(("cycle", w_write, w_read))
         h0 = h                                                              # h(0)
@@ -542,8 +625,7 @@ class RecursiveGPT(nn.Module):
             else:  # mesh: route on h(t), write h_m (Eq. 5), read h(t+1)
                 w_write, w_read = self.routers[t + 1](h)
                 if t + 1 < cfg.n_steps:
-                    mem = buffer_write(mem, w_write, h_m)
-                    h = buffer_read(mem, w_read)
+                    mem, h = buffer_step(mem, w_write, w_read, h_m)
                 else:  # the final read: no one reads this buffer again, so it is never written out
                     h = buffer_final_read(mem, w_write, w_read, h_m)
                 if record:

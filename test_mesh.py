@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import bench
 import mesh
@@ -251,6 +252,55 @@ def test_buffer_final_read_is_write_then_read():
     slots = sum(w_read[..., b:b + 1] * (mem[..., b, :] + w_write[..., b:b + 1] * h) for b in range(4))  # per slot
     torch.testing.assert_close(expect, slots, atol=1e-6, rtol=0)
     torch.testing.assert_close(mesh.buffer_final_read(mem, w_write, w_read, h), expect, atol=1e-6, rtol=0)
+
+
+def test_router_is_two_linears_and_softmaxes():
+    """Router's one slot-first matmul is softmax(write(h)), softmax(read(h)): values and gradients."""
+    torch.manual_seed(0)
+    router = mesh.Router(8, 5).double()
+    for p in router.parameters():
+        torch.nn.init.normal_(p)
+    h = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    ours = router(h)
+    ref = [F.softmax(F.linear(h, lin.weight, lin.bias), dim=-1) for lin in (router.write, router.read)]
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    u, v = torch.randn(2, 2, 3, 5, dtype=torch.float64).unbind(0)
+    inputs = (h, *router.parameters())
+    got = torch.autograd.grad((ours[0] * u).sum() + (ours[1] * v).sum(), inputs)
+    want = torch.autograd.grad((ref[0] * u).sum() + (ref[1] * v).sum(), inputs)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", ["start", "step"])
+def test_buffer_functions_match_autograd(op):
+    """BufferStart and BufferStep (hand-written backward) against autograd through the plain definitions:
+    Eq. 2's buffer (F.pad), buffer_write, buffer_read. Outputs and every input's gradient, float64, and
+    torch's gradcheck."""
+    torch.manual_seed(0)
+    S = 4
+    x, h = torch.randn(2, 2, 3, 8, dtype=torch.float64).unbind(0)    # x: h_emb (start) or unused
+    mem = torch.randn(2, 3, S, 8, dtype=torch.float64)
+    w, r = torch.randn(2, 2, 3, S, dtype=torch.float64).softmax(-1).unbind(0)
+    if op == "start":
+        inputs = [t.requires_grad_() for t in (x, w, r, h)]
+        ours = mesh.BufferStart.apply(*inputs)
+        ref_mem = mesh.buffer_write(F.pad(x.unsqueeze(-2), (0, 0, 0, S - 1)), w, h)
+    else:
+        inputs = [t.requires_grad_() for t in (mem, w, r, h)]
+        ours = mesh.BufferStep.apply(*inputs)
+        ref_mem = mesh.buffer_write(mem, w, h)
+    ref = (ref_mem, mesh.buffer_read(ref_mem, r))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    G, g = torch.randn_like(ref_mem), torch.randn_like(h)
+    got = torch.autograd.grad((ours[0] * G).sum() + (ours[1] * g).sum(), inputs)
+    want = torch.autograd.grad((ref[0] * G).sum() + (ref[1] * g).sum(), inputs)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    fn = mesh.BufferStart if op == "start" else mesh.BufferStep
+    assert torch.autograd.gradcheck(fn.apply, inputs)
 
 
 @pytest.mark.parametrize("ignored", [0, 3, 12])
