@@ -404,8 +404,9 @@ class BufferStart(torch.autograd.Function):
     the gradients G of mem (B, T, S, D) and g of h0 (B, T, D):
         d h_emb = G_0 + r_0 g          d h = sum_b w_b G_b + (r . w) g
         d w_b   = G_b . h + r_b (g . h)    d r_b = w_b (g . h) + [b = 0] (h_emb . g)
-    three passes over the buffer-sized G, where autograd's graph of the same ops makes several more and
-    keeps a buffer for backward (README, Speed); test_mesh.py checks both directions against that graph."""
+    two passes over the buffer-sized G, where autograd's graph of the same ops (F.pad, buffer_write,
+    buffer_read) makes several more and keeps a buffer for backward (README, Speed); test_mesh.py checks
+    both directions against that graph."""
 
     @staticmethod
     def forward(ctx, h_emb, w_write, w_read, h):
@@ -413,15 +414,15 @@ class BufferStart(torch.autograd.Function):
         mem[..., 0, :] += h_emb                                                    # slot 0 starts as h_emb
         rw = (w_read * w_write).sum(-1, keepdim=True)                              # (B, T, 1)
         h0 = torch.addcmul(w_read[..., :1] * h_emb, rw, h)                         # (B, T, D)
-        ctx.save_for_backward(h_emb, w_write, w_read, h)
+        ctx.save_for_backward(h_emb, w_write, w_read, h, rw)
         return mem, h0
 
     @staticmethod
     def backward(ctx, G, g):
-        h_emb, w, r, h = ctx.saved_tensors
+        h_emb, w, r, h, rw = ctx.saved_tensors
         gh = (g * h).sum(-1, keepdim=True)                                         # (B, T, 1)
         d_h_emb = torch.addcmul(G[..., 0, :], r[..., :1], g)
-        d_h = torch.addcmul(slot_mix(w, G), (r * w).sum(-1, keepdim=True), g)
+        d_h = torch.addcmul(slot_mix(w, G), rw, g)
         d_w = torch.addcmul(slot_dots(G, h), r, gh)
         d_r = w * gh
         d_r[..., 0] += (h_emb * g).sum(-1)
@@ -433,8 +434,8 @@ class BufferStep(torch.autograd.Function):
     Backward, for the gradients G of mem' and g of h': the buffer's gradient is G~ = G + r (x) g (the read
     adds r_b g to slot b), and then
         d mem = G~      d w_b = G~_b . h      d h = sum_b w_b G~_b      d r_b = m'_b . g
-    four passes over buffer-sized tensors and no sum of two buffer gradients, which autograd's graph of the
-    same ops makes (checked against it in test_mesh.py)."""
+    one new buffer-sized tensor (G~) and three reads of one, where autograd's graph of the same ops writes
+    two buffer gradients and their sum (checked against it in test_mesh.py)."""
 
     @staticmethod
     def forward(ctx, mem, w_write, w_read, h):
@@ -449,6 +450,27 @@ class BufferStep(torch.autograd.Function):
         return G, slot_dots(G, h), slot_dots(mem, g), slot_mix(w, G)
 
 
+class BufferFinalRead(torch.autograd.Function):
+    """The last loop step's write then read, buffer_read(buffer_write(mem, w, h), r), without building the
+    written buffer: nothing reads it again, so h' = sum_b r_b (m_b + w_b h) = sum_b r_b m_b + (r . w) h,
+    one pass over the buffer. Backward, for the gradient g of h':
+        d mem = r (x) g      d w_b = r_b (g . h)      d r_b = m_b . g + w_b (g . h)      d h = (r . w) g"""
+
+    @staticmethod
+    def forward(ctx, mem, w_write, w_read, h):
+        rw = (w_read * w_write).sum(-1, keepdim=True)                             # (B, T, 1)
+        ctx.save_for_backward(mem, w_write, w_read, h, rw)
+        return torch.addcmul(slot_mix(w_read, mem), rw, h)                        # (B, T, D)
+
+    @staticmethod
+    def backward(ctx, g):
+        mem, w, r, h, rw = ctx.saved_tensors
+        gh = (g * h).sum(-1, keepdim=True)                                         # (B, T, 1)
+        return outer(r, g), r * gh, torch.addcmul(slot_dots(mem, g), w, gh), rw * g
+
+
+# The model calls the three through these: float32 under autocast, like buffer_write and buffer_read.
+
 @float32_under_autocast
 def buffer_start(h_emb, w_write, w_read, h):
     return BufferStart.apply(h_emb, w_write, w_read, h)
@@ -461,10 +483,7 @@ def buffer_step(mem, w_write, w_read, h):
 
 @float32_under_autocast
 def buffer_final_read(mem, w_write, w_read, h):
-    """buffer_read(buffer_write(mem, w_write, h), w_read), the same value without building the written
-    buffer: sum_b r_b (m_b + w_b h) = sum_b r_b m_b + (r . w) h. One pass over the buffer instead of
-    three forward (and fewer backward), and one buffer fewer kept for the backward pass."""
-    return torch.addcmul(buffer_read(mem, w_read), (w_read * w_write).sum(-1, keepdim=True), h)
+    return BufferFinalRead.apply(mem, w_write, w_read, h)
 
 
 # -----------------------------------------------------------------------------

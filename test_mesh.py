@@ -244,14 +244,16 @@ def test_capture(scheme, layout):
     assert len(cap["routers"]) == (K + 1 if scheme == "mesh" else 0)
 
 
-def test_buffer_final_read_is_write_then_read():
+def test_buffer_write_read_per_slot():
+    """Eq. 5 slot by slot: buffer_write adds w_b h to slot b, buffer_read sums r_b m_b."""
     torch.manual_seed(0)
     mem, h = torch.randn(2, 5, 4, 8), torch.randn(2, 5, 8)
     w_write, w_read = torch.randn(2, 2, 5, 4).softmax(-1).unbind(0)
-    expect = mesh.buffer_read(mesh.buffer_write(mem, w_write, h), w_read)
-    slots = sum(w_read[..., b:b + 1] * (mem[..., b, :] + w_write[..., b:b + 1] * h) for b in range(4))  # per slot
-    torch.testing.assert_close(expect, slots, atol=1e-6, rtol=0)
-    torch.testing.assert_close(mesh.buffer_final_read(mem, w_write, w_read, h), expect, atol=1e-6, rtol=0)
+    written = mesh.buffer_write(mem, w_write, h)
+    for b in range(4):
+        torch.testing.assert_close(written[..., b, :], mem[..., b, :] + w_write[..., b:b + 1] * h, atol=1e-6, rtol=0)
+    slots = sum(w_read[..., b:b + 1] * written[..., b, :] for b in range(4))
+    torch.testing.assert_close(mesh.buffer_read(written, w_read), slots, atol=1e-6, rtol=0)
 
 
 def test_router_is_two_linears_and_softmaxes():
@@ -273,33 +275,30 @@ def test_router_is_two_linears_and_softmaxes():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("op", ["start", "step"])
+@pytest.mark.parametrize("op", ["start", "step", "final"])
 def test_buffer_functions_match_autograd(op):
-    """BufferStart and BufferStep (hand-written backward) against autograd through the plain definitions:
-    Eq. 2's buffer (F.pad), buffer_write, buffer_read. Outputs and every input's gradient, float64, and
-    torch's gradcheck."""
+    """BufferStart, BufferStep and BufferFinalRead (hand-written backward) against autograd through the
+    plain definitions: Eq. 2's buffer (F.pad), buffer_write, buffer_read. Outputs and every input's
+    gradient, float64, and torch's gradcheck."""
     torch.manual_seed(0)
     S = 4
-    x, h = torch.randn(2, 2, 3, 8, dtype=torch.float64).unbind(0)    # x: h_emb (start) or unused
+    h_emb, h = torch.randn(2, 2, 3, 8, dtype=torch.float64).unbind(0)
     mem = torch.randn(2, 3, S, 8, dtype=torch.float64)
     w, r = torch.randn(2, 2, 3, S, dtype=torch.float64).softmax(-1).unbind(0)
-    if op == "start":
-        inputs = [t.requires_grad_() for t in (x, w, r, h)]
-        ours = mesh.BufferStart.apply(*inputs)
-        ref_mem = mesh.buffer_write(F.pad(x.unsqueeze(-2), (0, 0, 0, S - 1)), w, h)
-    else:
-        inputs = [t.requires_grad_() for t in (mem, w, r, h)]
-        ours = mesh.BufferStep.apply(*inputs)
-        ref_mem = mesh.buffer_write(mem, w, h)
-    ref = (ref_mem, mesh.buffer_read(ref_mem, r))
-    for a, b in zip(ours, ref):
+    fn = {"start": mesh.BufferStart, "step": mesh.BufferStep, "final": mesh.BufferFinalRead}[op]
+    inputs = [t.requires_grad_() for t in (h_emb if op == "start" else mem, w, r, h)]
+    ours = fn.apply(*inputs)
+    written = mesh.buffer_write(F.pad(h_emb.unsqueeze(-2), (0, 0, 0, S - 1)) if op == "start" else mem, w, h)
+    ref = (written, mesh.buffer_read(written, r))
+    if op == "final":  # only the read comes out
+        ours, ref = (ours,), ref[1:]
+    for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    G, g = torch.randn_like(ref_mem), torch.randn_like(h)
-    got = torch.autograd.grad((ours[0] * G).sum() + (ours[1] * g).sum(), inputs)
-    want = torch.autograd.grad((ref[0] * G).sum() + (ref[1] * g).sum(), inputs)
+    grads_out = [torch.randn_like(t) for t in ref]
+    got = torch.autograd.grad(sum((a * u).sum() for a, u in zip(ours, grads_out)), inputs)
+    want = torch.autograd.grad(sum((b * u).sum() for b, u in zip(ref, grads_out)), inputs)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    fn = mesh.BufferStart if op == "start" else mesh.BufferStep
     assert torch.autograd.gradcheck(fn.apply, inputs)
 
 
