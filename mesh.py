@@ -469,21 +469,37 @@ class BufferFinalRead(torch.autograd.Function):
         return outer(r, g), r * gh, torch.addcmul(slot_dots(mem, g), w, gh), rw * g
 
 
+class NoGraph:
+    """Stands in for autograd's ctx where autograd records nothing (run_function)."""
+
+    @staticmethod
+    def save_for_backward(*tensors):
+        pass
+
+
+def run_function(fn, *tensors):
+    """fn.apply(*tensors); where autograd records nothing (generate runs under inference_mode), fn's forward
+    alone: Function.apply's own bookkeeping costs more than the few small ops of a one-token step."""
+    if torch.is_grad_enabled():
+        return fn.apply(*tensors)
+    return fn.forward(NoGraph, *tensors)
+
+
 # The model calls the three through these: float32 under autocast, like buffer_write and buffer_read.
 
 @float32_under_autocast
 def buffer_start(h_emb, w_write, w_read, h):
-    return BufferStart.apply(h_emb, w_write, w_read, h)
+    return run_function(BufferStart, h_emb, w_write, w_read, h)
 
 
 @float32_under_autocast
 def buffer_step(mem, w_write, w_read, h):
-    return BufferStep.apply(mem, w_write, w_read, h)
+    return run_function(BufferStep, mem, w_write, w_read, h)
 
 
 @float32_under_autocast
 def buffer_final_read(mem, w_write, w_read, h):
-    return BufferFinalRead.apply(mem, w_write, w_read, h)
+    return run_function(BufferFinalRead, mem, w_write, w_read, h)
 
 
 # -----------------------------------------------------------------------------
