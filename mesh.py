@@ -236,10 +236,10 @@ class Rotary(nn.Module):
 
 class Linear(nn.Linear):
     """nn.Linear, except that under torch.compile the bias is a separate add. Inductor then fuses that add
-    into the elementwise kernel that follows (rotary, GELU, the residual sum, the router's softmax), where
-    an addmm would first copy the bias into every row of its output, one more pass over it (Inductor makes
-    this split itself on GPUs, not on CPU). Uncompiled, F.linear's addmm stays: there a separate add would be
-    one more operator and pass of its own. The bias is cast to the product's dtype, as addmm does under
+    into the elementwise kernel that follows (rotary, GELU, the residual sum), where an addmm would first
+    copy the bias into every row of its output, one more pass over it (Inductor makes this split itself
+    on GPUs, not on CPU). Uncompiled, F.linear's addmm stays: there a separate add would be one more
+    operator and pass of its own. The bias is cast to the product's dtype, as addmm does under
     autocast."""
 
     def forward(self, x):
