@@ -43,7 +43,6 @@ import dataclasses
 import json
 import multiprocessing as mp
 import os
-import platform
 import resource
 import sys
 import time
@@ -55,7 +54,7 @@ from statistics import median
 import torch
 from torch._dynamo.utils import counters
 
-from configurator import UsageError, check_writable, fix_malloc_thresholds, parse_flags, report, resolve_device
+from configurator import UsageError, check_writable, machine_name, parse_flags, report, resolve_device, resolve_dtype
 from mesh import SCHEMES, Config, RecursiveGPT, closest
 from train import flops_per_token, peak_bf16_flops
 
@@ -173,14 +172,7 @@ def setup(bc):
     """Settings -> (device, torch dtype, autocast context); also what every process (children too) sets."""
     device = resolve_device(bc.device)
     kind = device.split(":")[0]
-    dtype = bc.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if kind == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if dtype not in ("float32", "bfloat16"):
-        raise UsageError(f"--dtype={bc.dtype} is not supported; use auto, float32 or bfloat16")
-    bc.dtype = dtype
-    if kind == "cpu":
-        fix_malloc_thresholds()  # as train.py does
+    dtype = bc.dtype = resolve_dtype(bc.dtype, kind)
     if bc.threads is not None:
         torch.set_num_threads(bc.threads)
     torch._dynamo.config.recompile_limit = 64  # every variant's graphs share RecursiveGPT's code object
@@ -280,16 +272,6 @@ def cpu_seconds():
         return None, own
 
 
-def machine(device):
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
 def run(bc):
     device, dtype, autocast = setup(bc)
     cuda = device.startswith("cuda")
@@ -374,7 +356,7 @@ def run(bc):
     for row in rows:
         row["recompiles"] = recompiles[row["variant"]] if bc.compile else None
 
-    info = dict(kind="machine", torch=torch.__version__, device=device, device_name=machine(device),
+    info = dict(kind="machine", torch=torch.__version__, device=device, device_name=machine_name(device),
                 threads=torch.get_num_threads(), peak_flops=peak, peak_source=peak_source,
                 cpus=os.cpu_count(), other_processes_cpus=others, settings=dataclasses.asdict(bc))
     return rows, info

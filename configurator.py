@@ -1,6 +1,6 @@
 """
 Command-line settings for the entry points (train.py, sample.py, bench.py), generated from a
-dataclass, and the process setup they share (device choice, CPU allocator thresholds).
+dataclass, and what they share: one-line error reports, device and dtype choice.
 
     python train.py config/pythia-160m_mesh.json --max_iters=2000 --lr=6e-4
 
@@ -11,18 +11,19 @@ unknown key or a value of the wrong type is a UsageError naming the closest key
 or the expected type.
 """
 
-import ctypes
 import dataclasses
-import difflib
 import inspect
 import json
 import os
+import platform
 import re
 import sys
 import types
 import typing
 
 import torch
+
+from mesh import closest
 
 
 class UsageError(ValueError):
@@ -100,9 +101,8 @@ def parse_flags(cls, argv, prog):
 
     def put(key, value, where):
         if key not in fields:
-            match = difflib.get_close_matches(key, fields, n=1)
-            hint = f"; did you mean --{match[0]}?" if match else f"; see python {prog} --help"
-            raise UsageError(f"unknown setting {key!r} in {where}{hint}")
+            raise UsageError(f"unknown setting {key!r} in {where}{closest(key, fields, flag=True)}; "
+                             f"see python {prog} --help")
         given[key] = _parse_value(fields[key], value)
 
     for arg in argv:
@@ -145,19 +145,21 @@ def resolve_device(name):
     return name
 
 
-def fix_malloc_thresholds(mmap=32 << 20, trim=64 << 20):
-    """On Linux with glibc: serve tensors under 32 MB from the heap and keep up to 64 MB of freed
-    heap memory, from the first step on. glibc starts both thresholds at 128 KB and raises them
-    toward these ceilings only as it frees mapped blocks (to the largest so far, and twice that);
-    until then a CPU train step of a small model gives its activations back to the kernel and
-    faults them in again, zeroed page by page (test_train.py counts a classroom step's faults:
-    over 10,000 with the starting thresholds held, under 1,000 with these). Larger tensors (a
-    50k-vocabulary model's logits) are still mapped afresh each time: keeping those in the heap
-    too gave no clear gain and a higher peak resident set (README, Speed). mmap and trim are the
-    two thresholds in bytes. Returns whether it applied."""
+def resolve_dtype(name, device_type):
+    """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs that support it, else float32."""
+    if name == "auto":
+        return "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if name not in ("float32", "bfloat16"):
+        raise UsageError(f"--dtype={name} is not supported; use auto, float32 or bfloat16")
+    return name
+
+
+def machine_name(device="cpu"):
+    """The GPU's name for a CUDA device, else the CPU's model name (bench.py and table1.py print it)."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(device)
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap) and libc.mallopt(M_TRIM_THRESHOLD, trim))
-    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows): leave the allocator alone
-        return False
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()

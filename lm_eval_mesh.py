@@ -24,9 +24,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from checkpoint import load_checkpoint
 from configurator import report
 from data.prepare import PrepareError, Tokenizer, checkpoint_dataset
-from mesh import load_checkpoint
 
 try:
     from lm_eval.api.model import TemplateLM

@@ -1,10 +1,10 @@
 """
 nanoMeSH: the whole model in one file.
 
-MeSH (Memory-as-State-Highways for Recursive Transformers, Yu et al., arXiv
-2510.07739) on a GPT-NeoX / Pythia backbone. A recursive transformer runs a
-prelude, then one weight-shared core several times (the loop steps), then a
-coda. How the hidden state travels from step to step is the "scheme":
+MeSH (Memory-as-State-Highways for Recursive Transformers, Yu et al., arXiv 2510.07739) on a
+GPT-NeoX / Pythia backbone. A recursive transformer runs a prelude, then one weight-shared core
+several times (the loop steps), then a coda. How the hidden state travels from step to step is
+the "scheme" (the paper's Section 3 and Table 1):
 
     base        h(t+1) = f_t(h(t))
     residual    h(t+1) = f_t(h(t)) + h(t)
@@ -12,23 +12,19 @@ coda. How the hidden state travels from step to step is the "scheme":
     anchor_emb  h(t+1) = f_t(h(t)) + h_emb           (the paper's anchor*)
     mesh        a B-slot memory buffer with per-step write/read routers (Eq. 2-5)
 
-Read top to bottom: Config and layouts, the GPT-NeoX Block, the Router and
-buffer, the loss, the model (forward = the paper's Eq. 2-5), init, optimizer, KV cache and
-generation, checkpoints, and a summary command:
+Read top to bottom: presets and layouts, Config, the GPT-NeoX Block, the Router and buffer,
+the model (its forward is the paper's Eq. 2-5), init, optimizer, KV cache and generation, and a
+summary command that prints the paper's Table 5 numbers without allocating weights:
 
     python mesh.py --model pythia-1.4b --layout 4+8R2+4 --scheme mesh
 
-prints the paper's Table 5 numbers for any preset without allocating weights.
+Checkpoints and the Hugging Face import are in checkpoint.py.
 """
 
 import argparse
 import difflib
-import functools
-import json
 import math
-import os
 import re
-import uuid
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -38,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 SCHEMES = ("base", "residual", "anchor", "anchor_emb", "mesh")
 
-# Pythia shapes: width, heads, vanilla depth, peak LR, padded vocabulary.
+# Pythia shapes (Biderman et al. 2023): width, heads, vanilla depth, peak LR, padded vocabulary.
 PRESETS = {
     "pythia-14m": dict(n_embd=128, n_head=4, n_layer=6, lr=1e-3),
     "pythia-31m": dict(n_embd=256, n_head=8, n_layer=6, lr=1e-3),
@@ -56,24 +52,25 @@ PRESETS = {
 }
 
 
-def closest(name, options):
-    """' (did you mean X?)' for the nearest valid name, or '' when none is close."""
+def closest(name, options, flag=False):
+    """" (did you mean 'X'?)" for the nearest of options, " (did you mean --X?)" for a flag, or "" when none is
+    close: the project's one did-you-mean (configurator.py, data/prepare.py and the scripts use it too)."""
     match = difflib.get_close_matches(str(name), list(options), n=1, cutoff=0.5)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+    return "" if not match else f" (did you mean --{match[0]}?)" if flag else f" (did you mean {match[0]!r}?)"
 
 
 # -----------------------------------------------------------------------------
-# Layouts (SPEC section 2): "P+CRN+Q", "24", "4+8+8+4"
+# Layouts (the paper's notation, Section 4.1): "P+CRN+Q", "24", "4+8+8+4" (Appendix E.5)
 
 LAYOUT_FORM = "'+'-separated block counts such as '24', '4+8R2+4' or '4+8+8+4'"
 
 
 @dataclass(frozen=True)
 class Layout:
-    prelude: int   # blocks in f_pre
-    cores: tuple   # block count of each unique core
+    prelude: int     # blocks in f_pre
+    cores: tuple     # block count of each unique core
     schedule: tuple  # for each loop step t, the index of the core it runs
-    coda: int      # blocks in f_coda
+    coda: int        # blocks in f_coda
 
     @property
     def depth(self):  # compute depth: blocks applied per forward (unrolled)
@@ -87,8 +84,8 @@ class Layout:
 def parse_layout(text):
     """'4+8R2+4' -> Layout(4, (8,), (0, 0), 4); '24' -> Layout(24, (), (), 0).
 
-    The first segment is the prelude, the last the coda; each middle segment is
-    'C' (one step with its own C blocks) or 'CRN' (N steps sharing one core)."""
+    The first segment is the prelude, the last the coda; each middle segment is 'C' (one step
+    with its own C blocks) or 'CRN' (N steps sharing one core of C blocks)."""
     bad = f"bad layout {text!r}: expected {LAYOUT_FORM}"
     segments = str(text).split("+")
     if not all(segments):
@@ -125,7 +122,7 @@ class Config:
     block_size: int = 2048       # context length
     n_embd: int = 768
     n_head: int = 12
-    layout: str = "12"           # SPEC section 2
+    layout: str = "12"           # see parse_layout
     scheme: str = "base"         # one of SCHEMES
     n_slots: int | None = None   # MeSH buffer slots B; None means K+3 (Appendix E.1)
     rotary_pct: float = 0.25     # fraction of each head's dims that get rotary
@@ -201,14 +198,12 @@ class Config:
 # The GPT-NeoX block
 
 class Rotary(nn.Module):
-    """NeoX rotary embedding on the first rotary_dims of each head; one table for the whole model.
+    """GPT-NeoX rotary embedding on the first rotary_dims of each head: one table for the whole model.
 
-    NeoX rotates x = (x1, x2, x_pass) to (x1, x2) * cos + (-x2, x1) * sin and leaves x_pass alone.
-    Here that is one formula over the whole head, x * cos + (x @ R) * sin, with cos = 1 and sin = 0
-    on the pass-through dims and R the signed permutation (x1, x2, x_pass) @ R = (-x2, x1, 0): no
-    split, no concatenation (each one a copy, forward and backward), and exact, since every output
-    of x @ R is one input times +-1. The model looks up cos and sin once per forward for its positions
-    and every block uses them."""
+    NeoX maps (x1, x2, x_pass) to (x1 cos - x2 sin, x2 cos + x1 sin, x_pass). Written here as
+    x * cos + (x @ R) * sin over the whole head, with cos = 1 and sin = 0 on the pass-through dims and
+    R the signed permutation (x1, x2, x_pass) @ R = (-x2, x1, 0): the same values (each entry of x @ R
+    is one entry of x times +-1), with no split or concatenation of the heads."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -227,49 +222,27 @@ class Rotary(nn.Module):
         self.register_buffer("R", R, persistent=False)                                            # (hd, hd)
 
     def forward(self, T, pos=None, dtype=torch.float32):
-        """Tables for positions pos (T,), or 0..T-1 when pos is None, in dtype, the dtype q and k are
-        computed in (RecursiveGPT.compute_dtype: cast here once per forward, not in every block)
-        -> (cos, sin, R)."""
+        """(cos, sin, R) for positions pos (T,), or 0..T-1 when pos is None, in the dtype q and k are
+        computed in (RecursiveGPT.compute_dtype)."""
         cos, sin = (self.cos[:T], self.sin[:T]) if pos is None else (self.cos[pos], self.sin[pos])
         return cos.to(dtype), sin.to(dtype), self.R.to(dtype)   # (T, hd), (T, hd), (hd, hd)
 
 
-class Linear(nn.Linear):
-    """nn.Linear, except that under torch.compile the bias is a separate add. Inductor then fuses that add
-    into the elementwise kernel that follows (rotary, GELU, the residual sum), where an addmm would first
-    copy the bias into every row of its output, one more pass over it (Inductor makes this split itself
-    on GPUs, not on CPU). Uncompiled, F.linear's addmm stays: there a separate add would be one more
-    operator and pass of its own. The bias is cast to the product's dtype, as addmm does under
-    autocast."""
-
-    def forward(self, x):
-        if self.bias is None or not torch.compiler.is_compiling():
-            return super().forward(x)
-        y = x @ self.weight.t()                 # (..., out_features)
-        return y + self.bias.to(y.dtype)
-
-
 class Attention(nn.Module):
-    """Causal self-attention with a fused QKV and rotary positions (see Rotary)."""
+    """Causal self-attention with a fused QKV and rotary positions."""
 
     def __init__(self, cfg):
         super().__init__()
         self.n_head, self.head_dim, self.dropout = cfg.n_head, cfg.head_dim, cfg.dropout
-        self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd)   # rows: [q | k | v], each head-major
-        self.proj = Linear(cfg.n_embd, cfg.n_embd)
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)   # rows: [q | k | v], each head-major
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
     def forward(self, x, rope, cache=None, layer=0):
-        return self.attend(self.qkv(x), rope, cache, layer)
-
-    def attend(self, qkv, rope, cache=None, layer=0):
-        """forward after the projection: qkv (B, T, 3D) is self.qkv(x), or Block's decoding path's fused one."""
-        B, T, C = qkv.size(0), qkv.size(1), self.n_head * self.head_dim
+        B, T, C = x.shape
         cos, sin, R = rope
-        qkv = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
-        qk, v = qkv.split((2, 1))               # split, not indexing: its backward is one cat, no zero-filling
-        qk = qk * cos + (qk @ R) * sin          # rotary on q and k at once
-        q, k = qk.unbind(0)                     # (B, H, T, hd) each
-        v = v.squeeze(0)                        # (B, H, T, hd)
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+        qk = qkv[:2] * cos + (qkv[:2] @ R) * sin              # rotary on q and k at once
+        q, k, v = qk[0], qk[1], qkv[2]                         # (B, H, T, hd) each
         drop = self.dropout if self.training else 0.0
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)   # (B, H, T, hd)
@@ -282,262 +255,61 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.fc = Linear(cfg.n_embd, 4 * cfg.n_embd)
-        self.proj = Linear(4 * cfg.n_embd, cfg.n_embd)
+        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
 
     def forward(self, x):
         return self.proj(F.gelu(self.fc(x)))  # exact (erf) GELU, as GPT-NeoX
 
 
 class Block(nn.Module):
-    """GPT-NeoX block. block(x, rope) works on a full causal sequence x of shape (B, T, D), with rope
-    = model.rotary(T) (cos, sin and R for its positions; under autocast pass dtype=its dtype)."""
+    """GPT-NeoX block on x (B, T, D), with rope = model.rotary(T) shared by every block."""
 
     def __init__(self, cfg):
         super().__init__()
-        self.parallel, self.dropout = cfg.parallel_residual, cfg.dropout
+        self.parallel = cfg.parallel_residual
         self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
         self.attn = Attention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
         self.mlp = MLP(cfg)
-
-    def drop(self, x):  # residual dropout; skipped outright at p = 0 (one call less per branch)
-        return F.dropout(x, self.dropout, self.training) if self.dropout else x
+        self.drop = nn.Dropout(cfg.dropout)  # on each branch's output (residual dropout)
 
     def forward(self, x, rope, cache=None, layer=0):
-        if cache is not None and self.parallel:  # decoding: one LayerNorm and one matmul feed both branches
-            D = x.size(-1)
-            qkv, h = F.linear(F.layer_norm(x, (D,), eps=self.ln_1.eps), *cache.inputs[layer]).split((3 * D, 4 * D), -1)
-            # qkv (B, T, 3D), h (B, T, 4D): the projections of the two-matmul path below
-            return x + self.drop(self.attn.attend(qkv, rope, cache, layer)) + self.drop(self.mlp.proj(F.gelu(h)))
         a = self.drop(self.attn(self.ln_1(x), rope, cache, layer))
-        if self.parallel:
+        if self.parallel:  # GPT-NeoX / Pythia: both branches read the same x
             return x + a + self.drop(self.mlp(self.ln_2(x)))
         x = x + a
         return x + self.drop(self.mlp(self.ln_2(x)))
 
-    @torch.no_grad()
-    def fused_inputs(self, dtype):
-        """(weight (7D, D), bias (7D,)) with qkv(ln_1(x)) | mlp.fc(ln_2(x)) = linear(normalize(x), weight, bias).
-
-        With a parallel residual both branches read the same normalized x, each through its own LayerNorm
-        affine, which folds into the matmul after it: (xn * g + b) W^T + c = xn (W * g)^T + (W b + c). One
-        normalization and one matmul instead of two of each: KVCache makes these for decoding, where a token's
-        time goes to per-operator overhead (README, Speed). Equal to the two-matmul path up to float rounding."""
-        halves = [(lin.weight * ln.weight, lin.weight @ ln.bias + lin.bias)
-                  for ln, lin in ((self.ln_1, self.attn.qkv), (self.ln_2, self.mlp.fc))]
-        return tuple(torch.cat(parts).to(dtype) for parts in zip(*halves))
-
 
 # -----------------------------------------------------------------------------
-# MeSH routers and buffer
+# MeSH: routers and the memory buffer (Eq. 2-5)
 
 class Router(nn.Module):
-    """One router pair (Eq. 3): per-token softmax weights over the B slots for writing and reading.
-    The two Linears run as one matmul that puts the slots first, (2S, B*T): on CPU a softmax over a leading
-    dimension is several times faster than over a last dimension of a few slots, and one matmul is half
-    the operators of two, forward and backward (README, Speed)."""
+    """One router pair (Eq. 3): per token, softmax weights over the B slots for writing and for reading."""
 
     def __init__(self, n_embd, n_slots):
         super().__init__()
-        self.write = Linear(n_embd, n_slots)
-        self.read = Linear(n_embd, n_slots)
+        self.write = nn.Linear(n_embd, n_slots)
+        self.read = nn.Linear(n_embd, n_slots)
 
-    def forward(self, h):  # h (B, T, D) -> w_write, w_read, each (B, T, S), rows sum to 1
-        S, D = self.write.weight.shape
-        weight = torch.cat([self.write.weight, self.read.weight])                 # (2S, D)
-        bias = torch.cat([self.write.bias, self.read.bias]).unsqueeze(-1)         # (2S, 1)
-        logits = torch.addmm(bias, weight, h.reshape(-1, D).t())                  # (2S, B*T)
-        w = logits.view(2, S, -1).softmax(1).permute(2, 0, 1).contiguous()       # (B*T, 2, S)
-        w = w.view(*h.shape[:-1], 2, S)                                           # (B, T, 2, S)
-        return w[..., 0, :], w[..., 1, :]
+    def forward(self, h):  # h (B, T, D) -> w_write, w_read, each (B, T, S) with rows summing to 1
+        return F.softmax(self.write(h), dim=-1), F.softmax(self.read(h), dim=-1)
 
 
-def float32_under_autocast(op):
-    """[choice] The buffer, and every state read from it, stays float32 under bf16 autocast, like the
-    residual stream of the other schemes (there x + a bf16 branch output promotes to float32). Autocast
-    would run the buffer's batched matmuls in bf16, round the buffer at every write and hand the cores a
-    bf16 stream: less precise than the baselines it is compared with."""
-    @functools.wraps(op)
-    def run(*tensors):
-        device = tensors[0].device.type
-        if not torch.is_autocast_enabled(device):
-            return op(*tensors)
-        with torch.autocast(device, enabled=False):
-            return op(*(t.float() for t in tensors))
-    return run
-
-
-# The buffer's per-token contractions over slots, as batched matmuls over the B*T tokens (no loop over slots).
-
-def slot_mix(w, mem):  # w (B, T, S), mem (B, T, S, D) -> (B, T, D): sum_b w_b m_b, a (1 x S) @ (S x D) per token
-    S, D = mem.shape[-2:]
-    return torch.bmm(w.reshape(-1, 1, S), mem.reshape(-1, S, D)).view(*mem.shape[:-2], D)
-
-
-def slot_dots(mem, x):  # mem (B, T, S, D), x (B, T, D) -> (B, T, S): m_b . x, a (1 x D) @ (D x S) per token
-    S, D = mem.shape[-2:]
-    return torch.bmm(x.reshape(-1, 1, D), mem.reshape(-1, S, D).transpose(1, 2)).view(mem.shape[:-1])
-
-
-def outer(w, x):  # w (B, T, S), x (B, T, D) -> (B, T, S, D): w_b x for every slot b
-    return w.unsqueeze(-1) * x.unsqueeze(-2)
-
-
-@float32_under_autocast
 def buffer_write(mem, w_write, h):
-    """Eq. 5: m_b += w_write_b * h for every slot b at once, in one kernel. mem (B, T, S, D), w_write (B, T, S),
-    h (B, T, D)."""
-    return torch.addcmul(mem, w_write.unsqueeze(-1), h.unsqueeze(-2))
+    """Eq. 5, the write: m_b += w_write_b * h for every slot b. mem (B, T, S, D), w_write (B, T, S), h (B, T, D)."""
+    return mem + w_write.unsqueeze(-1) * h.unsqueeze(-2)      # (B, T, S, D)
 
 
-@float32_under_autocast
 def buffer_read(mem, w_read):
-    """h = sum_b w_read_b * m_b -> (B, T, D)."""
-    return slot_mix(w_read, mem)
+    """Eq. 5, the read: h = sum_b w_read_b * m_b. mem (B, T, S, D), w_read (B, T, S) -> (B, T, D)."""
+    return (w_read.unsqueeze(-1) * mem).sum(dim=-2)
 
 
-class BufferStart(torch.autograd.Function):
-    """Eq. 2 and the transitional cycle: the buffer with slot 0 = h_emb and zeros elsewhere, h written into
-    it (Eq. 5), and h(0) read from it. Forward returns (mem, h0) = (e_0 h_emb + w (x) h, r_0 h_emb + (r . w) h):
-    the read needs no pass over the buffer, as only slot 0 held anything before the write. Backward, for
-    the gradients G of mem (B, T, S, D) and g of h0 (B, T, D):
-        d h_emb = G_0 + r_0 g          d h = sum_b w_b G_b + (r . w) g
-        d w_b   = G_b . h + r_b (g . h)    d r_b = w_b (g . h) + [b = 0] (h_emb . g)
-    two passes over the buffer-sized G, where autograd's graph of the same ops (F.pad, buffer_write,
-    buffer_read) makes several more and keeps a buffer for backward (README, Speed); test_mesh.py checks
-    both directions against that graph."""
-
-    @staticmethod
-    def forward(ctx, h_emb, w_write, w_read, h):
-        mem = outer(w_write, h)                                                    # (B, T, S, D)
-        mem[..., 0, :] += h_emb                                                    # slot 0 starts as h_emb
-        rw = (w_read * w_write).sum(-1, keepdim=True)                              # (B, T, 1)
-        h0 = torch.addcmul(w_read[..., :1] * h_emb, rw, h)                         # (B, T, D)
-        ctx.save_for_backward(h_emb, w_write, w_read, h, rw)
-        return mem, h0
-
-    @staticmethod
-    def backward(ctx, G, g):
-        h_emb, w, r, h, rw = ctx.saved_tensors
-        gh = (g * h).sum(-1, keepdim=True)                                         # (B, T, 1)
-        d_h_emb = torch.addcmul(G[..., 0, :], r[..., :1], g)
-        d_h = torch.addcmul(slot_mix(w, G), rw, g)
-        d_w = torch.addcmul(slot_dots(G, h), r, gh)
-        d_r = w * gh
-        d_r[..., 0] += (h_emb * g).sum(-1)
-        return d_h_emb, d_w, d_r, d_h
-
-
-class BufferStep(torch.autograd.Function):
-    """One loop step's write then read (Eq. 5): mem' = buffer_write(mem, w, h), h' = buffer_read(mem', r).
-    Backward, for the gradients G of mem' and g of h': the buffer's gradient is G~ = G + r (x) g (the read
-    adds r_b g to slot b), and then
-        d mem = G~      d w_b = G~_b . h      d h = sum_b w_b G~_b      d r_b = m'_b . g
-    one new buffer-sized tensor (G~) and three reads of one, where autograd's graph of the same ops writes
-    two buffer gradients and their sum (checked against it in test_mesh.py)."""
-
-    @staticmethod
-    def forward(ctx, mem, w_write, w_read, h):
-        mem = buffer_write(mem, w_write, h)                                        # (B, T, S, D)
-        ctx.save_for_backward(mem, w_write, w_read, h)
-        return mem, buffer_read(mem, w_read)
-
-    @staticmethod
-    def backward(ctx, G, g):
-        mem, w, r, h = ctx.saved_tensors
-        G = torch.addcmul(G, r.unsqueeze(-1), g.unsqueeze(-2))                    # (B, T, S, D)
-        return G, slot_dots(G, h), slot_dots(mem, g), slot_mix(w, G)
-
-
-class BufferFinalRead(torch.autograd.Function):
-    """The last loop step's write then read, buffer_read(buffer_write(mem, w, h), r), without building the
-    written buffer: nothing reads it again, so h' = sum_b r_b (m_b + w_b h) = sum_b r_b m_b + (r . w) h,
-    one pass over the buffer. Backward, for the gradient g of h':
-        d mem = r (x) g      d w_b = r_b (g . h)      d r_b = m_b . g + w_b (g . h)      d h = (r . w) g"""
-
-    @staticmethod
-    def forward(ctx, mem, w_write, w_read, h):
-        rw = (w_read * w_write).sum(-1, keepdim=True)                             # (B, T, 1)
-        ctx.save_for_backward(mem, w_write, w_read, h, rw)
-        return torch.addcmul(slot_mix(w_read, mem), rw, h)                        # (B, T, D)
-
-    @staticmethod
-    def backward(ctx, g):
-        mem, w, r, h, rw = ctx.saved_tensors
-        gh = (g * h).sum(-1, keepdim=True)                                         # (B, T, 1)
-        return outer(r, g), r * gh, torch.addcmul(slot_dots(mem, g), w, gh), rw * g
-
-
-class NoGraph:
-    """Stands in for autograd's ctx where autograd records nothing (run_function)."""
-
-    @staticmethod
-    def save_for_backward(*tensors):
-        pass
-
-
-def run_function(fn, *tensors):
-    """fn.apply(*tensors); where autograd records nothing (generate runs under inference_mode), fn's forward
-    alone: Function.apply's own bookkeeping costs more than the few small ops of a one-token step."""
-    if torch.is_grad_enabled():
-        return fn.apply(*tensors)
-    return fn.forward(NoGraph, *tensors)
-
-
-# The model calls the three through these: float32 under autocast, like buffer_write and buffer_read.
-
-@float32_under_autocast
-def buffer_start(h_emb, w_write, w_read, h):
-    return run_function(BufferStart, h_emb, w_write, w_read, h)
-
-
-@float32_under_autocast
-def buffer_step(mem, w_write, w_read, h):
-    return run_function(BufferStep, mem, w_write, w_read, h)
-
-
-@float32_under_autocast
-def buffer_final_read(mem, w_write, w_read, h):
-    return run_function(BufferFinalRead, mem, w_write, w_read, h)
-
-
-# -----------------------------------------------------------------------------
-# The loss
-
-class CrossEntropy(torch.autograd.Function):
-    """F.cross_entropy(logits, targets, ignore_index=-1), the mean over the targets that are not -1, with
-    fewer passes over the logits. F.cross_entropy writes the log-softmax (as large as the logits), then in
-    backward a zero-filled one-hot gradient and the log-softmax's gradient: three fresh (N, V) tensors.
-    Here forward reads the logits (logsumexp, and the target's logit) and writes nothing of their size,
-    and backward writes the one gradient, softmax(logits) - onehot(target), scaled. Same values to
-    rounding (tested against F.cross_entropy); the log-softmax is no longer kept for backward (400 MB
-    at pythia-70m width with 8 x 256 tokens: README, Speed)."""
-
-    @staticmethod
-    def forward(ctx, logits, targets):  # logits (N, V) float, targets (N,) ids or -1 -> scalar
-        keep = targets != -1                                                    # (N,)
-        # -1 reads column 0, then drops; any other id outside [0, V) makes gather raise, as F.cross_entropy does
-        index = targets.masked_fill(~keep, 0).unsqueeze(1)                      # (N, 1)
-        # logsumexp makes two temporaries as large as its input (x - max and its exp). On CPU each would be
-        # fresh memory the kernel has to fault in and zero, so it goes ~1M logits (4 MB) at a time and the
-        # temporaries stay in cache. On GPUs it goes 2^28 logits (1 GiB) at a time, which bounds the
-        # temporaries of an uncompiled evaluation (16 x 4096 tokens x 50k vocabulary would be 13 GB each).
-        # torch.compile fuses logsumexp into one pass (unrolling the blocks would only slow compilation).
-        block = 2**20 if logits.device.type == "cpu" else 2**28
-        rows = logits.size(0) if torch.compiler.is_compiling() else max(1, block // logits.size(1))
-        lse = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in logits.split(rows)])   # (N,)
-        nll = lse - logits.gather(1, index).squeeze(1)                          # (N,)  -log softmax[target]
-        count = keep.sum()
-        ctx.save_for_backward(logits, index, keep, count)
-        return torch.where(keep, nll, 0.0).sum() / count
-
-    @staticmethod
-    def backward(ctx, grad):
-        logits, index, keep, count = ctx.saved_tensors
-        scale = (keep * (grad / count)).unsqueeze(1)                            # (N, 1)
-        dlogits = torch.softmax(logits, dim=-1).mul_(scale)                     # (N, V)
-        return dlogits.scatter_add_(1, index, -scale), None
+# [choice] Precision: the buffer ops are elementwise, which autocast leaves alone, so under bf16 autocast
+# the buffer and every state read from it stay float32 (the routers' softmax is float32 too), like the
+# residual stream of the other schemes (there x + a bf16 branch promotes to float32).
 
 
 # -----------------------------------------------------------------------------
@@ -556,15 +328,15 @@ class RecursiveGPT(nn.Module):
         self.cores = nn.ModuleList(nn.ModuleList(Block(cfg) for _ in range(n)) for n in shape.cores)
         self.schedule = list(shape.schedule)  # loop step t runs cores[schedule[t]]
         self.coda = nn.ModuleList(Block(cfg) for _ in range(shape.coda))
-        if cfg.scheme == "mesh":  # K+1 pairs: [0] the transitional cycle, [t+1] loop step t
+        if cfg.scheme == "mesh":  # K+1 pairs (Table 5): [0] the transitional cycle, [t+1] loop step t
             self.routers = nn.ModuleList(Router(cfg.n_embd, cfg.slots) for _ in range(cfg.n_steps + 1))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=1e-5)
-        self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # untied, as Pythia
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # untied, as Pythia
         self.grad_checkpoint = False  # recompute block activations in backward (train.py --grad_checkpoint)
         self.apply(self._init_weights)
 
     def _init_weights(self, module):
-        """All init, one place (SPEC section 4, Appendix B):
+        """All init, one place (Appendix B):
         - Linear weights and embeddings: normal(0, 0.02); biases zero; LayerNorm weight 1, bias 0.
         - Output projections of attention and MLP (`attn.proj`, `mlp.proj`): std 0.02 / sqrt(2 * N),
           N = compute depth (unrolled block count), so the residual stream's variance does not
@@ -616,39 +388,42 @@ class RecursiveGPT(nn.Module):
     def forward(self, idx, targets=None, pos=None, cache=None, capture=None):
         """idx (B, T) token ids -> (logits (B, T, V), loss or None).
 
-        pos (T,) and cache (a KVCache) are for incremental decoding; capture, a dict, is filled with
-        the states, block (input, output) pairs and router weights that probe.py studies. Neither
-        changes the result.
+        pos (T,) and cache (a KVCache) are for incremental decoding. capture, a dict, is filled with
+        what probe.py studies: "states" (name, h), "blocks" (name, input, output) and "routers"
+        (name, w_write, w_read). Neither changes the result.
         """
         cfg = self.config
         if idx.size(1) > cfg.block_size:
             raise ValueError(f"idx has {idx.size(1)} positions but block_size is {cfg.block_size}; "
                              f"pass at most the last {cfg.block_size} tokens (as generate does)")
+        note = (lambda key, *item: capture[key].append(item)) if capture is not None else (lambda *_: None)
+        if capture is not None:
+            capture.update(states=[], blocks=[], routers=[])
         rope = self.rotary(idx.size(1), pos, self.compute_dtype(idx.device.type))  # once for every block
         if cache is not None:
             cache.seek(pos)
-        x = self.wte(idx)                                                   # (B, T, D)
+
+        h_emb = self.wte(idx)                                               # (B, T, D)
         if cfg.scale_embeddings:
-            x = x * math.sqrt(cfg.n_embd)                                   # Appendix B
-        h_emb = x
-        h, layer = self.run(self.prelude, h_emb, 0, rope, cache)            # f_pre(h_emb)
-        record = capture is not None
-        if record:
-            capture.update(states=[("h_emb", h_emb)], blocks=[("prelude", h_emb, h)], routers=[])
+            h_emb = h_emb * math.sqrt(cfg.n_embd)                           # Appendix B
+        note("states", "h_emb", h_emb)
+        x, layer = self.run(self.prelude, h_emb, 0, rope, cache)            # f_pre(h_emb)
+        note("blocks", "prelude", h_emb, x)
+        h = x
         if cfg.scheme == "mesh":
-            # Eq. 2: slot 0 starts as h_emb, the other B-1 slots as zeros. Transitional cycle [choice]:
-            # route on the prelude output, write it, read h(0).
-            w_write, w_read = self.routers[0](h)                            # (B, T, S) each
-            mem, h = buffer_start(h_emb, w_write, w_read, h)                # (B, T, S, D), (B, T, D)
-            if record:
-                capture["routers"].append(("cycle", w_write, w_read))
-        h0 = h                                                              # h(0)
+            # Eq. 2: the buffer, B slots the shape of the state; slot 0 holds h_emb, the others start at zero.
+            mem = torch.stack([h_emb] + [torch.zeros_like(h_emb)] * (cfg.slots - 1), dim=2)  # (B, T, S, D)
+            # The transitional cycle [choice: the paper's cycle "processes the prelude output"]: route on
+            # the prelude output x, write it into the buffer, read h(0).
+            w_write, w_read = self.routers[0](x)                            # Eq. 3: (B, T, S) each
+            mem = buffer_write(mem, w_write, x)
+            h = buffer_read(mem, w_read)
+            note("routers", "cycle", w_write, w_read)
+        h0 = h
         for t, c in enumerate(self.schedule):
-            if record:
-                capture["states"].append((f"h{t}", h))
+            note("states", f"h{t}", h)
             h_m, layer = self.run(self.cores[c], h, layer, rope, cache)     # Eq. 4: h_m = f_t(h(t))
-            if record:
-                capture["blocks"].append((f"step{t}", h, h_m))
+            note("blocks", f"step{t}", h, h_m)
             if cfg.scheme == "base":
                 h = h_m
             elif cfg.scheme == "residual":
@@ -657,62 +432,43 @@ class RecursiveGPT(nn.Module):
                 h = h_m + h0
             elif cfg.scheme == "anchor_emb":
                 h = h_m + h_emb
-            else:  # mesh: route on h(t), write h_m (Eq. 5), read h(t+1)
+            else:  # mesh: route on h(t) (Eq. 3), write h_m, read h(t+1) (Eq. 5)
                 w_write, w_read = self.routers[t + 1](h)
-                if t + 1 < cfg.n_steps:
-                    mem, h = buffer_step(mem, w_write, w_read, h_m)
-                else:  # the final read: no one reads this buffer again, so it is never written out
-                    h = buffer_final_read(mem, w_write, w_read, h_m)
-                if record:
-                    capture["routers"].append((f"step{t}", w_write, w_read))
-        x, layer = self.run(self.coda, h, layer, rope, cache)               # f_coda(h(K))
-        if record:
-            capture["states"] += [(f"h{cfg.n_steps}", h), ("out", x)]
-            if self.coda:
-                capture["blocks"].append(("coda", h, x))
-        logits = self.lm_head(self.ln_f(x))                                 # (B, T, V)
+                mem = buffer_write(mem, w_write, h_m)
+                h = buffer_read(mem, w_read)
+                note("routers", f"step{t}", w_write, w_read)
+        note("states", f"h{cfg.n_steps}", h)
+        out, layer = self.run(self.coda, h, layer, rope, cache)            # f_coda(h(K))
+        note("states", "out", out)
+        if self.coda:
+            note("blocks", "coda", h, out)
+
+        logits = self.lm_head(self.ln_f(out))                               # (B, T, V)
         loss = None
-        if targets is not None:
-            loss = CrossEntropy.apply(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        if targets is not None:  # -1 marks a position without a target; autocast computes this in float32
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def configure_optimizer(self, weight_decay, lr, betas=(0.9, 0.95), device_type="cpu"):
         """AdamW with weight decay on matrices (Linear weights, embeddings, router weights) only:
         biases and LayerNorm parameters (1-d) are never decayed. Fused (one kernel over all parameters)
-        on CUDA and CPU: on CPU about 3x faster than the default per-parameter loop."""
+        on CUDA and CPU."""
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
-        assert len(decay) + len(no_decay) == len(params)
-        assert not {id(p) for p in decay} & {id(p) for p in no_decay}
         groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
         return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=device_type in ("cuda", "cpu"))
 
-    @classmethod
-    def from_pretrained(cls, path, device="cpu"):
-        """Load a Hugging Face GPT-NeoX checkpoint folder (a Pythia download is one) as a vanilla
-        RecursiveGPT: layout 'L', scheme 'base', scale_embeddings off, so its logits are the original
-        model's. Its config is a plain Config, so training can continue. See from_hf_neox."""
-        cfg, state = from_hf_neox(path)
-        model = cls(cfg)
-        model.load_state_dict(state)
-        return model.to(device)
-
     # ---- generation --------------------------------------------------------
 
-    @torch.inference_mode()  # like no_grad, and also skips autograd's version counters: ~10% faster decoding
+    @torch.inference_mode()  # like no_grad, and also skips autograd's version counters
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """Append max_new_tokens sampled tokens to idx (B, T). temperature 0 is greedy.
 
         With use_cache (the default) the prompt is prefilled once and each new token is one
         position through the network. Positions are absolute, so once the sequence outgrows
         block_size the last block_size tokens are re-prefilled at every step: the result is the
-        same as full recompute (use_cache=False) either way.
-
-        One-position steps run with oneDNN off (only that flag; restored after). On CPU its only
-        effect here is GELU: oneDNN sets up a kernel on every call, which costs several times
-        ATen's own GELU on one token's 4 x n_embd activations, while on whole sequences (training,
-        prefill) oneDNN's is the faster one. Both compute exact GELU."""
+        same as full recompute (use_cache=False) either way."""
         if not temperature >= 0 or top_k is not None and top_k < 1:  # (not >= also refuses nan)
             raise ValueError(f"temperature={temperature} must be 0 (greedy) or more and top_k={top_k} "
                              f"at least 1 (or None for no limit)")
@@ -726,12 +482,8 @@ class RecursiveGPT(nn.Module):
                 cache = KVCache(self, idx.size(0), L) if cache is None else cache
                 ctx = idx[:, -L:]
                 logits, _ = self(ctx, pos=torch.arange(ctx.size(1), device=idx.device), cache=cache)
-            else:  # decode one position, with oneDNN off (see above)
-                onednn, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, False
-                try:
-                    logits, _ = self(idx[:, -1:], pos=torch.tensor([T - 1], device=idx.device), cache=cache)
-                finally:
-                    torch.backends.mkldnn.enabled = onednn
+            else:  # one new position
+                logits, _ = self(idx[:, -1:], pos=torch.tensor([T - 1], device=idx.device), cache=cache)
             idx = torch.cat((idx, sample(logits[:, -1, :], temperature, top_k)), dim=1)
         return idx
 
@@ -751,24 +503,17 @@ def sample(logits, temperature=1.0, top_k=None):
 
 class KVCache:
     """Keys and values of every applied block (so `4+8R2+4` caches 24 layers, not 16), for max_len
-    positions, preallocated so shapes never change while decoding. The model calls seek(pos) once per
-    forward; each block then writes its keys/values at those positions and attends through attn_mask.
-
-    With a parallel residual it also holds each applied block's fused input matmul (Block.fused_inputs),
-    made from the weights as they are when the cache is made: make a new cache after they change
-    (generate makes one per call)."""
+    positions, preallocated so shapes never change while decoding. MeSH's buffer and routers act per
+    position, so they need no cache: only attention looks at other positions. The model calls seek(pos)
+    once per forward; each block then writes its keys/values at those positions and attends through
+    attn_mask."""
 
     def __init__(self, model, batch_size, max_len):
         cfg, device = model.config, model.lm_head.weight.device
         dtype = model.compute_dtype(device.type)  # keys and values as the blocks make them: no cast per update
-        blocks = model.applied_blocks()
-        unique = {id(b): b for b in blocks} if cfg.parallel_residual else {}  # a shared core's blocks once
-        fused = {key: b.fused_inputs(dtype) for key, b in unique.items()}
-        self.inputs = [fused.get(id(b)) for b in blocks]  # per layer: (weight (7D, D), bias (7D,)) or None
-        shape = (len(blocks), batch_size, cfg.n_head, max_len, cfg.head_dim)
+        shape = (cfg.shape.depth, batch_size, cfg.n_head, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (layers, B, H, L, hd)
         self.v = torch.zeros_like(self.k)
-        self.layers = list(zip(self.k.unbind(0), self.v.unbind(0)))  # per-layer views, made once
         causal = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
         # additive (0 or -inf) rather than boolean: SDPA would convert a boolean mask in every block
         self.mask = torch.zeros(max_len, max_len, device=device, dtype=dtype).masked_fill(~causal, -math.inf)
@@ -780,128 +525,9 @@ class KVCache:
         self.pos, self.attn_mask = pos, self.mask[pos]  # (T,), (T, L): each token sees positions <= its own
 
     def update(self, layer, k, v):  # k, v (B, H, T, hd) at positions self.pos -> all keys, values (B, H, L, hd)
-        keys, values = self.layers[layer]
-        keys.index_copy_(2, self.pos, k)
-        values.index_copy_(2, self.pos, v)
-        return keys, values
-
-
-# -----------------------------------------------------------------------------
-# Checkpoints: one writer and one loader, shared by train / sample / probe / bench
-
-class CheckpointError(ValueError):
-    pass
-
-
-def save_checkpoint(obj, path):
-    """torch.save to a temporary file in the same folder, fsync, then os.replace: a crash at any
-    moment leaves either the previous checkpoint or the new one, never half of one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    # a fresh name opened exclusively ("x"); not mkstemp, whose file is private (0600) where a plain save is not
-    tmp = os.path.join(folder, f".ckpt-{os.getpid()}-{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def load_checkpoint(out_dir, device="cpu"):
-    """Load OUT_DIR/ckpt.pt (weights_only: loading never runs code) -> (model, checkpoint dict)."""
-    path = os.path.join(out_dir, "ckpt.pt")
-    if not os.path.isfile(path):
-        raise CheckpointError(f"no checkpoint at {path}; train one with: python train.py --out_dir={out_dir}")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-        missing = {"model", "model_config", "train_config"} - set(ckpt)
-        if missing:
-            raise KeyError(f"no {', '.join(sorted(missing))}")
-        model = RecursiveGPT(Config.from_dict(ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
-    except Exception as e:  # truncated zip, foreign file, missing keys, ...
-        raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                              f"delete it or point --out_dir at another run") from None
-    return model.to(device), ckpt
-
-
-# -----------------------------------------------------------------------------
-# Importing Hugging Face GPT-NeoX / Pythia checkpoints (SPEC section 1), without transformers
-
-def from_hf_neox(path):
-    """config.json plus model.safetensors or pytorch_model.bin (or a sharded *.index.json) -> (Config,
-    RecursiveGPT state_dict). A setting that our GPT-NeoX block cannot express is refused by name."""
-    where = f"cannot import {path}"
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            hf = json.load(f)
-        D, H, L = hf["hidden_size"], hf["num_attention_heads"], hf["num_hidden_layers"]
-    except (OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{where}: no GPT-NeoX config.json there ({type(e).__name__}: {e})") from None
-    rope = hf.get("rope_parameters") or {}  # transformers >= 5 moved rotary_pct / rotary_emb_base here
-    for field, found, ours in [("model_type", hf.get("model_type"), "gpt_neox"),
-                               ("intermediate_size", hf.get("intermediate_size", 4 * D), 4 * D),
-                               ("hidden_act", hf.get("hidden_act", "gelu"), "gelu"),  # exact (erf) GELU
-                               ("layer_norm_eps", hf.get("layer_norm_eps", 1e-5), 1e-5),
-                               ("attention_bias", hf.get("attention_bias", True), True),
-                               ("rope_scaling", hf.get("rope_scaling"), None),
-                               ("rope_type", rope.get("rope_type", "default"), "default")]:
-        if found != ours:
-            raise CheckpointError(f"{where}: {field}={found!r} is not supported (nanoMeSH has {field}={ours!r})")
-    try:
-        cfg = Config(vocab_size=hf.get("vocab_size", 0), block_size=hf.get("max_position_embeddings", 2048),
-                     n_embd=D, n_head=H, layout=str(L), scale_embeddings=False,
-                     rotary_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)),
-                     rotary_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
-                     parallel_residual=hf.get("use_parallel_residual", True))
-    except ValueError as e:
-        raise CheckpointError(f"{where}: {e}") from None
-    try:  # optional: a pytorch_model.bin needs only torch
-        from safetensors.torch import load_file
-    except ImportError:
-        load_file = None
-    for name in ("model.safetensors", "pytorch_model.bin") if load_file else ("pytorch_model.bin",):
-        files = [name] if os.path.isfile(os.path.join(path, name)) else []
-        if os.path.isfile(os.path.join(path, name + ".index.json")):  # sharded: the index names the shards
-            with open(os.path.join(path, name + ".index.json"), encoding="utf-8") as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
-        if files:
-            break
-    else:
-        raise CheckpointError(f"{where}: no weights; expected model.safetensors (needs `pip install safetensors`) "
-                              f"or pytorch_model.bin, or a sharded *.index.json")
-    sd = {}
-    for file in (os.path.join(path, f) for f in files):  # a .bin loads with weights_only: never runs code
-        sd.update(load_file(file) if file.endswith(".safetensors") else
-                  torch.load(file, map_location="cpu", weights_only=True))
-    # Tied embeddings: our lm_head is untied (SPEC 1), so it starts as a copy of wte and trains apart.
-    head = ("gpt_neox.embed_in.weight" if hf.get("tie_word_embeddings") else
-            "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")  # on disk / in memory
-    names = {"wte.weight": "gpt_neox.embed_in.weight", "lm_head.weight": head,
-             "ln_f.weight": "gpt_neox.final_layer_norm.weight", "ln_f.bias": "gpt_neox.final_layer_norm.bias"}
-    for i in range(L):  # a vanilla layout: every layer is a prelude block
-        for ours, theirs in [("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm"),
-                             ("attn.qkv", "attention.query_key_value"), ("attn.proj", "attention.dense"),
-                             ("mlp.fc", "mlp.dense_h_to_4h"), ("mlp.proj", "mlp.dense_4h_to_h")]:
-            names.update({f"prelude.{i}.{ours}.{k}": f"gpt_neox.layers.{i}.{theirs}.{k}" for k in ("weight", "bias")})
-    absent = [theirs for theirs in names.values() if theirs not in sd]
-    if absent:
-        raise CheckpointError(f"{where}: {len(absent)} weight(s) missing, e.g. {absent[0]}")
-    if sd[names["wte.weight"]].shape != (cfg.vocab_size, D):
-        raise CheckpointError(f"{where}: vocab_size={cfg.vocab_size} in config.json, but embed_in has shape "
-                              f"{tuple(sd[names['wte.weight']].shape)}")
-    state = {ours: sd[theirs] for ours, theirs in names.items()}
-    for i in range(L):  # NeoX fuses QKV per head, [head][q|k|v][head_dim]; our rows are [q | k | v], head-major
-        w, b = f"prelude.{i}.attn.qkv.weight", f"prelude.{i}.attn.qkv.bias"
-        state[w] = state[w].view(H, 3, D // H, D).transpose(0, 1).reshape(3 * D, D)   # (3D, D)
-        state[b] = state[b].view(H, 3, D // H).transpose(0, 1).reshape(3 * D)         # (3D,)
-    return cfg, state
+        self.k[layer].index_copy_(2, self.pos, k)
+        self.v[layer].index_copy_(2, self.pos, v)
+        return self.k[layer], self.v[layer]
 
 
 # -----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """
-probe.py: the MeSH paper's diagnostics (SPEC section 7; paper Figures 3, 4, 5) for trained checkpoints.
+probe.py: the MeSH paper's diagnostics (its Figures 3, 4 and 5, Section 3) for trained checkpoints.
 
     python probe.py --out_dir=runs/base --out_dir=runs/mesh --num_samples=64 --json=probe.json --png=figs
 
@@ -30,11 +30,11 @@ import warnings
 import numpy as np
 import torch
 
+from checkpoint import CheckpointError, load_checkpoint
 from configurator import UsageError, check_writable, resolve_device
-from data.prepare import PrepareError, checkpoint_dataset, load_split
-from mesh import CheckpointError, load_checkpoint
+from data.prepare import PrepareError, checkpoint_dataset, load_split, random_windows
 
-# [choice] RBF bandwidth (SPEC section 7): sigma = SIGMA_FRAC x the median distance between distinct
+# [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance between distinct
 # tokens of the state. A bandwidth relative to the median makes CKA invariant to an isotropic scaling
 # of either side, which the residual stream's growing norm needs. Kornblith et al. (2019) report RBF
 # CKA at 0.2, 0.4 and 0.8 x the median; we take 0.8, the widest, which sees the global geometry of
@@ -120,20 +120,20 @@ def load_val(train_config):
 
 
 def windows(data, length, n, seed):
-    """n windows of `length` consecutive tokens at positions drawn by a generator seeded with `seed`
-    -> int64 tensor (n, length). The same (data, length, n, seed) always gives the same windows."""
+    """n windows of `length` validation tokens (data/prepare.py's random_windows) -> int64 tensor (n, length)."""
     if len(data) < length:
         raise ProbeError(f"the validation split has {len(data)} tokens, fewer than one window of {length}")
-    starts = np.random.default_rng(seed).integers(0, len(data) - length + 1, size=n)
-    return torch.from_numpy(np.stack([np.asarray(data[s:s + length], dtype=np.int64) for s in starts]))
+    return torch.from_numpy(random_windows(data, length, n, seed))
 
 
 # -----------------------------------------------------------------------------
 # Probing one checkpoint
 
-def mean_std(rows):
+def mean_std(rows, ddof=0):
+    """Mean and standard deviation over the first axis (population std by default; ddof=1 for the sample
+    std, None when there are too few rows for it)."""
     a = np.asarray(rows, dtype=np.float64)
-    return a.mean(0), a.std(0)
+    return a.mean(0), (a.std(0, ddof=ddof) if len(a) > ddof else None)
 
 
 @torch.no_grad()

@@ -5,7 +5,8 @@ Sample text from a trained nanoMeSH checkpoint.
     python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0.8 --top_k=50
 
 Decodes with the tokenizer recorded in the training dataset's meta.json, and uses the
-KV cache (one entry per applied block) for fast decoding.
+KV cache (one entry per applied block) for fast decoding; --compile=true compiles the model
+first (the prompt and the one-token steps each get one graph).
 """
 
 import os
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from checkpoint import CheckpointError, load_checkpoint
 from configurator import UsageError, parse_flags, report, resolve_device
 from data.prepare import PrepareError, Tokenizer, checkpoint_dataset
-from mesh import CheckpointError, load_checkpoint
 
 
 @dataclass
@@ -30,6 +31,7 @@ class SampleConfig:
     top_k: int | None = 200
     seed: int = 1337
     device: str = "auto"
+    compile: bool = False        # torch.compile the forward: pays off for long generations (warm-up first)
     debug: bool = False
 
     def __post_init__(self):
@@ -57,6 +59,8 @@ def main(argv):
             raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
                              f"python train.py --out_dir={sc.out_dir}")
         model, ckpt = load_checkpoint(sc.out_dir, device)
+        if sc.compile:  # the KV cache is preallocated, so every one-token step has the same shapes: one graph
+            model.compile()
         tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"]))
         start = sc.start
         if start.startswith("FILE:"):

@@ -22,7 +22,6 @@ RESULTS/table1_probe/.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import probe
-from mesh import Config, RecursiveGPT, closest, load_checkpoint
+from checkpoint import load_checkpoint
+from configurator import machine_name
+from mesh import Config, RecursiveGPT, closest
+from train import batch_losses
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
@@ -84,11 +86,9 @@ def ms_per_iter(log_path):
     return statistics.median(ms) if ms else None
 
 
-@torch.no_grad()
 def val_loss(model, batches):
     """Mean cross-entropy over batches (n, B, T+1): every batch has B x T targets, so this is the token mean."""
-    model.eval()
-    return statistics.fmean(model(w[:, :-1], w[:, 1:].contiguous())[1].item() for w in batches)  # loss views targets
+    return statistics.fmean(batch_losses(model, ((w[:, :-1], w[:, 1:]) for w in batches)))
 
 
 def eval_batches(ckpt, model):
@@ -138,10 +138,12 @@ def vanilla_params():
 
 
 def mean_std(values):
+    """(mean, sample std) of the values that are not None; None for what cannot be computed."""
     values = [v for v in values if v is not None]
     if not values:
         return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+    mean, std = probe.mean_std(values, ddof=1)
+    return float(mean), None if std is None else float(std)
 
 
 def aggregate(results, vanilla, seeds):
@@ -190,12 +192,7 @@ def markdown(rows, ablation, max_iters, machine):
 
 
 def machine(jobs=1):
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = machine_name("cpu")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {jobs} run(s) at a time with "
             f"{threads} thread(s) each")

@@ -180,7 +180,7 @@ def test_profile_columns(monkeypatch, capsys):
     (["--n_embd=30", "--n_head=4"], "n_embd=30 is not divisible by n_head=4"),
     (["--dtype=float16"], "--dtype=float16 is not supported"),
     (["--iters=0"], "--iters, --batch_size and --threads must be at least 1"),
-    (["--iter=3"], "unknown setting 'iter' in the command line; did you mean --iters?"),
+    (["--iter=3"], "unknown setting 'iter' in the command line (did you mean --iters?)"),
     (["--device=tpu"], "unknown --device=tpu"),
     (["--threads=0"], "--iters, --batch_size and --threads must be at least 1"),
     (["--json=/nonexistent/dir/b.jsonl"], "cannot write --json=/nonexistent/dir/b.jsonl: no such folder or no permission"),

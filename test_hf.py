@@ -1,5 +1,5 @@
 """
-Tests for the Hugging Face bridges: RecursiveGPT.from_pretrained (GPT-NeoX / Pythia import) and the
+Tests for the Hugging Face bridges: checkpoint.load_hf (GPT-NeoX / Pythia import) and the
 lm-evaluation-harness model in lm_eval_mesh.py. Each part is skipped, with the reason, when its
 optional package (transformers, lm_eval) is missing; CI installs both.
 
@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mesh import CheckpointError, Config, RecursiveGPT, load_checkpoint, save_checkpoint
+from checkpoint import CheckpointError, load_checkpoint, load_hf, save_checkpoint
+from mesh import Config, RecursiveGPT
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,7 +47,7 @@ def hf_neox(tmp_path, parallel, **overrides):
 @pytest.mark.parametrize("parallel", [True, False])
 def test_from_pretrained_matches_transformers_logits(tmp_path, parallel):
     hf, path = hf_neox(tmp_path, parallel)
-    model = RecursiveGPT.from_pretrained(path).eval()
+    model = load_hf(path).eval()
     cfg = model.config
     assert isinstance(cfg, Config) and Config.from_dict(cfg.to_dict()) == cfg  # a plain, saveable Config
     assert (cfg.layout, cfg.scheme, cfg.scale_embeddings, cfg.parallel_residual) == ("2", "base", False, parallel)
@@ -62,7 +63,7 @@ def test_from_pretrained_matches_transformers_logits(tmp_path, parallel):
 def test_from_pretrained_rotary_settings(tmp_path):
     """A rotary share and base other than Pythia's come through the import (config.json, either spelling)."""
     hf, path = hf_neox(tmp_path, True, rotary_pct=0.5, rotary_emb_base=500)
-    model = RecursiveGPT.from_pretrained(path).eval()
+    model = load_hf(path).eval()
     assert (model.config.rotary_dims, model.config.rotary_base) == (8, 500.0)
     idx = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -79,14 +80,14 @@ def test_from_pretrained_reads_pytorch_bin(tmp_path):
     os.remove(os.path.join(path, "model.safetensors"))
     idx = torch.arange(30).view(1, 30)
     with torch.no_grad():
-        assert (RecursiveGPT.from_pretrained(path)(idx)[0] - hf(idx).logits).abs().max().item() < 1e-4
+        assert (load_hf(path)(idx)[0] - hf(idx).logits).abs().max().item() < 1e-4
 
 
 def test_from_pretrained_tied_embeddings(tmp_path):
     hf, path = hf_neox(tmp_path, True, tie_word_embeddings=True)
-    model = RecursiveGPT.from_pretrained(path)
+    model = load_hf(path)
     assert torch.equal(model.lm_head.weight, model.wte.weight)
-    assert model.lm_head.weight.data_ptr() != model.wte.weight.data_ptr()  # untied from here on, as SPEC 1
+    assert model.lm_head.weight.data_ptr() != model.wte.weight.data_ptr()  # untied from here on, as Pythia's
 
 
 @pytest.mark.parametrize("field, value", [("layer_norm_eps", 1e-6), ("intermediate_size", 100),
@@ -100,22 +101,22 @@ def test_from_pretrained_refuses_unsupported_config(tmp_path, field, value):
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf_cfg, f)
     with pytest.raises(CheckpointError, match=f"{field}={value!r} is not supported"):
-        RecursiveGPT.from_pretrained(path)
+        load_hf(path)
 
 
 def test_from_pretrained_refuses_bad_folders(tmp_path):
     with pytest.raises(CheckpointError, match="no GPT-NeoX config.json"):
-        RecursiveGPT.from_pretrained(str(tmp_path))
+        load_hf(str(tmp_path))
     _, path = hf_neox(tmp_path, True)
     with open(os.path.join(path, "config.json")) as f:
         hf_cfg = json.load(f)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({**hf_cfg, "vocab_size": 100}, f)
     with pytest.raises(CheckpointError, match=r"vocab_size=100 in config.json, but embed_in has shape \(101, 64\)"):
-        RecursiveGPT.from_pretrained(path)
+        load_hf(path)
     os.remove(os.path.join(path, "model.safetensors"))
     with pytest.raises(CheckpointError, match="no weights; expected model.safetensors"):
-        RecursiveGPT.from_pretrained(path)
+        load_hf(path)
 
 
 # -----------------------------------------------------------------------------
@@ -276,7 +277,7 @@ def test_train_continues_an_imported_model(tmp_path):
     model, ckpt = load_checkpoint(str(out))
     cfg = model.config
     assert (cfg.layout, cfg.scheme, cfg.scale_embeddings, cfg.block_size) == ("2", "base", False, 32)
-    start = RecursiveGPT.from_pretrained(path)
+    start = load_hf(path)
     moved = [k for k, v in start.state_dict().items() if not torch.equal(v, ckpt["model"][k])]
     assert moved  # it trained from the imported weights...
     assert ckpt["model"]["wte.weight"].shape == start.wte.weight.shape  # ...which it kept the shape of

@@ -1,6 +1,7 @@
 """
-Tests for mesh.py: parameter counts, the five schemes, weight sharing, the exact
-reductions of SPEC section 3, config errors, the optimizer, generation and the KV cache.
+Tests for mesh.py: parameter counts, the five schemes against an independent implementation of
+the paper's equations, weight sharing, the exact reductions of Appendix D, config errors, the
+optimizer, generation and the KV cache.
 
     python -m pytest test_mesh.py -q
 
@@ -63,7 +64,7 @@ def run_cli(*args):
 
 
 # -----------------------------------------------------------------------------
-# Parameter counts, on the meta device (SPEC sections 1 and 5)
+# Parameter counts, on the meta device (Pythia's shapes; the paper's Table 5)
 
 PYTHIA = {"pythia-14m": 1_189_888, "pythia-31m": 4_739_072, "pythia-70m": 18_915_328,
           "pythia-160m": 85_056_000, "pythia-410m": 302_311_424, "pythia-1b": 805_736_448,
@@ -256,93 +257,6 @@ def test_buffer_write_read_per_slot():
     torch.testing.assert_close(mesh.buffer_read(written, w_read), slots, atol=1e-6, rtol=0)
 
 
-def test_router_is_two_linears_and_softmaxes():
-    """Router's one slot-first matmul is softmax(write(h)), softmax(read(h)): values and gradients."""
-    torch.manual_seed(0)
-    router = mesh.Router(8, 5).double()
-    for p in router.parameters():
-        torch.nn.init.normal_(p)
-    h = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
-    ours = router(h)
-    ref = [F.softmax(F.linear(h, lin.weight, lin.bias), dim=-1) for lin in (router.write, router.read)]
-    for a, b in zip(ours, ref):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    u, v = torch.randn(2, 2, 3, 5, dtype=torch.float64).unbind(0)
-    inputs = (h, *router.parameters())
-    got = torch.autograd.grad((ours[0] * u).sum() + (ours[1] * v).sum(), inputs)
-    want = torch.autograd.grad((ref[0] * u).sum() + (ref[1] * v).sum(), inputs)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-
-
-@pytest.mark.parametrize("op", ["start", "step", "final"])
-def test_buffer_functions_match_autograd(op, monkeypatch):
-    """BufferStart, BufferStep and BufferFinalRead (hand-written backward) against autograd through the
-    plain definitions: Eq. 2's buffer (F.pad), buffer_write, buffer_read. Outputs and every input's
-    gradient, float64, and torch's gradcheck."""
-    torch.manual_seed(0)
-    S = 4
-    h_emb, h = torch.randn(2, 2, 3, 8, dtype=torch.float64).unbind(0)
-    mem = torch.randn(2, 3, S, 8, dtype=torch.float64)
-    w, r = torch.randn(2, 2, 3, S, dtype=torch.float64).softmax(-1).unbind(0)
-    fn = {"start": mesh.BufferStart, "step": mesh.BufferStep, "final": mesh.BufferFinalRead}[op]
-    inputs = [t.requires_grad_() for t in (h_emb if op == "start" else mem, w, r, h)]
-    ours = fn.apply(*inputs)
-    written = mesh.buffer_write(F.pad(h_emb.unsqueeze(-2), (0, 0, 0, S - 1)) if op == "start" else mem, w, h)
-    ref = (written, mesh.buffer_read(written, r))
-    if op == "final":  # only the read comes out
-        ours, ref = (ours,), ref[1:]
-    for a, b in zip(ours, ref, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    grads_out = [torch.randn_like(t) for t in ref]
-    got = torch.autograd.grad(sum((a * u).sum() for a, u in zip(ours, grads_out)), inputs)
-    want = torch.autograd.grad(sum((b * u).sum() for b, u in zip(ref, grads_out)), inputs)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    assert torch.autograd.gradcheck(fn.apply, inputs)
-    monkeypatch.setattr(fn, "apply", None)  # where autograd records nothing, the forward alone: same values
-    with torch.inference_mode():
-        plain = mesh.run_function(fn, *(t.detach() for t in inputs))
-    for a, b in zip(plain if op != "final" else (plain,), ours, strict=True):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("ignored", [0, 3, 12])
-def test_cross_entropy_matches_torch(ignored):
-    """mesh.CrossEntropy: F.cross_entropy(ignore_index=-1)'s loss and gradient (float64 for an exact-ish
-    comparison; also gradcheck), with 0, some or all targets ignored (all: 0/0 = nan, as torch)."""
-    torch.manual_seed(0)
-    logits = (3 * torch.randn(12, 300, dtype=torch.float64)).requires_grad_()
-    targets = torch.randint(300, (12,))
-    targets[torch.randperm(12)[:ignored]] = -1
-    ours = mesh.CrossEntropy.apply(logits, targets)
-    ref = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-1)
-    if ignored == 12:
-        assert ours.isnan() and ref.isnan()
-        return
-    (g_ours,), (g_ref,) = torch.autograd.grad(2.5 * ours, logits), torch.autograd.grad(2.5 * ref, logits)
-    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=0)
-    torch.testing.assert_close(g_ours, g_ref, rtol=1e-12, atol=1e-15)
-    assert not g_ours[targets == -1].any()  # an ignored row gets no gradient
-    narrow = torch.where(targets >= 0, targets % 20, -1)  # gradcheck on 20 classes: 240 finite differences
-    assert torch.autograd.gradcheck(lambda x: mesh.CrossEntropy.apply(x, narrow), (logits[:, :20].detach().requires_grad_(),))
-
-
-def test_cross_entropy_in_row_blocks():
-    """On CPU the logsumexp goes over blocks of about 2^20 logits: with V just over 2^19, one row per
-    block. The result is the whole-tensor logsumexp's (to rounding: ATen may vectorize one row and
-    many rows differently)."""
-    torch.manual_seed(0)
-    logits = (3 * torch.randn(5, 2**19 + 1)).requires_grad_()
-    targets = torch.tensor([7, -1, 2**19, 0, 123])
-    loss = mesh.CrossEntropy.apply(logits, targets)
-    keep = targets != -1
-    nll = torch.logsumexp(logits, -1) - logits.gather(1, targets.clamp(min=0)[:, None])[:, 0]   # all rows at once
-    expect = torch.where(keep, nll, 0.0).sum() / keep.sum()
-    torch.testing.assert_close(loss, expect, rtol=1e-6, atol=0)
-    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits, targets, ignore_index=-1))
-
-
 def test_model_loss_is_cross_entropy_of_its_logits():
     model = build(small(), scramble=True).train()
     idx, targets = tokens(), tokens(seed=2)
@@ -354,9 +268,97 @@ def test_model_loss_is_cross_entropy_of_its_logits():
     torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-9)
 
 
+def reference_forward(model, idx):
+    """The model's function written again from the equations, independently of mesh.py's code: per-head
+    attention with an explicit causal mask and GPT-NeoX's rotate-half rotary, and MeSH's buffer as a list
+    of slots with Eq. 5's write and read slot by slot. Reads the model's parameters by name."""
+    cfg, P = model.config, dict(model.named_parameters())
+    D, H, hd, rot = cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.rotary_dims
+    T = idx.size(1)
+
+    def linear(x, name, bias=True):
+        return x @ P[f"{name}.weight"].T + (P[f"{name}.bias"] if bias else 0)
+
+    def norm(x, name):
+        mu, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+        return (x - mu) / torch.sqrt(var + 1e-5) * P[f"{name}.weight"] + P[f"{name}.bias"]
+
+    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq                # (T, rot/2)
+    cos, sin = torch.cat((angle.cos(), angle.cos()), -1), torch.cat((angle.sin(), angle.sin()), -1)
+
+    def rotary(x):  # x (B, H, T, hd): NeoX rotate_half on the first rot dims
+        xr, xp = x[..., :rot], x[..., rot:]
+        rotated = torch.cat((-xr[..., rot // 2:], xr[..., :rot // 2]), -1)
+        return torch.cat((xr * cos + rotated * sin, xp), -1)
+
+    def attention(x, name):
+        q, k, v = (t.view(*x.shape[:2], H, hd).transpose(1, 2) for t in linear(x, f"{name}.qkv").split(D, -1))
+        scores = rotary(q) @ rotary(k).transpose(-1, -2) / math.sqrt(hd)           # (B, H, T, T)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+        y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(*x.shape)
+        return linear(y, f"{name}.proj")
+
+    def block(x, name):
+        mlp = lambda u: linear(F.gelu(linear(u, f"{name}.mlp.fc")), f"{name}.mlp.proj")  # noqa: E731
+        a = attention(norm(x, f"{name}.ln_1"), f"{name}.attn")
+        if cfg.parallel_residual:
+            return x + a + mlp(norm(x, f"{name}.ln_2"))
+        return x + a + mlp(norm(x + a, f"{name}.ln_2"))
+
+    def blocks(x, names):
+        for name in names:
+            x = block(x, name)
+        return x
+
+    def route(h, r):  # Eq. 3
+        return [linear(h, f"routers.{r}.{kind}").softmax(-1) for kind in ("write", "read")]
+
+    def write_read(slots, h, w, r):  # Eq. 5, slot by slot
+        slots = [m + w[..., b:b + 1] * h for b, m in enumerate(slots)]
+        return slots, sum(r[..., b:b + 1] * m for b, m in enumerate(slots))
+
+    s = cfg.shape
+    h_emb = P["wte.weight"][idx] * (math.sqrt(D) if cfg.scale_embeddings else 1.0)
+    h = blocks(h_emb, [f"prelude.{i}" for i in range(s.prelude)])
+    if cfg.scheme == "mesh":
+        slots = [h_emb] + [torch.zeros_like(h_emb)] * (cfg.slots - 1)             # Eq. 2
+        slots, h = write_read(slots, h, *route(h, 0))                             # the transitional cycle
+    h0 = h
+    for t, c in enumerate(s.schedule):
+        h_m = blocks(h, [f"cores.{c}.{j}" for j in range(s.cores[c])])            # Eq. 4
+        if cfg.scheme == "mesh":
+            slots, h = write_read(slots, h_m, *route(h, t + 1))
+        else:
+            h = {"base": h_m, "residual": h_m + h, "anchor": h_m + h0, "anchor_emb": h_m + h_emb}[cfg.scheme]
+    out = blocks(h, [f"coda.{i}" for i in range(s.coda)])
+    return linear(norm(out, "ln_f"), "lm_head", bias=False)
+
+
+@pytest.mark.parametrize("scheme, layout, parallel", [(s, l, True) for s, l in CASES] +
+                         [("mesh", "1+2R2+1", False), ("anchor", "2+1R3+1", False)],
+                         ids=IDS + ["mesh-sequential", "anchor-sequential"])
+def test_every_scheme_equals_an_independent_implementation(scheme, layout, parallel):
+    """Logits, loss and every parameter's gradient equal reference_forward's in float64, to 1e-6 relative
+    (||ours - ref|| / ||ref||; the rotary tables are built in float32, so not to float64's last digits)."""
+    model = build(small(scheme, layout, parallel_residual=parallel, scale_embeddings=scheme != "anchor"),
+                  scramble=True).double()
+    idx, targets = tokens(), tokens(seed=2)
+    logits, loss = model(idx, targets)
+    ref = reference_forward(model, idx)
+    ref_loss = F.cross_entropy(ref.view(-1, V), targets.view(-1))
+    params = [p for _, p in model.named_parameters()]
+    ours = [logits, loss, *torch.autograd.grad(loss, params)]
+    theirs = [ref, ref_loss, *torch.autograd.grad(ref_loss, params)]
+    names = ["logits", "loss"] + [name for name, _ in model.named_parameters()]
+    for name, a, b in zip(names, ours, theirs, strict=True):
+        assert b.norm() > 0, name
+        assert (a - b).norm() / b.norm() < 1e-6, name
+
+
 @pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
 def test_scheme_update_rules(scheme, layout):
-    """Recompute h(1..K) from each step's captured output h_m with SPEC section 3's formulas."""
+    """Recompute h(1..K) from each step's captured output h_m with the schemes' update rules (Section 3, Eq. 2-5)."""
     cfg = small(scheme, layout)
     model = build(cfg, scramble=True)
     cap = {}
@@ -408,7 +410,7 @@ def test_embedding_scale(scale):
 
 
 def test_init():
-    """SPEC section 4: std 0.02, output projections 0.02 / sqrt(2 N) with N the *compute* depth."""
+    """Appendix B: std 0.02, output projections 0.02 / sqrt(2 N) with N the *compute* depth."""
     model = build(small("mesh", "2+4R3+2"))
     N = 16  # unrolled, not the 8 unique blocks
     for name, p in model.named_parameters():
@@ -500,7 +502,7 @@ def test_shared_core_equals_duplicated_cores():
 
 
 # -----------------------------------------------------------------------------
-# The two exact reductions of SPEC section 3 (Appendix D)
+# The two exact reductions of Appendix D
 
 def one_hot_router(router, write_slot, read_slot, big=1e4):
     """Zero weights, bias +big on one slot: softmax is exactly one-hot in fp32 (exp(-1e4) == 0)."""
@@ -708,7 +710,7 @@ def test_state_stream_stays_float32_under_bf16_autocast(scheme):
     assert (low.float() - ref).abs().max() < 0.02
     mem, w, h = torch.randn(2, 3, 4, 8), torch.softmax(torch.randn(2, 3, 4), -1), torch.randn(2, 3, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        outs = mesh.buffer_write(mem, w, h), mesh.buffer_read(mem, w), mesh.buffer_final_read(mem, w, w, h)
+        outs = mesh.buffer_write(mem, w, h), mesh.buffer_read(mem, w)
     assert all(o.dtype == torch.float32 for o in outs)
     assert torch.equal(outs[0], mesh.buffer_write(mem, w, h))  # the very float32 op, not a rounded one
 
@@ -733,23 +735,6 @@ def test_cache_under_bf16_autocast(scheme):
     assert KVCache(model, 2, 16).k.dtype == model.compute_dtype("cpu") == torch.float32
 
 
-def test_linear_compiled_form_is_nn_linear(monkeypatch):
-    """Under torch.compile mesh.Linear adds its bias apart from the matmul (for Inductor to fuse): the same
-    values as F.linear, and under bf16 autocast the same dtype as F.linear's addmm."""
-    layer, x = mesh.Linear(8, 5), torch.randn(3, 4, 8)
-    with torch.no_grad():
-        layer.bias.normal_()
-    expect = torch.nn.functional.linear(x, layer.weight, layer.bias)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        low = torch.nn.functional.linear(x, layer.weight, layer.bias)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    torch.testing.assert_close(layer(x), expect, atol=1e-6, rtol=0)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = layer(x)
-    assert got.dtype == low.dtype == torch.bfloat16
-    torch.testing.assert_close(got, low, atol=0.02, rtol=0)
-
-
 def test_compiled_equals_uncompiled_without_recompiles():
     """torch.compile (Dynamo and AOT autograd; the aot_eager backend, so no C++ kernels to build here) traces
     the model: loss, gradients and cached greedy decoding equal the uncompiled model's, and another train
@@ -771,16 +756,6 @@ def test_compiled_equals_uncompiled_without_recompiles():
     compiled(idx, targets)[1].backward()
     assert torch.equal(compiled.generate(prompt, 12, temperature=0), eager.generate(prompt, 12, temperature=0))
     assert bench.graphs() == built
-
-
-def test_cross_entropy_refuses_other_negative_ids():
-    """Only -1 is ignored: -100 (another library's ignore id) raises, as F.cross_entropy(ignore_index=-1)
-    does, instead of silently counting as class 0."""
-    logits, targets = torch.randn(4, 10), torch.tensor([1, 2, -100, 3])
-    with pytest.raises(IndexError):
-        torch.nn.functional.cross_entropy(logits, targets, ignore_index=-1)
-    with pytest.raises(RuntimeError, match="out of bounds"):
-        mesh.CrossEntropy.apply(logits, targets)
 
 
 def test_forward_refuses_sequences_longer_than_block_size():
@@ -826,19 +801,6 @@ def test_generate_shape_and_determinism():
     assert torch.equal(model.generate(idx, 7, temperature=1.0, top_k=1), out)  # top-1 sampling is greedy
 
 
-def test_generate_turns_onednn_off_for_one_token_steps_only():
-    model = build(small("mesh", block_size=16), scramble=True)
-    seen = []  # (tokens in this forward, oneDNN on?)
-    model.register_forward_pre_hook(lambda m, args: seen.append((args[0].size(1), torch.backends.mkldnn.enabled)))
-    before = torch.backends.mkldnn.enabled
-    model.generate(tokens(1, 10), 8, temperature=0)
-    assert seen == [(10, before)] + [(1, False)] * 6 + [(16, before)]  # prefill, decode, re-prefill past 16
-    assert torch.backends.mkldnn.enabled == before  # restored
-    seen.clear()
-    model.generate(tokens(1, 10), 3, temperature=0, use_cache=False)
-    assert seen == [(10, before), (11, before), (12, before)]
-
-
 @pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
 def test_cache_greedy_matches_recompute(scheme, layout):
     model = build(small(scheme, layout, block_size=16), scramble=True)
@@ -860,31 +822,9 @@ def test_cache_logits_match_full_forward(scheme, layout, parallel):
     with torch.no_grad():
         full, _ = model(seq)
         cache = KVCache(model, 2, model.config.block_size)
-        assert cache.k.shape[0] == len(cache.inputs) == model.config.shape.depth  # one entry per applied block
-        assert all((fused is not None) == parallel for fused in cache.inputs)  # fused inputs: parallel residual only
+        assert cache.k.shape[0] == model.config.shape.depth  # one entry per applied block
         pre, _ = model(seq[:, :P], pos=torch.arange(P), cache=cache)
         torch.testing.assert_close(pre, full[:, :P], atol=1e-5, rtol=0)
         for t in range(P, seq.size(1)):
             step, _ = model(seq[:, t:t + 1], pos=torch.tensor([t]), cache=cache)
             torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=0)
-
-
-def test_fused_inputs_fold_both_layernorms():
-    """Block.fused_inputs: linear(normalize(x), weight, bias) is qkv(ln_1(x)) next to mlp.fc(ln_2(x)), with the
-    LayerNorms' own (scrambled) weights and biases; and a cache really decodes through it."""
-    model = build(small("mesh"), scramble=True)
-    block, x = model.prelude[0], torch.randn(2, 5, 64)
-    weight, bias = block.fused_inputs(torch.float32)
-    assert weight.shape == (7 * 64, 64) and bias.shape == (7 * 64,)
-    with torch.no_grad():
-        expect = torch.cat((block.attn.qkv(block.ln_1(x)), block.mlp.fc(block.ln_2(x))), dim=-1)
-    got = torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (64,)), weight, bias)
-    torch.testing.assert_close(got, expect, atol=1e-5, rtol=0)
-    assert block.fused_inputs(torch.bfloat16)[0].dtype == torch.bfloat16
-    seq = tokens(1, 6)
-    with torch.no_grad():
-        full, _ = model(seq)
-        cache = KVCache(model, 1, 8)
-        cache.inputs[0] = (2 * weight, bias)  # the first block's fused weight doubled: decoding must see it
-        got, _ = model(seq, pos=torch.arange(6), cache=cache)
-    assert (got - full).abs().max() > 0.1

@@ -15,7 +15,8 @@ import torch
 
 import probe
 import table1
-from mesh import SCHEMES, Config, RecursiveGPT, save_checkpoint
+from checkpoint import save_checkpoint
+from mesh import SCHEMES, Config, RecursiveGPT
 
 # -----------------------------------------------------------------------------
 # Metrics
@@ -264,7 +265,7 @@ def test_table1_aggregates_seeds_and_writes_the_markdown_table():
     results += [fake_result("mesh", s, l, 1_590_302, 90.0, n_slots=5) for s, l in ((0, 1.40), (1, 1.44))]
     results += [fake_result("mesh", 0, 1.47, 1_588_750, 85.0, n_slots=3)]
     vanilla = table1.vanilla_params()
-    assert vanilla == 12 * (12 * 128**2 + 13 * 128) + 2 * 128  # SPEC section 5's formula
+    assert vanilla == 12 * (12 * 128**2 + 13 * 128) + 2 * 128  # L (12 D^2 + 13 D) + 2 D, a vanilla GPT-NeoX
     rows = table1.aggregate(results, vanilla, [0, 1, 2])
     assert [r["variant"] for r in rows] == ["vanilla", "mesh"]  # the B=3 run is not a mesh seed
     only_1 = table1.aggregate(results, vanilla, [1])  # --seeds=1 with the ablation: its mesh_s0 is not a seed

@@ -1,8 +1,7 @@
 """
 End-to-end tests of train.py and sample.py on a tiny prepared dataset: every scheme
 trains, resume is exact, 1 vs 2 processes agree, bad input is one line and touches
-nothing, crashes (kill -9, NaN, Ctrl-C) never lose the last good checkpoint, and CPU
-train steps reuse their memory instead of page-faulting it in again.
+nothing, and crashes (kill -9, NaN, Ctrl-C) never lose the last good checkpoint.
 
     python -m pytest test_train.py -q
 """
@@ -19,6 +18,7 @@ import time
 import pytest
 import torch
 
+import checkpoint
 import mesh
 import sample
 import train
@@ -80,7 +80,7 @@ def test_every_scheme_trains_and_samples(scheme, data_root, tmp_path, capsys):
     log = losses(out)
     assert [i for i, _ in log] == list(range(1, 9))
     assert log[-1][1] < log[0][1]  # the loss falls
-    model, ckpt = mesh.load_checkpoint(str(out))
+    model, ckpt = checkpoint.load_checkpoint(str(out))
     assert ckpt["iter_num"] == 8 and model.config.scheme == scheme
     assert not any("module." in k or "_orig_mod." in k for k in ckpt["model"])
     capsys.readouterr()
@@ -112,7 +112,7 @@ def test_get_batch_windows_reach_the_last_token():
 
 
 def test_lr_schedule_is_warmup_then_cosine_to_min_lr():
-    """SPEC section 6: linear warmup, then a cosine from lr down to min_lr at lr_decay_iters, then min_lr."""
+    """Appendix B (Pythia's schedule): linear warmup, then a cosine from lr down to min_lr at lr_decay_iters, then min_lr."""
     tc = train.TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=110)
     lr = lambda it: train.get_lr(it, tc)
     assert lr(0) == pytest.approx(1e-3 / 11) and lr(9) == pytest.approx(1e-3 * 10 / 11)
@@ -364,11 +364,11 @@ class Exploit:
 
 def test_checkpoints_never_run_code(tmp_path):
     torch.save({"model": Exploit()}, tmp_path / "ckpt.pt")
-    with pytest.raises(mesh.CheckpointError, match="corrupt or not a nanoMeSH checkpoint"):
-        mesh.load_checkpoint(str(tmp_path))
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt or not a nanoMeSH checkpoint"):
+        checkpoint.load_checkpoint(str(tmp_path))
     torch.save({"model": {}, "model_config": {}}, tmp_path / "ckpt.pt")  # not ours: no train_config
-    with pytest.raises(mesh.CheckpointError, match=r"not a nanoMeSH checkpoint \(KeyError: 'no train_config'\)"):
-        mesh.load_checkpoint(str(tmp_path))
+    with pytest.raises(checkpoint.CheckpointError, match=r"not a nanoMeSH checkpoint \(KeyError: 'no train_config'\)"):
+        checkpoint.load_checkpoint(str(tmp_path))
     assert not (tmp_path / "EXPLOITED").exists() and not os.path.exists(os.path.join(ROOT, "EXPLOITED"))
     needle = "torch" + ".load("  # spelled apart so that this scan does not find itself
     for folder in (ROOT, os.path.join(ROOT, "data")):  # and every torch loading in the project is weights_only
@@ -462,7 +462,7 @@ def test_kill_9_during_checkpoint_write_never_corrupts(data_root, tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait()
         interrupted_writes += bool(temporaries() - old)
-        model, ckpt = mesh.load_checkpoint(str(out))  # raises if ckpt.pt were torn
+        model, ckpt = checkpoint.load_checkpoint(str(out))  # raises if ckpt.pt were torn
         assert ckpt["iter_num"] >= last_iter  # never goes back
         last_iter = ckpt["iter_num"]
     assert interrupted_writes >= 1  # at least one kill landed inside a write
@@ -491,43 +491,3 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
         given = train.parse_flags(train.TrainConfig, [os.path.join(ROOT, "config", name)], "train.py")
         tc = train.TrainConfig(**given)
         assert train.model_config(tc, vocab_size=50304).shape.depth in (12, 16, 24)
-
-
-FAULTS = """
-import resource, sys, torch
-from configurator import fix_malloc_thresholds
-from mesh import Config, RecursiveGPT
-# ours, or glibc's starting thresholds (128 KB) held there
-applied = fix_malloc_thresholds() if sys.argv[1] == "fixed" else fix_malloc_thresholds(128 << 10, 128 << 10)
-torch.manual_seed(0)
-model = RecursiveGPT(Config.from_preset("classroom"))
-opt = model.configure_optimizer(0.01, 1e-3)
-x = torch.randint(0, 65, (16, 64))
-def step():
-    model(x, x)[1].backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-for _ in range(5):
-    step()
-f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
-    step()
-print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) // 5)
-"""
-
-
-def test_cpu_train_steps_reuse_their_memory_instead_of_faulting_it_in():
-    """fix_malloc_thresholds (train.py and bench.py call it on CPU): after warm-up a classroom train
-    step faults few pages in. With glibc's starting thresholds, which its default keeps
-    until large enough blocks happen to be freed (so how often it faults varies from run to run),
-    a step hands its activations back to the kernel and faults them in again."""
-    def faults_per_step(mode):
-        out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, cwd=ROOT, check=True)
-        applied, faults = out.stdout.split()
-        return applied, int(faults)
-    applied, fixed = faults_per_step("fixed")
-    if applied != "True":
-        pytest.skip("needs glibc's mallopt (Linux)")
-    _, small = faults_per_step("small")
-    # a few hundred faults can remain: Python's own 1 MB arenas are mapped outside malloc
-    assert fixed < 1000 and small > 10000, (fixed, small)

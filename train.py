@@ -23,14 +23,14 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import UsageError, fix_malloc_thresholds, parse_flags, report, resolve_device
-from data.prepare import PrepareError, Tokenizer, checkpoint_dataset, ensure_dataset, load_split
-from mesh import PRESETS, CheckpointError, Config, RecursiveGPT, load_checkpoint, save_checkpoint
+from checkpoint import CheckpointError, load_checkpoint, load_hf, save_checkpoint
+from configurator import UsageError, parse_flags, report, resolve_device, resolve_dtype
+from data.prepare import PrepareError, Tokenizer, checkpoint_dataset, ensure_dataset, load_split, random_windows
+from mesh import PRESETS, Config, RecursiveGPT
 
 
 @dataclass
@@ -51,7 +51,7 @@ class TrainConfig:
     out_dir: str = "out"
     overwrite: bool = False             # allow a scratch run to replace an existing OUT_DIR/ckpt.pt
     init_from: str = "scratch"          # scratch, resume, or hf:PATH (a Hugging Face GPT-NeoX folder)
-    # optimisation (SPEC section 6: AdamW (0.9, 0.95), wd 0.01 on matrices, clip 1.0,
+    # optimisation (the paper's Appendix B: AdamW (0.9, 0.95), wd 0.01 on matrices, clip 1.0,
     # 1% linear warmup, cosine to 10% of peak)
     batch_size: int = 16                # micro-batch per process
     grad_accum: int = 1                 # micro-batches per optimizer step, summed over all processes
@@ -116,12 +116,25 @@ def config_conflicts(given, ckpt_cfg, ckpt_settings):
 
 
 def get_batch(data, tc, block_size, key, device):
-    """A batch of `tc.batch_size` random windows; `key` (a tuple of ints) alone decides which."""
-    rng = np.random.default_rng([tc.seed, *key])
-    ix = rng.integers(0, len(data) - block_size, size=tc.batch_size)  # every window of T+1 tokens, the last included
-    chunk = np.stack([data[i: i + block_size + 1] for i in ix]).astype(np.int64)  # (B, T+1)
-    xy = torch.from_numpy(chunk).to(device, non_blocking=True)
+    """A batch of `tc.batch_size` random windows of block_size + 1 tokens (inputs and targets); `key` (a
+    tuple of ints) alone decides which."""
+    xy = torch.from_numpy(random_windows(data, block_size + 1, tc.batch_size, [tc.seed, *key]))  # (B, T+1)
+    xy = xy.to(device, non_blocking=True)
     return xy[:, :-1], xy[:, 1:]
+
+
+@torch.no_grad()
+def batch_losses(model, batches, autocast=nullcontext()):
+    """The mean loss of each (inputs, targets) batch, in evaluation mode (no dropout): the evaluation of
+    train.py (every eval_interval) and of table1.py (the final checkpoints)."""
+    training = model.training
+    model.eval()
+    losses = []
+    for x, y in batches:
+        with autocast:
+            losses.append(model(x, y)[1].float().item())
+    model.train(training)
+    return losses
 
 
 def get_lr(it, tc):
@@ -161,12 +174,7 @@ class Trainer:
         if self.ddp:
             dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
         self.device, self.device_type = device, device.split(":")[0]
-        if self.device_type == "cpu":
-            fix_malloc_thresholds()
-        if tc.dtype == "auto":
-            tc.dtype = "bfloat16" if self.device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-        if tc.dtype not in ("float32", "bfloat16"):
-            raise UsageError(f"--dtype={tc.dtype} is not supported; use auto, float32 or bfloat16")
+        tc.dtype = resolve_dtype(tc.dtype, self.device_type)
         self.autocast = nullcontext() if tc.dtype == "float32" else \
             torch.autocast(self.device_type, dtype=torch.bfloat16)
         tc.compile = self.device_type == "cuda" if tc.compile is None else tc.compile
@@ -210,7 +218,7 @@ class Trainer:
             if shaped:
                 raise UsageError(f"--init_from={tc.init_from} takes the model's shape from the import; "
                                  f"drop --{', --'.join(shaped)} (only --block_size and --dropout apply)")
-            model = RecursiveGPT.from_pretrained(tc.init_from[3:])
+            model = load_hf(tc.init_from[3:])
             if tc.block_size or tc.dropout is not None:  # a shorter context or dropout for fine-tuning
                 cfg = Config(**{**model.config.to_dict(), "block_size": tc.block_size or model.config.block_size,
                                 "dropout": model.config.dropout if tc.dropout is None else tc.dropout})
@@ -270,22 +278,17 @@ class Trainer:
             self.log_file.write(json.dumps(record) + "\n")
             self.log_file.flush()
 
-    @torch.no_grad()
     def evaluate(self):
         """Mean loss over eval_iters fixed batches per split, shared out over the processes."""
-        self.model.eval()
         out = {}
         for code, split, data in ((1, "train", self.train_data), (2, "val", self.val_data)):
-            total = torch.zeros(2, device=self.device)
-            for k in range(self.rank, self.tc.eval_iters, self.world):
-                x, y = get_batch(data, self.tc, self.raw_model.config.block_size, (code, 0, k), self.device)
-                with self.autocast:
-                    _, loss = self.raw_model(x, y)
-                total += torch.stack([loss.float(), torch.ones((), device=self.device)])
+            batches = (get_batch(data, self.tc, self.raw_model.config.block_size, (code, 0, k), self.device)
+                       for k in range(self.rank, self.tc.eval_iters, self.world))
+            losses = batch_losses(self.raw_model, batches, self.autocast)
+            total = torch.tensor([sum(losses), len(losses)], device=self.device, dtype=torch.float64)
             if self.ddp:
                 dist.all_reduce(total)
             out[split] = (total[0] / total[1]).item()
-        self.model.train()
         return out
 
     def checkpoint(self):

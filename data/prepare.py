@@ -25,7 +25,6 @@ leaves a half-written dataset.
 """
 import argparse
 import contextlib
-import difflib
 import hashlib
 import http.client
 import io
@@ -37,6 +36,11 @@ import tempfile
 import urllib.request
 
 import numpy as np
+
+if __package__ in (None, ""):  # run as a script (python data/prepare.py): the project's modules are one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configurator import report  # noqa: E402
+from mesh import closest  # noqa: E402
 
 DEFAULT_OUT_ROOT = os.path.dirname(os.path.abspath(__file__))
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -262,10 +266,8 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_OUT_
     elif dataset == "pydoc":
         source, label = _pydoc_text().encode("utf-8"), "pydoc_data.topics"
     else:
-        close = difflib.get_close_matches(dataset, DATASETS, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise PrepareError(f"unknown dataset {dataset!r}; {hint}known datasets: {', '.join(sorted(DATASETS))} "
-                           "(any other name needs --input FILE)")
+        raise PrepareError(f"unknown dataset {dataset!r}{closest(dataset, DATASETS)}; known datasets: "
+                           f"{', '.join(sorted(DATASETS))} (any other name needs --input FILE)")
     if input is not None and os.path.getsize(input) == 0:
         raise PrepareError(f"{label} is empty")
     tok = Tokenizer("gpt2") if kind == "gpt2" else None  # fail early if the vocabulary is missing
@@ -354,6 +356,15 @@ def load_split(data_dir, split):
     return np.memmap(path, dtype=dtype, mode="r")
 
 
+def random_windows(data, length, n, seed):
+    """n windows of `length` consecutive tokens of data (a 1-d array) at starts drawn by
+    np.random.default_rng(seed) (an int or a list of ints), every start from 0 to the last that fits
+    -> int64 array (n, length). The same arguments always give the same windows: train.py's random
+    batches (length block_size + 1, seeded by (seed, step, micro-batch)) and probe.py's samples."""
+    starts = np.random.default_rng(seed).integers(0, len(data) - length + 1, size=n)
+    return np.stack([np.asarray(data[s:s + length], dtype=np.int64) for s in starts])
+
+
 def read_meta(path):
     """A dataset's meta.json as a dict; a damaged one is a PrepareError that names it."""
     try:
@@ -377,12 +388,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer, out_root=args.out_root)
-    except PrepareError as e:
-        print(f"prepare.py: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # e.g. an --out_root that is a file
-        print(f"prepare.py: error: cannot use {e.filename}: {e.strerror}; check the path", file=sys.stderr)
-        return 2
+    except (PrepareError, OSError) as e:  # OSError: e.g. an --out_root that is a file
+        return report("prepare.py", e)
     return 0
 
 
