@@ -299,7 +299,7 @@ class Router(nn.Module):
 
 def buffer_write(mem, w_write, h):
     """Eq. 5, the write: m_b += w_write_b * h for every slot b. mem (B, T, S, D), w_write (B, T, S), h (B, T, D)."""
-    return mem + w_write.unsqueeze(-1) * h.unsqueeze(-2)      # (B, T, S, D)
+    return torch.addcmul(mem, w_write.unsqueeze(-1), h.unsqueeze(-2))   # mem + w_write * h, in one pass: (B, T, S, D)
 
 
 def buffer_read(mem, w_read):
