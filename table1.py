@@ -4,12 +4,17 @@ table1.py: the paper's Table 1 in a classroom: Tiny Shakespeare (characters) on 
     python table1.py                                  # the whole table, then the B ablation and probe figures
     python table1.py --only=vanilla,mesh --seeds=0 --max_iters=200 --root=runs/quick --results=runs/quick
                                                       # a quick subset, away from the full table's runs and results
+    python table1.py --layouts=2+4R2+2,3+2R3+3,2+2R4+2,3+1R6+3 --only=vanilla,base,anchor,mesh \
+        --results=results/depth_sweep                 # the same table at K = 2, 3, 4, 6 loop steps
 
 Every variant has the same compute depth (12 applied blocks), width 128, 4 heads, context 64,
 batch 16, peak LR 1e-3 with train.py's schedule (the paper's: 1% warmup, cosine to 10%), and
-the same --seed, hence the same data order, for every variant: vanilla `12` against `2+4R2+2` with
-base, residual, anchor, anchor_emb (the paper's anchor*) and mesh; plus the buffer-size ablation of
-Appendix E.1 (mesh with B = K+1 ... K+4 slots, seed 0). No variant gets any setting the others don't.
+the same --seed, hence the same data order, for every variant: vanilla `12` against the loop
+layouts (default `2+4R2+2`) with base, residual, anchor, anchor_emb (the paper's anchor*) and mesh;
+plus the buffer-size ablation of Appendix E.1 (mesh with B = K+1 ... K+4 slots, seed 0, on the
+first layout). No variant gets any setting the others don't. Since the seeds share the data order,
+the table also gives each variant's paired differences to base (same layout) and to vanilla, seed by
+seed.
 
 Runs go through `python train.py` (one at a time, or --jobs at once) into ROOT/NAME/; a run whose
 result.json exists is skipped, so an interrupted table resumes where it stopped. The final validation
@@ -37,16 +42,8 @@ from train import batch_losses
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
-VARIANTS = {  # name -> (layout, scheme), in table order
-    "vanilla": (DEPTH_LAYOUT, "base"),
-    "base": (LOOP_LAYOUT, "base"),
-    "residual": (LOOP_LAYOUT, "residual"),
-    "anchor": (LOOP_LAYOUT, "anchor"),
-    "anchor_emb": (LOOP_LAYOUT, "anchor_emb"),
-    "mesh": (LOOP_LAYOUT, "mesh"),
-}
-K = Config(layout=LOOP_LAYOUT).n_steps
-ABLATION = tuple(range(K + 1, K + 5))  # B = K+1 .. K+4 (the paper's default B = K+3 is the main mesh run)
+VARIANTS = {"vanilla": "base", "base": "base", "residual": "residual", "anchor": "anchor",  # name -> scheme,
+            "anchor_emb": "anchor_emb", "mesh": "mesh"}                                  # in table order
 MODEL = dict(n_embd=128, n_head=4, block_size=64)
 TRAIN = dict(dataset="shakespeare_char", batch_size=16, lr=1e-3, eval_iters=20, sample_tokens=0, **MODEL)
 EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 targets in random windows: the same for every
@@ -56,14 +53,29 @@ EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 targets in random
 # -----------------------------------------------------------------------------
 # The plan: which runs, with which train.py flags
 
-def plan(variants, seeds, ablation):
-    """-> list of runs {name, variant, layout, scheme, n_slots, seed}; the ablation's B = K+3 is mesh seed 0."""
-    runs = [dict(name=f"{v}_s{s}", variant=v, layout=VARIANTS[v][0], scheme=VARIANTS[v][1], n_slots=None, seed=s)
-            for v in variants for s in seeds]
+def steps(layout):  # K, the loop steps of a layout
+    return Config(layout=layout).n_steps
+
+
+def ablation_slots(layout):  # B = K+1 .. K+4 (the paper's default B = K+3 is the main mesh run)
+    return tuple(range(steps(layout) + 1, steps(layout) + 5))
+
+
+def run_name(variant, layout, seed, n_slots=None):
+    """vanilla_s0, mesh_s0 (the default layout), mesh_3+2R3+3_s0 (another), mesh_B3_s0 (the ablation)."""
+    where = "" if variant == "vanilla" or layout == LOOP_LAYOUT else f"_{layout}"
+    return f"{variant}{where}{f'_B{n_slots}' if n_slots else ''}_s{seed}"
+
+
+def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
+    """-> list of runs {name, variant, layout, scheme, n_slots, seed}: vanilla once per seed, every other
+    variant per layout; ablation: B values on the first layout, whose B = K+3 is its mesh seed 0."""
+    runs = [dict(name=run_name(v, layout, s), variant=v, layout=DEPTH_LAYOUT if v == "vanilla" else layout,
+                 scheme=VARIANTS[v], n_slots=None, seed=s) for layout in layouts for v in variants for s in seeds]
     for b in ablation:
-        default = b == K + 3
-        runs.append(dict(name="mesh_s0" if default else f"mesh_B{b}_s0", variant="mesh", layout=LOOP_LAYOUT,
-                         scheme="mesh", n_slots=None if default else b, seed=0))
+        default = b == steps(layouts[0]) + 3
+        runs.append(dict(name=run_name("mesh", layouts[0], 0, None if default else b), variant="mesh",
+                         layout=layouts[0], scheme="mesh", n_slots=None if default else b, seed=0))
     unique = {r["name"]: r for r in runs}
     return list(unique.values())
 
@@ -146,46 +158,69 @@ def mean_std(values):
     return float(mean), None if std is None else float(std)
 
 
-def aggregate(results, vanilla, seeds):
-    """Per variant (table order), over its seeds: params, share of vanilla, val loss mean/std/n, ms/iter mean.
-    Only the seeds asked for: the ablation's default-B run is mesh seed 0 even when --seeds has no 0."""
+def aggregate(results, vanilla, seeds, layouts=(LOOP_LAYOUT,)):
+    """Per layout and variant (table order), over its seeds: params, share of vanilla, val loss mean/std/n,
+    ms/iter mean, and the paired differences (mean, std over seeds) of its val loss minus base's on the same
+    layout and minus vanilla's, seed by seed. Only the seeds asked for: the ablation's default-B run is mesh
+    seed 0 even when --seeds has no 0."""
+    def runs_of(v, layout):
+        return {r["seed"]: r for r in results if r["seed"] in seeds and r["name"] == run_name(v, layout, r["seed"])}
+
     rows = []
-    for v, (layout, scheme) in VARIANTS.items():
-        rs = [r for r in results if r["variant"] == v and r["name"] == f"{v}_s{r['seed']}" and r["seed"] in seeds]
-        if not rs:
-            continue
-        loss, loss_std = mean_std([r["val_loss"] for r in rs])
-        rows.append(dict(variant=v, layout=layout, scheme=scheme, params=rs[0]["params"],
-                         share=rs[0]["params"] / vanilla, val_loss=loss, val_loss_std=loss_std,
-                         seeds=sorted(r["seed"] for r in rs), ms_per_iter=mean_std([r["ms_per_iter"] for r in rs])[0]))
+    for i, layout in enumerate(layouts):
+        for v, scheme in VARIANTS.items():
+            rs = runs_of(v, layout)
+            if not rs or v == "vanilla" and i:  # vanilla: one row, at the top
+                continue
+            loss, loss_std = mean_std([r["val_loss"] for r in rs.values()])
+            row = dict(variant=v, layout=DEPTH_LAYOUT if v == "vanilla" else layout, K=steps(layout) if v != "vanilla"
+                       else 0, scheme=scheme, params=next(iter(rs.values()))["params"], val_loss=loss, val_loss_std=loss_std,
+                       seeds=sorted(rs), ms_per_iter=mean_std([r["ms_per_iter"] for r in rs.values()])[0])
+            row["share"] = row["params"] / vanilla
+            for ref in ("base", "vanilla"):
+                others = runs_of(ref, layout)
+                paired = [r["val_loss"] - others[s]["val_loss"] for s, r in rs.items() if s in others]
+                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(paired) if v != ref else (None, None)
+            rows.append(row)
     return rows
 
 
-def ablation_rows(results):
-    rs = [r for r in results if r["scheme"] == "mesh" and r["seed"] == 0 and r["n_slots"] in ABLATION]
-    return [dict(n_slots=r["n_slots"], params=r["params"], val_loss=r["val_loss"], ms_per_iter=r["ms_per_iter"])
-            for r in sorted(rs, key=lambda r: r["n_slots"])]
+def ablation_rows(results, layout=LOOP_LAYOUT):
+    names = {run_name("mesh", layout, 0, None if b == steps(layout) + 3 else b): b for b in ablation_slots(layout)}
+    rs = [r for r in results if r["name"] in names]
+    return [dict(n_slots=names[r["name"]], params=r["params"], val_loss=r["val_loss"], ms_per_iter=r["ms_per_iter"])
+            for r in sorted(rs, key=lambda r: names[r["name"]])]
 
 
 def ms(v):
     return "-" if v is None else f"{v:.0f}"
 
 
-def markdown(rows, ablation, max_iters, machine):
+def pm(mean, std, spec=".4f", sign=""):
+    """'mean ± std' ('mean' alone without a std; '-' without a mean)."""
+    if mean is None:
+        return "-"
+    return f"{mean:{sign}{spec}}" + ("" if std is None else f" ± {std:{spec}}")
+
+
+def markdown(rows, ablation, max_iters, machine, layout=LOOP_LAYOUT):
     lines = [f"Tiny Shakespeare (characters), compute depth 12, width {MODEL['n_embd']}, {MODEL['n_head']} heads, "
              f"context {MODEL['block_size']}, batch {TRAIN['batch_size']}, {max_iters} iterations, peak LR {TRAIN['lr']}. "
              f"Machine: {machine}.", "",
-             "| variant | layout | non-emb params | % of vanilla | val loss (mean ± std, seeds) | ms/iter |",
-             "|---|---|---:|---:|---|---:|"]
+             "| variant | layout | K | non-emb params | % of vanilla | val loss (mean ± std, seeds) | - base | - vanilla "
+             "| ms/iter |", "|---|---|---:|---:|---:|---|---|---|---:|"]
     for r in rows:
-        std = "" if r["val_loss_std"] is None else f" ± {r['val_loss_std']:.4f}"
-        lines.append(f"| {r['variant']} | `{r['layout']}` | {r['params']:,} | {100 * r['share']:.1f}% | "
-                     f"{r['val_loss']:.4f}{std} ({len(r['seeds'])}) | {ms(r['ms_per_iter'])} |")
+        lines.append(f"| {r['variant']} | `{r['layout']}` | {r['K'] or '-'} | {r['params']:,} | {100 * r['share']:.1f}% | "
+                     f"{pm(r['val_loss'], r['val_loss_std'])} ({len(r['seeds'])}) | {pm(r['vs_base'], r['vs_base_std'], sign='+')} "
+                     f"| {pm(r['vs_vanilla'], r['vs_vanilla_std'], sign='+')} | {ms(r['ms_per_iter'])} |")
     lines += ["", f"val loss: cross-entropy (nats/char) of the final checkpoint on the same {EVAL_BATCHES} validation "
               f"batches ({EVAL_BATCHES * TRAIN['batch_size'] * MODEL['block_size']:,} tokens) for every run; std over "
-              "seeds (n-1); ms/iter: median per run, mean over seeds."]
+              "seeds (n-1). - base, - vanilla: the paired difference of val loss, seed by seed (the seeds share the "
+              "data order), to base on the same layout and to vanilla, mean ± std. ms/iter: median per run, mean over "
+              "seeds."]
     if ablation:
-        lines += ["", f"Buffer size B (mesh `{LOOP_LAYOUT}`, K = {K}, seed 0; the default is B = K+3 = {K + 3}):", "",
+        K = steps(layout)
+        lines += ["", f"Buffer size B (mesh `{layout}`, K = {K}, seed 0; the default is B = K+3 = {K + 3}):", "",
                   "| B | non-emb params | val loss | ms/iter |", "|---:|---:|---:|---:|"]
         lines += [f"| {r['n_slots']} | {r['params']:,} | {r['val_loss']:.4f} | {ms(r['ms_per_iter'])} |" for r in ablation]
     return "\n".join(lines) + "\n"
@@ -201,6 +236,7 @@ def machine(jobs=1):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Classroom Table 1: recursive schemes at equal compute depth.")
     ap.error = lambda msg: ap.exit(2, f"table1.py: error: {msg}\n")
+    ap.add_argument("--layouts", default=LOOP_LAYOUT, help="comma-separated loop layouts, each of compute depth 12")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     ap.add_argument("--max_iters", type=int, default=1200)
     ap.add_argument("--only", default=",".join([*VARIANTS, "ablation"]), help="comma-separated subset of: "
@@ -223,7 +259,17 @@ def main(argv=None):
         ap.error(f"--max_iters={a.max_iters} must be at least 1")
     if a.jobs < 1:
         ap.error(f"--jobs={a.jobs} must be at least 1")
-    runs = plan([v for v in VARIANTS if v in only], seeds, ABLATION if "ablation" in only else ())
+    layouts = a.layouts.split(",")
+    for layout in layouts:
+        try:
+            shape = Config(layout=layout).shape
+        except ValueError as e:
+            ap.error(f"--layouts: {e}")
+        if shape.depth != 12 or not shape.schedule:
+            ap.error(f"--layouts: {layout!r} has compute depth {shape.depth} and {len(shape.schedule)} loop steps; the "
+                     f"table compares loop layouts of compute depth 12 (such as 3+2R3+3) with vanilla 12")
+    runs = plan([v for v in VARIANTS if v in only], seeds, ablation_slots(layouts[0]) if "ablation" in only else (),
+                layouts)
     if a.dry_run:
         for run in runs:
             print(" ".join(train_command(run, os.path.join(a.root, run["name"]), a.max_iters)[1:]))
@@ -234,9 +280,9 @@ def main(argv=None):
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with ThreadPoolExecutor(a.jobs) as pool:  # each run is its own process; threads only wait on them
         results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env), runs))
-    rows, abl = aggregate(results, vanilla_params(), seeds), ablation_rows(results)
+    rows, abl = aggregate(results, vanilla_params(), seeds, layouts), ablation_rows(results, layouts[0])
     os.makedirs(a.results, exist_ok=True)
-    md = markdown(rows, abl, a.max_iters, machine(a.jobs))
+    md = markdown(rows, abl, a.max_iters, machine(a.jobs), layouts[0])
     with open(os.path.join(a.results, "table1.json"), "w") as f:
         json.dump(dict(settings=dict(TRAIN, max_iters=a.max_iters, seeds=seeds, eval_batches=EVAL_BATCHES,
                                      eval_seed=EVAL_SEED), machine=machine(a.jobs), table=rows, ablation=abl,
@@ -244,10 +290,13 @@ def main(argv=None):
     with open(os.path.join(a.results, "table1.md"), "w") as f:
         f.write(md)
     print(md + f"wrote {a.results}/table1.json and {a.results}/table1.md")
-    figures = [os.path.join(a.root, n) for n in ("base_s0", "mesh_s0") if any(r["name"] == n for r in results)]
-    if figures:
-        probe.main([f"--out_dir={d}" for d in figures] + [f"--json={a.results}/table1_probe.json",
-                                                           f"--png={a.results}/table1_probe"])
+    for layout in layouts:  # probe.py's figures of base and mesh, seed 0, per layout
+        names = [run_name(v, layout, 0) for v in ("base", "mesh")]
+        figures = [os.path.join(a.root, n) for n in names if any(r["name"] == n for r in results)]
+        tag = "" if layout == LOOP_LAYOUT else f"_{layout}"
+        if figures:
+            probe.main([f"--out_dir={d}" for d in figures] + [f"--json={a.results}/table1_probe{tag}.json",
+                                                               f"--png={a.results}/table1_probe{tag}"])
 
 
 if __name__ == "__main__":

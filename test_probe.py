@@ -212,7 +212,7 @@ def test_probe_names_a_missing_validation_split(tmp_path, capsys):
 
 
 def test_table1_plan_shares_the_default_buffer_run_and_passes_identical_settings():
-    runs = table1.plan(list(table1.VARIANTS), [0, 1, 2], table1.ABLATION)
+    runs = table1.plan(list(table1.VARIANTS), [0, 1, 2], table1.ablation_slots(table1.LOOP_LAYOUT))
     names = [r["name"] for r in runs]
     assert len(names) == len(set(names)) == 6 * 3 + 3  # B = K+3 = 5 is mesh_s0 itself
     assert names[-3:] == ["mesh_B3_s0", "mesh_B4_s0", "mesh_B6_s0"]
@@ -253,11 +253,10 @@ def test_windows_reach_the_last_start_and_mean_std_is_over_the_population():
     assert mean.tolist() == [2.0, 4.0] and std.tolist() == [1.0, 2.0]  # ddof 0: the spread of these rows
 
 
-def fake_result(variant, seed, loss, params, ms, n_slots=None):
-    name = f"{variant}_s{seed}" if n_slots in (None, 5) else f"mesh_B{n_slots}_s{seed}"
-    layout, scheme = table1.VARIANTS[variant]
-    return dict(name=name, variant=variant, layout=layout, scheme=scheme, seed=seed, params=params,
-                n_slots=n_slots, val_loss=loss, ms_per_iter=ms)
+def fake_result(variant, seed, loss, params, ms, n_slots=None, layout=table1.LOOP_LAYOUT):
+    name = table1.run_name(variant, layout, seed, None if n_slots in (None, table1.steps(layout) + 3) else n_slots)
+    return dict(name=name, variant=variant, layout=table1.DEPTH_LAYOUT if variant == "vanilla" else layout,
+                scheme=table1.VARIANTS[variant], seed=seed, params=params, n_slots=n_slots, val_loss=loss, ms_per_iter=ms)
 
 
 def test_table1_aggregates_seeds_and_writes_the_markdown_table():
@@ -275,10 +274,31 @@ def test_table1_aggregates_seeds_and_writes_the_markdown_table():
     abl = table1.ablation_rows(results)
     assert [r["n_slots"] for r in abl] == [3, 5]
     md = table1.markdown(rows, abl, 1200, "test cpu")
-    assert "| vanilla | `12` | 2,379,520 | 100.0% | 1.5200 ± 0.0200 (3) | 100 |" in md
-    assert "| mesh | `2+4R2+2` | 1,590,302 | 66.8% | 1.4200 ± 0.0283 (2) | 90 |" in md
+    assert "| vanilla | `12` | - | 2,379,520 | 100.0% | 1.5200 ± 0.0200 (3) | - | - | 100 |" in md
+    # paired with vanilla seed by seed: 1.40 - 1.50 and 1.44 - 1.52; no base runs to pair with
+    assert "| mesh | `2+4R2+2` | 2 | 1,590,302 | 66.8% | 1.4200 ± 0.0283 (2) | - | -0.0900 ± 0.0141 | 90 |" in md
     assert "| 3 | 1,588,750 | 1.4700 | 85 |" in md and "| 5 | 1,590,302 | 1.4000 | 90 |" in md
     assert "Machine: test cpu." in md and "1200 iterations" in md
+
+
+def test_table1_depth_sweep_names_runs_by_layout_and_pairs_seeds():
+    layouts = ["2+4R2+2", "3+1R6+3"]
+    runs = table1.plan(["vanilla", "base", "mesh"], [0, 1], (), layouts)
+    assert [r["name"] for r in runs] == ["vanilla_s0", "vanilla_s1", "base_s0", "base_s1", "mesh_s0", "mesh_s1",
+                                         "base_3+1R6+3_s0", "base_3+1R6+3_s1", "mesh_3+1R6+3_s0", "mesh_3+1R6+3_s1"]
+    assert {r["layout"] for r in runs if r["variant"] == "vanilla"} == {"12"}
+    results = [fake_result("vanilla", s, l, 1, 1.0) for s, l in ((0, 1.50), (1, 1.60))]
+    results += [fake_result(v, s, l, 1, 1.0, layout=lay) for v, lay, s, l in
+                [("base", "2+4R2+2", 0, 1.55), ("base", "2+4R2+2", 1, 1.66), ("mesh", "2+4R2+2", 0, 1.52),
+                 ("mesh", "2+4R2+2", 1, 1.61), ("base", "3+1R6+3", 0, 1.58), ("base", "3+1R6+3", 1, 1.70),
+                 ("mesh", "3+1R6+3", 0, 1.53), ("mesh", "3+1R6+3", 1, 1.64)]]
+    rows = table1.aggregate(results, 1, [0, 1], layouts)
+    assert [(r["variant"], r["layout"], r["K"]) for r in rows] == [
+        ("vanilla", "12", 0), ("base", "2+4R2+2", 2), ("mesh", "2+4R2+2", 2), ("base", "3+1R6+3", 6), ("mesh", "3+1R6+3", 6)]
+    mesh6 = rows[4]
+    assert mesh6["vs_base"] == pytest.approx(-0.055) and mesh6["vs_base_std"] == pytest.approx(0.0071, abs=1e-4)
+    assert mesh6["vs_vanilla"] == pytest.approx(0.035)  # (0.03 + 0.04) / 2
+    assert rows[1]["vs_base"] is None and rows[1]["vs_vanilla"] == pytest.approx(0.055)
 
 
 def test_table1_bad_flags_are_one_line(capsys):
