@@ -412,6 +412,7 @@ class RecursiveGPT(nn.Module):
         h = x
         if cfg.scheme == "mesh":
             # Eq. 2: the buffer, B slots the shape of the state; slot 0 holds h_emb, the others start at zero.
+            # [choice] h_emb is the embedding as the prelude sees it, scaled by sqrt(D) (Appendix B).
             mem = torch.stack([h_emb] + [torch.zeros_like(h_emb)] * (cfg.slots - 1), dim=2)  # (B, T, S, D)
             # The transitional cycle [choice: the paper's cycle "processes the prelude output"]: route on
             # the prelude output x, write it into the buffer, read h(0).
