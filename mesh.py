@@ -198,34 +198,33 @@ class Config:
 # The GPT-NeoX block
 
 class Rotary(nn.Module):
-    """GPT-NeoX rotary embedding on the first rotary_dims of each head: one table for the whole model.
-
-    NeoX maps (x1, x2, x_pass) to (x1 cos - x2 sin, x2 cos + x1 sin, x_pass). Written here as
-    x * cos + (x @ R) * sin over the whole head, with cos = 1 and sin = 0 on the pass-through dims and
-    R the signed permutation (x1, x2, x_pass) @ R = (-x2, x1, 0): the same values (each entry of x @ R
-    is one entry of x times +-1), with no split or concatenation of the heads."""
+    """GPT-NeoX rotary embedding on the first rotary_dims of each head: one table for the whole model,
+    looked up once per forward and shared by every block."""
 
     def __init__(self, cfg):
         super().__init__()
-        hd, rot = cfg.head_dim, cfg.rotary_dims
+        rot = cfg.rotary_dims
         inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
         freqs = torch.outer(torch.arange(cfg.block_size, dtype=torch.float32), inv_freq)  # (L, rot/2)
         freqs = torch.cat((freqs, freqs), dim=-1)                                          # (L, rot)
-        pad = torch.zeros(cfg.block_size, hd - rot)
-        half = torch.arange(rot // 2)
-        R = torch.zeros(hd, hd)
-        R[half + rot // 2, half] = -1.0   # output j < rot/2 is -x2[j]
-        R[half, half + rot // 2] = 1.0    # output rot/2 + j is x1[j]
         # derived from the config, so not saved (persistent=False)
-        self.register_buffer("cos", torch.cat((freqs.cos(), pad + 1), dim=-1), persistent=False)  # (L, hd)
-        self.register_buffer("sin", torch.cat((freqs.sin(), pad), dim=-1), persistent=False)      # (L, hd)
-        self.register_buffer("R", R, persistent=False)                                            # (hd, hd)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
 
     def forward(self, T, pos=None, dtype=torch.float32):
-        """(cos, sin, R) for positions pos (T,), or 0..T-1 when pos is None, in the dtype q and k are
-        computed in (RecursiveGPT.compute_dtype)."""
+        """(cos, sin), each (T, rotary_dims), for positions pos (T,), or 0..T-1 when pos is None, in the dtype
+        q and k are computed in (RecursiveGPT.compute_dtype)."""
         cos, sin = (self.cos[:T], self.sin[:T]) if pos is None else (self.cos[pos], self.sin[pos])
-        return cos.to(dtype), sin.to(dtype), self.R.to(dtype)   # (T, hd), (T, hd), (hd, hd)
+        return cos.to(dtype), sin.to(dtype)
+
+
+def apply_rotary(x, cos, sin):
+    """x (B, H, T, hd): NeoX's rotate-half on the first rot = cos.size(-1) dims of each head, (x1, x2) ->
+    (x1 cos - x2 sin, x2 cos + x1 sin); the other dims pass through."""
+    rot = cos.size(-1)
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    x1, x2 = x_rot[..., :rot // 2], x_rot[..., rot // 2:]
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, x_pass), dim=-1)
 
 
 class Attention(nn.Module):
@@ -239,10 +238,8 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, cache=None, layer=0):
         B, T, C = x.shape
-        cos, sin, R = rope
-        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
-        qk = qkv[:2] * cos + (qkv[:2] @ R) * sin              # rotary on q and k at once
-        q, k, v = qk[0], qk[1], qkv[2]                         # (B, H, T, hd) each
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)                           # (B, H, T, hd) each
         drop = self.dropout if self.training else 0.0
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)   # (B, H, T, hd)

@@ -608,22 +608,26 @@ def test_rotary_even_is_fine():
     assert small(n_embd=96, n_head=4).rotary_dims == 6
 
 
-@pytest.mark.parametrize("n_embd, n_head, pct", [(64, 4, 0.25), (96, 4, 0.25), (64, 2, 1.0)])
-def test_rotary_matches_neox_rotate_half(n_embd, n_head, pct):
-    """x * cos + (x @ R) * sin equals GPT-NeoX's rotate_half form on the first rot dims, pass-through after."""
+@pytest.mark.parametrize("n_embd, n_head, pct", [(64, 4, 0.25), (96, 4, 0.25), (64, 2, 1.0), (64, 4, 0.0)])
+def test_rotary_rotates_pairs_by_position_and_passes_the_rest(n_embd, n_head, pct):
+    """Rotary, dim by dim: the pair (j, j + rot/2) of a head turns by the angle pos * base^(-2j/rot), the dims
+    past rot pass through unchanged, and q . k depends only on the distance between positions."""
     cfg = small(n_embd=n_embd, n_head=n_head, rotary_pct=pct, block_size=16)
     rot, hd = cfg.rotary_dims, cfg.head_dim
     pos = torch.tensor([0, 3, 15])
-    cos, sin, R = mesh.Rotary(cfg)(3, pos)
     x = torch.randn(2, n_head, 3, hd)
-    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2).float() / rot))
-    ang = torch.outer(pos.float(), inv_freq).repeat(1, 2)                      # (T, rot)
-    xr, xp = x[..., :rot], x[..., rot:]
-    half = torch.cat((-xr[..., rot // 2:], xr[..., :rot // 2]), dim=-1)          # rotate_half
-    expect = torch.cat((xr * ang.cos() + half * ang.sin(), xp), dim=-1)
-    torch.testing.assert_close(x * cos + (x @ R) * sin, expect, atol=1e-6, rtol=0)
-    assert torch.equal((x @ R)[..., rot:], torch.zeros_like(xp))               # R is exact: no mixing
-    assert torch.equal(cos[:, rot:], torch.ones(3, hd - rot)) and not sin[:, rot:].any()
+    y = mesh.apply_rotary(x, *mesh.Rotary(cfg)(3, pos))
+    assert torch.equal(y[..., rot:], x[..., rot:])
+    for j in range(rot // 2):
+        angle = pos.double() * cfg.rotary_base ** (-2 * j / rot)
+        c, s = angle.cos().float(), angle.sin().float()
+        a, b = x[..., j], x[..., j + rot // 2]
+        torch.testing.assert_close(y[..., j], a * c - b * s, atol=1e-5, rtol=0)
+        torch.testing.assert_close(y[..., j + rot // 2], b * c + a * s, atol=1e-5, rtol=0)
+    q, k = torch.randn(hd), torch.randn(hd)
+    tables = mesh.Rotary(cfg)(4, torch.tensor([2, 5, 9, 12]))
+    rq, rk = (mesh.apply_rotary(t.expand(4, hd), *tables) for t in (q, k))
+    torch.testing.assert_close((rq[1] * rk[0]).sum(), (rq[3] * rk[2]).sum(), atol=1e-4, rtol=0)  # both 3 apart
 
 
 def test_cache_needs_positions():
@@ -724,7 +728,7 @@ def test_cache_under_bf16_autocast(scheme):
     seq = tokens(2, 20)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert model.compute_dtype("cpu") == torch.bfloat16 and model.compute_dtype("cuda") == torch.float32
-        assert [t.dtype for t in model.rotary(4, dtype=model.compute_dtype("cpu"))] == [torch.bfloat16] * 3
+        assert [t.dtype for t in model.rotary(4, dtype=model.compute_dtype("cpu"))] == [torch.bfloat16] * 2
         full, _ = model(seq)
         cache = KVCache(model, 2, model.config.block_size)
         assert cache.k.dtype == cache.v.dtype == cache.mask.dtype == torch.bfloat16
