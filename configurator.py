@@ -32,10 +32,24 @@ class UsageError(ValueError):
 
 def report(prog, error, code=2):
     """The one line an entry point prints for an error it can name; returns the exit code."""
-    if isinstance(error, OSError) and error.filename:  # e.g. an --out_dir that is a file, a full disk
+    if isinstance(error, OSError) and error.filename:  # e.g. an --out_dir that is a file
         error = f"cannot use {error.filename}: {error.strerror}; check the path"
+    elif isinstance(error, OSError):  # no file named, e.g. a full disk met while flushing a write
+        error = f"{error.strerror or error}; check the disk (free space, permissions) and try again"
     print(f"{prog}: error: {error}", file=sys.stderr)
     return code
+
+
+def process_alive(pid):
+    """Whether process `pid` still runs on this machine: temporary files and folders carry their writer's
+    pid, so that a cleanup removes those of dead processes and never a live one's."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        return True
+    return True
 
 
 def check_writable(path, flag):
