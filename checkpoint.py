@@ -10,7 +10,6 @@ A checkpoint is a torch.save'd dict of tensors and plain data (model_config, tra
 written atomically and loaded with weights_only=True: loading never runs code.
 """
 
-import errno
 import json
 import os
 import shlex
@@ -19,6 +18,7 @@ import zipfile
 
 import torch
 
+from configurator import why_write_failed
 from mesh import Config, RecursiveGPT
 
 
@@ -46,10 +46,7 @@ def save_checkpoint(obj, path):
         if os.path.exists(tmp):
             os.remove(tmp)
         if isinstance(e, (OSError, RuntimeError)):  # the zip writer reports a full disk as a RuntimeError
-            free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
-            full = getattr(e, "errno", None) == errno.ENOSPC or free < 1 << 20
-            why = "the disk is full" if full else (getattr(e, "strerror", None) or str(e).splitlines()[0])
-            raise CheckpointError(f"could not write {path}: {why} ({free:,} bytes free); the previous "
+            raise CheckpointError(f"could not write {path}: {why_write_failed(e, folder)}; the previous "
                                   f"checkpoint there, if any, is unchanged") from None
         raise
 

@@ -12,6 +12,7 @@ or the expected type.
 """
 
 import dataclasses
+import errno
 import inspect
 import json
 import os
@@ -50,6 +51,18 @@ def process_alive(pid):
     except PermissionError:  # alive, but another user's
         return True
     return True
+
+
+def why_write_failed(error, folder):
+    """In words, why writing into folder failed with `error`: a full disk is said so, with the bytes left,
+    whatever the writer made of ENOSPC (torch's zip writer raises a RuntimeError, numpy a short write)."""
+    try:
+        free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
+    except OSError:
+        free = None
+    if getattr(error, "errno", None) == errno.ENOSPC or (free is not None and free < 1 << 20):
+        return f"the disk is full ({free:,} bytes free)" if free is not None else "the disk is full"
+    return getattr(error, "strerror", None) or str(error).splitlines()[0]
 
 
 def check_writable(path, flag):

@@ -238,11 +238,14 @@ def unsaveable(model, optimizer, losses):
     (far worse than a uniform guess), or a weight or optimizer state that is not finite."""
     limit = DIVERGED * math.log(model.config.vocab_size)
     for split, loss in losses.items():
-        if not loss <= limit:  # also NaN
+        if not math.isfinite(loss):
+            return f"{split} loss is {loss}"
+        if loss > limit:
             return f"{split} loss is {loss:.4g} (above {limit:.4g}, {DIVERGED} x ln(vocab_size))"
     tensors = {f"weight {k}": v for k, v in model.state_dict().items() if v.is_floating_point()}
-    tensors.update({f"optimizer {k}": v for state in optimizer.state.values() for k, v in state.items()
-                    if torch.is_tensor(v) and v.is_floating_point()})
+    names = {p: name for name, p in model.named_parameters()}
+    tensors.update({f"optimizer {k} of {names.get(p, 'a parameter')}": v for p, state in optimizer.state.items()
+                    for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point()})
     finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()]).tolist()
     return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
 

@@ -39,7 +39,7 @@ import numpy as np
 
 if __package__ in (None, ""):  # run as a script (python data/prepare.py): the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import process_alive, report  # noqa: E402
+from configurator import process_alive, report, why_write_failed  # noqa: E402
 from mesh import closest  # noqa: E402
 
 DEFAULT_OUT_ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -297,6 +297,9 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_OUT_
             os.remove(os.path.join(final, "meta.json"))
         for name in sorted(os.listdir(stage), key=lambda name: name == "meta.json"):
             os.replace(os.path.join(stage, name), os.path.join(final, name))
+    except OSError as e:  # a full disk, most often: numpy reports it as a short write, naming no file
+        raise PrepareError(f"could not write dataset {dataset!r} in {out_root}: {why_write_failed(e, out_root)}; "
+                           f"the dataset was not written") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if created_root and not os.path.isdir(final):
