@@ -102,6 +102,26 @@ def test_bad_settings_touch_nothing(flags, env, message, how, finished, data_roo
     assert snapshot(finished, data_root) == before
 
 
+@pytest.mark.parametrize("fails", [True, False], ids=["fails before its first checkpoint", "saves"])
+def test_overwrite_replaces_the_old_run_at_the_new_ones_first_checkpoint(fails, finished, data_root, tmp_path,  # noqa: F811
+                                                                         capsys, monkeypatch):
+    """A run that fails before its first checkpoint (here its first evaluation is NaN) leaves the run it was
+    to overwrite as it was, log.jsonl included; one that saves replaces ckpt.pt and log.jsonl together."""
+    out = copy_of(finished, tmp_path)
+    before = snapshot(out)
+    if fails:
+        monkeypatch.setattr(train, "batch_losses", lambda *a: [float("nan")])
+    assert run(["--overwrite=true", "--max_iters=3", "--eval_interval=3", "--seed=7"], data_root, out) == \
+        (1 if fails else 0)
+    if fails:
+        assert "this run saved no checkpoint" in one_line(capsys) and snapshot(out) == before
+    else:
+        with open(out / "log.jsonl") as f:
+            assert [r["iter"] for r in map(json.loads, f)] == [0, 1, 2, 3, 3]  # the new run's records only
+        assert torch.load(out / "ckpt.pt", weights_only=True)["train_config"]["seed"] == 7
+        assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl"]
+
+
 # -----------------------------------------------------------------------------
 # A blown-up model is never saved
 
@@ -201,11 +221,11 @@ def test_cleanup_removes_only_what_dead_processes_left(kind, tmp_path):
     dead.wait()
     try:
         if kind == "checkpoint temporary file":
-            names = {pid: f".ckpt-{pid}-0123abcd.tmp" for pid in (live.pid, dead.pid, os.getpid())}
-            for name in names.values():
+            names = {pid: (f".ckpt-{pid}-0123abcd.tmp", f".log-{pid}.tmp") for pid in (live.pid, dead.pid, os.getpid())}
+            for name in sum(names.values(), ()):
                 (tmp_path / name).write_bytes(b"partial")
             train.remove_stale_temporaries(str(tmp_path))
-            assert set(os.listdir(tmp_path)) == {names[live.pid]}
+            assert set(os.listdir(tmp_path)) == set(names[live.pid])
         else:
             names = {pid: f".tiny.tmp-{pid}-x1y2z3" for pid in (live.pid, dead.pid)}
             for name in names.values():

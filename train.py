@@ -223,9 +223,10 @@ def release_out_dirs():
 
 
 def remove_stale_temporaries(out_dir):
-    """Remove the temporary files (.ckpt-PID-*.tmp) of checkpoint writes whose process is dead."""
+    """Remove the temporary files of checkpoint writes (.ckpt-PID-*.tmp) and logs (.log-PID.tmp) whose
+    process is dead (or is this one)."""
     for name in os.listdir(out_dir):
-        pid = name.split("-")[1] if name.startswith(".ckpt-") and name.endswith(".tmp") else ""
+        pid = name.split("-")[1].split(".")[0] if name.startswith((".ckpt-", ".log-")) and name.endswith(".tmp") else ""
         if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
             os.remove(os.path.join(out_dir, name))
 
@@ -371,7 +372,12 @@ class Trainer:
             if tc.init_from != "resume":
                 self.check_scratch_out_dir()  # again: another run may have finished there in the meantime
             remove_stale_temporaries(tc.out_dir)  # of checkpoint writes that were killed
-            self.log_file = open(os.path.join(tc.out_dir, "log.jsonl"), "a" if ckpt else "w")
+            log = os.path.join(tc.out_dir, "log.jsonl")
+            # --overwrite replaces the old run when the new one saves its first checkpoint, not before: until
+            # then the new log is a temporary file, and the old log.jsonl still matches the old ckpt.pt
+            self.pending_log = os.path.join(tc.out_dir, f".log-{os.getpid()}.tmp") \
+                if not ckpt and os.path.exists(log) else None
+            self.log_file = open(log, "a") if ckpt else open(self.pending_log or log, "w")
             print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
                   f"{model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
                   f"dataset {tc.dataset} ({len(self.train_data):,} train tokens), device {self.device} {tc.dtype}, "
@@ -426,6 +432,9 @@ class Trainer:
             "rng": rng,  # the data needs no state: a step's batches depend only on (seed, step)
             "data": self.data_record,
         }, os.path.join(self.tc.out_dir, "ckpt.pt"))
+        if self.pending_log:  # this run's first checkpoint: its log takes the old one's place (the file stays open)
+            os.replace(self.pending_log, os.path.join(self.tc.out_dir, "log.jsonl"))
+            self.pending_log = None
 
     def eval_and_save(self):
         losses = self.evaluate()
@@ -492,6 +501,8 @@ class Trainer:
                 signal.signal(s, handler)
             if self.master:
                 self.log_file.close()
+                if self.pending_log:  # saved nothing: the old run stays as it was
+                    os.remove(self.pending_log)
 
     def loop(self):
         tc = self.tc
