@@ -12,10 +12,13 @@ written atomically and loaded with weights_only=True: loading never runs code.
 
 import json
 import os
+import shlex
 import uuid
+import zipfile
 
 import torch
 
+from configurator import why_write_failed
 from mesh import Config, RecursiveGPT
 
 
@@ -39,9 +42,12 @@ def save_checkpoint(obj, path):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, (OSError, RuntimeError)):  # the zip writer reports a full disk as a RuntimeError
+            raise CheckpointError(f"could not write {path}: {why_write_failed(e, folder)}; the previous "
+                                  f"checkpoint there, if any, is unchanged") from None
         raise
 
 
@@ -49,8 +55,14 @@ def load_checkpoint(out_dir, device="cpu"):
     """Load OUT_DIR/ckpt.pt (weights_only: loading never runs code) -> (model, checkpoint dict)."""
     path = os.path.join(out_dir, "ckpt.pt")
     if not os.path.isfile(path):
-        raise CheckpointError(f"no checkpoint at {path}; train one with: python train.py --out_dir={out_dir}")
+        raise CheckpointError(f"no checkpoint at {path}; train one with: "
+                              f"python train.py {shlex.quote('--out_dir=' + out_dir)}")
     try:
+        # torch.load does not check the zip's CRC-32s: a flipped bit in a tensor would load silently
+        with zipfile.ZipFile(path) as z:
+            damaged = z.testzip()
+        if damaged:
+            raise ValueError(f"{damaged} fails its CRC-32 check")
         ckpt = torch.load(path, map_location=device, weights_only=True)
         missing = {"model", "model_config", "train_config"} - set(ckpt)
         if missing:
@@ -62,6 +74,42 @@ def load_checkpoint(out_dir, device="cpu"):
                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                               f"delete it or point --out_dir at another run") from None
     return model.to(device), ckpt
+
+
+def check_resumable(ckpt, path, optimizer=None):
+    """Raise CheckpointError unless ckpt (loaded from path) holds what a resumed run needs: iter_num,
+    best_val_loss, rng and optimizer, whose state (given the new `optimizer`) matches its parameters' shapes."""
+    problem = None
+    kinds = {"iter_num": int, "best_val_loss": float, "rng": dict, "optimizer": dict}
+    missing = [k for k, kind in kinds.items() if not isinstance(ckpt.get(k), kind)]
+    if missing:
+        problem = f"no valid {', '.join(missing)}"
+    elif not torch.is_tensor(ckpt["rng"].get("torch")) or ckpt["rng"]["torch"].dtype != torch.uint8:
+        problem = "no torch RNG state"
+    elif optimizer is not None:
+        problem = _optimizer_mismatch(ckpt["optimizer"], optimizer)
+    if problem:
+        raise CheckpointError(f"{path} cannot be resumed: {problem}; it is damaged or was not written by "
+                              f"train.py (sample.py can still use its weights)")
+
+
+def _optimizer_mismatch(saved, optimizer):
+    """What in a saved optimizer state_dict does not fit `optimizer`'s parameters, or None."""
+    groups, state = saved.get("param_groups"), saved.get("state")
+    if not isinstance(groups, list) or not isinstance(state, dict):
+        return "the optimizer state has no param_groups or state"
+    ours = optimizer.param_groups
+    if len(groups) != len(ours) or any(len(g.get("params", ())) != len(o["params"]) for g, o in zip(groups, ours)):
+        return "the optimizer's parameter groups differ from the model's"
+    params = {i: p for g, o in zip(groups, ours) for i, p in zip(g["params"], o["params"])}
+    for i, entry in state.items():
+        if i not in params or not isinstance(entry, dict):
+            return f"optimizer state for an unknown parameter {i!r}"
+        for k, v in entry.items():
+            if torch.is_tensor(v) and v.dim() > 0 and v.shape != params[i].shape:
+                return (f"the optimizer's {k} of parameter {i} has shape {tuple(v.shape)}, the parameter "
+                        f"{tuple(params[i].shape)}")
+    return None
 
 
 # -----------------------------------------------------------------------------

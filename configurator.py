@@ -12,6 +12,7 @@ or the expected type.
 """
 
 import dataclasses
+import errno
 import inspect
 import json
 import os
@@ -32,10 +33,36 @@ class UsageError(ValueError):
 
 def report(prog, error, code=2):
     """The one line an entry point prints for an error it can name; returns the exit code."""
-    if isinstance(error, OSError) and error.filename:  # e.g. an --out_dir that is a file, a full disk
+    if isinstance(error, OSError) and error.filename:  # e.g. an --out_dir that is a file
         error = f"cannot use {error.filename}: {error.strerror}; check the path"
+    elif isinstance(error, OSError):  # no file named, e.g. a full disk met while flushing a write
+        error = f"{error.strerror or error}; check the disk (free space, permissions) and try again"
     print(f"{prog}: error: {error}", file=sys.stderr)
     return code
+
+
+def process_alive(pid):
+    """Whether process `pid` still runs on this machine: temporary files and folders carry their writer's
+    pid, so that a cleanup removes those of dead processes and never a live one's."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        return True
+    return True
+
+
+def why_write_failed(error, folder):
+    """In words, why writing into folder failed with `error`: a full disk is said so, with the bytes left,
+    whatever the writer made of ENOSPC (torch's zip writer raises a RuntimeError, numpy a short write)."""
+    try:
+        free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
+    except OSError:
+        free = None
+    if getattr(error, "errno", None) == errno.ENOSPC or (free is not None and free < 1 << 20):
+        return f"the disk is full ({free:,} bytes free)" if free is not None else "the disk is full"
+    return getattr(error, "strerror", None) or str(error).splitlines()[0]
 
 
 def check_writable(path, flag):

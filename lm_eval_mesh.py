@@ -56,7 +56,7 @@ class MeshLM(TemplateLM):
             raise ValueError(f"dtype={dtype!r}: expected float32, bfloat16 or float16")
         model, ckpt = load_checkpoint(out_dir, device)
         self.model = model.to(getattr(torch, dtype)).eval()
-        self.tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"]))
+        self.tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
         self._device = torch.device(device)
         self.batch_size, self.max_gen_toks = int(batch_size), int(max_gen_toks)
         self.block_size = model.config.block_size

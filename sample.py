@@ -61,7 +61,7 @@ def main(argv):
         model, ckpt = load_checkpoint(sc.out_dir, device)
         if sc.compile:  # the KV cache is preallocated, so every one-token step has the same shapes: one graph
             model.compile()
-        tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"]))
+        tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
         start = sc.start
         if start.startswith("FILE:"):
             try:

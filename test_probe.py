@@ -126,7 +126,8 @@ def make_run(tmp_path, name, layout, scheme, n_slots=None):
         folder.mkdir(parents=True)
         tokens = np.random.default_rng(0).integers(0, TINY["vocab_size"], 3000).astype(np.uint16)
         tokens.tofile(folder / "val.bin")
-        (folder / "meta.json").write_text(json.dumps(dict(tokenizer="char", vocab_size=TINY["vocab_size"], dtype="uint16")))
+        (folder / "meta.json").write_text(json.dumps(dict(tokenizer="char", chars="abcdefghijk"[:TINY["vocab_size"]],
+                                                          vocab_size=TINY["vocab_size"], dtype="uint16")))
     torch.manual_seed(0)
     model = RecursiveGPT(Config(**TINY, layout=layout, scheme=scheme, n_slots=n_slots))
     out_dir = tmp_path / name

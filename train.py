@@ -14,9 +14,11 @@ written atomically; Ctrl-C or SIGTERM finishes the current step, saves and exits
 """
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -27,9 +29,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import CheckpointError, load_checkpoint, load_hf, save_checkpoint
-from configurator import UsageError, parse_flags, report, resolve_device, resolve_dtype
-from data.prepare import PrepareError, Tokenizer, checkpoint_dataset, ensure_dataset, load_split, random_windows
+from checkpoint import CheckpointError, check_resumable, load_checkpoint, load_hf, save_checkpoint
+from configurator import UsageError, parse_flags, process_alive, report, resolve_device, resolve_dtype
+from data.prepare import (PrepareError, Tokenizer, checkpoint_dataset, dataset_record, ensure_dataset, load_split,
+                          random_windows)
 from mesh import PRESETS, Config, RecursiveGPT
 
 
@@ -84,6 +87,28 @@ class TrainConfig:
         for name in ("max_iters", "sample_tokens"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name}={getattr(self, name)} must be 0 or more")
+        # Every number has a range, checked before anything is written: a negative min_lr or grad_clip, an
+        # infinite lr or a NaN weight decay would otherwise train, silently wrong.
+        for name, ok, allowed in RANGES:
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and ok(value)):
+                raise UsageError(f"--{name}={value} must be {allowed}")
+        if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
+            raise UsageError(f"--min_lr={self.min_lr} is above --lr={self.lr}; the cosine decays from lr to min_lr")
+
+
+RANGES = [  # (setting, test, the range in words) for TrainConfig's numbers that other checks leave open
+    ("lr", lambda v: v > 0, "a finite number above 0"),
+    ("min_lr", lambda v: v >= 0, "a finite number, 0 or more"),
+    ("warmup_iters", lambda v: v >= 0, "0 or more"),
+    ("lr_decay_iters", lambda v: v >= 1, "at least 1"),
+    ("weight_decay", lambda v: v >= 0, "a finite number, 0 or more"),
+    ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("grad_clip", lambda v: v >= 0, "a finite number, 0 or more (0 disables clipping)"),
+    ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("seed", lambda v: v >= 0, "0 or more (numpy's generators take no negative seed)"),
+]
 
 
 MODEL_KEYS = ("layout", "scheme", "n_slots", "n_embd", "n_head", "block_size", "dropout")
@@ -154,14 +179,86 @@ def flops_per_token(cfg):
     return 6 * (L * (12 * D * D + 13 * D) + D * cfg.vocab_size) + 12 * L * D * cfg.block_size
 
 
+# -----------------------------------------------------------------------------
+# Keeping a run's files safe: who owns OUT_DIR, which process this is, what may be saved
+
+def process_group():
+    """(ddp, rank, world size) from torchrun's RANK and WORLD_SIZE; RANK unset (or -1): one process."""
+    rank, size = os.environ.get("RANK", "-1"), os.environ.get("WORLD_SIZE")
+    if rank == "-1":
+        return False, 0, 1
+    try:
+        rank, size = int(rank), int(size)
+        if not 0 <= rank < size:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise UsageError(f"RANK={rank} needs WORLD_SIZE, with 0 <= RANK < WORLD_SIZE (got WORLD_SIZE={size}); "
+                         f"launch with torchrun, which sets both, or unset RANK") from None
+    return True, rank, size
+
+
+_owned = {}  # real path of an OUT_DIR -> the descriptor that holds its lock while this process lives
+
+
+def own_out_dir(out_dir):
+    """Lock OUT_DIR for this run (an exclusive flock on the folder itself: no file is created, and the
+    kernel drops the lock when the process ends, kill -9 included), or say that another run holds it."""
+    key = os.path.realpath(out_dir)
+    if key in _owned:
+        return
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UsageError(f"another run is using --out_dir={out_dir} (it holds the folder's lock); wait for it "
+                         f"to end, or choose another --out_dir") from None
+    _owned[key] = fd
+
+
+def release_out_dirs():
+    for fd in _owned.values():
+        os.close(fd)
+    _owned.clear()
+
+
+def remove_stale_temporaries(out_dir):
+    """Remove the temporary files of checkpoint writes (.ckpt-PID-*.tmp) and logs (.log-PID.tmp) whose
+    process is dead (or is this one)."""
+    for name in os.listdir(out_dir):
+        pid = name.split("-")[1].split(".")[0] if name.startswith((".ckpt-", ".log-")) and name.endswith(".tmp") else ""
+        if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
+            os.remove(os.path.join(out_dir, name))
+
+
+DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
+
+
+def unsaveable(model, optimizer, losses):
+    """Why this model must not be saved, or None: an evaluated loss that is not finite or that has blown up
+    (far worse than a uniform guess), or a weight or optimizer state that is not finite."""
+    limit = DIVERGED * math.log(model.config.vocab_size)
+    for split, loss in losses.items():
+        if not math.isfinite(loss):
+            return f"{split} loss is {loss}"
+        if loss > limit:
+            return f"{split} loss is {loss:.4g} (above {limit:.4g}, {DIVERGED} x ln(vocab_size))"
+    tensors = {f"weight {k}": v for k, v in model.state_dict().items() if v.is_floating_point()}
+    names = {p: name for name, p in model.named_parameters()}
+    tensors.update({f"optimizer {k} of {names.get(p, 'a parameter')}": v for p, state in optimizer.state.items()
+                    for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point()})
+    finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()]).tolist()
+    return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
+
+
 class Trainer:
     def __init__(self, tc, given, resume=None):
         self.tc = tc
         # Resolved below for this machine and run, but saved as given: a resume on another machine picks its
         # own dtype and compile, and a new --lr there brings its own 10% min_lr.
         self.as_given = {k: getattr(tc, k) for k in ("dtype", "compile", "lr", "min_lr")}
-        self.ddp = int(os.environ.get("RANK", -1)) != -1
-        self.rank, self.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
+        self.ddp, self.rank, self.world = process_group()
+        self.launcher = os.getppid()  # torchrun, under DDP: when it is gone, the workers stop (see step)
         self.master = self.rank == 0
         if tc.grad_accum % self.world:
             raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size {self.world}; "
@@ -189,7 +286,7 @@ class Trainer:
             try:
                 if tc.init_from != "resume":
                     tc.dataset = ensure_dataset(tc.dataset, tc.data_root)
-                data_dir = checkpoint_dataset(dataclasses.asdict(tc))
+                data_dir = checkpoint_dataset(dataclasses.asdict(tc), resume[1].get("data") if resume else None)
             except PrepareError as e:
                 failed = str(e)
         if self.ddp:  # every rank uses the dataset rank 0 settled on, or stops with rank 0's error
@@ -200,6 +297,7 @@ class Trainer:
             raise PrepareError(failed)
         self.tokenizer = Tokenizer.load(data_dir)
         self.train_data, self.val_data = load_split(data_dir, "train"), load_split(data_dir, "val")
+        self.data_record = dataset_record(data_dir)  # saved in checkpoints: what they were trained on
         vocab = self.tokenizer.vocab_size
         vocab = vocab if self.tokenizer.kind == "char" else -(-vocab // 64) * 64  # pad BPE to a multiple of 64
 
@@ -209,9 +307,9 @@ class Trainer:
         if tc.init_from == "resume":
             model, ckpt = resume  # its config was checked against the flags given in main()
         elif tc.init_from == "scratch":
-            if os.path.exists(ckpt_path) and not tc.overwrite:
-                raise UsageError(f"{ckpt_path} exists; continue it with --init_from=resume, or start over "
-                                 f"with --overwrite=true, or choose another --out_dir")
+            if self.master and os.path.isdir(tc.out_dir):  # a live run there is the first thing to report
+                own_out_dir(tc.out_dir)
+            self.check_scratch_out_dir()
             model = RecursiveGPT(model_config(tc, vocab))
         elif tc.init_from.startswith("hf:"):  # a vanilla model; its shape comes from the import
             shaped = [k for k in MODEL_KEYS if k in given and k not in ("block_size", "dropout")]
@@ -233,6 +331,10 @@ class Trainer:
         if cfg.vocab_size < self.tokenizer.vocab_size:
             raise UsageError(f"dataset {tc.dataset!r} has {self.tokenizer.vocab_size} tokens but the model's "
                              f"vocabulary is {cfg.vocab_size}; use a dataset made with the model's tokenizer")
+        if len(self.train_data) < cfg.block_size + 1:
+            raise UsageError(f"block_size {cfg.block_size} is longer than the training split of {tc.dataset!r} "
+                             f"({len(self.train_data)} tokens in {self.train_data.filename}); use a smaller "
+                             f"--block_size or more text")
         if len(self.val_data) < cfg.block_size + 1:
             raise UsageError(f"block_size {cfg.block_size} is longer than the validation split of "
                              f"{tc.dataset!r} ({len(self.val_data)} tokens); use a smaller --block_size or more text")
@@ -245,8 +347,11 @@ class Trainer:
         self.raw_model = model.to(self.device)  # the uncompiled, unwrapped module: saved and sampled
         self.optimizer = model.configure_optimizer(tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), self.device_type)
         self.iter_num, self.best_val = 0, float("inf")
+        self.saved_iter = None  # the iteration of the checkpoint in OUT_DIR that this run stands behind
         if ckpt is not None:
+            check_resumable(ckpt, ckpt_path, self.optimizer)  # wrong shapes would crash inside fused AdamW
             self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.saved_iter = ckpt["iter_num"]
             self.iter_num, self.best_val = ckpt["iter_num"], ckpt["best_val_loss"]
             if self.rank == 0:  # the saved RNG state is rank 0's; the others get their own (dropout masks differ)
                 torch.set_rng_state(ckpt["rng"]["torch"].cpu())
@@ -261,16 +366,36 @@ class Trainer:
                              broadcast_buffers=False)
         self.flops_per_token = flops_per_token(cfg)
 
-        if self.master:
+        if self.master:  # everything is checked: now the run takes OUT_DIR
             os.makedirs(tc.out_dir, exist_ok=True)
-            for name in os.listdir(tc.out_dir):  # temporary files of checkpoint writes that were killed
-                if name.startswith(".ckpt-") and name.endswith(".tmp"):
-                    os.remove(os.path.join(tc.out_dir, name))
-            self.log_file = open(os.path.join(tc.out_dir, "log.jsonl"), "a" if ckpt else "w")
+            own_out_dir(tc.out_dir)
+            if tc.init_from != "resume":
+                self.check_scratch_out_dir()  # again: another run may have finished there in the meantime
+            remove_stale_temporaries(tc.out_dir)  # of checkpoint writes that were killed
+            log = os.path.join(tc.out_dir, "log.jsonl")
+            # --overwrite replaces the old run when the new one saves its first checkpoint, not before: until
+            # then the new log is a temporary file, and the old log.jsonl still matches the old ckpt.pt
+            self.pending_log = os.path.join(tc.out_dir, f".log-{os.getpid()}.tmp") \
+                if not ckpt and os.path.exists(log) else None
+            self.log_file = open(log, "a") if ckpt else open(self.pending_log or log, "w")
             print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
                   f"{model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
                   f"dataset {tc.dataset} ({len(self.train_data):,} train tokens), device {self.device} {tc.dtype}, "
                   f"{self.world} process(es), {tc.batch_size * tc.grad_accum * cfg.block_size:,} tokens/step")
+
+    def check_scratch_out_dir(self):
+        path = os.path.join(self.tc.out_dir, "ckpt.pt")
+        if os.path.exists(path) and not self.tc.overwrite:
+            raise UsageError(f"{path} exists; continue it with --init_from=resume, or start over "
+                             f"with --overwrite=true, or choose another --out_dir")
+
+    def last_good(self):
+        """Where the run stands after a failure, in words."""
+        path = os.path.join(self.tc.out_dir, "ckpt.pt")
+        if self.saved_iter is None:
+            return "this run saved no checkpoint (start again with a lower --lr)"
+        return (f"{path} (iter {self.saved_iter}) is the last good checkpoint (resume with --init_from=resume "
+                f"and a lower --lr)")
 
     def log(self, record, text):
         if self.master:
@@ -305,18 +430,32 @@ class Trainer:
             "iter_num": self.iter_num,
             "best_val_loss": self.best_val,
             "rng": rng,  # the data needs no state: a step's batches depend only on (seed, step)
+            "data": self.data_record,
         }, os.path.join(self.tc.out_dir, "ckpt.pt"))
+        if self.pending_log:  # this run's first checkpoint: its log takes the old one's place (the file stays open)
+            os.replace(self.pending_log, os.path.join(self.tc.out_dir, "log.jsonl"))
+            self.pending_log = None
 
     def eval_and_save(self):
         losses = self.evaluate()
         self.best_val = min(self.best_val, losses["val"])
         self.log({"iter": self.iter_num, "train_loss": losses["train"], "val_loss": losses["val"]},
                  f"iter {self.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        # every rank sees the same losses and (DDP) the same weights, so all stop here together
+        reason = unsaveable(self.raw_model, self.optimizer, losses)
+        if reason:
+            raise FloatingPointError(f"{reason} at iter {self.iter_num}; stopped without saving, so "
+                                     f"{self.last_good()}")
         self.checkpoint()
+        self.saved_iter = self.iter_num
 
     def step(self):
         """One optimizer step over the global batch; returns [mean loss, stop flag] agreed by all ranks."""
         tc, it = self.tc, self.iter_num
+        if self.ddp and os.getppid() != self.launcher and not self.stop:  # torchrun was killed: we were re-parented
+            self.stop = True
+            print(f"rank {self.rank}: the torchrun launcher (pid {self.launcher}) is gone: finishing this step, "
+                  f"then saving a checkpoint", flush=True)
         lr = get_lr(it, tc)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -339,8 +478,7 @@ class Trainer:
         if not math.isfinite(state[0].item()):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"loss is {state[0].item()} at iter {it}; stopped without saving, so "
-                                     f"{os.path.join(tc.out_dir, 'ckpt.pt')} is the last good checkpoint "
-                                     f"(resume with --init_from=resume and a lower --lr)")
+                                     f"{self.last_good()}")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return state[0].item(), lr, state[1].item() > 0
@@ -363,6 +501,8 @@ class Trainer:
                 signal.signal(s, handler)
             if self.master:
                 self.log_file.close()
+                if self.pending_log:  # saved nothing: the old run stays as it was
+                    os.remove(self.pending_log)
 
     def loop(self):
         tc = self.tc
@@ -389,7 +529,7 @@ class Trainer:
                 self.checkpoint()
                 if self.master:
                     print(f"stopped at iter {self.iter_num}; checkpoint saved. Continue with "
-                          f"python train.py --init_from=resume --out_dir={tc.out_dir}")
+                          f"python train.py --init_from=resume {shlex.quote('--out_dir=' + tc.out_dir)}")
                 return False
         self.eval_and_save()
         return True
@@ -405,7 +545,10 @@ def main(argv):
             if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
                 raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
                                  f"start with --init_from=scratch or point --out_dir at a run")
+            if process_group()[1] == 0:  # before reading: a live run there may be rewriting ckpt.pt
+                own_out_dir(out_dir)
             resume = load_checkpoint(out_dir)
+            check_resumable(resume[1], os.path.join(out_dir, "ckpt.pt"))
             settings.update({k: v for k, v in resume[1]["train_config"].items() if k in settings})
         tc = TrainConfig(**{**settings, **given})
         conflicts = config_conflicts(given, resume[0].config, resume[1]["train_config"]) if resume else []
@@ -422,7 +565,9 @@ def main(argv):
         if finished and trainer.master and tc.sample_tokens > 0:
             from sample import complete
             print("---- sample ----")
-            print(complete(trainer.raw_model, trainer.tokenizer, "\n", tc.sample_tokens, temperature=0.8,
+            tokenizer = trainer.tokenizer  # from a new line, where the text has one
+            prompt = "\n" if tokenizer.kind != "char" or "\n" in tokenizer.chars else ""
+            print(complete(trainer.raw_model, tokenizer, prompt, tc.sample_tokens, temperature=0.8,
                            top_k=None, device=trainer.device)[0])
         return 0 if finished else 130
     except (UsageError, CheckpointError, PrepareError, ValueError, OSError) as e:
@@ -432,6 +577,7 @@ def main(argv):
     except FloatingPointError as e:
         return report("train.py", e, code=1)
     finally:  # on every way out, errors and a second Ctrl-C included
+        release_out_dirs()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 

@@ -39,7 +39,7 @@ import numpy as np
 
 if __package__ in (None, ""):  # run as a script (python data/prepare.py): the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import report  # noqa: E402
+from configurator import process_alive, report, why_write_failed  # noqa: E402
 from mesh import closest  # noqa: E402
 
 DEFAULT_OUT_ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -48,6 +48,8 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
 GPT2_VOCAB_SIZE = 50257  # ids >= this are the model's padding (it rounds up to 50304)
 PROGRESS_BYTES = 64 << 20  # one progress line per 64 MiB read
+SCAN_BYTES = 1 << 30  # load_split checks every token id of a split up to 1 GiB, and SCAN_PIECES spread pieces beyond
+SCAN_PIECES = 256     # of 1 MiB each
 
 
 class PrepareError(Exception):
@@ -275,7 +277,8 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_OUT_
     final = os.path.join(out_root, dataset)
     created_root = not os.path.isdir(out_root)
     os.makedirs(out_root, exist_ok=True)
-    stage = tempfile.mkdtemp(prefix=f".{dataset}.tmp-", dir=out_root)
+    remove_stale_stages(out_root)
+    stage = tempfile.mkdtemp(prefix=f".{dataset}.tmp-{os.getpid()}-", dir=out_root)
     try:
         if source is None:  # download into the stage; it lands next to the .bin files as input.txt
             source = os.path.join(stage, "input.txt")
@@ -294,6 +297,9 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_OUT_
             os.remove(os.path.join(final, "meta.json"))
         for name in sorted(os.listdir(stage), key=lambda name: name == "meta.json"):
             os.replace(os.path.join(stage, name), os.path.join(final, name))
+    except OSError as e:  # a full disk, most often: numpy reports it as a short write, naming no file
+        raise PrepareError(f"could not write dataset {dataset!r} in {out_root}: {why_write_failed(e, out_root)}; "
+                           f"the dataset was not written") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if created_root and not os.path.isdir(final):
@@ -302,6 +308,16 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_OUT_
     log(f"prepare: {dataset}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
         f"vocab {meta['vocab_size']}, {meta['dtype']} -> {final}")
     return final
+
+
+def remove_stale_stages(out_root):
+    """Remove the staging folders (.NAME.tmp-PID-*) that a killed prepare left in out_root: only those of
+    processes that are dead, never a live one's."""
+    for name in os.listdir(out_root):
+        pid = name.rpartition(".tmp-")[2].split("-")[0]
+        if name.startswith(".") and ".tmp-" in name and pid.isdigit() and not process_alive(int(pid)) \
+                and os.path.isdir(os.path.join(out_root, name)):
+            shutil.rmtree(os.path.join(out_root, name), ignore_errors=True)
 
 
 def ensure_dataset(dataset, out_root=DEFAULT_OUT_ROOT, log=_stderr):
@@ -334,26 +350,58 @@ def dataset_folder(root, name):
     return next((f for f in folders if os.path.isfile(os.path.join(f, "meta.json"))), None)
 
 
-def checkpoint_dataset(train_config):
+def checkpoint_dataset(train_config, trained_on=None):
     """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config: the
-    TrainConfig saved in it, as a dict."""
+    TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data (dataset_record);
+    a folder whose meta.json now says otherwise (another text, another vocabulary) is refused by name."""
     root, name = train_config.get("data_root", "data"), train_config["dataset"]
     folder = dataset_folder(root, name)
     if folder is None:
         raise PrepareError(f"the checkpoint's dataset {name!r} is not prepared (no {os.path.join(root, name)}"
                            f"/meta.json); prepare it with: python data/prepare.py --dataset {name}")
+    now = dataset_record(folder)
+    changed = [k for k in sorted(set(trained_on or {}) | set(now)) if trained_on and trained_on.get(k) != now.get(k)]
+    if changed:
+        short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
+        raise PrepareError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was trained on: "
+                           + ", ".join(f"{k} {short(trained_on.get(k))} then, {short(now.get(k))} now" for k in changed)
+                           + f"; prepare {name!r} again from its original text, or train a new run on this data")
     return folder
 
 
+def dataset_record(folder):
+    """What a checkpoint records of its training data: the tokenizer and its vocabulary, dtype, token counts
+    and the source's sha256, from the dataset's meta.json."""
+    meta = read_meta(os.path.join(folder, "meta.json"))
+    keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens", "sha256")
+    return {k: meta[k] for k in keys if k in meta}
+
+
 def load_split(data_dir, split):
-    """The train or val tokens of a prepared dataset, memory-mapped (read-only)."""
+    """The train or val tokens of a prepared dataset, memory-mapped (read-only), checked against its
+    meta.json first: size, token count, and every token id below the vocabulary size (for a split over
+    SCAN_BYTES, SCAN_PIECES evenly spread pieces of 1 MiB, its first and last included)."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
-    dtype, path = read_meta(os.path.join(data_dir, "meta.json"))["dtype"], os.path.join(data_dir, f"{split}.bin")
+    meta, path = read_meta(os.path.join(data_dir, "meta.json")), os.path.join(data_dir, f"{split}.bin")
+    fix = f"prepare the dataset again: python data/prepare.py --dataset {os.path.basename(os.path.normpath(data_dir))}"
     if not os.path.isfile(path):
-        raise PrepareError(f"{path} is missing; prepare the dataset again: python data/prepare.py --dataset "
-                           f"{os.path.basename(os.path.normpath(data_dir))}")
-    return np.memmap(path, dtype=dtype, mode="r")
+        raise PrepareError(f"{path} is missing; {fix}")
+    size, item, expected = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize, meta.get(f"{split}_tokens")
+    if size == 0:
+        raise PrepareError(f"{path} is empty; {fix}")
+    if size % item:
+        raise PrepareError(f"{path} has {size} bytes, not a whole number of {meta['dtype']} tokens; {fix}")
+    if expected is not None and size // item != expected:
+        raise PrepareError(f"{path} holds {size // item:,} tokens but meta.json says {expected:,}; {fix}")
+    data = np.memmap(path, dtype=meta["dtype"], mode="r")
+    piece = (1 << 20) // item
+    starts = range(0, len(data), piece) if size <= SCAN_BYTES else \
+        np.linspace(0, len(data) - piece, SCAN_PIECES).astype(np.int64)
+    top = max(int(data[s:s + piece].max()) for s in starts)
+    if top >= meta["vocab_size"]:
+        raise PrepareError(f"{path} holds token id {top}, outside the vocabulary of {meta['vocab_size']}; {fix}")
+    return data
 
 
 def random_windows(data, length, n, seed):
@@ -370,8 +418,15 @@ def read_meta(path):
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
-        if not isinstance(meta, dict) or not {"tokenizer", "dtype"} <= set(meta):
-            raise ValueError("no tokenizer or dtype")
+        if not isinstance(meta, dict) or not {"tokenizer", "dtype", "vocab_size"} <= set(meta):
+            raise ValueError("no tokenizer, dtype or vocab_size")
+        if not isinstance(meta["vocab_size"], int) or meta["vocab_size"] < 1:
+            raise ValueError(f"vocab_size {meta['vocab_size']!r} is not a positive integer")
+        if meta["tokenizer"] == "char" and len(str(meta.get("chars") or "")) != meta["vocab_size"]:
+            raise ValueError(f"its {meta['vocab_size']} characters are missing")
+        if meta["dtype"] != dtype_for_vocab(meta["vocab_size"]):
+            raise ValueError(f"dtype {meta['dtype']!r} does not hold a vocabulary of {meta['vocab_size']}, "
+                             f"{dtype_for_vocab(meta['vocab_size'])} does")
         return meta
     except (OSError, ValueError) as e:
         raise PrepareError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again with "
