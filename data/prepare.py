@@ -487,9 +487,15 @@ def checkpoint_dataset(train_config):
     return folder
 
 
-@functools.lru_cache(maxsize=4)
 def open_indexed(prefix):
-    """IndexedDataset(prefix), checked once per process however many splits are read from it."""
+    """IndexedDataset(prefix), checked once per process however many splits are read from it (while its two
+    files stay as they are)."""
+    stamp = tuple((st.st_size, st.st_mtime_ns) for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
+    return _open_indexed(os.path.abspath(prefix), stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _open_indexed(prefix, stamp):
     return IndexedDataset(prefix)
 
 
