@@ -438,9 +438,7 @@ def test_describe_indexed(tmp_path):
     (tmp_path / "pile").mkdir()
     seqs = [ours.encode_array(line) for line in TEXT.splitlines(keepends=True)]
     write_indexed(str(tmp_path / "pile" / "document"), seqs)
-    r = subprocess.run([sys.executable, "data/prepare.py", "--indexed", str(tmp_path / "pile" / "document"),
-                        "--tokenizer", str(tmp_path / "tokenizer.json")], cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    assert prep.main(["--indexed", str(tmp_path / "pile" / "document"), "--tokenizer", str(tmp_path / "tokenizer.json")]) == 0
     assert sorted(os.listdir(tmp_path / "pile")) == ["document.bin", "document.idx", "meta.json", "tokenizer.json"]
     meta = json.load(open(tmp_path / "pile" / "meta.json"))
     assert (meta["format"], meta["prefix"], meta["sequences"], meta["tokenizer"]) == ("indexed", "document", len(seqs), "bpe")

@@ -598,7 +598,9 @@ def test_dataset_given_as_a_path(seq_root, tmp_path, capsys):
     assert train.main([*SEQ_TINY, f"--dataset={tmp_path}/nothing/document", f"--out_dir={tmp_path / 'o'}"]) == 2
     assert capsys.readouterr().err == (f"train.py: error: there is no indexed dataset at {tmp_path}/nothing/document "
                                        f"(neither {tmp_path}/nothing/document.idx + .bin nor "
-                                       f"{tmp_path}/nothing/document/document.idx + .bin)\n")
+                                       f"{tmp_path}/nothing/document/document.idx + .bin); put Pythia's pre-tokenized "
+                                       f"Pile there (README: Reproduce the paper) or make one with data/prepare.py "
+                                       f"--format=indexed\n")
     assert snapshot(tmp_path) == before
 
 

@@ -425,7 +425,8 @@ def ensure_dataset(dataset, out_root=DEFAULT_OUT_ROOT, log=_stderr):
         return dataset
     if is_path(dataset):
         raise PrepareError(f"there is no indexed dataset at {dataset} (neither {dataset}.idx + .bin nor "
-                           f"{os.path.join(dataset, 'document')}.idx + .bin)")
+                           f"{os.path.join(dataset, 'document')}.idx + .bin); put Pythia's pre-tokenized Pile there "
+                           f"(README: Reproduce the paper) or make one with data/prepare.py --format=indexed")
     if dataset not in DATASETS:
         raise PrepareError(f"dataset {dataset!r} was never prepared (no {dataset}/meta.json in {out_root}); "
                            f"prepare it with: python data/prepare.py --dataset {dataset} --input FILE")
