@@ -386,6 +386,13 @@ def test_bpe_equals_tokenizers(tmp_path):
         assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=False)
     assert ours.encode("<|endoftext|>") == [0] and ours.encode("a    b")[1] == theirs.token_to_id("    ")
     assert ours.decode([0, ours.vocab_size + 5]) == "<|endoftext|>"  # padding ids are dropped
+    # the vocabulary may list the added tokens too, spelled as they are (literal spaces)
+    spec = json.load(open(tmp_path / "tokenizer.json"))
+    spec["model"]["vocab"].update({t["content"]: t["id"] for t in spec["added_tokens"]})
+    json.dump(spec, open(tmp_path / "listed.json", "w"))
+    ours = Tokenizer("bpe", path=str(tmp_path / "listed.json"))
+    assert ours._bpe.backend == "tiktoken" and all(ours.encode(t) == theirs.encode(t).ids for t in BPE_TEXTS)
+    assert all(ours.decode(ours.encode(t)) == theirs.decode(theirs.encode(t).ids, skip_special_tokens=False) for t in BPE_TEXTS)
     # without added space runs the spaces go through BPE merges instead: still the same ids
     theirs = train_bpe(tmp_path / "plain.json", add_space_runs=False)
     ours = Tokenizer("bpe", path=str(tmp_path / "plain.json"))

@@ -127,7 +127,9 @@ class ByteLevelBPE:
         def to_bytes(token):
             return bytes(byte_of[c] for c in token)
 
-        if any(c not in byte_of for token in vocab for c in token):
+        # added tokens (which the vocabulary may also list, spelled as they are) decode to their content
+        vocab_bytes = {t: i for t, i in vocab.items() if t not in self.added}
+        if any(c not in byte_of for token in vocab_bytes for c in token):
             return "a vocabulary entry is not spelled in GPT-2's byte alphabet"
         ranks, to_id = {}, []
         for b in range(256):
@@ -145,7 +147,7 @@ class ByteLevelBPE:
             ranks[made] = len(to_id)
             to_id.append(vocab[left + right])
         self._to_id = np.array(to_id, dtype=np.int64)           # tiktoken rank -> our id
-        self._bytes = {vocab[t]: to_bytes(t) for t in vocab}   # our id -> its bytes
+        self._bytes = {i: to_bytes(t) for t, i in vocab_bytes.items()}  # our id -> its bytes
         self._bytes.update({t["id"]: t["content"].encode("utf-8") for t in added})
         self._nfc = bool(spec.get("normalizer"))
         self._enc = tiktoken.Encoding(name=f"bpe:{self.fingerprint[:12]}", pat_str=GPT2_PATTERN,
