@@ -311,7 +311,8 @@ class Trainer:
             self.log_file = open(os.path.join(tc.out_dir, "log.jsonl"), "a" if ckpt else "w")
             print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
                   f"{model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
-                  f"dataset {tc.dataset} ({len(self.train_data):,} train tokens, {tc.data_order} order), device {self.device} {tc.dtype}, "
+                  f"dataset {tc.dataset} ({len(self.train_data):,} train tokens, {tc.data_order} order), "
+                  f"device {self.device} {tc.dtype}, "
                   f"{self.world} process(es), {tc.batch_size * tc.grad_accum * cfg.block_size:,} tokens/step")
 
     def out_of_data(self):
