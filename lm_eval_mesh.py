@@ -9,14 +9,18 @@ through this file, which is lm_eval's own command line with `--model mesh` fille
 
 (the paper's zero-shot suite; every other lm_eval flag works as usual: --num_fewshot, --limit,
 --output_path, ...). model_args: out_dir (default out), dtype (float32, bfloat16 or float16) and
-max_gen_toks (default 256). From Python: `import lm_eval_mesh` registers the model, then
-`lm_eval.simple_evaluate(model="mesh", model_args="out_dir=out", tasks=[...])`.
+max_gen_toks (default 256); pretrained=PATH evaluates a Hugging Face GPT-NeoX folder (a Pythia
+download) instead, imported as checkpoint.load_hf does, with the folder's own tokenizer.json:
+
+    python lm_eval_mesh.py --model_args pretrained=pythia-160m --tasks lambada_openai,piqa
+
+From Python: `import lm_eval_mesh` registers the model, then `lm_eval.simple_evaluate(model="mesh", model_args="out_dir=out", tasks=[...])`.
 
 Token boundaries follow lm_eval's causal models: context + continuation are encoded together and
 split where the context's own encoding ends, so a BPE merge across the boundary cannot shift a
 token between them. The tokenizer is the one the checkpoint trained with (its dataset's
 meta.json). An empty context, and the first window of a rolling log-likelihood, are conditioned on
-one prefix token: GPT-2's <|endoftext|>, or for character models, which have no such token, a
+one prefix token: <|endoftext|> (GPT-2's, GPT-NeoX's), or for character models, which have no such token, a
 newline, which separates paragraphs in their training text [choice].
 """
 import sys
@@ -24,7 +28,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from checkpoint import load_checkpoint
+from checkpoint import load_checkpoint, load_hf
 from configurator import report
 from data.prepare import PrepareError, Tokenizer, checkpoint_dataset
 
@@ -44,7 +48,7 @@ class MeshLM(TemplateLM):
     """An lm_eval LM over a RecursiveGPT; TemplateLM turns (context, continuation) strings into tokens."""
 
     def __init__(self, out_dir="out", device=None, batch_size=1, max_batch_size=None, dtype="float32",
-                 max_gen_toks=256):  # max_batch_size: lm_eval passes it for automatic batch sizes; unused
+                 max_gen_toks=256, pretrained=None):  # max_batch_size: lm_eval passes it for automatic batch sizes; unused
         super().__init__()
         if device is None or str(device).startswith("cuda") and not torch.cuda.is_available():
             if device is not None:  # lm_eval's CLI asks for cuda:0 unless told otherwise
@@ -54,17 +58,23 @@ class MeshLM(TemplateLM):
             raise ValueError("the mesh model has no automatic batch size: pass --batch_size N")
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype={dtype!r}: expected float32, bfloat16 or float16")
-        model, ckpt = load_checkpoint(out_dir, device)
+        if pretrained:  # a Hugging Face GPT-NeoX folder (a Pythia download), with its own tokenizer.json
+            model, self.tokenizer = load_hf(pretrained, device), Tokenizer("bpe", path=pretrained)
+        else:
+            model, ckpt = load_checkpoint(out_dir, device)
+            self.tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
         self.model = model.to(getattr(torch, dtype)).eval()
-        self.tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
         self._device = torch.device(device)
         self.batch_size, self.max_gen_toks = int(batch_size), int(max_gen_toks)
         self.block_size = model.config.block_size
 
     @property
     def eot_token_id(self):  # the prefix token of the module docstring
-        if self.tokenizer.kind == "gpt2":
-            return self.tokenizer.encode("<|endoftext|>")[0]
+        if self.tokenizer.eot_id is not None:
+            return self.tokenizer.eot_id
+        if self.tokenizer.kind != "char":
+            raise ValueError("this tokenizer has no <|endoftext|> token to condition an empty context on; "
+                             "give every request a non-empty context")
         if "\n" not in self.tokenizer.chars:
             raise ValueError("this character vocabulary has no newline to condition an empty context on; "
                              "give every request a non-empty context")
@@ -129,7 +139,7 @@ class MeshLM(TemplateLM):
             context, kwargs = req.args
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            until += ["<|endoftext|>"] if self.tokenizer.kind == "gpt2" else []
+            until += ["<|endoftext|>"] if self.tokenizer.eot_id is not None else []
             max_new = int(kwargs.get("max_gen_toks", self.max_gen_toks))
             temperature = float(kwargs.get("temperature", 1.0)) if kwargs.get("do_sample") else 0.0
             # keep room for the answer in one window: past block_size, generate re-prefills every token

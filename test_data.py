@@ -236,3 +236,226 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
     with pytest.raises(PrepareError, match=r"dataset 'nope' is not prepared \(no data/nope/meta.json\); "
                                            r"prepare it with: python data/prepare.py --dataset nope"):
         prep.checkpoint_dataset({"data_root": "data", "dataset": "nope"})
+
+
+# -----------------------------------------------------------------------------
+# The Megatron / GPT-NeoX indexed format (data/indexed.py)
+
+from data.indexed import IndexedDataset, write_indexed  # noqa: E402
+
+
+def parse_idx(path):
+    """The .idx read field by field, by the layout of data/indexed.py's docstring (independently of it)."""
+    import struct
+    raw = open(path, "rb").read()
+    magic, (version,), code, (n, m) = raw[:9], struct.unpack("<Q", raw[9:17]), raw[17], struct.unpack("<QQ", raw[18:34])
+    sizes = np.frombuffer(raw, "<i4", n, 34)
+    pointers = np.frombuffer(raw, "<i8", n, 34 + 4 * n)
+    docs = np.frombuffer(raw, "<i8", m, 34 + 12 * n)
+    assert len(raw) == 34 + 12 * n + 8 * m
+    return magic, version, code, sizes.tolist(), pointers.tolist(), docs.tolist()
+
+
+def test_indexed_write_read_layout(tmp_path):
+    seqs = [np.arange(5), np.array([7, 8, 65535]), np.array([], dtype=np.int64), np.array([3])]
+    assert write_indexed(str(tmp_path / "document"), seqs) == 4
+    assert parse_idx(tmp_path / "document.idx") == (b"MMIDIDX\x00\x00", 1, 8, [5, 3, 0, 1], [0, 10, 16, 16], [0, 1, 2, 3, 4])
+    assert open(tmp_path / "document.bin", "rb").read() == np.concatenate(seqs).astype("<u2").tobytes()
+    for path in (str(tmp_path), str(tmp_path / "document"), str(tmp_path / "document.idx")):  # folder, prefix, file
+        ds = IndexedDataset(path)
+        assert len(ds) == 4 and ds.n_tokens == 9 and ds.dtype == np.uint16
+        assert [ds[i].tolist() for i in range(4)] == [s.tolist() for s in seqs]
+        assert isinstance(ds.tokens, np.memmap) and isinstance(ds[1], np.memmap)  # views of the map: no copy
+    write_indexed(str(tmp_path / "big"), [np.array([70000, 1])], dtype=np.int32)
+    assert parse_idx(tmp_path / "big.idx")[2] == 4 and IndexedDataset(str(tmp_path / "big"))[0].tolist() == [70000, 1]
+    with pytest.raises(ValueError, match="do not fit in uint16"):
+        write_indexed(str(tmp_path / "x"), [np.array([70000])])
+
+
+def corrupt(tmp_path, how):
+    write_indexed(str(tmp_path / "document"), [np.arange(4), np.arange(3)])
+    idx, bin_ = tmp_path / "document.idx", tmp_path / "document.bin"
+    raw = bytearray(idx.read_bytes())
+    if how == "magic":
+        raw[:9] = b"NOTIDX\x00\x00\x00"
+    elif how == "version":
+        raw[9] = 2
+    elif how == "dtype":
+        raw[17] = 7  # float32 in Megatron's table
+    elif how == "truncated idx":
+        raw = raw[:-3]
+    elif how == "pointer":
+        raw[34 + 8 + 8:34 + 8 + 16] = (6).to_bytes(8, "little")  # sequence 1 at byte 6, not 8
+    elif how == "short bin":
+        bin_.write_bytes(bin_.read_bytes()[:-2])
+    elif how == "long bin":
+        bin_.write_bytes(bin_.read_bytes() + b"\x00\x00")
+    idx.write_bytes(bytes(raw))
+    return str(tmp_path / "document")
+
+
+BAD_INDEX = [("magic", "does not start with the magic"), ("version", "version 2, expected 1"),
+             ("dtype", "dtype code 7 is not an integer token type"),
+             ("truncated idx", r"promises 2 sequences and 3 document entries \(82 bytes\) but the file has 79"),
+             ("pointer", "sequence 1 has size 3 at byte offset 6, expected a size >= 0 at offset 8"),
+             ("short bin", r"covers 14 bytes \(7 uint16 tokens\) but the .bin has 12"),
+             ("long bin", r"covers 14 bytes \(7 uint16 tokens\) but the .bin has 16")]
+
+
+@pytest.mark.parametrize("how, message", BAD_INDEX, ids=[h for h, _ in BAD_INDEX])
+def test_bad_index_is_one_clear_error(tmp_path, how, message):
+    path = corrupt(tmp_path, how)
+    with pytest.raises(PrepareError, match=message) as e:
+        IndexedDataset(path)
+    assert "\n" not in str(e.value) and "document" in str(e.value)
+
+
+def test_prepare_indexed_format(tmp_path):
+    src = write(tmp_path / "in.txt", UNICODE)
+    flat = prepare("flat", input=src, out_root=str(tmp_path), log=quiet)
+    d = prepare("ix", input=src, out_root=str(tmp_path), format="indexed", seq_len=50, log=quiet)
+    assert sorted(os.listdir(d)) == ["document.bin", "document.idx", "meta.json"]
+    meta = json.load(open(os.path.join(d, "meta.json")))
+    n = len(UNICODE)  # one token a character
+    ds = IndexedDataset(d)
+    assert len(ds) == -(-n // 50) == meta["sequences"] and ds.sizes.tolist() == [50] * (n // 50) + [n % 50]
+    _, ftrain, fval = read_bins(flat)
+    assert ds.tokens.tolist() == np.concatenate([ftrain, fval]).tolist()  # same tokens as the flat format
+    train, val = load_split(d, "train"), load_split(d, "val")
+    n_val = max(1, len(ds) // 100)  # the last 1% of the sequences, at least one
+    assert len(val) == n - ds.token_offset(len(ds) - n_val) == meta["val_tokens"] and len(train) == meta["train_tokens"]
+    assert np.concatenate([train, val]).tolist() == ds.tokens.tolist()
+    assert Tokenizer.load(d).decode(ds.tokens) == UNICODE
+    with pytest.raises(PrepareError, match="fewer than 2 sequences of 5000"):
+        prepare("ix2", input=src, out_root=str(tmp_path), format="indexed", seq_len=5000, log=quiet)
+
+
+def test_sequential_windows():
+    data = np.arange(23)
+    w = prep.sequential_windows(data, 5, 2, 4)  # 4 whole windows a pass; tokens 20-22 never read
+    assert w.tolist() == [list(range(10, 15)), list(range(15, 20)), list(range(0, 5)), list(range(5, 10))]
+    with pytest.raises(PrepareError, match="shorter than one window"):
+        prep.sequential_windows(data, 24, 0, 1)
+
+
+def test_num_proc_output_equals_one_process(tmp_path, gpt2):
+    """Chunks (here ~300 bytes, so dozens of them) are encoded in 2 processes, in order: the same bytes."""
+    src = write(tmp_path / "in.txt", (TEXT + UNICODE) * 3)
+    for tok in ("char", "gpt2"):
+        a = prepare(f"a{tok}", input=src, tokenizer=tok, out_root=str(tmp_path), chunk_bytes=300, log=quiet)
+        b = prepare(f"b{tok}", input=src, tokenizer=tok, out_root=str(tmp_path), chunk_bytes=300, num_proc=2, log=quiet)
+        for f in ("train.bin", "val.bin"):
+            assert open(os.path.join(a, f), "rb").read() == open(os.path.join(b, f), "rb").read()
+    with pytest.raises(PrepareError, match="--num_proc=0 at least 1"):
+        prepare("c", input=src, out_root=str(tmp_path), num_proc=0, log=quiet)
+
+
+# -----------------------------------------------------------------------------
+# Byte-level BPE tokenizer.json (GPT-NeoX / Pythia's) on tiktoken, against the `tokenizers` package
+
+BPE_TEXTS = ["Hello  world!<|endoftext|>naïve   café\n\n\n  e\u0301 x",  # NFC: e + combining accent is é
+             "def f(x):\n        return x  +  1\n\n\tdone   \n", "日本語's 😀😀 123456 don't — “quoted”",
+             " \n \n  " + " " * 30 + "end", "<|endoftext|><|endoftext|>", "x<|endoftext|>\u0301", ""]
+
+
+def train_bpe(path, add_space_runs=True):
+    """A small byte-level BPE tokenizer.json shaped like GPT-NeoX's: NFC, ByteLevel without a prefix space,
+    <|endoftext|> special, runs of 2-8 spaces as added tokens."""
+    tk = pytest.importorskip("tokenizers", reason="tokenizers is not installed: pip install tokenizers")
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.normalizer = tk.normalizers.NFC()
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    corpus = [TEXT, UNICODE, "def f(x):\n        return x  +  1\n"] * 20
+    tok.train_from_iterator(corpus, tk.trainers.BpeTrainer(
+        vocab_size=500, special_tokens=["<|endoftext|>", "<|padding|>"], show_progress=False,
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet()))
+    if add_space_runs:
+        tok.add_tokens([tk.AddedToken(" " * n, normalized=True) for n in range(2, 9)])
+    tok.save(str(path))
+    return tok
+
+
+def test_bpe_equals_tokenizers(tmp_path):
+    theirs = train_bpe(tmp_path / "tokenizer.json")
+    ours = Tokenizer("bpe", path=str(tmp_path))  # a folder holding tokenizer.json
+    assert ours._bpe.backend == "tiktoken" and ours.eot_id == 0 and ours.vocab_size == theirs.get_vocab_size()
+    for text in BPE_TEXTS + [TEXT, UNICODE]:
+        ids = ours.encode(text)
+        assert ids == theirs.encode(text).ids, text
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=False)
+    assert ours.encode("<|endoftext|>") == [0] and ours.encode("a    b")[1] == theirs.token_to_id("    ")
+    assert ours.decode([0, ours.vocab_size + 5]) == "<|endoftext|>"  # padding ids are dropped
+    # the vocabulary may list the added tokens too, spelled as they are (literal spaces)
+    spec = json.load(open(tmp_path / "tokenizer.json"))
+    spec["model"]["vocab"].update({t["content"]: t["id"] for t in spec["added_tokens"]})
+    json.dump(spec, open(tmp_path / "listed.json", "w"))
+    ours = Tokenizer("bpe", path=str(tmp_path / "listed.json"))
+    assert ours._bpe.backend == "tiktoken" and all(ours.encode(t) == theirs.encode(t).ids for t in BPE_TEXTS)
+    assert all(ours.decode(ours.encode(t)) == theirs.decode(theirs.encode(t).ids, skip_special_tokens=False) for t in BPE_TEXTS)
+    # without added space runs the spaces go through BPE merges instead: still the same ids
+    theirs = train_bpe(tmp_path / "plain.json", add_space_runs=False)
+    ours = Tokenizer("bpe", path=str(tmp_path / "plain.json"))
+    assert all(ours.encode(t) == theirs.encode(t).ids for t in BPE_TEXTS)
+
+
+def test_bpe_dataset_keeps_its_tokenizer(tmp_path):
+    (tmp_path / "tok").mkdir()
+    train_bpe(tmp_path / "tok" / "tokenizer.json")
+    text = TEXT + "<|endoftext|>" + UNICODE
+    d = prepare("neox", input=write(tmp_path / "in.txt", text), tokenizer=str(tmp_path / "tok"),
+                out_root=str(tmp_path / "data"), log=quiet)
+    meta, train, val = read_bins(d)
+    ours = Tokenizer("bpe", path=str(tmp_path / "tok"))
+    assert (meta["tokenizer"], meta["tokenizer_file"], meta["vocab_size"]) == ("bpe", "tokenizer.json", ours.vocab_size)
+    assert meta["tokenizer_sha256"] == ours.identity
+    assert np.concatenate([train, val]).tolist() == ours.encode(text)
+    os.remove(tmp_path / "tok" / "tokenizer.json")  # the dataset decodes without the original
+    assert Tokenizer.load(d).decode(np.concatenate([train, val])) == text
+    spec = json.load(open(os.path.join(d, "tokenizer.json")))
+    spec["model"]["merges"] = spec["model"]["merges"][:-1]
+    json.dump(spec, open(os.path.join(d, "tokenizer.json"), "w"))
+    with pytest.raises(PrepareError, match="not the tokenizer this dataset was made with"):
+        Tokenizer.load(d)
+
+
+def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
+    """A tokenizer.json tiktoken cannot reproduce runs on `tokenizers` when installed, else is one clear error."""
+    train_bpe(tmp_path / "tokenizer.json")
+    spec = json.load(open(tmp_path / "tokenizer.json"))
+    spec["pre_tokenizer"]["add_prefix_space"] = True
+    json.dump(spec, open(tmp_path / "prefix.json", "w"))
+    import tokenizers
+    tok = Tokenizer("bpe", path=str(tmp_path / "prefix.json"))
+    assert tok._bpe.backend == "tokenizers"
+    want = tokenizers.Tokenizer.from_file(str(tmp_path / "prefix.json")).encode(UNICODE, add_special_tokens=False).ids
+    assert tok.encode(UNICODE) == want
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(PrepareError, match=r"prefix.json cannot be run exactly by tiktoken \(pre-tokenizer .* is not "
+                                           r"ByteLevel without add_prefix_space\); pip install tokenizers"):
+        Tokenizer("bpe", path=str(tmp_path / "prefix.json"))
+    with pytest.raises(PrepareError, match="cannot read the tokenizer .*missing.json"):
+        Tokenizer("bpe", path=str(tmp_path / "missing.json"))
+
+
+def test_describe_indexed(tmp_path):
+    """--indexed PATH: meta.json (and the tokenizer's copy) beside a dataset made elsewhere, e.g. Pythia's Pile."""
+    train_bpe(tmp_path / "tokenizer.json")
+    ours = Tokenizer("bpe", path=str(tmp_path / "tokenizer.json"))
+    (tmp_path / "pile").mkdir()
+    seqs = [ours.encode_array(line) for line in TEXT.splitlines(keepends=True)]
+    write_indexed(str(tmp_path / "pile" / "document"), seqs)
+    assert prep.main(["--indexed", str(tmp_path / "pile" / "document"), "--tokenizer", str(tmp_path / "tokenizer.json")]) == 0
+    assert sorted(os.listdir(tmp_path / "pile")) == ["document.bin", "document.idx", "meta.json", "tokenizer.json"]
+    meta = json.load(open(tmp_path / "pile" / "meta.json"))
+    assert (meta["format"], meta["prefix"], meta["sequences"], meta["tokenizer"]) == ("indexed", "document", len(seqs), "bpe")
+    assert prep.dataset_folder("data", str(tmp_path / "pile" / "document")) == str(tmp_path / "pile")
+    assert Tokenizer.load(str(tmp_path / "pile")).decode(load_split(str(tmp_path / "pile"), "val")) == "".join(TEXT.splitlines(keepends=True)[-3:])  # 1% of 300
+    r = subprocess.run([sys.executable, "data/prepare.py", "--indexed", str(tmp_path / "pile"), "--tokenizer", "char"],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.splitlines() == ["prepare.py: error: --indexed needs a BPE tokenizer: 'gpt2' "
+                                                           "or a tokenizer.json (a character vocabulary is only known from its text)"]
+    os.remove(tmp_path / "pile" / "meta.json")
+    with pytest.raises(PrepareError, match="has no meta.json beside it to name its tokenizer; write one with: python "
+                                           "data/prepare.py --indexed .*document --tokenizer TOKENIZER"):
+        prep.dataset_folder("data", str(tmp_path / "pile"))

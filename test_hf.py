@@ -282,3 +282,58 @@ def test_train_continues_an_imported_model(tmp_path):
     assert moved  # it trained from the imported weights...
     assert ckpt["model"]["wte.weight"].shape == start.wte.weight.shape  # ...which it kept the shape of
     assert train.main([*flags, f"--out_dir={tmp_path / 'o2'}", "--layout=1+1R2+1"]) == 2  # shape is the import's
+
+
+# -----------------------------------------------------------------------------
+# A GPT-NeoX folder with its own byte-level BPE tokenizer: lm_eval's pretrained=PATH, and fine-tuning
+
+def neox_with_tokenizer(tmp_path):
+    """A tiny random GPTNeoXForCausalLM saved with a tiny GPT-NeoX-shaped tokenizer (tokenizer.json) beside it."""
+    from test_data import train_bpe
+    tok = train_bpe(tmp_path / "tokenizer.json")
+    hf, path = hf_neox(tmp_path, True, vocab_size=tok.get_vocab_size())
+    os.replace(tmp_path / "tokenizer.json", os.path.join(path, "tokenizer.json"))
+    return hf, tok, path
+
+
+def test_lm_eval_pretrained_folder_equals_transformers(tmp_path):
+    """lm_eval_mesh with pretrained=PATH: the log-likelihoods of transformers' own model and tokenizer."""
+    pytest.importorskip("lm_eval", reason="lm_eval is not installed: pip install lm_eval")
+    import lm_eval_mesh
+    hf, tok, path = neox_with_tokenizer(tmp_path)
+    lm = lm_eval_mesh.MeshLM(pretrained=path, batch_size=2)
+    assert lm.eot_token_id == tok.token_to_id("<|endoftext|>") == 0
+    pairs = [("The king said", " to be, or not"), ("naïve café  ", "— 日本語"), ("a b", "  c"), ("", "Line 1: question!"),
+             ("x" * 10, "\n\n    return")]
+    got = lm.loglikelihood(requests("loglikelihood", *pairs))
+    for (context, continuation), (ll, _) in zip(pairs, got):
+        # lm_eval's convention (as for its own HF models): trailing spaces of the context go to the continuation,
+        # then the context's encoding is a prefix of the encoding of both together
+        whole = tok.encode(context + continuation).ids
+        n_ctx = len(tok.encode(context.rstrip()).ids) if context else 0
+        ids = ([0] if not context else []) + whole  # an empty context is conditioned on <|endoftext|>
+        start = 1 if not context else n_ctx
+        with torch.no_grad():
+            logp = F.log_softmax(hf(torch.tensor([ids])).logits[0].double(), dim=-1)
+        want = sum(logp[j - 1, ids[j]].item() for j in range(start, len(ids)))
+        assert ll == pytest.approx(want, abs=1e-4)
+    assert min(ll for ll, _ in got) < -10  # real sums over several tokens, not zeros
+
+
+def test_fine_tuning_an_import_refuses_another_tokenizers_dataset(tmp_path, capsys):
+    import train
+    from data.prepare import prepare
+    hf, tok, path = neox_with_tokenizer(tmp_path)
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 200)
+    prepare("chars", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"), log=lambda *a: None)
+    prepare("own", input=str(tmp_path / "text.txt"), tokenizer=path, out_root=str(tmp_path / "data"), log=lambda *a: None)
+    flags = [f"--init_from=hf:{path}", f"--data_root={tmp_path / 'data'}", "--block_size=16", "--batch_size=2",
+             "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--sample_tokens=5"]
+    capsys.readouterr()  # transformers' save progress
+    assert train.main([*flags, "--dataset=chars", f"--out_dir={tmp_path / 'o1'}"]) == 2
+    assert capsys.readouterr().err == (
+        f"train.py: error: dataset 'chars' was made with the char tokenizer, not the imported model's own "
+        f"({path}/tokenizer.json); prepare it with that one: python data/prepare.py --dataset NAME --input FILE "
+        f"--tokenizer {path}\n")
+    assert not (tmp_path / "o1").exists()
+    assert train.main([*flags, "--dataset=own", f"--out_dir={tmp_path / 'o2'}"]) == 0  # its own tokenizer: trains

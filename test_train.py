@@ -491,3 +491,129 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
         given = train.parse_flags(train.TrainConfig, [os.path.join(ROOT, "config", name)], "train.py")
         tc = train.TrainConfig(**given)
         assert train.model_config(tc, vocab_size=50304).shape.depth in (12, 16, 24)
+
+
+# -----------------------------------------------------------------------------
+# --data_order=sequential on an indexed dataset: which sequences each process reads, step by step
+
+SEQ_TINY = [f for f in TINY if not f.startswith(("--dataset", "--block_size", "--batch_size"))] + [
+    "--block_size=7", "--batch_size=2", "--grad_accum=4", "--data_order=sequential", "--eval_interval=2"]
+SPY = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+import train
+real = train.get_batch
+def spy(data, tc, T, key, device):
+    x, y = real(data, tc, T, key, device)
+    if key[0] == 0:  # a training batch: which sequences (token 7 + i opens sequence i)
+        with open({log!r}, "a") as f:
+            f.write(json.dumps([int(os.environ.get("RANK", 0)), key[1], key[2], (x[:, 0] - 7).tolist()]) + "\\n")
+    return x, y
+train.get_batch = spy
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def seq_root(tmp_path_factory):
+    """An indexed dataset (document.bin + .idx) of 100 sequences of 8 characters; sequence i starts with its own
+    character (token id 7 + i), then 'abcdefg'. The last 1% (sequence 99) is held out: 99 train windows."""
+    root = tmp_path_factory.mktemp("seqdata")
+    (root / "seq.txt").write_text("".join(chr(0x100 + i) + "abcdefg" for i in range(100)))
+    prepare("seq", input=str(root / "seq.txt"), out_root=str(root), format="indexed", seq_len=8, log=lambda *a: None)
+    return str(root)
+
+
+def read_spy(path):
+    """{step: {micro-batch: (rank, sequences)}} from the spy's log."""
+    steps = {}
+    with open(path) as f:
+        for rank, it, m, seqs in map(json.loads, f):
+            assert m not in steps.setdefault(it, {})  # every micro-batch read once
+            steps[it][m] = (rank, seqs)
+    return steps
+
+
+def spy_in_process(monkeypatch, log):
+    real = train.get_batch
+
+    def spy(data, tc, T, key, device):
+        x, y = real(data, tc, T, key, device)
+        if key[0] == 0:
+            with open(log, "a") as f:
+                f.write(json.dumps([0, key[1], key[2], (x[:, 0] - 7).tolist()]) + "\n")
+        return x, y
+    monkeypatch.setattr(train, "get_batch", spy)
+
+
+def test_sequential_order_1_vs_2_processes_and_resume(seq_root, tmp_path, monkeypatch):
+    """Step it reads windows it*8 ... it*8+7 (batch 2 x grad_accum 4), micro-batch m the pair (it*4+m)*2 + {0, 1},
+    whatever the number of processes: rank r reads micro-batches r, r+2. A resume continues with the next ones."""
+    flags = [*SEQ_TINY, f"--data_root={seq_root}", "--dataset=seq", "--lr_decay_iters=4"]
+    spy_in_process(monkeypatch, str(tmp_path / "one.jsonl"))
+    assert train.main([*flags, f"--out_dir={tmp_path / 'one'}", "--max_iters=4"]) == 0
+    one = read_spy(tmp_path / "one.jsonl")
+    assert one == {it: {m: (0, [(it * 4 + m) * 2, (it * 4 + m) * 2 + 1]) for m in range(4)} for it in range(4)}
+    (tmp_path / "spy.py").write_text(SPY.format(root=ROOT, log=str(tmp_path / "two.jsonl")))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                str(tmp_path / "spy.py"), *flags, f"--out_dir={tmp_path / 'two'}", "--max_iters=2"]
+    r = subprocess.run(torchrun, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    spy_in_process(monkeypatch, str(tmp_path / "two.jsonl"))  # resumed by one process
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'two'}", "--max_iters=4"]) == 0
+    two = read_spy(tmp_path / "two.jsonl")
+    assert {it: {m: s for m, (_, s) in ms.items()} for it, ms in two.items()} == \
+        {it: {m: s for m, (_, s) in ms.items()} for it, ms in one.items()}
+    assert {(it, m): rank for it in (0, 1) for m, (rank, _) in two[it].items()} == \
+        {(it, m): m % 2 for it in (0, 1) for m in range(4)}  # the two processes shared each step
+    one_losses, two_losses = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert [i for i, _ in two_losses] == [1, 2, 3, 4] and all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(one_losses, two_losses))
+
+
+def test_sequential_stops_when_the_data_runs_out(seq_root, tmp_path, monkeypatch, capsys):
+    """99 train windows, 8 a step: 12 steps, then the run says so; --epochs=2 continues into a second pass."""
+    flags = [*SEQ_TINY, f"--data_root={seq_root}", "--dataset=seq", f"--out_dir={tmp_path / 'run'}", "--eval_interval=100"]
+    assert train.main([*flags, "--max_iters=20"]) == 0
+    out = capsys.readouterr().out
+    assert ("the data ran out at iter 12 (--max_iters=20): 0.970 epoch(s) of 99 windows of 8 tokens read in order, "
+            "768 tokens seen; allow more passes with --init_from=resume --epochs=2") in out
+    assert [i for i, _ in losses(tmp_path / "run")][-1] == 12
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["iter_num"] == 12
+    spy_in_process(monkeypatch, str(tmp_path / "spy.jsonl"))
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'run'}", "--epochs=2", "--max_iters=14"]) == 0
+    steps = read_spy(tmp_path / "spy.jsonl")
+    assert steps[12] == {0: (0, [96, 97]), 1: (0, [98, 0]), 2: (0, [1, 2]), 3: (0, [3, 4])}  # the second pass begins
+    assert sorted(steps) == [12, 13] and "ran out" not in capsys.readouterr().out
+
+
+def test_dataset_given_as_a_path(seq_root, tmp_path, capsys):
+    """--dataset=PATH/document reads an indexed dataset where it is; sample.py finds its tokenizer through the run."""
+    out = tmp_path / "run"
+    assert train.main([*SEQ_TINY, f"--dataset={seq_root}/seq/document", f"--out_dir={out}", "--max_iters=2"]) == 0
+    assert "792 train tokens, sequential order" in capsys.readouterr().out  # 99 sequences of 8
+    assert sample.main([f"--out_dir={out}", "--start=abc", "--max_new_tokens=5"]) == 0
+    assert capsys.readouterr().out.startswith("abc")
+    before = snapshot(tmp_path)
+    assert train.main([*SEQ_TINY, f"--dataset={tmp_path}/nothing/document", f"--out_dir={tmp_path / 'o'}"]) == 2
+    assert capsys.readouterr().err == (f"train.py: error: there is no indexed dataset at {tmp_path}/nothing/document "
+                                       f"(neither {tmp_path}/nothing/document.idx + .bin nor "
+                                       f"{tmp_path}/nothing/document/document.idx + .bin); put Pythia's pre-tokenized "
+                                       f"Pile there (README: Reproduce the paper) or make one with data/prepare.py "
+                                       f"--format=indexed\n")
+    assert snapshot(tmp_path) == before
+
+
+def test_damaged_index_stops_training_with_one_line(seq_root, tmp_path, capsys):
+    import shutil
+    shutil.copytree(os.path.join(seq_root, "seq"), tmp_path / "seq")
+    with open(tmp_path / "seq" / "document.bin", "ab") as f:
+        f.write(b"\0\0")
+    before = snapshot(tmp_path)
+    assert train.main([*SEQ_TINY, f"--data_root={tmp_path}", "--dataset=seq", f"--out_dir={tmp_path / 'o'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("train.py: error: ") and \
+        "document.idx does not match" in err and "covers 1600 bytes (800 uint16 tokens) but the .bin has 1602" in err
+    assert snapshot(tmp_path) == before
+    assert train.main([*SEQ_TINY, f"--data_root={seq_root}", "--dataset=seq", "--data_order=shuffled"]) == 2
+    assert "--data_order=shuffled is not random or sequential" in capsys.readouterr().err

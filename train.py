@@ -7,9 +7,12 @@ Train a nanoMeSH model, from a 2-core laptop CPU to multi-node torchrun DDP.
     torchrun --standalone --nproc_per_node=8 train.py config/pythia-160m_mesh.json
 
 Every setting is a field of TrainConfig below (`python train.py --help`). The batches
-of optimizer step `it` are drawn from a generator seeded by (seed, it, micro-batch), so
-they depend only on the seed and the step: never on the number of processes, and a
-resumed run sees exactly the data it would have seen. Checkpoints (OUT_DIR/ckpt.pt) are
+of optimizer step `it` are random windows drawn from a generator seeded by (seed, it,
+micro-batch), or with --data_order=sequential the next windows of the data in order (see
+get_batch), so they depend only on the step: never on the number of processes, and a
+resumed run sees exactly the data it would have seen. --dataset is a folder made by
+data/prepare.py or the path of a Megatron / GPT-NeoX indexed dataset (PATH/document), such
+as Pythia's pre-tokenized Pile (data/indexed.py). Checkpoints (OUT_DIR/ckpt.pt) are
 written atomically; Ctrl-C or SIGTERM finishes the current step, saves and exits.
 """
 
@@ -32,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from checkpoint import CheckpointError, check_resumable, load_checkpoint, load_hf, save_checkpoint
 from configurator import UsageError, parse_flags, process_alive, report, resolve_device, resolve_dtype
 from data.prepare import (PrepareError, Tokenizer, checkpoint_dataset, dataset_record, ensure_dataset, load_split,
-                          random_windows)
+                          random_windows, sequential_windows)
 from mesh import PRESETS, Config, RecursiveGPT
 
 
@@ -49,8 +52,10 @@ class TrainConfig:
     block_size: int | None = None
     dropout: float | None = None
     # data and output
-    dataset: str = "shakespeare_char"   # a folder of DATA_ROOT made by data/prepare.py
+    dataset: str = "shakespeare_char"   # a folder of DATA_ROOT made by data/prepare.py, or PATH/document (indexed)
     data_root: str = "data"
+    data_order: str = "random"          # random windows, or sequential: the data once, in order (the paper's)
+    epochs: int = 1                     # sequential: passes over the data allowed before the run stops
     out_dir: str = "out"
     overwrite: bool = False             # allow a scratch run to replace an existing OUT_DIR/ckpt.pt
     init_from: str = "scratch"          # scratch, resume, or hf:PATH (a Hugging Face GPT-NeoX folder)
@@ -87,6 +92,10 @@ class TrainConfig:
         for name in ("max_iters", "sample_tokens"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name}={getattr(self, name)} must be 0 or more")
+        if self.data_order not in ("random", "sequential"):
+            raise UsageError(f"--data_order={self.data_order} is not random or sequential")
+        if self.epochs < 1:
+            raise UsageError(f"--epochs={self.epochs} must be at least 1")
         # Every number has a range, checked before anything is written: a negative min_lr or grad_clip, an
         # infinite lr or a NaN weight decay would otherwise train, silently wrong.
         for name, ok, allowed in RANGES:
@@ -140,12 +149,46 @@ def config_conflicts(given, ckpt_cfg, ckpt_settings):
             if k in given and saved[k] != given[k]]
 
 
+# -----------------------------------------------------------------------------
+# Data order. --data_order=random: windows at random starts, drawn from a generator seeded by (seed, key).
+# --data_order=sequential (training batches only, key (0, it, m)): the train tokens cut into consecutive
+# windows of block_size + 1, read once in order: micro-batch m of step it is windows
+# (it * grad_accum + m) * batch_size ... + batch_size - 1, so step it's global batch is windows
+# it * G ... it * G + G - 1 (G = batch_size x grad_accum). With Pythia's data (sequences of 2049 tokens),
+# --block_size=2048 and G = 1024, step it trains on Pythia's sequences it*1024 ... it*1024 + 1023. Either
+# way a batch depends on (it, m) only: not on the number of processes, and a resume continues exactly.
+
 def get_batch(data, tc, block_size, key, device):
-    """A batch of `tc.batch_size` random windows of block_size + 1 tokens (inputs and targets); `key` (a
-    tuple of ints) alone decides which."""
-    xy = torch.from_numpy(random_windows(data, block_size + 1, tc.batch_size, [tc.seed, *key]))  # (B, T+1)
+    """A batch of `tc.batch_size` windows of block_size + 1 tokens (inputs and targets); `key` (a tuple of ints:
+    (0, step, micro-batch) for training, (split code, 0, k) for evaluation) alone decides which."""
+    if tc.data_order == "sequential" and key[0] == 0:
+        _, it, m = key
+        rows = sequential_windows(data, block_size + 1, (it * tc.grad_accum + m) * tc.batch_size, tc.batch_size)
+    else:
+        rows = random_windows(data, block_size + 1, tc.batch_size, [tc.seed, *key])
+    xy = torch.from_numpy(rows)  # (B, T+1)
     xy = xy.to(device, non_blocking=True)
     return xy[:, :-1], xy[:, 1:]
+
+
+def check_import_tokenizer(path, tokenizer, dataset, master):
+    """An imported model knows the ids of its own tokenizer (PATH/tokenizer.json): a dataset made with another
+    one is refused. Without a tokenizer.json in PATH only a GPT-2 dataset gets a note (Pythia's is GPT-NeoX's)."""
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        if master and tokenizer.kind == "gpt2":
+            print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; the ids of a GPT-2 "
+                  "dataset mean other tokens to them")
+        return
+    if Tokenizer("bpe", path=path).identity != tokenizer.identity:
+        made = "another tokenizer.json" if tokenizer.kind == "bpe" else f"the {tokenizer.kind} tokenizer"
+        raise UsageError(f"dataset {dataset!r} was made with {made}, not the imported model's own "
+                         f"({os.path.join(path, 'tokenizer.json')}); prepare it with that one: python data/prepare.py "
+                         f"--dataset NAME --input FILE --tokenizer {path}")
+
+
+def sequential_steps(n_tokens, tc, block_size):
+    """How many optimizer steps --data_order=sequential can take in tc.epochs passes over n_tokens train tokens."""
+    return tc.epochs * (n_tokens // (block_size + 1)) // (tc.batch_size * tc.grad_accum)
 
 
 @torch.no_grad()
@@ -322,9 +365,7 @@ class Trainer:
                                 "dropout": model.config.dropout if tc.dropout is None else tc.dropout})
                 state, model = model.state_dict(), RecursiveGPT(cfg)
                 model.load_state_dict(state)
-            if self.master and self.tokenizer.kind == "gpt2":
-                print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; the ids of a GPT-2 "
-                      "dataset mean other tokens to them")
+            check_import_tokenizer(tc.init_from[3:], self.tokenizer, tc.dataset, self.master)
         else:
             raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, hf:PATH")
         cfg = model.config
@@ -380,7 +421,8 @@ class Trainer:
             self.log_file = open(log, "a") if ckpt else open(self.pending_log or log, "w")
             print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
                   f"{model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
-                  f"dataset {tc.dataset} ({len(self.train_data):,} train tokens), device {self.device} {tc.dtype}, "
+                  f"dataset {tc.dataset} ({len(self.train_data):,} train tokens, {tc.data_order} order), "
+                  f"device {self.device} {tc.dtype}, "
                   f"{self.world} process(es), {tc.batch_size * tc.grad_accum * cfg.block_size:,} tokens/step")
 
     def check_scratch_out_dir(self):
@@ -396,6 +438,19 @@ class Trainer:
             return "this run saved no checkpoint (start again with a lower --lr)"
         return (f"{path} (iter {self.saved_iter}) is the last good checkpoint (resume with --init_from=resume "
                 f"and a lower --lr)")
+
+    def out_of_data(self):
+        """--data_order=sequential: True, after saying so, when step iter_num would read past --epochs passes."""
+        tc, T = self.tc, self.raw_model.config.block_size
+        steps = sequential_steps(len(self.train_data), tc, T) if tc.data_order == "sequential" else math.inf
+        if self.iter_num < steps:
+            return False
+        if self.master:
+            windows, seen = len(self.train_data) // (T + 1), self.iter_num * tc.batch_size * tc.grad_accum
+            print(f"the data ran out at iter {self.iter_num} (--max_iters={tc.max_iters}): {seen / windows:.3f} "
+                  f"epoch(s) of {windows:,} windows of {T + 1} tokens read in order, {seen * (T + 1):,} tokens seen; "
+                  f"allow more passes with --init_from=resume --epochs={tc.epochs + 1}", flush=True)
+        return True
 
     def log(self, record, text):
         if self.master:
@@ -510,7 +565,7 @@ class Trainer:
         peak = peak_bf16_flops(self.device, tc.dtype)
         resumed_at = self.iter_num
         t0, timed_from = time.time(), self.iter_num
-        while self.iter_num < tc.max_iters:
+        while self.iter_num < tc.max_iters and not self.out_of_data():
             if self.iter_num % tc.eval_interval == 0 and (self.iter_num != resumed_at or self.iter_num == 0):
                 self.eval_and_save()
                 t0, timed_from = time.time(), self.iter_num  # keep evaluation out of ms/iter

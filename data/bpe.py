@@ -1,0 +1,187 @@
+"""
+Byte-level BPE tokenizers from a Hugging Face tokenizer.json (GPT-NeoX / Pythia's, GPT-2's, ...),
+run by tiktoken: the same ids as the `tokenizers` package, without it.
+
+    from data.bpe import ByteLevelBPE
+    tok = ByteLevelBPE("pythia-160m")                # a folder holding tokenizer.json, or the file itself
+    tok.encode("Hello  world<|endoftext|>")          # -> [12092, 50276, 1533, 0]
+    tok.decode(ids)
+
+How the file maps onto tiktoken (tiktoken.Encoding: a regex, then merges by rank):
+- Byte-level: each vocabulary string spells bytes through GPT-2's byte-to-character table
+  (printable bytes stand for themselves, the others for characters from U+0100 on).
+- Ranks: tiktoken merges, within a piece, the adjacent pair whose concatenation has the lowest
+  rank. Giving every token the position of the merge that makes it (the 256 single bytes first)
+  is the merge order of the file's `merges`, which is what `tokenizers` follows. tiktoken's
+  ranks are also its output ids, so our ids are mapped to the file's through one table.
+- Pre-tokenizer: ByteLevel's regex is GPT-2's, tiktoken's r50k/gpt2 pattern.
+- Normalizer: none or NFC (GPT-NeoX's), applied by us before tiktoken.
+- Added tokens (<|endoftext|>, GPT-NeoX's runs of 2-24 spaces, ...): split off first, leftmost-
+  longest as `tokenizers` does, those with normalized=false before normalization, the others after.
+A file outside these shapes (another model type or pre-tokenizer, a merge that makes a token
+twice, added tokens with lstrip/rstrip/single_word) runs through the `tokenizers` package instead,
+when it is installed; otherwise it is refused by name. Post-processing (added BOS/EOS) is never
+applied: datasets and prompts are plain text.
+"""
+import hashlib
+import json
+import os
+import re
+import unicodedata
+
+import numpy as np
+
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+class TokenizerFileError(ValueError):
+    """tokenizer.json is missing, unreadable or of a kind we cannot run."""
+
+
+def bytes_to_unicode():
+    """GPT-2's table byte -> character: printable Latin-1 bytes map to themselves, the other 68 to U+0100..."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def tokenizer_file(path):
+    """PATH/tokenizer.json for a folder (a Hugging Face model folder), else PATH itself."""
+    return os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+
+
+def read_tokenizer_json(path):
+    file = tokenizer_file(path)
+    try:
+        with open(file, encoding="utf-8") as f:
+            spec = json.load(f)
+        if not isinstance(spec, dict) or "model" not in spec:
+            raise ValueError("no 'model'")
+    except (OSError, ValueError) as e:
+        raise TokenizerFileError(f"cannot read the tokenizer {file} ({type(e).__name__}: {e}); give a Hugging "
+                                 f"Face tokenizer.json or a model folder holding one") from None
+    return file, spec
+
+
+def fingerprint(spec):
+    """sha256 of what decides the ids (model, added tokens, normalizer, pre-tokenizer, decoder): equal for
+    two copies of one tokenizer whatever their formatting or padding settings."""
+    keys = ("model", "added_tokens", "normalizer", "pre_tokenizer", "decoder")
+    return hashlib.sha256(json.dumps({k: spec.get(k) for k in keys}, sort_keys=True).encode()).hexdigest()
+
+
+def _why_not_tiktoken(spec):
+    """The reason tiktoken cannot reproduce this tokenizer exactly, or None."""
+    model, pre, norm = spec["model"], spec.get("pre_tokenizer"), spec.get("normalizer")
+    if model.get("type") != "BPE":
+        return f"model type {model.get('type')!r} is not BPE"
+    for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key):
+            return f"BPE {key}={model[key]!r}"
+    if model.get("ignore_merges") or model.get("byte_fallback"):
+        return "BPE ignore_merges or byte_fallback"
+    if not pre or pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or not pre.get("use_regex", True):
+        return f"pre-tokenizer {pre!r} is not ByteLevel without add_prefix_space"
+    if norm and norm.get("type") != "NFC":
+        return f"normalizer {norm.get('type')!r} (only none or NFC)"
+    for t in spec.get("added_tokens") or []:
+        if t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
+            return f"added token {t['content']!r} has lstrip, rstrip or single_word"
+    return None
+
+
+class ByteLevelBPE:
+    """encode(text) -> list of ids and decode(ids) -> text of a byte-level BPE tokenizer.json."""
+
+    def __init__(self, path):
+        self.file, spec = read_tokenizer_json(path)
+        self.fingerprint = fingerprint(spec)
+        added = spec.get("added_tokens") or []
+        self.added = {t["content"]: t["id"] for t in added}
+        vocab = spec["model"].get("vocab") or {}
+        self.vocab_size = max([*vocab.values(), *self.added.values()], default=-1) + 1
+        self.eot_id = self.added.get("<|endoftext|>", vocab.get("<|endoftext|>"))
+        self._hf = None
+        why = _why_not_tiktoken(spec)
+        if why is None:
+            why = self._build_tiktoken(spec, vocab, added)
+        if why is not None:
+            try:
+                from tokenizers import Tokenizer as HFTokenizer
+            except ImportError:
+                raise TokenizerFileError(f"{self.file} cannot be run exactly by tiktoken ({why}); "
+                                         f"pip install tokenizers to use it") from None
+            self._hf = HFTokenizer.from_file(self.file)
+        self.backend = "tokenizers" if self._hf else "tiktoken"
+
+    def _build_tiktoken(self, spec, vocab, added):
+        import tiktoken
+        byte_of = {c: b for b, c in bytes_to_unicode().items()}
+
+        def to_bytes(token):
+            return bytes(byte_of[c] for c in token)
+
+        # added tokens (which the vocabulary may also list, spelled as they are) decode to their content
+        vocab_bytes = {t: i for t, i in vocab.items() if t not in self.added}
+        if any(c not in byte_of for token in vocab_bytes for c in token):
+            return "a vocabulary entry is not spelled in GPT-2's byte alphabet"
+        ranks, to_id = {}, []
+        for b in range(256):
+            if bytes_to_unicode()[b] not in vocab:
+                return f"byte 0x{b:02x} is not in the vocabulary"
+            ranks[bytes([b])] = b
+            to_id.append(vocab[bytes_to_unicode()[b]])
+        for merge in spec["model"].get("merges") or []:
+            left, right = merge.split(" ") if isinstance(merge, str) else merge
+            if left + right not in vocab or left not in vocab or right not in vocab:
+                return f"merge {left!r} + {right!r} makes or uses a token not in the vocabulary"
+            made = to_bytes(left + right)
+            if made in ranks:
+                return f"two merges make the token {left + right!r}"
+            ranks[made] = len(to_id)
+            to_id.append(vocab[left + right])
+        self._to_id = np.array(to_id, dtype=np.int64)           # tiktoken rank -> our id
+        self._bytes = {i: to_bytes(t) for t, i in vocab_bytes.items()}  # our id -> its bytes
+        self._bytes.update({t["id"]: t["content"].encode("utf-8") for t in added})
+        self._nfc = bool(spec.get("normalizer"))
+        self._enc = tiktoken.Encoding(name=f"bpe:{self.fingerprint[:12]}", pat_str=GPT2_PATTERN,
+                                      mergeable_ranks=ranks, special_tokens={})
+        # added tokens, longest first: Python's regex takes the first alternative that matches at the leftmost
+        # position, so this is leftmost-longest matching
+        by_kind = [sorted((t["content"] for t in added if t.get("normalized", not t.get("special")) == norm),
+                          key=len, reverse=True) for norm in (False, True)]
+        self._split = [re.compile("(" + "|".join(map(re.escape, c)) + ")") if c else None for c in by_kind]
+        return None
+
+    def _ordinary(self, text, ids):
+        if self._nfc:
+            text = unicodedata.normalize("NFC", text)
+        for i, piece in enumerate(self._split[1].split(text) if self._split[1] else [text]):
+            if i % 2:
+                ids.append(self.added[piece])
+            elif piece:
+                ids.extend(self._to_id[self._enc.encode_ordinary(piece)].tolist())
+
+    def encode(self, text):
+        if self._hf is not None:
+            return self._hf.encode(text, add_special_tokens=False).ids
+        ids = []
+        for i, piece in enumerate(self._split[0].split(text) if self._split[0] else [text]):
+            if i % 2:
+                ids.append(self.added[piece])
+            elif piece:
+                self._ordinary(piece, ids)
+        return ids
+
+    def decode(self, ids):
+        """Special tokens are kept as text, as GPT-2's <|endoftext|> is; ids outside the vocabulary are dropped."""
+        ids = [int(i) for i in ids]
+        if self._hf is not None:
+            return self._hf.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=False)
+        return b"".join(self._bytes.get(i, b"") for i in ids).decode("utf-8", errors="replace")

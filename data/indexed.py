@@ -1,0 +1,168 @@
+"""
+The Megatron / GPT-NeoX indexed dataset (MMIDIDX): PREFIX.bin holds the tokens of every sequence
+back to back, PREFIX.idx says where each sequence starts. Pythia's pre-tokenized, pre-shuffled Pile
+is in this format (document.bin + document.idx, 146,432,000 sequences of 2049 tokens).
+
+    from data.indexed import IndexedDataset, write_indexed
+    write_indexed("data/x/document", [np.array([5, 6, 7]), np.array([8, 9])])
+    ds = IndexedDataset("data/x/document")          # or the folder holding document.{bin,idx}
+    ds[1]               # -> the tokens of sequence 1, a read-only view into the memory-mapped .bin
+    ds.tokens           # -> every token, one memory-mapped 1-d array (no copy)
+
+The .idx file, all integers little-endian:
+
+    9 bytes   magic b"MMIDIDX\\x00\\x00"
+    uint64    version (1)
+    uint8     dtype code of the tokens (8 = uint16, 4 = int32, ...)
+    uint64    n: the number of sequences
+    uint64    m: the number of entries of the document index
+    int32[n]  sizes: tokens in each sequence
+    int64[n]  pointers: byte offset of each sequence in the .bin
+    int64[m]  document index: the first sequence of each document, then n
+
+Reading maps both files and copies nothing, so memory stays constant whatever the size. Opening
+checks the header, that the file sizes agree with it, and that the sequences tile the .bin exactly
+(pointer i+1 = pointer i + size i x itemsize, the last one ending at the end of the .bin), in
+slices of a few MB; anything else is a PrepareError naming the file.
+"""
+import array
+import os
+
+import numpy as np
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+HEADER = len(MAGIC) + 8 + 1 + 8 + 8  # 34 bytes
+# Megatron's dtype codes; only the integer ones can hold tokens
+DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+CODES = {np.dtype(t): c for c, t in DTYPES.items()}
+CHECK_SLICE = 1 << 20  # sequences checked at a time: bounded memory for any index
+
+
+def _error(msg):
+    from data.prepare import PrepareError  # here, not at the top: prepare.py imports this module
+    return PrepareError(msg)
+
+
+def indexed_prefix(path):
+    """PATH/document, PATH/document.idx, PATH/document.bin or a folder holding document.{bin,idx} ->
+    the prefix PATH/document; None when there is no such pair."""
+    for prefix in (os.path.join(path, "document"), path, path[:-4] if path.endswith((".idx", ".bin")) else None):
+        if prefix and os.path.isfile(prefix + ".idx") and os.path.isfile(prefix + ".bin"):
+            return prefix
+    return None
+
+
+class IndexedDataset:
+    """A read-only, memory-mapped MMIDIDX dataset; see the module docstring."""
+
+    def __init__(self, path):
+        prefix = indexed_prefix(path)
+        if prefix is None:
+            raise _error(f"{path} is not an indexed dataset: no {path}.idx and {path}.bin, nor document.idx "
+                         f"and document.bin in it")
+        self.prefix, idx = prefix, prefix + ".idx"
+        fix = f"{idx} is not a valid MMIDIDX index"
+        size = os.path.getsize(idx)
+        with open(idx, "rb") as f:
+            head = f.read(HEADER)
+        if len(head) < HEADER or head[:len(MAGIC)] != MAGIC:
+            raise _error(f"{fix}: it does not start with the magic {MAGIC!r}; give the .idx of a Megatron / "
+                         f"GPT-NeoX dataset (or write one with data/prepare.py --format=indexed)")
+        version = int.from_bytes(head[9:17], "little")
+        code = head[17]
+        n, m = int.from_bytes(head[18:26], "little"), int.from_bytes(head[26:34], "little")
+        if version != VERSION:
+            raise _error(f"{fix}: version {version}, expected {VERSION}")
+        if code not in DTYPES:
+            raise _error(f"{fix}: dtype code {code} is not an integer token type (known: "
+                         f"{', '.join(f'{c} = {np.dtype(t).name}' for c, t in sorted(DTYPES.items()))})")
+        want = HEADER + 4 * n + 8 * n + 8 * m
+        if size != want:
+            raise _error(f"{fix}: its header promises {n} sequences and {m} document entries ({want} bytes) "
+                         f"but the file has {size} bytes; it is truncated or damaged: download it again")
+        self.dtype = np.dtype(DTYPES[code])
+        self.sizes = np.memmap(idx, dtype="<i4", mode="r", offset=HEADER, shape=(n,)) if n else np.zeros(0, "<i4")
+        self.pointers = (np.memmap(idx, dtype="<i8", mode="r", offset=HEADER + 4 * n, shape=(n,))
+                         if n else np.zeros(0, "<i8"))
+        self.doc_idx = (np.memmap(idx, dtype="<i8", mode="r", offset=HEADER + 12 * n, shape=(m,))
+                        if m else np.zeros(0, "<i8"))
+        self._check(os.path.getsize(prefix + ".bin"))
+        self.tokens = (np.memmap(prefix + ".bin", dtype=self.dtype, mode="r") if n and self.n_tokens
+                       else np.zeros(0, self.dtype))
+
+    def _check(self, bin_bytes):
+        """The sequences tile the .bin: consecutive pointers, the last one ending where the file ends."""
+        item, n, end = self.dtype.itemsize, len(self.sizes), 0
+        bad = f"{self.prefix}.idx does not match {self.prefix}.bin"
+        for lo in range(0, n, CHECK_SLICE):
+            sizes = np.asarray(self.sizes[lo:lo + CHECK_SLICE], dtype=np.int64)
+            pointers = np.asarray(self.pointers[lo:lo + CHECK_SLICE])
+            starts = end + np.concatenate([[0], np.cumsum(sizes[:-1] * item)])
+            wrong = np.flatnonzero((sizes < 0) | (pointers != starts))
+            if len(wrong):
+                i = lo + int(wrong[0])
+                raise _error(f"{bad}: sequence {i} has size {int(self.sizes[i])} at byte offset "
+                             f"{int(self.pointers[i])}, expected a size >= 0 at offset {int(starts[wrong[0]])}; "
+                             f"the index is damaged: download it again")
+            end = int(starts[-1] + sizes[-1] * item)
+        if end != bin_bytes:
+            raise _error(f"{bad}: the index covers {end} bytes ({end // item} {self.dtype.name} tokens) but the "
+                         f".bin has {bin_bytes}; one of the two is truncated or from another dataset")
+        self.n_tokens = end // item
+
+    def __len__(self):
+        return len(self.sizes)
+
+    def __getitem__(self, i):
+        start = int(self.pointers[i]) // self.dtype.itemsize
+        return self.tokens[start:start + int(self.sizes[i])]
+
+    def token_offset(self, i):
+        """Where sequence i starts in self.tokens (len(self) for the end of the last one)."""
+        if i == len(self):
+            return self.n_tokens
+        return int(self.pointers[i]) // self.dtype.itemsize
+
+
+def write_indexed(prefix, sequences, dtype=np.uint16, documents=None):
+    """Write PREFIX.bin and PREFIX.idx from an iterable of 1-d token arrays (one sequence each), streamed:
+    only the sizes are held in memory. Returns the number of sequences. The caller stages the files
+    (prepare.py writes into a temporary folder)."""
+    dtype = np.dtype(dtype)
+    if dtype not in CODES:
+        raise ValueError(f"cannot write {dtype.name} tokens in the indexed format; use one of "
+                         f"{', '.join(sorted(t.name for t in CODES))}")
+    sizes = array.array("i")  # 4 bytes a sequence, the only thing held in memory
+    with open(prefix + ".bin", "wb") as f:
+        for seq in sequences:
+            seq = np.asarray(seq)
+            if seq.size and (seq.min() < np.iinfo(dtype).min or seq.max() > np.iinfo(dtype).max):
+                raise ValueError(f"token ids {seq.min()}..{seq.max()} do not fit in {dtype.name}")
+            seq.astype(dtype).tofile(f)
+            sizes.append(len(seq))
+    write_index(prefix, np.frombuffer(sizes, dtype=np.int32), dtype, documents)
+    return len(sizes)
+
+
+def write_index(prefix, sizes, dtype, documents=None):
+    """PREFIX.idx for a PREFIX.bin that holds sequences of `sizes` tokens back to back. documents: the
+    document index (the first sequence of each document, then len(sizes)); default: every sequence a
+    document of its own, as in Pythia's data."""
+    dtype, sizes = np.dtype(dtype), np.asarray(sizes, dtype="<i4")
+    pointers = np.zeros(len(sizes), dtype="<i8")
+    np.cumsum(sizes[:-1], dtype=np.int64, out=pointers[1:])
+    pointers *= dtype.itemsize
+    doc = np.arange(len(sizes) + 1, dtype="<i8") if documents is None else np.asarray(documents, dtype="<i8")
+    with open(prefix + ".idx", "wb") as f:
+        f.write(MAGIC + VERSION.to_bytes(8, "little") + bytes([CODES[dtype]]) +
+                len(sizes).to_bytes(8, "little") + len(doc).to_bytes(8, "little"))
+        for part in (sizes, pointers, doc):
+            part.tofile(f)
+
+
+def train_sequences(n):
+    """How many of n sequences are train: all but a held-out tail of 1% of them (at least one) for validation.
+    Pythia's data (146,432,000 sequences) keeps its last 1,464,320 for validation, past the 250B tokens
+    (about 122M sequences) that the paper's runs read."""
+    return n - max(1, n // 100)
