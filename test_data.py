@@ -391,7 +391,7 @@ def test_bpe_equals_tokenizers(tmp_path):
     # the vocabulary may list the added tokens too, spelled as they are (literal spaces)
     spec = json.load(open(tmp_path / "tokenizer.json"))
     spec["model"]["vocab"].update({t["content"]: t["id"] for t in spec["added_tokens"]})
-    json.dump(spec, open(tmp_path / "listed.json", "w"))
+    (tmp_path / "listed.json").write_text(json.dumps(spec))
     ours = Tokenizer("bpe", path=str(tmp_path / "listed.json"))
     assert ours._bpe.backend == "tiktoken" and all(ours.encode(t) == theirs.encode(t).ids for t in BPE_TEXTS)
     assert all(ours.decode(ours.encode(t)) == theirs.decode(theirs.encode(t).ids, skip_special_tokens=False) for t in BPE_TEXTS)
@@ -416,7 +416,8 @@ def test_bpe_dataset_keeps_its_tokenizer(tmp_path):
     assert Tokenizer.load(d).decode(np.concatenate([train, val])) == text
     spec = json.load(open(os.path.join(d, "tokenizer.json")))
     spec["model"]["merges"] = spec["model"]["merges"][:-1]
-    json.dump(spec, open(os.path.join(d, "tokenizer.json"), "w"))
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        json.dump(spec, f)
     with pytest.raises(PrepareError, match="not the tokenizer this dataset was made with"):
         Tokenizer.load(d)
 
@@ -425,10 +426,11 @@ def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
     """A tokenizer.json tiktoken cannot reproduce runs on `tokenizers` when installed, else is one clear error."""
     train_bpe(tmp_path / "tokenizer.json")
     import tokenizers
-    for name, change in [("prefix.json", {"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True}}),
-                         ("decoder.json", {"decoder": {"type": "Fuse"}})]:
-        spec = json.load(open(tmp_path / "tokenizer.json"))
-        json.dump({**spec, **change}, open(tmp_path / name, "w"))
+    for name, part, change in [("prefix.json", "pre_tokenizer", {"add_prefix_space": True}),
+                               ("decoder.json", "decoder", {"type": "Fuse"})]:
+        spec = json.loads((tmp_path / "tokenizer.json").read_text())
+        spec[part] = {**spec[part], **change} if part == "pre_tokenizer" else change
+        (tmp_path / name).write_text(json.dumps(spec))
         tok = Tokenizer("bpe", path=str(tmp_path / name))
         theirs = tokenizers.Tokenizer.from_file(str(tmp_path / name))
         assert tok._bpe.backend == "tokenizers"
