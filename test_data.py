@@ -338,14 +338,16 @@ def test_sequential_windows():
         prep.sequential_windows(data, 24, 0, 1)
 
 
-def test_num_proc_output_equals_one_process(tmp_path, gpt2):
+@pytest.mark.parametrize("tok", ["char", "gpt2"])
+def test_num_proc_output_equals_one_process(tmp_path, tok, request):
     """Chunks (here ~300 bytes, so dozens of them) are encoded in 2 processes, in order: the same bytes."""
+    if tok == "gpt2":
+        request.getfixturevalue("gpt2")  # skips without the GPT-2 vocabulary
     src = write(tmp_path / "in.txt", (TEXT + UNICODE) * 3)
-    for tok in ("char", "gpt2"):
-        a = prepare(f"a{tok}", input=src, tokenizer=tok, out_root=str(tmp_path), chunk_bytes=300, log=quiet)
-        b = prepare(f"b{tok}", input=src, tokenizer=tok, out_root=str(tmp_path), chunk_bytes=300, num_proc=2, log=quiet)
-        for f in ("train.bin", "val.bin"):
-            assert open(os.path.join(a, f), "rb").read() == open(os.path.join(b, f), "rb").read()
+    a = prepare("a", input=src, tokenizer=tok, out_root=str(tmp_path), chunk_bytes=300, log=quiet)
+    b = prepare("b", input=src, tokenizer=tok, out_root=str(tmp_path), chunk_bytes=300, num_proc=2, log=quiet)
+    for f in ("train.bin", "val.bin"):
+        assert open(os.path.join(a, f), "rb").read() == open(os.path.join(b, f), "rb").read()
     with pytest.raises(PrepareError, match="--num_proc=0 at least 1"):
         prepare("c", input=src, out_root=str(tmp_path), num_proc=0, log=quiet)
 
@@ -389,7 +391,7 @@ def test_bpe_equals_tokenizers(tmp_path):
     # the vocabulary may list the added tokens too, spelled as they are (literal spaces)
     spec = json.load(open(tmp_path / "tokenizer.json"))
     spec["model"]["vocab"].update({t["content"]: t["id"] for t in spec["added_tokens"]})
-    json.dump(spec, open(tmp_path / "listed.json", "w"))
+    (tmp_path / "listed.json").write_text(json.dumps(spec))
     ours = Tokenizer("bpe", path=str(tmp_path / "listed.json"))
     assert ours._bpe.backend == "tiktoken" and all(ours.encode(t) == theirs.encode(t).ids for t in BPE_TEXTS)
     assert all(ours.decode(ours.encode(t)) == theirs.decode(theirs.encode(t).ids, skip_special_tokens=False) for t in BPE_TEXTS)
@@ -414,7 +416,8 @@ def test_bpe_dataset_keeps_its_tokenizer(tmp_path):
     assert Tokenizer.load(d).decode(np.concatenate([train, val])) == text
     spec = json.load(open(os.path.join(d, "tokenizer.json")))
     spec["model"]["merges"] = spec["model"]["merges"][:-1]
-    json.dump(spec, open(os.path.join(d, "tokenizer.json"), "w"))
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        json.dump(spec, f)
     with pytest.raises(PrepareError, match="not the tokenizer this dataset was made with"):
         Tokenizer.load(d)
 
@@ -422,14 +425,17 @@ def test_bpe_dataset_keeps_its_tokenizer(tmp_path):
 def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
     """A tokenizer.json tiktoken cannot reproduce runs on `tokenizers` when installed, else is one clear error."""
     train_bpe(tmp_path / "tokenizer.json")
-    spec = json.load(open(tmp_path / "tokenizer.json"))
-    spec["pre_tokenizer"]["add_prefix_space"] = True
-    json.dump(spec, open(tmp_path / "prefix.json", "w"))
     import tokenizers
-    tok = Tokenizer("bpe", path=str(tmp_path / "prefix.json"))
-    assert tok._bpe.backend == "tokenizers"
-    want = tokenizers.Tokenizer.from_file(str(tmp_path / "prefix.json")).encode(UNICODE, add_special_tokens=False).ids
-    assert tok.encode(UNICODE) == want
+    for name, part, change in [("prefix.json", "pre_tokenizer", {"add_prefix_space": True}),
+                               ("decoder.json", "decoder", {"type": "Fuse"})]:
+        spec = json.loads((tmp_path / "tokenizer.json").read_text())
+        spec[part] = {**spec[part], **change} if part == "pre_tokenizer" else change
+        (tmp_path / name).write_text(json.dumps(spec))
+        tok = Tokenizer("bpe", path=str(tmp_path / name))
+        theirs = tokenizers.Tokenizer.from_file(str(tmp_path / name))
+        assert tok._bpe.backend == "tokenizers"
+        assert tok.encode(UNICODE) == theirs.encode(UNICODE, add_special_tokens=False).ids
+        assert tok.decode(tok.encode(UNICODE)) == theirs.decode(tok.encode(UNICODE), skip_special_tokens=False)
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(PrepareError, match=r"prefix.json cannot be run exactly by tiktoken \(pre-tokenizer .* is not "
                                            r"ByteLevel without add_prefix_space\); pip install tokenizers"):

@@ -587,13 +587,16 @@ def test_sequential_stops_when_the_data_runs_out(seq_root, tmp_path, monkeypatch
     assert sorted(steps) == [12, 13] and "ran out" not in capsys.readouterr().out
 
 
-def test_dataset_given_as_a_path(seq_root, tmp_path, capsys):
+def test_dataset_given_as_a_path(seq_root, data_root, tmp_path, capsys):
     """--dataset=PATH/document reads an indexed dataset where it is; sample.py finds its tokenizer through the run."""
     out = tmp_path / "run"
     assert train.main([*SEQ_TINY, f"--dataset={seq_root}/seq/document", f"--out_dir={out}", "--max_iters=2"]) == 0
     assert "792 train tokens, sequential order" in capsys.readouterr().out  # 99 sequences of 8
     assert sample.main([f"--out_dir={out}", "--start=abc", "--max_new_tokens=5"]) == 0
     assert capsys.readouterr().out.startswith("abc")
+    flat = [f for f in TINY if not f.startswith("--dataset")]
+    assert train.main([*flat, f"--dataset={data_root}/tiny", f"--out_dir={tmp_path / 'flat'}", "--max_iters=1"]) == 0
+    assert f"dataset {data_root}/tiny (" in capsys.readouterr().out  # a prepared folder, also given by its path
     before = snapshot(tmp_path)
     assert train.main([*SEQ_TINY, f"--dataset={tmp_path}/nothing/document", f"--out_dir={tmp_path / 'o'}"]) == 2
     assert capsys.readouterr().err == (f"train.py: error: there is no indexed dataset at {tmp_path}/nothing/document "

@@ -90,6 +90,8 @@ def _why_not_tiktoken(spec):
         return f"pre-tokenizer {pre!r} is not ByteLevel without add_prefix_space"
     if norm and norm.get("type") != "NFC":
         return f"normalizer {norm.get('type')!r} (only none or NFC)"
+    if (spec.get("decoder") or {}).get("type", "ByteLevel") != "ByteLevel":
+        return f"decoder {spec['decoder'].get('type')!r} is not ByteLevel"
     for t in spec.get("added_tokens") or []:
         if t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
             return f"added token {t['content']!r} has lstrip, rstrip or single_word"
@@ -132,14 +134,14 @@ class ByteLevelBPE:
         if any(c not in byte_of for token in vocab_bytes for c in token):
             return "a vocabulary entry is not spelled in GPT-2's byte alphabet"
         ranks, to_id = {}, []
-        for b in range(256):
-            if bytes_to_unicode()[b] not in vocab:
+        for b, c in bytes_to_unicode().items():
+            if c not in vocab_bytes:
                 return f"byte 0x{b:02x} is not in the vocabulary"
             ranks[bytes([b])] = b
-            to_id.append(vocab[bytes_to_unicode()[b]])
+            to_id.append(vocab[c])
         for merge in spec["model"].get("merges") or []:
             left, right = merge.split(" ") if isinstance(merge, str) else merge
-            if left + right not in vocab or left not in vocab or right not in vocab:
+            if any(t not in vocab_bytes for t in (left, right, left + right)):
                 return f"merge {left!r} + {right!r} makes or uses a token not in the vocabulary"
             made = to_bytes(left + right)
             if made in ranks:

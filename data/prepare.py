@@ -469,12 +469,13 @@ def dataset_folder(root, name):
     """The folder of prepared dataset `name` under data_root `root`, or None. A relative root is tried
     from the working folder, then from the project folder (where this script puts datasets by
     default), so train/sample/probe/lm_eval run from anywhere. A path (is_path) to an indexed dataset
-    gives the folder holding it, which must hold its meta.json too (data/prepare.py --indexed writes it)."""
+    gives the folder holding it, which must hold its meta.json too (data/prepare.py --indexed writes it); a path
+    to a prepared folder gives that folder."""
     if is_path(name):
         bases = [name] if os.path.isabs(name) else [name, os.path.join(os.path.dirname(DEFAULT_OUT_ROOT), name)]
         prefix = next((p for p in map(indexed_prefix, bases) if p), None)
-        if prefix is None:
-            return None
+        if prefix is None:  # a prepared folder of either format, given by its path
+            return next((b for b in bases if os.path.isfile(os.path.join(b, "meta.json"))), None)
         folder = os.path.dirname(prefix)
         if not os.path.isfile(os.path.join(folder, "meta.json")):
             raise PrepareError(f"{prefix} has no meta.json beside it to name its tokenizer; write one with: python "
