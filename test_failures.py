@@ -309,7 +309,7 @@ def test_checkpoint_records_its_data(finished, data_root):  # noqa: F811
 
 
 CHANGED_DATA = [  # (the text the dataset is prepared again from, what differs, by name)
-    (TEXT.replace("queen", "quail"), "vocab_size 26 then, 28 now"),  # another vocabulary
+    (TEXT.replace("queen", "quail"), "characters 'al' added, sha256 '"),  # another vocabulary
     (TEXT.replace("king", "gink"), "sha256 '"),                      # the same characters, another text
 ]
 

@@ -362,11 +362,20 @@ def checkpoint_dataset(train_config, trained_on=None):
     now = dataset_record(folder)
     changed = [k for k in sorted(set(trained_on or {}) | set(now)) if trained_on and trained_on.get(k) != now.get(k)]
     if changed:
-        short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
         raise PrepareError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was trained on: "
-                           + ", ".join(f"{k} {short(trained_on.get(k))} then, {short(now.get(k))} now" for k in changed)
+                           + ", ".join(_difference(k, trained_on.get(k), now.get(k)) for k in changed)
                            + f"; prepare {name!r} again from its original text, or train a new run on this data")
     return folder
+
+
+def _difference(key, then, now):
+    """One field of two dataset records that differ, in words (a vocabulary as the characters it gained or lost)."""
+    if key == "chars" and isinstance(then, str) and isinstance(now, str):
+        added, lost = "".join(sorted(set(now) - set(then))), "".join(sorted(set(then) - set(now)))
+        return "characters " + (", ".join(([f"{added!r} added"] if added else []) + ([f"{lost!r} removed"] if lost else []))
+                                or "in another order")
+    short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
+    return f"{key} {short(then)} then, {short(now)} now"
 
 
 def dataset_record(folder):
