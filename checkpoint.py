@@ -69,6 +69,9 @@ def load_checkpoint(out_dir, device="cpu"):
             raise KeyError(f"no {', '.join(sorted(missing))}")
         model = RecursiveGPT(Config.from_dict(ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
+        bad = next((k for k, v in ckpt["model"].items() if v.is_floating_point() and not v.isfinite().all()), None)
+        if bad:  # train.py never saves one; an older or foreign file may hold one, and sampling would crash
+            raise ValueError(f"weight {bad} is not finite")
     except Exception as e:  # truncated zip, foreign file, missing keys, ...
         raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint "
                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "

@@ -424,6 +424,8 @@ def shrink_exp_avg(ckpt):
 
 DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the one-line error)
     ("a flipped bit", flip_a_tensor_bit, ("sample", "resume"), "fails its CRC-32 check"),
+    ("non-finite weights", resave(lambda c: c["model"]["lm_head.weight"].fill_(float("nan"))), ("sample", "resume"),
+     "(ValueError: weight lm_head.weight is not finite)"),
     ("no optimizer", resave(lambda c: c.pop("optimizer")), ("resume",), "cannot be resumed: no valid optimizer"),
     ("no iter_num", resave(lambda c: c.pop("iter_num")), ("resume",), "cannot be resumed: no valid iter_num"),
     ("no rng", resave(lambda c: c.pop("rng")), ("resume",), "cannot be resumed: no valid rng"),
@@ -514,6 +516,15 @@ def test_clear_words(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
     assert run(["--max_iters=10"], data_root, out) == 130
     hint = f"python train.py --init_from=resume {shlex.quote(f'--out_dir={out}')}"
     assert hint in capsys.readouterr().out and shlex.split(hint)[-1] == f"--out_dir={out}"
+    # where a file system cannot lock folders (some NFS setups), a run trains and says it is unprotected
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(train.fcntl, "flock", no_flock)
+    monkeypatch.setattr(train.Trainer, "step", step)
+    assert run(["--max_iters=1"], data_root, tmp_path / "nfs") == 0
+    assert f"note: cannot lock --out_dir={tmp_path / 'nfs'} (No locks available); make sure no other run uses it" \
+        in capsys.readouterr().out
     # an OSError that names no file is not "cannot use None: None"
     assert configurator.report("prepare.py", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) == 2
     assert capsys.readouterr().err == ("prepare.py: error: No space left on device; check the disk (free space, "

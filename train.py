@@ -213,6 +213,8 @@ def own_out_dir(out_dir):
         os.close(fd)
         raise UsageError(f"another run is using --out_dir={out_dir} (it holds the folder's lock); wait for it "
                          f"to end, or choose another --out_dir") from None
+    except OSError as e:  # a file system without flock on folders (some NFS setups): train, unprotected
+        print(f"note: cannot lock --out_dir={out_dir} ({e.strerror}); make sure no other run uses it", flush=True)
     _owned[key] = fd
 
 
