@@ -397,10 +397,16 @@ def test_damaged_data_is_refused_before_the_first_step(name, damage, message, da
 # -----------------------------------------------------------------------------
 # Damaged checkpoints are refused on load, in one line
 
-def flip_a_tensor_bit(path):
-    """Flip one bit in the middle of the largest tensor record of a torch.save zip, leaving its CRC as it was."""
+def flip_a_bit(record):
+    """Flip one bit in the middle of a record of a torch.save zip, leaving its CRC as it was: record "tensor"
+    (the largest tensor's storage, archive/data/N) or "pickle" (archive/data.pkl, the structure)."""
+    return lambda path: flip_bit_in(path, record)
+
+
+def flip_bit_in(path, record):
     with zipfile.ZipFile(path) as z:
-        info = max(z.infolist(), key=lambda i: i.file_size)
+        info = max((i for i in z.infolist() if ("/data/" in i.filename) == (record == "tensor")
+                    and (record == "tensor" or i.filename.endswith("data.pkl"))), key=lambda i: i.file_size)
     data = bytearray(path.read_bytes())
     name_len, extra_len = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
         int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
@@ -423,7 +429,8 @@ def shrink_exp_avg(ckpt):
 
 
 DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the one-line error)
-    ("a flipped bit", flip_a_tensor_bit, ("sample", "resume"), "fails its CRC-32 check"),
+    ("a flipped bit in a tensor", flip_a_bit("tensor"), ("sample", "resume"), "(ValueError: archive/data/"),
+    ("a flipped bit in data.pkl", flip_a_bit("pickle"), ("sample", "resume"), "archive/data.pkl fails its CRC-32 check"),
     ("non-finite weights", resave(lambda c: c["model"]["lm_head.weight"].fill_(float("nan"))), ("sample", "resume"),
      "(ValueError: weight lm_head.weight is not finite)"),
     ("no optimizer", resave(lambda c: c.pop("optimizer")), ("resume",), "cannot be resumed: no valid optimizer"),
