@@ -7,7 +7,8 @@ lm_eval_mesh.py share, and the import of Hugging Face GPT-NeoX / Pythia folders.
     model = load_hf("path/to/pythia-160m")          # a vanilla RecursiveGPT with Pythia's weights
 
 A checkpoint is a torch.save'd dict of tensors and plain data (model_config, train_config, ...),
-written atomically and loaded with weights_only=True: loading never runs code.
+written atomically and loaded with weights_only=True: loading never runs code. Loading also checks
+the zip's CRC-32s and that the weights are finite, so a damaged file is refused, not used.
 """
 
 import json

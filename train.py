@@ -10,7 +10,9 @@ Every setting is a field of TrainConfig below (`python train.py --help`). The ba
 of optimizer step `it` are drawn from a generator seeded by (seed, it, micro-batch), so
 they depend only on the seed and the step: never on the number of processes, and a
 resumed run sees exactly the data it would have seen. Checkpoints (OUT_DIR/ckpt.pt) are
-written atomically; Ctrl-C or SIGTERM finishes the current step, saves and exits.
+written atomically, never of a model whose losses blew up or whose weights are not finite;
+Ctrl-C, SIGTERM or a killed torchrun finishes the current step, saves and exits. A run locks
+its OUT_DIR while it lives, so a second run there is refused.
 """
 
 import dataclasses
