@@ -511,6 +511,9 @@ def test_clear_words(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
     assert train.main([*args, "--dataset=flat", f"--data_root={tmp_path / 'data'}", f"--out_dir={tmp_path / 'f'}",
                        "--max_iters=2", "--sample_tokens=10"]) == 0
     assert "---- sample ----" in capsys.readouterr().out
+    assert sample.main([f"--out_dir={tmp_path / 'f'}", "--max_new_tokens=5"]) == 0  # sample.py's default prompt too
+    text = capsys.readouterr().out
+    assert text[0] == " " and len(text) == 1 + 5 + len("\n---------------\n")  # token 0 (a space), then 5 tokens
     # the resume hint quotes a path with spaces, so that it can be pasted
     out = tmp_path / "with space"
     step = train.Trainer.step

@@ -567,12 +567,10 @@ def main(argv):
         resume = None  # the loaded checkpoint (a copy of model and optimizer) is in the trainer now: free it
         finished = trainer.train()
         if finished and trainer.master and tc.sample_tokens > 0:
-            from sample import complete
+            from sample import complete, default_prompt
             print("---- sample ----")
-            tokenizer = trainer.tokenizer  # from a new line, where the text has one
-            prompt = "\n" if tokenizer.kind != "char" or "\n" in tokenizer.chars else ""
-            print(complete(trainer.raw_model, tokenizer, prompt, tc.sample_tokens, temperature=0.8,
-                           top_k=None, device=trainer.device)[0])
+            print(complete(trainer.raw_model, trainer.tokenizer, default_prompt(trainer.tokenizer), tc.sample_tokens,
+                           temperature=0.8, top_k=None, device=trainer.device)[0])
         return 0 if finished else 130
     except (UsageError, CheckpointError, PrepareError, ValueError, OSError) as e:
         if given.get("debug"):
