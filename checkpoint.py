@@ -7,7 +7,8 @@ lm_eval_mesh.py share, and the import of Hugging Face GPT-NeoX / Pythia folders.
     model = load_hf("path/to/pythia-160m")          # a vanilla RecursiveGPT with Pythia's weights
 
 A checkpoint is a torch.save'd dict of tensors and plain data (model_config, train_config, ...),
-written atomically and loaded with weights_only=True: loading never runs code.
+written atomically and loaded with weights_only=True: loading never runs code. Loading also checks
+the zip's CRC-32s and that the weights are finite, so a damaged file is refused, not used.
 """
 
 import json
@@ -69,6 +70,9 @@ def load_checkpoint(out_dir, device="cpu"):
             raise KeyError(f"no {', '.join(sorted(missing))}")
         model = RecursiveGPT(Config.from_dict(ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
+        bad = next((k for k, v in ckpt["model"].items() if v.is_floating_point() and not v.isfinite().all()), None)
+        if bad:  # train.py never saves one; an older or foreign file may hold one, and sampling would crash
+            raise ValueError(f"weight {bad} is not finite")
     except Exception as e:  # truncated zip, foreign file, missing keys, ...
         raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint "
                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "

@@ -40,6 +40,11 @@ class SampleConfig:
                              f"{self.max_new_tokens} at least 0")
 
 
+def default_prompt(tokenizer):
+    """A new line, where the training text has one; else the empty prompt (token 0)."""
+    return "\n" if tokenizer.kind != "char" or "\n" in tokenizer.chars else ""
+
+
 def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=None, device="cpu", num_samples=1):
     """Continue the text `start` num_samples times; returns the decoded strings (prompt included)."""
     ids = tokenizer.encode(start) or [0]  # an empty prompt starts from token 0
@@ -62,7 +67,7 @@ def main(argv):
         if sc.compile:  # the KV cache is preallocated, so every one-token step has the same shapes: one graph
             model.compile()
         tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
-        start = sc.start
+        start = sc.start if "start" in given else default_prompt(tokenizer)
         if start.startswith("FILE:"):
             try:
                 with open(start[5:], encoding="utf-8") as f:

@@ -309,7 +309,7 @@ def test_checkpoint_records_its_data(finished, data_root):  # noqa: F811
 
 
 CHANGED_DATA = [  # (the text the dataset is prepared again from, what differs, by name)
-    (TEXT.replace("queen", "quail"), "vocab_size 26 then, 28 now"),  # another vocabulary
+    (TEXT.replace("queen", "quail"), "characters 'al' added, sha256 '"),  # another vocabulary
     (TEXT.replace("king", "gink"), "sha256 '"),                      # the same characters, another text
 ]
 
@@ -397,10 +397,16 @@ def test_damaged_data_is_refused_before_the_first_step(name, damage, message, da
 # -----------------------------------------------------------------------------
 # Damaged checkpoints are refused on load, in one line
 
-def flip_a_tensor_bit(path):
-    """Flip one bit in the middle of the largest tensor record of a torch.save zip, leaving its CRC as it was."""
+def flip_a_bit(record):
+    """Flip one bit in the middle of a record of a torch.save zip, leaving its CRC as it was: record "tensor"
+    (the largest tensor's storage, archive/data/N) or "pickle" (archive/data.pkl, the structure)."""
+    return lambda path: flip_bit_in(path, record)
+
+
+def flip_bit_in(path, record):
     with zipfile.ZipFile(path) as z:
-        info = max(z.infolist(), key=lambda i: i.file_size)
+        info = max((i for i in z.infolist() if ("/data/" in i.filename) == (record == "tensor")
+                    and (record == "tensor" or i.filename.endswith("data.pkl"))), key=lambda i: i.file_size)
     data = bytearray(path.read_bytes())
     name_len, extra_len = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
         int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
@@ -423,7 +429,10 @@ def shrink_exp_avg(ckpt):
 
 
 DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the one-line error)
-    ("a flipped bit", flip_a_tensor_bit, ("sample", "resume"), "fails its CRC-32 check"),
+    ("a flipped bit in a tensor", flip_a_bit("tensor"), ("sample", "resume"), "(ValueError: archive/data/"),
+    ("a flipped bit in data.pkl", flip_a_bit("pickle"), ("sample", "resume"), "archive/data.pkl fails its CRC-32 check"),
+    ("non-finite weights", resave(lambda c: c["model"]["lm_head.weight"].fill_(float("nan"))), ("sample", "resume"),
+     "(ValueError: weight lm_head.weight is not finite)"),
     ("no optimizer", resave(lambda c: c.pop("optimizer")), ("resume",), "cannot be resumed: no valid optimizer"),
     ("no iter_num", resave(lambda c: c.pop("iter_num")), ("resume",), "cannot be resumed: no valid iter_num"),
     ("no rng", resave(lambda c: c.pop("rng")), ("resume",), "cannot be resumed: no valid rng"),
@@ -502,6 +511,9 @@ def test_clear_words(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
     assert train.main([*args, "--dataset=flat", f"--data_root={tmp_path / 'data'}", f"--out_dir={tmp_path / 'f'}",
                        "--max_iters=2", "--sample_tokens=10"]) == 0
     assert "---- sample ----" in capsys.readouterr().out
+    assert sample.main([f"--out_dir={tmp_path / 'f'}", "--max_new_tokens=5"]) == 0  # sample.py's default prompt too
+    text = capsys.readouterr().out
+    assert text[0] == " " and len(text) == 1 + 5 + len("\n---------------\n")  # token 0 (a space), then 5 tokens
     # the resume hint quotes a path with spaces, so that it can be pasted
     out = tmp_path / "with space"
     step = train.Trainer.step
@@ -514,6 +526,15 @@ def test_clear_words(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
     assert run(["--max_iters=10"], data_root, out) == 130
     hint = f"python train.py --init_from=resume {shlex.quote(f'--out_dir={out}')}"
     assert hint in capsys.readouterr().out and shlex.split(hint)[-1] == f"--out_dir={out}"
+    # where a file system cannot lock folders (some NFS setups), a run trains and says it is unprotected
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(train.fcntl, "flock", no_flock)
+    monkeypatch.setattr(train.Trainer, "step", step)
+    assert run(["--max_iters=1"], data_root, tmp_path / "nfs") == 0
+    assert f"note: cannot lock --out_dir={tmp_path / 'nfs'} (No locks available); make sure no other run uses it" \
+        in capsys.readouterr().out
     # an OSError that names no file is not "cannot use None: None"
     assert configurator.report("prepare.py", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) == 2
     assert capsys.readouterr().err == ("prepare.py: error: No space left on device; check the disk (free space, "

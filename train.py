@@ -13,7 +13,9 @@ get_batch), so they depend only on the step: never on the number of processes, a
 resumed run sees exactly the data it would have seen. --dataset is a folder made by
 data/prepare.py or the path of a Megatron / GPT-NeoX indexed dataset (PATH/document), such
 as Pythia's pre-tokenized Pile (data/indexed.py). Checkpoints (OUT_DIR/ckpt.pt) are
-written atomically; Ctrl-C or SIGTERM finishes the current step, saves and exits.
+written atomically, never of a model whose losses blew up or whose weights are not finite;
+Ctrl-C, SIGTERM or a killed torchrun finishes the current step, saves and exits. A run locks
+its OUT_DIR while it lives, so a second run there is refused.
 """
 
 import dataclasses
@@ -256,6 +258,8 @@ def own_out_dir(out_dir):
         os.close(fd)
         raise UsageError(f"another run is using --out_dir={out_dir} (it holds the folder's lock); wait for it "
                          f"to end, or choose another --out_dir") from None
+    except OSError as e:  # a file system without flock on folders (some NFS setups): train, unprotected
+        print(f"note: cannot lock --out_dir={out_dir} ({e.strerror}); make sure no other run uses it", flush=True)
     _owned[key] = fd
 
 
@@ -618,12 +622,10 @@ def main(argv):
         resume = None  # the loaded checkpoint (a copy of model and optimizer) is in the trainer now: free it
         finished = trainer.train()
         if finished and trainer.master and tc.sample_tokens > 0:
-            from sample import complete
+            from sample import complete, default_prompt
             print("---- sample ----")
-            tokenizer = trainer.tokenizer  # from a new line, where the text has one
-            prompt = "\n" if tokenizer.kind != "char" or "\n" in tokenizer.chars else ""
-            print(complete(trainer.raw_model, tokenizer, prompt, tc.sample_tokens, temperature=0.8,
-                           top_k=None, device=trainer.device)[0])
+            print(complete(trainer.raw_model, trainer.tokenizer, default_prompt(trainer.tokenizer), tc.sample_tokens,
+                           temperature=0.8, top_k=None, device=trainer.device)[0])
         return 0 if finished else 130
     except (UsageError, CheckpointError, PrepareError, ValueError, OSError) as e:
         if given.get("debug"):

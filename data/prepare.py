@@ -29,8 +29,9 @@ offline, point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files.
 Files of any size are streamed in chunks of about chunk_bytes, cut after a newline, so
 memory stays bounded. GPT-2 BPE is applied per chunk, which is what you get by splitting
 the text after newlines and encoding the pieces separately. Outputs are staged in a
-temporary folder and moved into place at the end, meta.json last, so an error never
-leaves a half-written dataset.
+temporary folder (.NAME.tmp-PID-*) and moved into place at the end, meta.json last, so an
+error never leaves a half-written dataset; the staging folders of killed prepares are removed
+by the next one. load_split checks the .bin files against meta.json before they are used.
 """
 import argparse
 import contextlib
@@ -508,11 +509,20 @@ def checkpoint_dataset(train_config, trained_on=None):
     now = dataset_record(folder)
     changed = [k for k in sorted(set(trained_on or {}) | set(now)) if trained_on and trained_on.get(k) != now.get(k)]
     if changed:
-        short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
         raise PrepareError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was trained on: "
-                           + ", ".join(f"{k} {short(trained_on.get(k))} then, {short(now.get(k))} now" for k in changed)
+                           + ", ".join(_difference(k, trained_on.get(k), now.get(k)) for k in changed)
                            + f"; prepare {name!r} again from its original text, or train a new run on this data")
     return folder
+
+
+def _difference(key, then, now):
+    """One field of two dataset records that differ, in words (a vocabulary as the characters it gained or lost)."""
+    if key == "chars" and isinstance(then, str) and isinstance(now, str):
+        added, lost = "".join(sorted(set(now) - set(then))), "".join(sorted(set(then) - set(now)))
+        return "characters " + (", ".join(([f"{added!r} added"] if added else []) + ([f"{lost!r} removed"] if lost else []))
+                                or "in another order")
+    short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
+    return f"{key} {short(then)} then, {short(now)} now"
 
 
 def dataset_record(folder):
