@@ -26,6 +26,7 @@ import torch
 import checkpoint
 import configurator
 import mesh
+import probe
 import sample
 import train
 from data.prepare import prepare, remove_stale_stages
@@ -314,7 +315,7 @@ CHANGED_DATA = [  # (the text the dataset is prepared again from, what differs, 
 ]
 
 
-@pytest.mark.parametrize("tool", ["sample", "resume"])
+@pytest.mark.parametrize("tool", ["sample", "resume", "probe"])
 @pytest.mark.parametrize("text, changed", CHANGED_DATA, ids=["vocabulary", "text"])
 def test_a_changed_dataset_is_refused_by_name(text, changed, tool, finished, data_root, tmp_path, capsys):  # noqa: F811
     data = copy_of(data_root, tmp_path, "data")
@@ -327,9 +328,13 @@ def test_a_changed_dataset_is_refused_by_name(text, changed, tool, finished, dat
     before = snapshot(out, data)
     if tool == "sample":
         assert sample.main([f"--out_dir={out}"]) == 2
+    elif tool == "probe":
+        with pytest.raises(SystemExit) as e:
+            probe.main([f"--out_dir={out}"])
+        assert e.value.code == 2
     else:
         assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6"]) == 2
-    err = one_line(capsys, "sample.py" if tool == "sample" else "train.py")
+    err = one_line(capsys, {"sample": "sample.py", "probe": "probe.py", "resume": "train.py"}[tool])
     assert f"{data / 'tiny' / 'meta.json'} is not the data the checkpoint was trained on: " in err
     assert changed in err and "prepare 'tiny' again from its original text" in err
     assert snapshot(out, data) == before
