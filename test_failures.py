@@ -29,6 +29,7 @@ import mesh
 import probe
 import sample
 import train
+import data.prepare as data_prepare
 from data.prepare import prepare, remove_stale_stages
 from test_train import ROOT, TEXT, TINY, data_root, run, snapshot  # noqa: F401 (data_root is a fixture)
 
@@ -397,6 +398,24 @@ def test_damaged_data_is_refused_before_the_first_step(name, damage, message, da
     err = one_line(capsys)
     assert message in err and str(data / "tiny") in err and ("python data/prepare.py" in err or "--block_size" in err)
     assert snapshot(data) == before and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where, found", [(0, True), (-1, True), (100, False)], ids=["first", "last", "between"])
+def test_huge_splits_are_scanned_in_spread_pieces(where, found, data_root, tmp_path, monkeypatch):  # noqa: F811
+    """Over SCAN_BYTES, load_split scans SCAN_PIECES pieces spread evenly, the first and last included:
+    here 4 pieces of 8 tokens over the 1,698 validation tokens."""
+    data = copy_of(data_root, tmp_path, "data")
+    ids = np.fromfile(data / "tiny" / "val.bin", dtype=np.uint16)
+    ids[where] = 26  # token 100 lies between the pieces at 0, 563, 1126 and 1690
+    ids.tofile(data / "tiny" / "val.bin")
+    monkeypatch.setattr(data_prepare, "SCAN_BYTES", 0)
+    monkeypatch.setattr(data_prepare, "SCAN_PIECES", 4)
+    monkeypatch.setattr(data_prepare, "SCAN_PIECE_BYTES", 16)
+    if found:
+        with pytest.raises(data_prepare.PrepareError, match="val.bin holds token id 26, outside the vocabulary"):
+            data_prepare.load_split(str(data / "tiny"), "val")
+    else:
+        assert len(data_prepare.load_split(str(data / "tiny"), "val")) == len(ids)
 
 
 # -----------------------------------------------------------------------------

@@ -49,8 +49,9 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
 GPT2_VOCAB_SIZE = 50257  # ids >= this are the model's padding (it rounds up to 50304)
 PROGRESS_BYTES = 64 << 20  # one progress line per 64 MiB read
-SCAN_BYTES = 1 << 30  # load_split checks every token id of a split up to 1 GiB, and SCAN_PIECES spread pieces beyond
-SCAN_PIECES = 256     # of 1 MiB each
+SCAN_BYTES = 1 << 30  # load_split checks every token id of a split up to 1 GiB; beyond, SCAN_PIECES evenly spread
+SCAN_PIECES = 256     # pieces of SCAN_PIECE_BYTES (the first and the last included), so a huge dataset starts fast
+SCAN_PIECE_BYTES = 1 << 20
 
 
 class PrepareError(Exception):
@@ -390,7 +391,7 @@ def dataset_record(folder):
 def load_split(data_dir, split):
     """The train or val tokens of a prepared dataset, memory-mapped (read-only), checked against its
     meta.json first: size, token count, and every token id below the vocabulary size (for a split over
-    SCAN_BYTES, SCAN_PIECES evenly spread pieces of 1 MiB, its first and last included)."""
+    SCAN_BYTES, the ids of SCAN_PIECES evenly spread pieces, its first and last included)."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
     meta, path = read_meta(os.path.join(data_dir, "meta.json")), os.path.join(data_dir, f"{split}.bin")
@@ -405,9 +406,9 @@ def load_split(data_dir, split):
     if expected is not None and size // item != expected:
         raise PrepareError(f"{path} holds {size // item:,} tokens but meta.json says {expected:,}; {fix}")
     data = np.memmap(path, dtype=meta["dtype"], mode="r")
-    piece = (1 << 20) // item
+    piece = max(1, SCAN_PIECE_BYTES // item)
     starts = range(0, len(data), piece) if size <= SCAN_BYTES else \
-        np.linspace(0, len(data) - piece, SCAN_PIECES).astype(np.int64)
+        np.linspace(0, max(0, len(data) - piece), SCAN_PIECES).astype(np.int64)
     top = max(int(data[s:s + piece].max()) for s in starts)
     if top >= meta["vocab_size"]:
         raise PrepareError(f"{path} holds token id {top}, outside the vocabulary of {meta['vocab_size']}; {fix}")
