@@ -109,9 +109,10 @@ def spectrum(X, k=TOP_K):
 # -----------------------------------------------------------------------------
 # Data: the checkpoint's own validation split
 
-def load_val(train_config):
-    """The validation tokens (a 1-d array) of the dataset a checkpoint was trained on."""
-    folder = checkpoint_dataset(train_config)
+def load_val(train_config, trained_on=None):
+    """The validation tokens (a 1-d array) of the dataset a checkpoint was trained on; trained_on: the
+    checkpoint's record of that data (its "data"), refused by name when the dataset has changed since."""
+    folder = checkpoint_dataset(train_config, trained_on)
     path = os.path.join(folder, "val.bin")
     if not os.path.isfile(path):
         raise ProbeError(f"no prepared validation split at {path}; prepare dataset {train_config['dataset']!r} "
@@ -183,7 +184,7 @@ def nan_to_none(rows):
 def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device):
     model, ckpt = load_checkpoint(out_dir, device)
     cfg = model.config
-    idx = windows(load_val(ckpt["train_config"]), cfg.block_size, num_samples, seed).to(device)
+    idx = windows(load_val(ckpt["train_config"], ckpt.get("data")), cfg.block_size, num_samples, seed).to(device)
     result = {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "num_samples": num_samples,
               "seq_len": cfg.block_size, "seed": seed}
     result.update(probe(model, idx, sigma_frac))

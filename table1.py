@@ -106,7 +106,8 @@ def val_loss(model, batches):
 def eval_batches(ckpt, model):
     T = model.config.block_size
     n = EVAL_BATCHES * TRAIN["batch_size"]
-    return probe.windows(probe.load_val(ckpt["train_config"]), T + 1, n, EVAL_SEED).view(EVAL_BATCHES, -1, T + 1)
+    val = probe.load_val(ckpt["train_config"], ckpt.get("data"))
+    return probe.windows(val, T + 1, n, EVAL_SEED).view(EVAL_BATCHES, -1, T + 1)
 
 
 def run_one(run, root, max_iters, env=None):

@@ -26,8 +26,10 @@ import torch
 import checkpoint
 import configurator
 import mesh
+import probe
 import sample
 import train
+import data.prepare as data_prepare
 from data.prepare import prepare, remove_stale_stages
 from test_train import ROOT, TEXT, TINY, data_root, run, snapshot  # noqa: F401 (data_root is a fixture)
 
@@ -314,7 +316,7 @@ CHANGED_DATA = [  # (the text the dataset is prepared again from, what differs, 
 ]
 
 
-@pytest.mark.parametrize("tool", ["sample", "resume"])
+@pytest.mark.parametrize("tool", ["sample", "resume", "probe"])
 @pytest.mark.parametrize("text, changed", CHANGED_DATA, ids=["vocabulary", "text"])
 def test_a_changed_dataset_is_refused_by_name(text, changed, tool, finished, data_root, tmp_path, capsys):  # noqa: F811
     data = copy_of(data_root, tmp_path, "data")
@@ -327,9 +329,13 @@ def test_a_changed_dataset_is_refused_by_name(text, changed, tool, finished, dat
     before = snapshot(out, data)
     if tool == "sample":
         assert sample.main([f"--out_dir={out}"]) == 2
+    elif tool == "probe":
+        with pytest.raises(SystemExit) as e:
+            probe.main([f"--out_dir={out}"])
+        assert e.value.code == 2
     else:
         assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6"]) == 2
-    err = one_line(capsys, "sample.py" if tool == "sample" else "train.py")
+    err = one_line(capsys, {"sample": "sample.py", "probe": "probe.py", "resume": "train.py"}[tool])
     assert f"{data / 'tiny' / 'meta.json'} is not the data the checkpoint was trained on: " in err
     assert changed in err and "prepare 'tiny' again from its original text" in err
     assert snapshot(out, data) == before
@@ -392,6 +398,24 @@ def test_damaged_data_is_refused_before_the_first_step(name, damage, message, da
     err = one_line(capsys)
     assert message in err and str(data / "tiny") in err and ("python data/prepare.py" in err or "--block_size" in err)
     assert snapshot(data) == before and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where, found", [(0, True), (-1, True), (100, False)], ids=["first", "last", "between"])
+def test_huge_splits_are_scanned_in_spread_pieces(where, found, data_root, tmp_path, monkeypatch):  # noqa: F811
+    """Over SCAN_BYTES, load_split scans SCAN_PIECES pieces spread evenly, the first and last included:
+    here 4 pieces of 8 tokens over the 1,698 validation tokens."""
+    data = copy_of(data_root, tmp_path, "data")
+    ids = np.fromfile(data / "tiny" / "val.bin", dtype=np.uint16)
+    ids[where] = 26  # token 100 lies between the pieces at 0, 563, 1126 and 1690
+    ids.tofile(data / "tiny" / "val.bin")
+    monkeypatch.setattr(data_prepare, "SCAN_BYTES", 0)
+    monkeypatch.setattr(data_prepare, "SCAN_PIECES", 4)
+    monkeypatch.setattr(data_prepare, "SCAN_PIECE_BYTES", 16)
+    if found:
+        with pytest.raises(data_prepare.PrepareError, match="val.bin holds token id 26, outside the vocabulary"):
+            data_prepare.load_split(str(data / "tiny"), "val")
+    else:
+        assert len(data_prepare.load_split(str(data / "tiny"), "val")) == len(ids)
 
 
 # -----------------------------------------------------------------------------

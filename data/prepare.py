@@ -60,8 +60,9 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
 GPT2_VOCAB_SIZE = 50257  # ids >= this are the model's padding (it rounds up to 50304)
 PROGRESS_BYTES = 64 << 20  # one progress line per 64 MiB read
-SCAN_BYTES = 1 << 30  # load_split checks every token id of a split up to 1 GiB, and SCAN_PIECES spread pieces beyond
-SCAN_PIECES = 256     # of 1 MiB each
+SCAN_BYTES = 1 << 30  # load_split checks every token id of a split up to 1 GiB; beyond, SCAN_PIECES evenly spread
+SCAN_PIECES = 256     # pieces of SCAN_PIECE_BYTES (the first and the last included), so a huge dataset starts fast
+SCAN_PIECE_BYTES = 1 << 20
 
 
 class PrepareError(Exception):
@@ -549,7 +550,7 @@ def _open_indexed(prefix, stamp):
 def load_split(data_dir, split):
     """The train or val tokens of a prepared dataset, memory-mapped (read-only), as one 1-d array, checked
     against its meta.json first: size, token count, and every token id below the vocabulary size (for a
-    split over SCAN_BYTES, SCAN_PIECES evenly spread pieces of 1 MiB, its first and last included). An
+    split over SCAN_BYTES, the ids of SCAN_PIECES evenly spread pieces, its first and last included). An
     indexed dataset's (format 'indexed') are its sequences back to back: train all but the last 1% of them,
     val those (data/indexed.py train_sequences); its index is checked against its .bin when opened."""
     if split not in ("train", "val"):
@@ -575,7 +576,7 @@ def load_split(data_dir, split):
         if expected is not None and size // item != expected:
             raise PrepareError(f"{path} holds {size // item:,} tokens but meta.json says {expected:,}; {fix}")
         data = np.memmap(path, dtype=meta["dtype"], mode="r")
-    piece = (1 << 20) // data.itemsize
+    piece = max(1, SCAN_PIECE_BYTES // data.itemsize)
     starts = range(0, len(data), piece) if data.nbytes <= SCAN_BYTES else \
         np.linspace(0, max(0, len(data) - piece), SCAN_PIECES).astype(np.int64)
     top = max((int(data[s:s + piece].max()) for s in starts if len(data[s:s + piece])), default=0)
