@@ -74,13 +74,21 @@ class TrainConfig:
     dtype: str = "auto"                 # auto: bfloat16 autocast on GPUs that support it, else float32
     compile: bool | None = None         # None: on for CUDA only
     grad_checkpoint: bool = False       # recompute activations in backward to save memory
+    fsdp: bool = False                  # shard weights, gradients and AdamW state over the processes (FSDP2)
     seed: int = 1337
+    # memory plan (plan.py): print per-GPU memory under DDP and FSDP, then exit without training
+    plan: bool = False
+    plan_gpus: int | None = None        # processes to plan for; None: WORLD_SIZE under torchrun, else 8
+    gpu_memory: float = 80.0            # GiB per GPU
     debug: bool = False                 # show Python tracebacks for errors
 
     def __post_init__(self):
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name}={getattr(self, name)} must be at least 1")
+        if self.plan_gpus is not None and self.plan_gpus < 1 or not self.gpu_memory > 0:
+            raise UsageError(f"--plan_gpus={self.plan_gpus} must be at least 1 and --gpu_memory={self.gpu_memory} "
+                             f"(GiB) more than 0")
         for name in ("max_iters", "sample_tokens"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name}={getattr(self, name)} must be 0 or more")
@@ -408,6 +416,10 @@ def main(argv):
             resume = load_checkpoint(out_dir)
             settings.update({k: v for k, v in resume[1]["train_config"].items() if k in settings})
         tc = TrainConfig(**{**settings, **given})
+        if tc.plan:  # nothing is trained, loaded or allocated
+            import plan
+            print(plan.plan(tc, resume[0].config if resume else model_config(tc, vocab_size=None)))
+            return 0
         conflicts = config_conflicts(given, resume[0].config, resume[1]["train_config"]) if resume else []
         if conflicts:
             raise UsageError("the checkpoint's model differs from the flags given: " + "; ".join(conflicts))
