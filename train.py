@@ -32,6 +32,8 @@ from configurator import UsageError, parse_flags, report, resolve_device, resolv
 from data.prepare import PrepareError, Tokenizer, checkpoint_dataset, ensure_dataset, load_split, random_windows
 from mesh import PRESETS, Config, RecursiveGPT
 
+import fsdp as sharding  # noqa: E402 (FSDP2 and sharded checkpoints; imports checkpoint and mesh)
+
 
 @dataclass
 class TrainConfig:
@@ -171,6 +173,9 @@ class Trainer:
         self.ddp = int(os.environ.get("RANK", -1)) != -1
         self.rank, self.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
         self.master = self.rank == 0
+        if tc.fsdp and not self.ddp:
+            raise UsageError("--fsdp=true shards over processes started by torchrun, e.g. torchrun --standalone "
+                             "--nproc_per_node=8 train.py ... --fsdp=true (one process: --nproc_per_node=1)")
         if tc.grad_accum % self.world:
             raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size {self.world}; "
                              f"use a multiple of {self.world}")
@@ -250,11 +255,13 @@ class Trainer:
         tc.warmup_iters = max(1, tc.lr_decay_iters // 100) if tc.warmup_iters is None else tc.warmup_iters
 
         model.grad_checkpoint = tc.grad_checkpoint
+        if tc.fsdp:
+            model = self.shard(model, scratch=ckpt is None)
         self.raw_model = model.to(self.device)  # the uncompiled, unwrapped module: saved and sampled
         self.optimizer = model.configure_optimizer(tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), self.device_type)
         self.iter_num, self.best_val = 0, float("inf")
         if ckpt is not None:
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.load_optimizer(ckpt)
             self.iter_num, self.best_val = ckpt["iter_num"], ckpt["best_val_loss"]
             if self.rank == 0:  # the saved RNG state is rank 0's; the others get their own (dropout masks differ)
                 torch.set_rng_state(ckpt["rng"]["torch"].cpu())
@@ -263,7 +270,7 @@ class Trainer:
             else:
                 torch.manual_seed(tc.seed + self.rank + self.world * self.iter_num)
         self.model = torch.compile(model) if tc.compile else model
-        if self.ddp:
+        if self.ddp and not tc.fsdp:
             # no buffers to broadcast: the rotary tables are the same on every rank
             self.model = DDP(self.model, device_ids=[int(self.device.split(":")[1])] if self.device_type == "cuda" else None,
                              broadcast_buffers=False)
@@ -274,11 +281,30 @@ class Trainer:
             for name in os.listdir(tc.out_dir):  # temporary files of checkpoint writes that were killed
                 if name.startswith(".ckpt-") and name.endswith(".tmp"):
                     os.remove(os.path.join(tc.out_dir, name))
+            sharding.remove_unfinished(tc.out_dir)
             self.log_file = open(os.path.join(tc.out_dir, "log.jsonl"), "a" if ckpt else "w")
             print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
                   f"{model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
                   f"dataset {tc.dataset} ({len(self.train_data):,} train tokens), device {self.device} {tc.dtype}, "
                   f"{self.world} process(es), {tc.batch_size * tc.grad_accum * cfg.block_size:,} tokens/step")
+
+    def shard(self, model, scratch):
+        """FSDP2 over all processes (fsdp.shard). A scratch model takes rank 0's initial weights first, as DDP
+        does, so every shard comes from the same model."""
+        if scratch:
+            for p in model.parameters():
+                dist.broadcast(p.data, src=0)
+        return sharding.shard(model, self.device_type, bf16=self.tc.dtype == "bfloat16")
+
+    def load_optimizer(self, ckpt):
+        """The checkpoint's AdamW state: a sharded checkpoint's (with the weights, each rank its own shards), or
+        a whole one, cut to this rank's shards under FSDP."""
+        if "folder" in ckpt:
+            sharding.load_sharded(self.tc.out_dir, ckpt, self.raw_model, self.optimizer)
+        elif self.tc.fsdp:
+            self.optimizer.load_state_dict(sharding.shard_optimizer_state(ckpt["optimizer"], self.optimizer))
+        else:
+            self.optimizer.load_state_dict(ckpt["optimizer"])
 
     def log(self, record, text):
         if self.master:
@@ -290,9 +316,16 @@ class Trainer:
         """Mean loss over eval_iters fixed batches per split, shared out over the processes."""
         out = {}
         for code, split, data in ((1, "train", self.train_data), (2, "val", self.val_data)):
-            batches = (get_batch(data, self.tc, self.raw_model.config.block_size, (code, 0, k), self.device)
-                       for k in range(self.rank, self.tc.eval_iters, self.world))
-            losses = batch_losses(self.raw_model, batches, self.autocast)
+            # under FSDP every rank must run as many forwards as the others (each gathers weights with all):
+            # the last round is padded with batches whose losses are dropped
+            n = -(-self.tc.eval_iters // self.world) * self.world if self.tc.fsdp else self.tc.eval_iters
+            keys = range(self.rank, n, self.world)
+            batches = (get_batch(data, self.tc, self.raw_model.config.block_size, (code, 0, k % self.tc.eval_iters),
+                                 self.device) for k in keys)
+            losses = [loss for k, loss in zip(keys, batch_losses(self.raw_model, batches, self.autocast))
+                      if k < self.tc.eval_iters]
+            if self.tc.fsdp:  # the root keeps its weights gathered after a forward without backward: free them
+                self.raw_model.reshard()
             total = torch.tensor([sum(losses), len(losses)], device=self.device, dtype=torch.float64)
             if self.ddp:
                 dist.all_reduce(total)
@@ -300,6 +333,8 @@ class Trainer:
         return out
 
     def checkpoint(self):
+        if self.tc.fsdp:
+            return self.checkpoint_sharded()
         if not self.master:
             return
         rng = {"torch": torch.get_rng_state()}
@@ -314,6 +349,19 @@ class Trainer:
             "best_val_loss": self.best_val,
             "rng": rng,  # the data needs no state: a step's batches depend only on (seed, step)
         }, os.path.join(self.tc.out_dir, "ckpt.pt"))
+
+    def checkpoint_sharded(self):
+        """Under FSDP: every rank writes its shards, rank 0 the plain data (fsdp.save_sharded)."""
+        rng = {"torch": torch.get_rng_state()}
+        if self.device_type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state()
+        sharding.save_sharded(self.tc.out_dir, self.raw_model, self.optimizer, {
+            "model_config": self.raw_model.config.to_dict(),
+            "train_config": {**dataclasses.asdict(self.tc), **self.as_given},
+            "iter_num": self.iter_num,
+            "best_val_loss": self.best_val,
+            "rng": sharding.rng_to_json(rng),
+        }, self.master)
 
     def eval_and_save(self):
         losses = self.evaluate()
@@ -332,8 +380,10 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for j, m in enumerate(range(self.rank, tc.grad_accum, self.world)):  # this rank's micro-batches
             x, y = get_batch(self.train_data, tc, self.raw_model.config.block_size, (0, it, m), self.device)
-            sync = nullcontext() if not self.ddp or j == local - 1 else self.model.no_sync()
-            with sync:  # DDP all-reduces gradients only on the last micro-batch
+            # DDP all-reduces gradients only on the last micro-batch; FSDP reduce-scatters every one, so that
+            # no rank holds a whole gradient
+            sync = nullcontext() if not self.ddp or self.tc.fsdp or j == local - 1 else self.model.no_sync()
+            with sync:
                 with self.autocast:
                     _, loss = self.model(x, y)
                 # DDP averages over ranks, so the update uses the mean over the whole global batch
@@ -403,17 +453,29 @@ class Trainer:
         return True
 
 
+def load_resume(out_dir, given):
+    """(model, checkpoint dict) of the run to continue: the newer of OUT_DIR/ckpt.pt and its sharded checkpoint
+    (fsdp.newest), in ckpt.pt's layout. A sharded one resumed under FSDP is read later, each rank its own
+    shards: here only its plain data comes, with a model of its config."""
+    source = sharding.newest(out_dir)
+    if source is None:
+        raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
+                         f"start with --init_from=scratch or point --out_dir at a run")
+    if source == "full":
+        return load_checkpoint(out_dir)
+    meta = sharding.read_pointer(out_dir)
+    if given.get("fsdp", meta["train_config"].get("fsdp", False)):
+        return RecursiveGPT(Config.from_dict(meta["model_config"])), {**meta, "rng": sharding.rng_from_json(meta["rng"])}
+    return sharding.load_whole(out_dir, meta)
+
+
 def main(argv):
     given = {}
     try:
         given = parse_flags(TrainConfig, argv, "train.py")
         settings, resume = dataclasses.asdict(TrainConfig()), None
         if given.get("init_from") == "resume":  # continue with the run's own settings, then the flags given
-            out_dir = given.get("out_dir", settings["out_dir"])
-            if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
-                raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
-                                 f"start with --init_from=scratch or point --out_dir at a run")
-            resume = load_checkpoint(out_dir)
+            resume = load_resume(given.get("out_dir", settings["out_dir"]), given)
             settings.update({k: v for k, v in resume[1]["train_config"].items() if k in settings})
         tc = TrainConfig(**{**settings, **given})
         if tc.plan:  # nothing is trained, loaded or allocated
@@ -431,7 +493,9 @@ def main(argv):
         trainer = Trainer(tc, given, resume)
         resume = None  # the loaded checkpoint (a copy of model and optimizer) is in the trainer now: free it
         finished = trainer.train()
-        if finished and trainer.master and tc.sample_tokens > 0:
+        if finished and trainer.master and tc.sample_tokens > 0 and tc.fsdp:
+            print(f"(no sample under FSDP: python fsdp.py {tc.out_dir} writes ckpt.pt for sample.py)")
+        elif finished and trainer.master and tc.sample_tokens > 0:
             from sample import complete
             print("---- sample ----")
             print(complete(trainer.raw_model, trainer.tokenizer, "\n", tc.sample_tokens, temperature=0.8,
