@@ -27,11 +27,13 @@ import pickle
 import shutil
 import sys
 import uuid
+import warnings
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -121,7 +123,11 @@ def save_sharded(out_dir, model, optimizer, data, master):
     if master and os.path.exists(path):  # a leftover of an interrupted write at this iteration
         shutil.rmtree(path)
     dist.barrier()
-    dcp.save(tensors(model, optimizer), checkpoint_id=path)  # collective; returns once every shard is written
+    try:  # collective; returns once every shard is written (and fsynced)
+        dcp.save(tensors(model, optimizer), checkpoint_id=path)
+    except CheckpointException as e:  # every rank gets it: stop cleanly, the pointer still names the last good one
+        raise CheckpointError(f"writing the sharded checkpoint {path} failed ({cause(e)}); "
+                              f"{os.path.join(out_dir, POINTER)} still names the last good one") from None
     if master:
         old = read_pointer(out_dir)
         write_json_atomically({**data, "folder": folder}, os.path.join(out_dir, POINTER))
@@ -147,7 +153,9 @@ class MetadataReader(FileSystemReader):
     class Unpickler(pickle.Unpickler):
         def find_class(self, module, name):
             if (module.startswith("torch.distributed.checkpoint.") or module == "torch.distributed.tensor.placement_types"
-                    or (module, name) in {("torch", "Size"), ("collections", "OrderedDict")}
+                    or (module, name) in {("torch", "Size"), ("collections", "OrderedDict"),
+                                          ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                                          ("pathlib", "WindowsPath")}
                     or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
                 return super().find_class(module, name)
             raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
@@ -162,19 +170,41 @@ class MetadataReader(FileSystemReader):
         return metadata
 
 
-def load(state, out_dir, meta):
-    """DCP-load `state` (a dict of tensors, each filled in place) from the folder `meta` names; any failure
-    (a missing, truncated or foreign shard) is one CheckpointError, raised on every rank."""
+def cause(e):
+    """'Type: first line' of an error; for DCP's CheckpointException (a BaseException that gathers every rank's
+    failure), of the first rank's."""
+    if isinstance(e, CheckpointException) and e.failures:
+        rank, (e, _) = next(iter(sorted(e.failures.items(), key=lambda kv: kv[0])))
+        return f"rank {rank}: {cause(e)}"
+    first = next((line for line in str(e).splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first[:300]}" if first else type(e).__name__
+
+
+def failed(path, e):
+    return CheckpointError(f"the sharded checkpoint {path} is incomplete or corrupt ({cause(e)}); delete "
+                           f"{POINTER} to fall back on ckpt.pt, or point --out_dir at another run")
+
+
+def stored_keys(out_dir, meta):
+    """The names of the tensors in the sharded checkpoint (from its .metadata)."""
     path = os.path.join(out_dir, meta["folder"])
     try:
-        if not os.path.isfile(os.path.join(path, ".metadata")):
-            raise FileNotFoundError(f"no {os.path.join(meta['folder'], '.metadata')}")
-        dcp.load(state, storage_reader=MetadataReader(path))
-    except Exception as e:  # on every rank: DCP gathers one rank's failure to all
-        first = next((line for line in str(e).splitlines() if line.strip()), "")
-        raise CheckpointError(f"the sharded checkpoint {path} is incomplete or corrupt ({type(e).__name__}: "
-                              f"{first[:300]}); delete {POINTER} to fall back on ckpt.pt, or point --out_dir at "
-                              f"another run") from None
+        return set(MetadataReader(path).read_metadata().state_dict_metadata)
+    except (Exception, CheckpointException) as e:  # missing, truncated, or not DCP's
+        raise failed(path, e) from None
+
+
+def load(state, out_dir, meta, no_dist=False):
+    """DCP-load `state` (a dict of tensors, each filled in place) from the folder `meta` names; any failure
+    (a missing, truncated or foreign shard) is one CheckpointError, raised on every rank (DCP gathers one
+    rank's failure to all). no_dist: this process reads everything by itself."""
+    path = os.path.join(out_dir, meta["folder"])
+    try:
+        with warnings.catch_warnings():  # no_dist is meant: DCP would warn that it is assuming it
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=MetadataReader(path), no_dist=no_dist)
+    except (Exception, CheckpointException) as e:
+        raise failed(path, e) from None
 
 
 def load_sharded(out_dir, meta, model, optimizer):
@@ -183,13 +213,9 @@ def load_sharded(out_dir, meta, model, optimizer):
     for p in names.values():  # AdamW's state, made empty in the parameters' sharding, then read into
         optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
                               "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
-    stored = MetadataReader(os.path.join(out_dir, meta["folder"])).read_metadata().state_dict_metadata \
-        if os.path.isfile(os.path.join(out_dir, meta["folder"], ".metadata")) else {}
-    state = tensors(model, optimizer)
-    if not any(k.startswith("optim.") for k in stored) and stored:  # saved before the first step: no AdamW state
+    if not any(k.startswith("optim.") for k in stored_keys(out_dir, meta)):  # saved before the first step
         optimizer.state.clear()
-        state = tensors(model, optimizer)
-    load(state, out_dir, meta)
+    load(tensors(model, optimizer), out_dir, meta)
 
 
 def load_whole(out_dir, meta):
@@ -198,24 +224,12 @@ def load_whole(out_dir, meta):
     model = RecursiveGPT(Config.from_dict(meta["model_config"]))
     tc = meta["train_config"]
     optimizer = model.configure_optimizer(tc["weight_decay"], tc["lr"] or 0.0, (tc["beta1"], tc["beta2"]))
-    stored = MetadataReader(os.path.join(out_dir, meta["folder"])).read_metadata().state_dict_metadata \
-        if os.path.isfile(os.path.join(out_dir, meta["folder"], ".metadata")) else {}
-    if any(k.startswith("optim.") for k in stored):
+    if any(k.startswith("optim.") for k in stored_keys(out_dir, meta)):
         for p in model.parameters():
             optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32), "exp_avg": torch.zeros_like(p),
                                   "exp_avg_sq": torch.zeros_like(p)}
-    state = tensors(model, optimizer)
-    with torch.no_grad():
-        no_dist = not (dist.is_available() and dist.is_initialized())
-        if no_dist:
-            load(state, out_dir, meta)
-        else:  # every rank reads the whole checkpoint by itself
-            path = os.path.join(out_dir, meta["folder"])
-            try:
-                dcp.load(state, storage_reader=MetadataReader(path), no_dist=True)
-            except Exception as e:
-                raise CheckpointError(f"the sharded checkpoint {path} is incomplete or corrupt "
-                                      f"({type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''})") from None
+    with torch.no_grad():  # under torchrun too, each process reads the whole checkpoint by itself
+        load(tensors(model, optimizer), out_dir, meta, no_dist=True)
     ckpt = {k: v for k, v in meta.items() if k not in ("folder", "rng")}
     ckpt.update(model=model.state_dict(), optimizer=optimizer.state_dict(), rng=rng_from_json(meta["rng"]))
     return model, ckpt

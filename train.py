@@ -464,7 +464,7 @@ def load_resume(out_dir, given):
     if source == "full":
         return load_checkpoint(out_dir)
     meta = sharding.read_pointer(out_dir)
-    if given.get("fsdp", meta["train_config"].get("fsdp", False)):
+    if given.get("fsdp"):
         return RecursiveGPT(Config.from_dict(meta["model_config"])), {**meta, "rng": sharding.rng_from_json(meta["rng"])}
     return sharding.load_whole(out_dir, meta)
 
@@ -476,7 +476,8 @@ def main(argv):
         settings, resume = dataclasses.asdict(TrainConfig()), None
         if given.get("init_from") == "resume":  # continue with the run's own settings, then the flags given
             resume = load_resume(given.get("out_dir", settings["out_dir"]), given)
-            settings.update({k: v for k, v in resume[1]["train_config"].items() if k in settings})
+            # not --fsdp: how this launch spreads the model is its own choice, whatever wrote the checkpoint
+            settings.update({k: v for k, v in resume[1]["train_config"].items() if k in settings and k != "fsdp"})
         tc = TrainConfig(**{**settings, **given})
         if tc.plan:  # nothing is trained, loaded or allocated
             import plan
