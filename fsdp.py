@@ -12,6 +12,7 @@ for each in backward) and accumulates the K gradients into the one sharded gradi
 Precision on GPUs (--dtype=bfloat16): blocks gather their weights in bf16 and reduce gradients in
 float32 (MixedPrecisionPolicy); the root and the blocks' inputs stay float32 and autocast is on as
 under DDP, so the residual stream, the MeSH buffer, LayerNorms and the loss are float32 as there.
+(On CPU the weights are gathered in float32 and bf16 autocast does the rest.)
 
 A sharded checkpoint is a DCP folder OUT_DIR/shards-<iter>/ (each rank writes its own shards: no
 rank ever holds the whole model) plus OUT_DIR/ckpt-sharded.json, written last and atomically,

@@ -25,8 +25,8 @@ data_root = test_train.data_root  # the tiny prepared dataset (a pytest fixture)
 COMMON = ["--grad_accum=4", "--eval_interval=2", "--eval_iters=3", "--lr=3e-3", "--lr_decay_iters=8"]
 
 
-def torchrun(*args, timeout=180):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+def torchrun(*args, timeout=180, nproc=2):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            os.path.join(ROOT, "train.py"), "--fsdp=true", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -40,15 +40,15 @@ def close(a, b):
 def test_fsdp_equals_one_process_and_resumes_across_modes(data_root, tmp_path, capsys):
     """MeSH with a shared core (layout 1+1R2+1: the core block runs twice per forward, so FSDP gathers it twice
     and its gradient sums both applications): 1 process -> 2-process FSDP (from ckpt.pt) -> FSDP again (from its
-    own shards) -> 1 process (from the shards) follows the 1-process run's losses to 1e-5, evaluations included
-    (eval_iters 3 over 2 ranks: FSDP pads the last round)."""
+    own shards, resharded over 1 process) -> 1 process without FSDP (from the shards) follows the 1-process run's
+    losses to 1e-5, evaluations included (eval_iters 3 over 2 ranks: FSDP pads the last round)."""
     one, mix = tmp_path / "one", tmp_path / "mix"
     assert run([*COMMON, "--max_iters=8"], data_root, one) == 0
     assert run([*COMMON, "--max_iters=2"], data_root, mix) == 0
-    for stop in (4, 6):
-        r = torchrun("--init_from=resume", f"--out_dir={mix}", f"--max_iters={stop}")
+    for stop, nproc in ((4, 2), (6, 1)):
+        r = torchrun("--init_from=resume", f"--out_dir={mix}", f"--max_iters={stop}", nproc=nproc)
         assert r.returncode == 0, r.stderr[-3000:]
-        assert "2 process(es)" in r.stdout
+        assert f"{nproc} process(es) (FSDP)" in r.stdout
     assert sorted(os.listdir(mix)) == ["ckpt-sharded.json", "ckpt.pt", "log.jsonl", "shards-00000006"]
     # the consolidated ckpt.pt is the sharded checkpoint, whole; sample.py reads it
     assert fsdp.main([str(mix)]) == 0

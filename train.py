@@ -286,15 +286,18 @@ class Trainer:
             print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
                   f"{model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
                   f"dataset {tc.dataset} ({len(self.train_data):,} train tokens), device {self.device} {tc.dtype}, "
-                  f"{self.world} process(es), {tc.batch_size * tc.grad_accum * cfg.block_size:,} tokens/step")
+                  f"{self.world} process(es){' (FSDP)' if tc.fsdp else ''}, {tc.batch_size * tc.grad_accum * cfg.block_size:,} tokens/step")
 
     def shard(self, model, scratch):
         """FSDP2 over all processes (fsdp.shard). A scratch model takes rank 0's initial weights first, as DDP
         does, so every shard comes from the same model."""
+        model = model.to(self.device)  # NCCL broadcasts GPU tensors; fully_shard keeps the shards where they are
         if scratch:
             for p in model.parameters():
                 dist.broadcast(p.data, src=0)
-        return sharding.shard(model, self.device_type, bf16=self.tc.dtype == "bfloat16")
+        # bf16 gathering on GPUs only: CPU autocast runs LayerNorm in the input's dtype, so bf16 weights cannot meet
+        # a float32 residual stream there (CUDA autocast computes LayerNorm in float32)
+        return sharding.shard(model, self.device_type, bf16=self.tc.dtype == "bfloat16" and self.device_type == "cuda")
 
     def load_optimizer(self, ckpt):
         """The checkpoint's AdamW state: a sharded checkpoint's (with the weights, each rank its own shards), or
