@@ -75,29 +75,31 @@ def test_fsdp_base_with_clipping_and_grad_checkpoint(data_root, tmp_path):
     close(losses(tmp_path / "one"), losses(tmp_path / "two"))
 
 
-def test_missing_or_corrupt_shard_is_one_line_and_unfinished_writes_are_ignored(data_root, tmp_path, capsys):
+def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_are_ignored(data_root, tmp_path, capsys):
     out = tmp_path / "out"
-    r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=2")
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=4", "--lr=1e36",
+                 "--warmup_iters=0", "--grad_clip=0")  # the weights blow up: the loss of iter 1 is not finite
+    assert r.returncode != 0 and r.stderr.count(f"train.py: error: loss is nan at iter 1; stopped without saving, "
+                                                f"so {out / fsdp.POINTER} is the last good checkpoint") == 2, r.stderr[-3000:]
     meta = json.loads((out / fsdp.POINTER).read_text())
-    assert meta["folder"] == "shards-00000002" and meta["iter_num"] == 2 and not (out / "ckpt.pt").exists()
+    assert meta["folder"] == "shards-00000000" and meta["iter_num"] == 0 and not (out / "ckpt.pt").exists()
     # a write killed before its pointer: never taken, and removed at a start
-    (out / "shards-00000004").mkdir()
-    (out / "shards-00000004" / "__0_0.distcp").write_bytes(b"half")
-    shards = sorted((out / "shards-00000002").glob("*.distcp"))
+    (out / "shards-00000001").mkdir()
+    (out / "shards-00000001" / "__0_0.distcp").write_bytes(b"half")
+    shards = sorted((out / "shards-00000000").glob("*.distcp"))
     shards[0].write_bytes(shards[0].read_bytes()[:100])  # truncated
     r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=4", timeout=120)
     assert r.returncode != 0 and r.stderr.count("train.py: error: the sharded checkpoint") == 2, r.stderr[-3000:]
-    assert "shards-00000002 is incomplete or corrupt" in r.stderr  # not the unfinished shards-00000004
+    assert "shards-00000000 is incomplete or corrupt" in r.stderr  # not the unfinished shards-00000001
     fsdp.remove_unfinished(str(out))  # what a start does
-    assert sorted(os.listdir(out)) == ["ckpt-sharded.json", "log.jsonl", "shards-00000002"]
+    assert sorted(os.listdir(out)) == ["ckpt-sharded.json", "log.jsonl", "shards-00000000"]
     shards[0].unlink()  # missing, read by one process
     capsys.readouterr()
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "shards-00000002 is incomplete or corrupt" in err
+    assert err.count("\n") == 1 and "shards-00000000 is incomplete or corrupt" in err
     assert fsdp.main([str(out)]) == 2 and not (out / "ckpt.pt").exists()
-    (out / "shards-00000002" / ".metadata").write_bytes(b"\x80\x04cos\nsystem\n.")  # a pickle that would run code
+    (out / "shards-00000000" / ".metadata").write_bytes(b"\x80\x04cos\nsystem\n.")  # a pickle that would run code
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     assert "os.system is not allowed" in capsys.readouterr().err
 

@@ -399,8 +399,9 @@ class Trainer:
             dist.all_reduce(state, op=dist.ReduceOp.AVG)
         if not math.isfinite(state[0].item()):
             self.optimizer.zero_grad(set_to_none=True)
+            last = os.path.join(tc.out_dir, sharding.POINTER if tc.fsdp else "ckpt.pt")
             raise FloatingPointError(f"loss is {state[0].item()} at iter {it}; stopped without saving, so "
-                                     f"{os.path.join(tc.out_dir, 'ckpt.pt')} is the last good checkpoint "
+                                     f"{last} is the last good checkpoint "
                                      f"(resume with --init_from=resume and a lower --lr)")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
