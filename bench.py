@@ -80,6 +80,7 @@ class BenchConfig:
     dtype: str = "auto"                 # auto: bfloat16 autocast on GPUs that support it, else float32
     threads: int | None = None          # CPU threads for torch; None keeps torch's default (one per core)
     compile: bool = False               # torch.compile every model (training and decoding)
+    grad_checkpoint: bool = False       # recompute block activations in backward (as train.py's flag)
     iters: int = 20                     # timed rounds; a round times one train step of every variant
     warmup: int = 3                     # untimed steps per variant first
     decode: bool = True                 # also time decoding, with and without the KV cache
@@ -155,6 +156,7 @@ def build(cfg, bc, device):
     """Model (compiled in place with --compile, so generate() decodes with the compiled forward) and AdamW."""
     torch.manual_seed(bc.seed)
     model = RecursiveGPT(cfg).to(device)
+    model.grad_checkpoint = bc.grad_checkpoint
     if bc.compile:
         model.compile()
     return model, model.configure_optimizer(0.01, 1e-3, device_type=device.split(":")[0])

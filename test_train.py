@@ -490,7 +490,8 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
     for name in os.listdir(os.path.join(ROOT, "config")):  # every shipped config is valid
         given = train.parse_flags(train.TrainConfig, [os.path.join(ROOT, "config", name)], "train.py")
         tc = train.TrainConfig(**given)
-        assert train.model_config(tc, vocab_size=50304).shape.depth in (12, 16, 24)
+        depth = train.model_config(tc, vocab_size=50304).shape.depth  # a recursive model as deep as its Pythia
+        assert depth == mesh.PRESETS[tc.model].get("n_layer", depth) and depth in (12, 16, 24, 32)
 
 
 # -----------------------------------------------------------------------------

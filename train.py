@@ -40,6 +40,8 @@ from data.prepare import (PrepareError, Tokenizer, checkpoint_dataset, dataset_r
                           random_windows, sequential_windows)
 from mesh import PRESETS, Config, RecursiveGPT
 
+import fsdp as sharding  # noqa: E402 (FSDP2 and sharded checkpoints; imports checkpoint and mesh)
+
 
 @dataclass
 class TrainConfig:
@@ -84,13 +86,21 @@ class TrainConfig:
     dtype: str = "auto"                 # auto: bfloat16 autocast on GPUs that support it, else float32
     compile: bool | None = None         # None: on for CUDA only
     grad_checkpoint: bool = False       # recompute activations in backward to save memory
+    fsdp: bool = False                  # shard weights, gradients and AdamW state over the processes (FSDP2)
     seed: int = 1337
+    # memory plan (plan.py): print per-GPU memory under DDP and FSDP, then exit without training
+    plan: bool = False
+    plan_gpus: int | None = None        # processes to plan for; None: WORLD_SIZE under torchrun, else 8
+    gpu_memory: float = 80.0            # GiB per GPU
     debug: bool = False                 # show Python tracebacks for errors
 
     def __post_init__(self):
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name}={getattr(self, name)} must be at least 1")
+        if self.plan_gpus is not None and self.plan_gpus < 1 or not self.gpu_memory > 0:
+            raise UsageError(f"--plan_gpus={self.plan_gpus} must be at least 1 and --gpu_memory={self.gpu_memory} "
+                             f"(GiB) more than 0")
         for name in ("max_iters", "sample_tokens"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name}={getattr(self, name)} must be 0 or more")
@@ -290,9 +300,10 @@ def unsaveable(model, optimizer, losses):
             return f"{split} loss is {loss}"
         if loss > limit:
             return f"{split} loss is {loss:.4g} (above {limit:.4g}, {DIVERGED} x ln(vocab_size))"
-    tensors = {f"weight {k}": v for k, v in model.state_dict().items() if v.is_floating_point()}
+    local = lambda v: v.to_local() if hasattr(v, "to_local") else v  # noqa: E731 (under FSDP, this rank's shard)
+    tensors = {f"weight {k}": local(v) for k, v in model.state_dict().items() if v.is_floating_point()}
     names = {p: name for name, p in model.named_parameters()}
-    tensors.update({f"optimizer {k} of {names.get(p, 'a parameter')}": v for p, state in optimizer.state.items()
+    tensors.update({f"optimizer {k} of {names.get(p, 'a parameter')}": local(v) for p, state in optimizer.state.items()
                     for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point()})
     finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()]).tolist()
     return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
@@ -307,6 +318,9 @@ class Trainer:
         self.ddp, self.rank, self.world = process_group()
         self.launcher = os.getppid()  # torchrun, under DDP: when it is gone, the workers stop (see step)
         self.master = self.rank == 0
+        if tc.fsdp and not self.ddp:
+            raise UsageError("--fsdp=true shards over processes started by torchrun, e.g. torchrun --standalone "
+                             "--nproc_per_node=8 train.py ... --fsdp=true (one process: --nproc_per_node=1)")
         if tc.grad_accum % self.world:
             raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size {self.world}; "
                              f"use a multiple of {self.world}")
@@ -389,13 +403,16 @@ class Trainer:
         tc.warmup_iters = max(1, tc.lr_decay_iters // 100) if tc.warmup_iters is None else tc.warmup_iters
 
         model.grad_checkpoint = tc.grad_checkpoint
+        if tc.fsdp:
+            model = self.shard(model, scratch=ckpt is None)
         self.raw_model = model.to(self.device)  # the uncompiled, unwrapped module: saved and sampled
         self.optimizer = model.configure_optimizer(tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), self.device_type)
         self.iter_num, self.best_val = 0, float("inf")
         self.saved_iter = None  # the iteration of the checkpoint in OUT_DIR that this run stands behind
         if ckpt is not None:
-            check_resumable(ckpt, ckpt_path, self.optimizer)  # wrong shapes would crash inside fused AdamW
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            if "folder" not in ckpt:  # a whole checkpoint: wrong optimizer shapes would crash inside fused AdamW
+                check_resumable(ckpt, ckpt_path, self.optimizer)
+            self.load_optimizer(ckpt)
             self.saved_iter = ckpt["iter_num"]
             self.iter_num, self.best_val = ckpt["iter_num"], ckpt["best_val_loss"]
             if self.rank == 0:  # the saved RNG state is rank 0's; the others get their own (dropout masks differ)
@@ -405,7 +422,7 @@ class Trainer:
             else:
                 torch.manual_seed(tc.seed + self.rank + self.world * self.iter_num)
         self.model = torch.compile(model) if tc.compile else model
-        if self.ddp:
+        if self.ddp and not tc.fsdp:
             # no buffers to broadcast: the rotary tables are the same on every rank
             self.model = DDP(self.model, device_ids=[int(self.device.split(":")[1])] if self.device_type == "cuda" else None,
                              broadcast_buffers=False)
@@ -417,6 +434,7 @@ class Trainer:
             if tc.init_from != "resume":
                 self.check_scratch_out_dir()  # again: another run may have finished there in the meantime
             remove_stale_temporaries(tc.out_dir)  # of checkpoint writes that were killed
+            sharding.remove_unfinished(tc.out_dir)  # sharded ones (this run holds OUT_DIR: no live writer)
             log = os.path.join(tc.out_dir, "log.jsonl")
             # --overwrite replaces the old run when the new one saves its first checkpoint, not before: until
             # then the new log is a temporary file, and the old log.jsonl still matches the old ckpt.pt
@@ -427,7 +445,28 @@ class Trainer:
                   f"{model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
                   f"dataset {tc.dataset} ({len(self.train_data):,} train tokens, {tc.data_order} order), "
                   f"device {self.device} {tc.dtype}, "
-                  f"{self.world} process(es), {tc.batch_size * tc.grad_accum * cfg.block_size:,} tokens/step")
+                  f"{self.world} process(es){' (FSDP)' if tc.fsdp else ''}, {tc.batch_size * tc.grad_accum * cfg.block_size:,} tokens/step")
+
+    def shard(self, model, scratch):
+        """FSDP2 over all processes (fsdp.shard). A scratch model takes rank 0's initial weights first, as DDP
+        does, so every shard comes from the same model."""
+        model = model.to(self.device)  # NCCL broadcasts GPU tensors; fully_shard keeps the shards where they are
+        if scratch:
+            for p in model.parameters():
+                dist.broadcast(p.data, src=0)
+        # bf16 gathering on GPUs only: CPU autocast runs LayerNorm in the input's dtype, so bf16 weights cannot meet
+        # a float32 residual stream there (CUDA autocast computes LayerNorm in float32)
+        return sharding.shard(model, self.device_type, bf16=self.tc.dtype == "bfloat16" and self.device_type == "cuda")
+
+    def load_optimizer(self, ckpt):
+        """The checkpoint's AdamW state: a sharded checkpoint's (with the weights, each rank its own shards), or
+        a whole one, cut to this rank's shards under FSDP."""
+        if "folder" in ckpt:
+            sharding.load_sharded(self.tc.out_dir, ckpt, self.raw_model, self.optimizer)
+        elif self.tc.fsdp:
+            self.optimizer.load_state_dict(sharding.shard_optimizer_state(ckpt["optimizer"], self.optimizer))
+        else:
+            self.optimizer.load_state_dict(ckpt["optimizer"])
 
     def check_scratch_out_dir(self):
         path = os.path.join(self.tc.out_dir, "ckpt.pt")
@@ -437,7 +476,7 @@ class Trainer:
 
     def last_good(self):
         """Where the run stands after a failure, in words."""
-        path = os.path.join(self.tc.out_dir, "ckpt.pt")
+        path = os.path.join(self.tc.out_dir, sharding.POINTER if self.tc.fsdp else "ckpt.pt")
         if self.saved_iter is None:
             return "this run saved no checkpoint (start again with a lower --lr)"
         return (f"{path} (iter {self.saved_iter}) is the last good checkpoint (resume with --init_from=resume "
@@ -466,9 +505,16 @@ class Trainer:
         """Mean loss over eval_iters fixed batches per split, shared out over the processes."""
         out = {}
         for code, split, data in ((1, "train", self.train_data), (2, "val", self.val_data)):
-            batches = (get_batch(data, self.tc, self.raw_model.config.block_size, (code, 0, k), self.device)
-                       for k in range(self.rank, self.tc.eval_iters, self.world))
-            losses = batch_losses(self.raw_model, batches, self.autocast)
+            # under FSDP every rank must run as many forwards as the others (each gathers weights with all):
+            # the last round is padded with batches whose losses are dropped
+            n = -(-self.tc.eval_iters // self.world) * self.world if self.tc.fsdp else self.tc.eval_iters
+            keys = range(self.rank, n, self.world)
+            batches = (get_batch(data, self.tc, self.raw_model.config.block_size, (code, 0, k % self.tc.eval_iters),
+                                 self.device) for k in keys)
+            losses = [loss for k, loss in zip(keys, batch_losses(self.raw_model, batches, self.autocast))
+                      if k < self.tc.eval_iters]
+            if self.tc.fsdp:  # the root keeps its weights gathered after a forward without backward: free them
+                self.raw_model.reshard()
             total = torch.tensor([sum(losses), len(losses)], device=self.device, dtype=torch.float64)
             if self.ddp:
                 dist.all_reduce(total)
@@ -476,6 +522,8 @@ class Trainer:
         return out
 
     def checkpoint(self):
+        if self.tc.fsdp:
+            return self.checkpoint_sharded()
         if not self.master:
             return
         rng = {"torch": torch.get_rng_state()}
@@ -495,6 +543,23 @@ class Trainer:
             os.replace(self.pending_log, os.path.join(self.tc.out_dir, "log.jsonl"))
             self.pending_log = None
 
+    def checkpoint_sharded(self):
+        """Under FSDP: every rank writes its shards, rank 0 the plain data (fsdp.save_sharded)."""
+        rng = {"torch": torch.get_rng_state()}
+        if self.device_type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state()
+        sharding.save_sharded(self.tc.out_dir, self.raw_model, self.optimizer, {
+            "model_config": self.raw_model.config.to_dict(),
+            "train_config": {**dataclasses.asdict(self.tc), **self.as_given},
+            "iter_num": self.iter_num,
+            "best_val_loss": self.best_val,
+            "rng": sharding.rng_to_json(rng),
+        }, self.master)
+        self.saved_iter = self.iter_num
+        if self.pending_log and self.master:  # as checkpoint(): the new log replaces the old at the first save
+            os.replace(self.pending_log, os.path.join(self.tc.out_dir, "log.jsonl"))
+            self.pending_log = None
+
     def eval_and_save(self):
         losses = self.evaluate()
         self.best_val = min(self.best_val, losses["val"])
@@ -502,6 +567,10 @@ class Trainer:
                  f"iter {self.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         # every rank sees the same losses and (DDP) the same weights, so all stop here together
         reason = unsaveable(self.raw_model, self.optimizer, losses)
+        if self.tc.fsdp:  # each rank checked its own shards: all stop if any found one that is not finite
+            flag = torch.tensor(float(reason is not None), device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            reason = reason or ("a weight or optimizer state on another rank is not finite" if flag.item() else None)
         if reason:
             raise FloatingPointError(f"{reason} at iter {self.iter_num}; stopped without saving, so "
                                      f"{self.last_good()}")
@@ -522,8 +591,10 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for j, m in enumerate(range(self.rank, tc.grad_accum, self.world)):  # this rank's micro-batches
             x, y = get_batch(self.train_data, tc, self.raw_model.config.block_size, (0, it, m), self.device)
-            sync = nullcontext() if not self.ddp or j == local - 1 else self.model.no_sync()
-            with sync:  # DDP all-reduces gradients only on the last micro-batch
+            # DDP all-reduces gradients only on the last micro-batch; FSDP reduce-scatters every one, so that
+            # no rank holds a whole gradient
+            sync = nullcontext() if not self.ddp or self.tc.fsdp or j == local - 1 else self.model.no_sync()
+            with sync:
                 with self.autocast:
                     _, loss = self.model(x, y)
                 # DDP averages over ranks, so the update uses the mean over the whole global batch
@@ -594,6 +665,24 @@ class Trainer:
         return True
 
 
+def load_resume(out_dir, given):
+    """(model, checkpoint dict) of the run to continue: the newer of OUT_DIR/ckpt.pt and its sharded checkpoint
+    (fsdp.newest), in ckpt.pt's layout. A sharded one resumed under FSDP is read later, each rank its own
+    shards: here only its plain data comes, with a model of its config."""
+    source = sharding.newest(out_dir)
+    if source is None:
+        raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
+                         f"start with --init_from=scratch or point --out_dir at a run")
+    if source == "full":
+        model, ckpt = load_checkpoint(out_dir)
+        check_resumable(ckpt, os.path.join(out_dir, "ckpt.pt"))
+        return model, ckpt
+    meta = sharding.read_pointer(out_dir)
+    if given.get("fsdp"):
+        return RecursiveGPT(Config.from_dict(meta["model_config"])), {**meta, "rng": sharding.rng_from_json(meta["rng"])}
+    return sharding.load_whole(out_dir, meta)
+
+
 def main(argv):
     given = {}
     try:
@@ -601,15 +690,16 @@ def main(argv):
         settings, resume = dataclasses.asdict(TrainConfig()), None
         if given.get("init_from") == "resume":  # continue with the run's own settings, then the flags given
             out_dir = given.get("out_dir", settings["out_dir"])
-            if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
-                raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
-                                 f"start with --init_from=scratch or point --out_dir at a run")
-            if process_group()[1] == 0:  # before reading: a live run there may be rewriting ckpt.pt
+            if process_group()[1] == 0 and os.path.isdir(out_dir):  # before reading: a live run may be saving
                 own_out_dir(out_dir)
-            resume = load_checkpoint(out_dir)
-            check_resumable(resume[1], os.path.join(out_dir, "ckpt.pt"))
-            settings.update({k: v for k, v in resume[1]["train_config"].items() if k in settings})
+            resume = load_resume(out_dir, given)
+            # not --fsdp: how this launch spreads the model is its own choice, whatever wrote the checkpoint
+            settings.update({k: v for k, v in resume[1]["train_config"].items() if k in settings and k != "fsdp"})
         tc = TrainConfig(**{**settings, **given})
+        if tc.plan:  # nothing is trained, loaded or allocated
+            import plan
+            print(plan.plan(tc, resume[0].config if resume else model_config(tc, vocab_size=None)))
+            return 0
         conflicts = config_conflicts(given, resume[0].config, resume[1]["train_config"]) if resume else []
         if conflicts:
             raise UsageError("the checkpoint's model differs from the flags given: " + "; ".join(conflicts))
@@ -621,7 +711,9 @@ def main(argv):
         trainer = Trainer(tc, given, resume)
         resume = None  # the loaded checkpoint (a copy of model and optimizer) is in the trainer now: free it
         finished = trainer.train()
-        if finished and trainer.master and tc.sample_tokens > 0:
+        if finished and trainer.master and tc.sample_tokens > 0 and tc.fsdp:
+            print(f"(no sample under FSDP: python fsdp.py {tc.out_dir} writes ckpt.pt for sample.py)")
+        elif finished and trainer.master and tc.sample_tokens > 0:
             from sample import complete, default_prompt
             print("---- sample ----")
             print(complete(trainer.raw_model, trainer.tokenizer, default_prompt(trainer.tokenizer), tc.sample_tokens,

@@ -1,0 +1,294 @@
+"""
+Past one GPU's memory: train.py --fsdp=true shards weights, gradients and AdamW state over the
+processes with FSDP2 (torch.distributed.fsdp.fully_shard), and saves sharded checkpoints with
+torch.distributed.checkpoint (DCP). This file is also the consolidation command:
+
+    torchrun --standalone --nproc_per_node=8 train.py config/pythia-6.9b_mesh.json --fsdp=true
+    python fsdp.py OUT_DIR      # OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (sample.py, probe.py, ...)
+
+Units: one per unique block, plus the root (embedding, routers, final LayerNorm, head). A shared
+core's blocks run K times per forward; FSDP gathers their weights at each application (and again
+for each in backward) and accumulates the K gradients into the one sharded gradient.
+Precision on GPUs (--dtype=bfloat16): blocks gather their weights in bf16 and reduce gradients in
+float32 (MixedPrecisionPolicy); the root and the blocks' inputs stay float32 and autocast is on as
+under DDP, so the residual stream, the MeSH buffer, LayerNorms and the loss are float32 as there.
+(On CPU the weights are gathered in float32 and bf16 autocast does the rest.)
+
+A sharded checkpoint is a DCP folder OUT_DIR/shards-<iter>/ (each rank writes its own shards: no
+rank ever holds the whole model) plus OUT_DIR/ckpt-sharded.json, written last and atomically,
+which names the folder and holds the plain data (configs, iteration, RNG state). A folder that
+ckpt-sharded.json does not name is an unfinished write and is removed at the next start.
+Resume takes the newer of ckpt.pt and the sharded checkpoint, in either mode: a DDP checkpoint
+resumes under FSDP and a sharded one under DDP (loaded whole), at any number of processes.
+"""
+
+import json
+import os
+import pickle
+import shutil
+import sys
+import uuid
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from checkpoint import CheckpointError, save_checkpoint
+from mesh import Config, RecursiveGPT
+
+POINTER = "ckpt-sharded.json"
+
+
+# -----------------------------------------------------------------------------
+# Sharding the model
+
+def unique_blocks(model):
+    return [*model.prelude, *(b for core in model.cores for b in core), *model.coda]
+
+
+def shard(model, device_type, bf16):
+    """fully_shard every unique block, then the root, over all processes (in place); returns the model."""
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    blocks = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                  cast_forward_inputs=False) if bf16 else MixedPrecisionPolicy()
+    for block in unique_blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=blocks)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def shard_optimizer_state(state_dict, optimizer):
+    """A whole (ckpt.pt) optimizer state dict -> the same with every tensor of a sharded parameter cut to this
+    rank's shard, ready for optimizer.load_state_dict. Ids follow the order of the optimizer's groups."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {}
+    for i, entry in state_dict["state"].items():
+        p = params[int(i)]
+        state[i] = {k: distribute_tensor(v.to(p.device_mesh.device_type), p.device_mesh, p.placements)
+                    if isinstance(p, DTensor) and v.shape == p.shape else v for k, v in entry.items()}
+    return {"state": state, "param_groups": state_dict["param_groups"]}
+
+
+# -----------------------------------------------------------------------------
+# Sharded checkpoints
+
+def tensors(model, optimizer):
+    """The flat dict of tensors DCP saves and loads: model.<name> and optim.<name>.<exp_avg|exp_avg_sq|step>
+    (only tensors: the plain data goes to the JSON pointer)."""
+    if hasattr(model, "reshard"):  # the root keeps its weights gathered after a forward without backward
+        model.reshard()
+    names = {p: n for n, p in model.named_parameters()}
+    out = {f"model.{n}": p for n, p in model.named_parameters()}
+    for p, entry in optimizer.state.items():
+        for k, v in entry.items():
+            out[f"optim.{names[p]}.{k}"] = v
+    return out
+
+
+def read_pointer(out_dir):
+    """The parsed OUT_DIR/ckpt-sharded.json, or None when there is none."""
+    path = os.path.join(out_dir, POINTER)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        Config.from_dict(meta["model_config"])
+        meta["iter_num"], meta["train_config"], meta["folder"]  # noqa: B018 (present)
+        return meta
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); delete it (and its shards folder) "
+                              f"or point --out_dir at another run") from None
+
+
+def write_json_atomically(obj, path):
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_sharded(out_dir, model, optimizer, data, master):
+    """Every rank writes its shards into a new folder; then rank 0 points ckpt-sharded.json at it (atomic
+    replace) and removes the previous folder. `data`: the checkpoint's plain entries (configs, iter_num, ...)."""
+    folder = f"shards-{data['iter_num']:08d}"
+    path = os.path.join(out_dir, folder)
+    if master and os.path.exists(path):  # a leftover of an interrupted write at this iteration
+        shutil.rmtree(path)
+    dist.barrier()
+    try:  # collective; returns once every shard is written (and fsynced)
+        dcp.save(tensors(model, optimizer), checkpoint_id=path)
+    except CheckpointException as e:  # every rank gets it: stop cleanly, the pointer still names the last good one
+        raise CheckpointError(f"writing the sharded checkpoint {path} failed ({cause(e)}); "
+                              f"{os.path.join(out_dir, POINTER)} still names the last good one") from None
+    if master:
+        old = read_pointer(out_dir)
+        write_json_atomically({**data, "folder": folder}, os.path.join(out_dir, POINTER))
+        if old and old["folder"] != folder:
+            shutil.rmtree(os.path.join(out_dir, old["folder"]), ignore_errors=True)
+    dist.barrier()
+
+
+def remove_unfinished(out_dir):
+    """Remove shards folders the pointer does not name (writes that were killed) and its temporary files."""
+    meta = read_pointer(out_dir)
+    for name in os.listdir(out_dir):
+        if name.startswith("shards-") and (meta is None or name != meta["folder"]):
+            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+        elif name.startswith(POINTER + ".") and name.endswith(".tmp"):
+            os.remove(os.path.join(out_dir, name))
+
+
+class MetadataReader(FileSystemReader):
+    """DCP's reader, but its .metadata (a pickle written by PyTorch) is read by an unpickler that builds only
+    DCP's own metadata classes and torch sizes and dtypes: loading never runs code."""
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module.startswith("torch.distributed.checkpoint.") or module == "torch.distributed.tensor.placement_types"
+                    or (module, name) in {("torch", "Size"), ("collections", "OrderedDict"),
+                                          ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                                          ("pathlib", "WindowsPath")}
+                    or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+    def read_metadata(self, *args, **kwargs):
+        from torch.distributed.checkpoint.metadata import StorageMeta
+        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+            metadata = self.Unpickler(f).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def cause(e):
+    """'Type: first line' of an error; for DCP's CheckpointException (a BaseException that gathers every rank's
+    failure), of the first rank's."""
+    if isinstance(e, CheckpointException) and e.failures:
+        rank, (e, _) = next(iter(sorted(e.failures.items(), key=lambda kv: kv[0])))
+        return f"rank {rank}: {cause(e)}"
+    first = next((line for line in str(e).splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first[:300]}" if first else type(e).__name__
+
+
+def failed(path, e):
+    return CheckpointError(f"the sharded checkpoint {path} is incomplete or corrupt ({cause(e)}); delete "
+                           f"{POINTER} to fall back on ckpt.pt, or point --out_dir at another run")
+
+
+def stored_keys(out_dir, meta):
+    """The names of the tensors in the sharded checkpoint (from its .metadata)."""
+    path = os.path.join(out_dir, meta["folder"])
+    try:
+        return set(MetadataReader(path).read_metadata().state_dict_metadata)
+    except (Exception, CheckpointException) as e:  # missing, truncated, or not DCP's
+        raise failed(path, e) from None
+
+
+def load(state, out_dir, meta, no_dist=False):
+    """DCP-load `state` (a dict of tensors, each filled in place) from the folder `meta` names; any failure
+    (a missing, truncated or foreign shard) is one CheckpointError, raised on every rank (DCP gathers one
+    rank's failure to all). no_dist: this process reads everything by itself."""
+    path = os.path.join(out_dir, meta["folder"])
+    try:
+        with warnings.catch_warnings():  # no_dist is meant: DCP would warn that it is assuming it
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=MetadataReader(path), no_dist=no_dist)
+    except (Exception, CheckpointException) as e:
+        raise failed(path, e) from None
+
+
+def load_sharded(out_dir, meta, model, optimizer):
+    """Into a sharded model and its optimizer, in place: each rank reads only its own shards."""
+    names = dict(model.named_parameters())
+    for p in names.values():  # AdamW's state, made empty in the parameters' sharding, then read into
+        optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
+                              "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+    if not any(k.startswith("optim.") for k in stored_keys(out_dir, meta)):  # saved before the first step
+        optimizer.state.clear()
+    load(tensors(model, optimizer), out_dir, meta)
+
+
+def load_whole(out_dir, meta):
+    """A sharded checkpoint as (model, checkpoint dict in ckpt.pt's layout) in one process: for DDP and
+    single-process resumes and for consolidation."""
+    model = RecursiveGPT(Config.from_dict(meta["model_config"]))
+    tc = meta["train_config"]
+    optimizer = model.configure_optimizer(tc["weight_decay"], tc["lr"] or 0.0, (tc["beta1"], tc["beta2"]))
+    if any(k.startswith("optim.") for k in stored_keys(out_dir, meta)):
+        for p in model.parameters():
+            optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32), "exp_avg": torch.zeros_like(p),
+                                  "exp_avg_sq": torch.zeros_like(p)}
+    with torch.no_grad():  # under torchrun too, each process reads the whole checkpoint by itself
+        load(tensors(model, optimizer), out_dir, meta, no_dist=True)
+    ckpt = {k: v for k, v in meta.items() if k not in ("folder", "rng")}
+    ckpt.update(model=model.state_dict(), optimizer=optimizer.state_dict(), rng=rng_from_json(meta["rng"]))
+    return model, ckpt
+
+
+def rng_to_json(rng):
+    return {k: v.tolist() for k, v in rng.items()}
+
+
+def rng_from_json(rng):
+    return {k: torch.tensor(v, dtype=torch.uint8) for k, v in rng.items()}
+
+
+def iter_of_full(out_dir):
+    """iter_num of OUT_DIR/ckpt.pt without reading its tensors (memory-mapped), or None."""
+    path = os.path.join(out_dir, "ckpt.pt")
+    if not os.path.isfile(path):
+        return None
+    try:
+        return torch.load(path, mmap=True, weights_only=True, map_location="cpu")["iter_num"]
+    except Exception:
+        return -1  # corrupt: load_checkpoint will say so, unless the sharded checkpoint is taken
+
+
+def newest(out_dir):
+    """Which checkpoint a resume takes: "sharded", "full" (ckpt.pt) or None; the one at the later iteration,
+    the sharded one on a tie (a consolidated ckpt.pt is its copy)."""
+    meta = read_pointer(out_dir)
+    full = iter_of_full(out_dir)
+    if meta is None:
+        return None if full is None else "full"
+    return "sharded" if full is None or meta["iter_num"] >= full else "full"
+
+
+def consolidate(out_dir):
+    """OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (written atomically), the file sample.py, probe.py,
+    table1.py and lm_eval_mesh.py read. Needs the whole model and its AdamW state in this machine's memory."""
+    meta = read_pointer(out_dir)
+    if meta is None:
+        raise CheckpointError(f"no sharded checkpoint in {out_dir} (no {POINTER}); train one with "
+                              f"torchrun ... train.py --fsdp=true --out_dir={out_dir}")
+    _, ckpt = load_whole(out_dir, meta)
+    save_checkpoint(ckpt, os.path.join(out_dir, "ckpt.pt"))
+    return ckpt["iter_num"]
+
+
+def main(argv):
+    from configurator import report
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print("usage: python fsdp.py OUT_DIR   (writes OUT_DIR/ckpt.pt from its sharded checkpoint)", file=sys.stderr)
+        return 2
+    try:
+        it = consolidate(argv[0])
+    except (CheckpointError, OSError) as e:
+        return report("fsdp.py", e)
+    print(f"wrote {os.path.join(argv[0], 'ckpt.pt')} (iter {it}) from {os.path.join(argv[0], POINTER)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,117 @@
+"""
+train.py --fsdp=true (fsdp.py) on CPU with gloo: 2-process FSDP trains as 1 process does, sharded
+checkpoints resume exactly in either mode, consolidate to a ckpt.pt that samples, and fail cleanly.
+
+    python -m pytest test_fsdp.py -q
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import checkpoint
+import fsdp
+import sample
+import train
+import test_train
+from test_train import ROOT, TINY, losses, run
+
+data_root = test_train.data_root  # the tiny prepared dataset (a pytest fixture)
+
+COMMON = ["--grad_accum=4", "--eval_interval=2", "--eval_iters=3", "--lr=3e-3", "--lr_decay_iters=8"]
+
+
+def torchrun(*args, timeout=180, nproc=2):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           os.path.join(ROOT, "train.py"), "--fsdp=true", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def close(a, b):
+    assert [i for i, _ in a] == [i for i, _ in b]
+    assert all(abs(x - y) < 1e-5 for (_, x), (_, y) in zip(a, b)), (a, b)
+
+
+def test_fsdp_equals_one_process_and_resumes_across_modes(data_root, tmp_path, capsys):
+    """MeSH with a shared core (layout 1+1R2+1: the core block runs twice per forward, so FSDP gathers it twice
+    and its gradient sums both applications): 1 process -> 2-process FSDP (from ckpt.pt) -> FSDP again (from its
+    own shards, resharded over 1 process) -> 1 process without FSDP (from the shards) follows the 1-process run's
+    losses to 1e-5, evaluations included (eval_iters 3 over 2 ranks: FSDP pads the last round)."""
+    one, mix = tmp_path / "one", tmp_path / "mix"
+    assert run([*COMMON, "--max_iters=8"], data_root, one) == 0
+    assert run([*COMMON, "--max_iters=2"], data_root, mix) == 0
+    for stop, nproc in ((4, 2), (6, 1)):
+        r = torchrun("--init_from=resume", f"--out_dir={mix}", f"--max_iters={stop}", nproc=nproc)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"{nproc} process(es) (FSDP)" in r.stdout
+    assert sorted(os.listdir(mix)) == ["ckpt-sharded.json", "ckpt.pt", "log.jsonl", "shards-00000006"]
+    # the consolidated ckpt.pt is the sharded checkpoint, whole; sample.py reads it
+    assert fsdp.main([str(mix)]) == 0
+    model, ckpt = checkpoint.load_checkpoint(str(mix))
+    assert ckpt["iter_num"] == 6 and set(ckpt["optimizer"]["state"]) == set(range(len(list(model.parameters()))))
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={mix}", "--start=Then", "--max_new_tokens=10"]) == 0
+    assert capsys.readouterr().out.startswith("Then")
+    os.remove(mix / "ckpt.pt")  # the last leg resumes from the shards themselves
+    assert train.main(["--init_from=resume", f"--out_dir={mix}", "--max_iters=8"]) == 0
+    close(losses(one), losses(mix))
+    close(losses(one, "val_loss"), losses(mix, "val_loss"))
+    a, b = (torch.load(d / "ckpt.pt", weights_only=True) for d in (one, mix))
+    assert all(torch.allclose(a["model"][k], b["model"][k], atol=1e-5) for k in a["model"])
+
+
+def test_fsdp_base_with_clipping_and_grad_checkpoint(data_root, tmp_path):
+    """A tight --grad_clip (the norm is taken over DTensor shards) and --grad_checkpoint (a block recomputed in
+    backward gathers its weights again) under FSDP give the 1-process losses."""
+    flags = [*COMMON, "--scheme=base", "--max_iters=3", "--grad_clip=0.05", "--grad_checkpoint=true"]
+    assert run(flags, data_root, tmp_path / "one") == 0
+    r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={tmp_path / 'two'}", *flags)
+    assert r.returncode == 0, r.stderr[-3000:]
+    close(losses(tmp_path / "one"), losses(tmp_path / "two"))
+
+
+def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_are_ignored(data_root, tmp_path, capsys):
+    out = tmp_path / "out"
+    r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=4", "--lr=1e36",
+                 "--warmup_iters=0", "--grad_clip=0")  # the weights blow up: the loss of iter 1 is not finite
+    assert r.returncode != 0 and r.stderr.count(f"train.py: error: loss is nan at iter 1; stopped without saving, "
+                                                f"so {out / fsdp.POINTER} is the last good checkpoint") == 2, r.stderr[-3000:]
+    meta = json.loads((out / fsdp.POINTER).read_text())
+    assert meta["folder"] == "shards-00000000" and meta["iter_num"] == 0 and not (out / "ckpt.pt").exists()
+    # a write killed before its pointer: never taken, and removed at a start
+    (out / "shards-00000001").mkdir()
+    (out / "shards-00000001" / "__0_0.distcp").write_bytes(b"half")
+    shards = sorted((out / "shards-00000000").glob("*.distcp"))
+    shards[0].write_bytes(shards[0].read_bytes()[:100])  # truncated
+    r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=4", timeout=120)
+    assert r.returncode != 0 and r.stderr.count("train.py: error: the sharded checkpoint") == 2, r.stderr[-3000:]
+    assert "shards-00000000 is incomplete or corrupt" in r.stderr  # not the unfinished shards-00000001
+    fsdp.remove_unfinished(str(out))  # what a start does
+    assert sorted(os.listdir(out)) == ["ckpt-sharded.json", "log.jsonl", "shards-00000000"]
+    shards[0].unlink()  # missing, read by one process
+    capsys.readouterr()
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "shards-00000000 is incomplete or corrupt" in err
+    assert fsdp.main([str(out)]) == 2 and not (out / "ckpt.pt").exists()
+    (out / "shards-00000000" / ".metadata").write_bytes(b"\x80\x04cos\nsystem\n.")  # a pickle that would run code
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
+    assert "os.system is not allowed" in capsys.readouterr().err
+
+
+def test_fsdp_needs_torchrun(data_root, tmp_path, capsys):
+    assert run(["--fsdp=true"], data_root, tmp_path / "out") == 2
+    assert "--fsdp=true shards over processes started by torchrun" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("pointer", ["{", '{"iter_num": 3}'])
+def test_corrupt_pointer_is_one_line(pointer, tmp_path, capsys):
+    (tmp_path / fsdp.POINTER).write_text(pointer)
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path}"]) == 2
+    assert f"{fsdp.POINTER} is corrupt" in capsys.readouterr().err
