@@ -80,7 +80,7 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=4", "--lr=1e36",
                  "--warmup_iters=0", "--grad_clip=0")  # the weights blow up: the loss of iter 1 is not finite
     assert r.returncode != 0 and r.stderr.count(f"train.py: error: loss is nan at iter 1; stopped without saving, "
-                                                f"so {out / fsdp.POINTER} is the last good checkpoint") == 2, r.stderr[-3000:]
+                                                f"so {out / fsdp.POINTER} (iter 0) is the last good checkpoint") == 2, r.stderr[-3000:]
     meta = json.loads((out / fsdp.POINTER).read_text())
     assert meta["folder"] == "shards-00000000" and meta["iter_num"] == 0 and not (out / "ckpt.pt").exists()
     # a write killed before its pointer: never taken, and removed at a start

@@ -556,7 +556,7 @@ class Trainer:
             "rng": sharding.rng_to_json(rng),
         }, self.master)
         self.saved_iter = self.iter_num
-        if self.pending_log and self.master:  # as checkpoint(): the new log replaces the old at the first save
+        if self.master and self.pending_log:  # as checkpoint(): the new log replaces the old at the first save
             os.replace(self.pending_log, os.path.join(self.tc.out_dir, "log.jsonl"))
             self.pending_log = None
 
