@@ -181,7 +181,7 @@ def aggregate(results, vanilla, seeds, layouts=(LOOP_LAYOUT,)):
             for ref in ("base", "vanilla"):
                 others = runs_of(ref, layout)
                 paired = [r["val_loss"] - others[s]["val_loss"] for s, r in rs.items() if s in others]
-                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(paired) if v != ref else (None, None)
+                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(paired) if v not in (ref, "vanilla") else (None, None)
             rows.append(row)
     return rows
 
@@ -281,7 +281,8 @@ def main(argv=None):
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with ThreadPoolExecutor(a.jobs) as pool:  # each run is its own process; threads only wait on them
         results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env), runs))
-    rows, abl = aggregate(results, vanilla_params(), seeds, layouts), ablation_rows(results, layouts[0])
+    rows = aggregate(results, vanilla_params(), seeds, layouts)
+    abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
     os.makedirs(a.results, exist_ok=True)
     md = markdown(rows, abl, a.max_iters, machine(a.jobs), layouts[0])
     with open(os.path.join(a.results, "table1.json"), "w") as f:

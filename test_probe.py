@@ -300,6 +300,7 @@ def test_table1_depth_sweep_names_runs_by_layout_and_pairs_seeds():
     assert mesh6["vs_base"] == pytest.approx(-0.055) and mesh6["vs_base_std"] == pytest.approx(0.0071, abs=1e-4)
     assert mesh6["vs_vanilla"] == pytest.approx(0.035)  # (0.03 + 0.04) / 2
     assert rows[1]["vs_base"] is None and rows[1]["vs_vanilla"] == pytest.approx(0.055)
+    assert rows[0]["vs_base"] is None and rows[0]["vs_vanilla"] is None  # vanilla: the reference, not compared
 
 
 def test_table1_bad_flags_are_one_line(capsys):
