@@ -219,7 +219,7 @@ class Rotary(nn.Module):
 
 
 def apply_rotary(x, cos, sin):
-    """x (B, H, T, hd): NeoX's rotate-half on the first rot = cos.size(-1) dims of each head, (x1, x2) ->
+    """x (..., T, hd): NeoX's rotate-half on the first rot = cos.size(-1) dims of each head, (x1, x2) ->
     (x1 cos - x2 sin, x2 cos + x1 sin); the other dims pass through."""
     rot = cos.size(-1)
     x_rot, x_pass = x[..., :rot], x[..., rot:]
@@ -238,8 +238,9 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, cache=None, layer=0):
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)                           # (B, H, T, hd) each
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+        q, k = apply_rotary(qkv[:2], *rope).unbind(0)           # q and k rotated at once: (B, H, T, hd) each
+        v = qkv[2]
         drop = self.dropout if self.training else 0.0
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)   # (B, H, T, hd)
