@@ -32,17 +32,13 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from checkpoint import CheckpointError, save_checkpoint
 from mesh import Config, RecursiveGPT
 
 POINTER = "ckpt-sharded.json"
+# torch.distributed's checkpoint, tensor and fsdp packages are imported in the functions that use them: loaded
+# into a DDP process (train.py imports this file), they make gloo's shutdown hang at exit now and then
 
 
 # -----------------------------------------------------------------------------
@@ -54,6 +50,9 @@ def unique_blocks(model):
 
 def shard(model, device_type, bf16):
     """fully_shard every unique block, then the root, over all processes (in place); returns the model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     blocks = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                   cast_forward_inputs=False) if bf16 else MixedPrecisionPolicy()
@@ -66,6 +65,7 @@ def shard(model, device_type, bf16):
 def shard_optimizer_state(state_dict, optimizer):
     """A whole (ckpt.pt) optimizer state dict -> the same with every tensor of a sharded parameter cut to this
     rank's shard, ready for optimizer.load_state_dict. Ids follow the order of the optimizer's groups."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state = {}
     for i, entry in state_dict["state"].items():
@@ -119,6 +119,8 @@ def write_json_atomically(obj, path):
 def save_sharded(out_dir, model, optimizer, data, master):
     """Every rank writes its shards into a new folder; then rank 0 points ckpt-sharded.json at it (atomic
     replace) and removes the previous folder. `data`: the checkpoint's plain entries (configs, iter_num, ...)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     folder = f"shards-{data['iter_num']:08d}"
     path = os.path.join(out_dir, folder)
     if master and os.path.exists(path):  # a leftover of an interrupted write at this iteration
@@ -147,33 +149,40 @@ def remove_unfinished(out_dir):
             os.remove(os.path.join(out_dir, name))
 
 
-class MetadataReader(FileSystemReader):
-    """DCP's reader, but its .metadata (a pickle written by PyTorch) is read by an unpickler that builds only
-    DCP's own metadata classes and torch sizes and dtypes: loading never runs code."""
+def metadata_reader(path):
+    """DCP's reader for the folder `path`, but its .metadata (a pickle written by PyTorch) is read by an unpickler
+    that builds only DCP's own metadata classes, torch sizes, dtypes and layouts, and paths: loading never runs
+    code."""
+    from torch.distributed.checkpoint import FileSystemReader
 
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module, name):
-            if (module.startswith("torch.distributed.checkpoint.") or module == "torch.distributed.tensor.placement_types"
-                    or (module, name) in {("torch", "Size"), ("collections", "OrderedDict"),
-                                          ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-                                          ("pathlib", "WindowsPath")}
-                    or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
-                return super().find_class(module, name)
-            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+    class MetadataReader(FileSystemReader):
 
-    def read_metadata(self, *args, **kwargs):
-        from torch.distributed.checkpoint.metadata import StorageMeta
-        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
-            metadata = self.Unpickler(f).load()
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module, name):
+                if (module.startswith("torch.distributed.checkpoint.") or module == "torch.distributed.tensor.placement_types"
+                        or (module, name) in {("torch", "Size"), ("collections", "OrderedDict"),
+                                              ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                                              ("pathlib", "WindowsPath")}
+                        or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+                    return super().find_class(module, name)
+                raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+        def read_metadata(self, *args, **kwargs):
+            from torch.distributed.checkpoint.metadata import StorageMeta
+            with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+                metadata = self.Unpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return MetadataReader(path)
 
 
 def cause(e):
     """'Type: first line' of an error; for DCP's CheckpointException (a BaseException that gathers every rank's
     failure), of the first rank's."""
+    from torch.distributed.checkpoint.api import CheckpointException
     if isinstance(e, CheckpointException) and e.failures:
         rank, (e, _) = next(iter(sorted(e.failures.items(), key=lambda kv: kv[0])))
         return f"rank {rank}: {cause(e)}"
@@ -188,9 +197,10 @@ def failed(path, e):
 
 def stored_keys(out_dir, meta):
     """The names of the tensors in the sharded checkpoint (from its .metadata)."""
+    from torch.distributed.checkpoint.api import CheckpointException
     path = os.path.join(out_dir, meta["folder"])
     try:
-        return set(MetadataReader(path).read_metadata().state_dict_metadata)
+        return set(metadata_reader(path).read_metadata().state_dict_metadata)
     except (Exception, CheckpointException) as e:  # missing, truncated, or not DCP's
         raise failed(path, e) from None
 
@@ -199,11 +209,13 @@ def load(state, out_dir, meta, no_dist=False):
     """DCP-load `state` (a dict of tensors, each filled in place) from the folder `meta` names; any failure
     (a missing, truncated or foreign shard) is one CheckpointError, raised on every rank (DCP gathers one
     rank's failure to all). no_dist: this process reads everything by itself."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     path = os.path.join(out_dir, meta["folder"])
     try:
         with warnings.catch_warnings():  # no_dist is meant: DCP would warn that it is assuming it
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=MetadataReader(path), no_dist=no_dist)
+            dcp.load(state, storage_reader=metadata_reader(path), no_dist=no_dist)
     except (Exception, CheckpointException) as e:
         raise failed(path, e) from None
 
