@@ -270,7 +270,8 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
         self.mlp = MLP(cfg)
-        self.drop = nn.Dropout(cfg.dropout)  # on each branch's output (residual dropout)
+        # residual dropout on each branch's output; at p = 0 (Pythia's) an Identity, the cheaper no-op when decoding
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
     def forward(self, x, rope, cache=None, layer=0):
         a = self.drop(self.attn(self.ln_1(x), rope, cache, layer))
