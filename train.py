@@ -522,41 +522,21 @@ class Trainer:
         return out
 
     def checkpoint(self):
+        """OUT_DIR/ckpt.pt (rank 0), or under FSDP a sharded checkpoint (every rank its shards, fsdp.save_sharded)."""
+        rng = {"torch": torch.get_rng_state()}  # the data needs no state: a step's batches depend only on the step
+        if self.device_type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state()
+        plain = {"model_config": self.raw_model.config.to_dict(),
+                 "train_config": {**dataclasses.asdict(self.tc), **self.as_given},
+                 "iter_num": self.iter_num, "best_val_loss": self.best_val}
         if self.tc.fsdp:
-            return self.checkpoint_sharded()
-        if not self.master:
-            return
-        rng = {"torch": torch.get_rng_state()}
-        if self.device_type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state()
-        save_checkpoint({
-            "model": self.raw_model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "model_config": self.raw_model.config.to_dict(),
-            "train_config": {**dataclasses.asdict(self.tc), **self.as_given},
-            "iter_num": self.iter_num,
-            "best_val_loss": self.best_val,
-            "rng": rng,  # the data needs no state: a step's batches depend only on (seed, step)
-            "data": self.data_record,
-        }, os.path.join(self.tc.out_dir, "ckpt.pt"))
-        if self.pending_log:  # this run's first checkpoint: its log takes the old one's place (the file stays open)
-            os.replace(self.pending_log, os.path.join(self.tc.out_dir, "log.jsonl"))
-            self.pending_log = None
-
-    def checkpoint_sharded(self):
-        """Under FSDP: every rank writes its shards, rank 0 the plain data (fsdp.save_sharded)."""
-        rng = {"torch": torch.get_rng_state()}
-        if self.device_type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state()
-        sharding.save_sharded(self.tc.out_dir, self.raw_model, self.optimizer, {
-            "model_config": self.raw_model.config.to_dict(),
-            "train_config": {**dataclasses.asdict(self.tc), **self.as_given},
-            "iter_num": self.iter_num,
-            "best_val_loss": self.best_val,
-            "rng": sharding.rng_to_json(rng),
-        }, self.master)
+            sharding.save_sharded(self.tc.out_dir, self.raw_model, self.optimizer,
+                                  {**plain, "rng": sharding.rng_to_json(rng)}, self.master)
+        elif self.master:
+            save_checkpoint({**plain, "model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                             "rng": rng, "data": self.data_record}, os.path.join(self.tc.out_dir, "ckpt.pt"))
         self.saved_iter = self.iter_num
-        if self.master and self.pending_log:  # as checkpoint(): the new log replaces the old at the first save
+        if self.master and self.pending_log:  # this run's first checkpoint: its log takes the old one's place
             os.replace(self.pending_log, os.path.join(self.tc.out_dir, "log.jsonl"))
             self.pending_log = None
 
@@ -575,7 +555,6 @@ class Trainer:
             raise FloatingPointError(f"{reason} at iter {self.iter_num}; stopped without saving, so "
                                      f"{self.last_good()}")
         self.checkpoint()
-        self.saved_iter = self.iter_num
 
     def step(self):
         """One optimizer step over the global batch; returns [mean loss, stop flag] agreed by all ranks."""
