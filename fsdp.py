@@ -159,7 +159,10 @@ def metadata_reader(path):
 
         class Unpickler(pickle.Unpickler):
             def find_class(self, module, name):
-                if (module.startswith("torch.distributed.checkpoint.") or module == "torch.distributed.tensor.placement_types"
+                dcp_module = module.startswith("torch.distributed.checkpoint.") or \
+                    module == "torch.distributed.tensor.placement_types"
+                if "." not in name and (  # no dotted names: they would reach through a module's attributes
+                        dcp_module and isinstance(super().find_class(module, name), type)  # DCP's own classes only
                         or (module, name) in {("torch", "Size"), ("collections", "OrderedDict"),
                                               ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
                                               ("pathlib", "WindowsPath")}

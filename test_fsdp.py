@@ -115,3 +115,18 @@ def test_corrupt_pointer_is_one_line(pointer, tmp_path, capsys):
     (tmp_path / fsdp.POINTER).write_text(pointer)
     assert train.main(["--init_from=resume", f"--out_dir={tmp_path}"]) == 2
     assert f"{fsdp.POINTER} is corrupt" in capsys.readouterr().err
+
+
+def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path):
+    """A dotted name (protocol 4) would reach os.system through a DCP module's own imports: refused, while plain
+    pickle would return it."""
+    import io
+    import pickle
+
+    def text(t):
+        return b"\x8c" + bytes([len(t)]) + t.encode()
+
+    payload = b"\x80\x04" + text("torch.distributed.checkpoint.filesystem") + text("os.system") + b"\x93."
+    assert pickle.loads(payload) is os.system
+    with pytest.raises(pickle.UnpicklingError, match="os.system is not allowed in checkpoint metadata"):
+        fsdp.metadata_reader(str(tmp_path)).Unpickler(io.BytesIO(payload)).load()
