@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 SCHEMES = ("base", "residual", "anchor", "anchor_emb", "mesh")
+MESH_CHOICES = {"cycle": ("routed", "direct"), "router_init": ("uniform", "base"),  # the paper leaves these
+                "slot0": ("scaled", "unscaled")}                                     # open; first = default
 
 # Pythia shapes (Biderman et al. 2023): width, heads, vanilla depth, peak LR, padded vocabulary.
 PRESETS = {
@@ -125,6 +127,9 @@ class Config:
     layout: str = "12"           # see parse_layout
     scheme: str = "base"         # one of SCHEMES
     n_slots: int | None = None   # MeSH buffer slots B; None means K+3 (Appendix E.1)
+    cycle: str = "routed"        # MeSH transitional cycle: "routed" or "direct" (see forward)
+    router_init: str = "uniform"  # MeSH routers at init: "uniform" or "base" (see _init_weights)
+    slot0: str = "scaled"        # MeSH slot 0 at init: h_emb "scaled" by sqrt(D) or "unscaled" (see forward)
     rotary_pct: float = 0.25     # fraction of each head's dims that get rotary
     rotary_base: float = 10000.0
     parallel_residual: bool = True   # GPT-NeoX: x + attn(ln_1 x) + mlp(ln_2 x)
@@ -142,6 +147,20 @@ class Config:
                              f"none; use a layout like '2+4R2+2' or scheme 'base'")
         if self.n_slots is not None and self.n_slots < 1:
             raise ValueError(f"n_slots={self.n_slots} must be at least 1 (or None for K+3)")
+        for name, options in MESH_CHOICES.items():
+            value = getattr(self, name)
+            if value not in options:
+                raise ValueError(f"unknown {name} {value!r}{closest(value, options)}; expected one of "
+                                 f"{', '.join(options)}")
+            if value != options[0] and self.scheme != "mesh":
+                raise ValueError(f"{name}={value!r} is a MeSH setting, but scheme is {self.scheme!r}; "
+                                 f"drop it or use scheme 'mesh'")
+        if self.scheme == "mesh" and self.cycle == "direct" and self.slots < 2:
+            raise ValueError(f"cycle='direct' writes the prelude output into slot 1, so it needs n_slots >= 2, "
+                             f"not {self.slots}")
+        if self.scheme == "mesh" and self.router_init == "base" and self.slots < self.n_steps + 2:
+            raise ValueError(f"router_init='base' gives each of the {self.n_steps} loop steps a slot after slots 0 "
+                             f"and 1, so it needs n_slots >= K+2 = {self.n_steps + 2}, not {self.slots}")
         for name in ("vocab_size", "block_size", "n_embd", "n_head"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
@@ -327,8 +346,9 @@ class RecursiveGPT(nn.Module):
         self.cores = nn.ModuleList(nn.ModuleList(Block(cfg) for _ in range(n)) for n in shape.cores)
         self.schedule = list(shape.schedule)  # loop step t runs cores[schedule[t]]
         self.coda = nn.ModuleList(Block(cfg) for _ in range(shape.coda))
-        if cfg.scheme == "mesh":  # K+1 pairs (Table 5): [0] the transitional cycle, [t+1] loop step t
-            self.routers = nn.ModuleList(Router(cfg.n_embd, cfg.slots) for _ in range(cfg.n_steps + 1))
+        if cfg.scheme == "mesh":  # K+1 pairs (Table 5): the transitional cycle's, then one per loop step
+            n_routers = cfg.n_steps + (cfg.cycle == "routed")   # cycle="direct" has no cycle router
+            self.routers = nn.ModuleList(Router(cfg.n_embd, cfg.slots) for _ in range(n_routers))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=1e-5)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # untied, as Pythia
         self.grad_checkpoint = False  # recompute block activations in backward (train.py --grad_checkpoint)
@@ -340,9 +360,12 @@ class RecursiveGPT(nn.Module):
         - Output projections of attention and MLP (`attn.proj`, `mlp.proj`): std 0.02 / sqrt(2 * N),
           N = compute depth (unrolled block count), so the residual stream's variance does not
           grow with depth however often a shared core is reused.
-        - Routers [choice]: like every Linear, weights normal(0, 0.02) and zero bias, so each
-          router starts near uniform (w ~ 1/B for every slot) and no slot or step is favoured
-          before training; the routers learn any preference from the loss alone.
+        - Routers [choice] (router_init="uniform"): like every Linear, weights normal(0, 0.02) and zero
+          bias, so each router starts near uniform (w ~ 1/B for every slot) and no slot or step is
+          favoured before training; the routers learn any preference from the loss alone.
+          MEASURED: DEFAULT_ROUTER_INIT
+          router_init="base" starts MeSH as the base scheme (Appendix D's reduction): the cycle writes
+          and reads slot 1, loop step t slot t+2, each with weight 0.9 (bias ln(9(B-1)) on that slot).
         """
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -355,6 +378,11 @@ class RecursiveGPT(nn.Module):
             nn.init.zeros_(module.bias)
         elif isinstance(module, (Attention, MLP)):  # visited after its Linears (apply is post-order)
             nn.init.normal_(module.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.shape.depth))
+        elif module is self and self.config.scheme == "mesh" and self.config.router_init == "base":  # visited last
+            B, first = self.config.slots, 1 if self.config.cycle == "routed" else 2
+            with torch.no_grad():
+                for i, router in enumerate(self.routers):
+                    router.write.bias[first + i] = router.read.bias[first + i] = math.log(9 * (B - 1))
 
     def compute_dtype(self, device_type):
         """The dtype the Linear layers compute in, so also q, k and v: autocast's where it is on, else the
@@ -411,14 +439,21 @@ class RecursiveGPT(nn.Module):
         h = x
         if cfg.scheme == "mesh":
             # Eq. 2: the buffer, B slots the shape of the state; slot 0 holds h_emb, the others start at zero.
-            # [choice] h_emb is the embedding as the prelude sees it, scaled by sqrt(D) (Appendix B).
-            mem = torch.stack([h_emb] + [torch.zeros_like(h_emb)] * (cfg.slots - 1), dim=2)  # (B, T, S, D)
-            # The transitional cycle [choice: the paper's cycle "processes the prelude output"]: route on
-            # the prelude output x, write it into the buffer, read h(0).
-            w_write, w_read = self.routers[0](x)                            # Eq. 3: (B, T, S) each
-            mem = buffer_write(mem, w_write, x)
-            h = buffer_read(mem, w_read)
-            note("routers", "cycle", w_write, w_read)
+            # [choice] slot0="scaled": h_emb as the prelude sees it, scaled by sqrt(D) (Appendix B);
+            # "unscaled": wte(idx) itself. MEASURED: DEFAULT_SLOT0
+            slot0 = h_emb if cfg.slot0 == "scaled" else self.wte(idx)
+            mem = torch.stack([slot0] + [torch.zeros_like(h_emb)] * (cfg.slots - 1), dim=2)  # (B, T, S, D)
+            # The transitional cycle [choice: the paper's cycle "processes the prelude output"].
+            # cycle="routed": route on the prelude output x, write it into the buffer, read h(0).
+            # cycle="direct": h(0) = x, and x goes into slot 1 (no router). MEASURED: DEFAULT_CYCLE
+            if cfg.cycle == "routed":
+                w_write, w_read = self.routers[0](x)                        # Eq. 3: (B, T, S) each
+                mem = buffer_write(mem, w_write, x)
+                h = buffer_read(mem, w_read)
+                note("routers", "cycle", w_write, w_read)
+            else:
+                mem[:, :, 1] = x                                            # h(0) = x, as set above
+            step_routers = self.routers[1:] if cfg.cycle == "routed" else self.routers
         h0 = h
         for t, c in enumerate(self.schedule):
             note("states", f"h{t}", h)
@@ -433,7 +468,7 @@ class RecursiveGPT(nn.Module):
             elif cfg.scheme == "anchor_emb":
                 h = h_m + h_emb
             else:  # mesh: route on h(t) (Eq. 3), write h_m, read h(t+1) (Eq. 5)
-                w_write, w_read = self.routers[t + 1](h)
+                w_write, w_read = step_routers[t](h)
                 mem = buffer_write(mem, w_write, h_m)
                 h = buffer_read(mem, w_read)
                 note("routers", f"step{t}", w_write, w_read)

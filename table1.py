@@ -44,6 +44,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
 VARIANTS = {"vanilla": "base", "base": "base", "residual": "residual", "anchor": "anchor",  # name -> scheme,
             "anchor_emb": "anchor_emb", "mesh": "mesh"}                                  # in table order
+CHOICES = {"mesh_direct": dict(cycle="direct"), "mesh_base_init": dict(router_init="base"),  # mesh with one of
+           "mesh_unscaled": dict(slot0="unscaled")}                                      # mesh.py's [choice]s
+SCHEME = {**VARIANTS, **{name: "mesh" for name in CHOICES}}                              # every name -> scheme
 MODEL = dict(n_embd=128, n_head=4, block_size=64)
 TRAIN = dict(dataset="shakespeare_char", batch_size=16, lr=1e-3, eval_iters=20, sample_tokens=0, **MODEL)
 EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 targets in random windows: the same for every
@@ -71,7 +74,7 @@ def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
     """-> list of runs {name, variant, layout, scheme, n_slots, seed}: vanilla once per seed, every other
     variant per layout; ablation: B values on the first layout, whose B = K+3 is its mesh seed 0."""
     runs = [dict(name=run_name(v, layout, s), variant=v, layout=DEPTH_LAYOUT if v == "vanilla" else layout,
-                 scheme=VARIANTS[v], n_slots=None, seed=s) for layout in layouts for v in variants for s in seeds]
+                 scheme=SCHEME[v], n_slots=None, seed=s) for layout in layouts for v in variants for s in seeds]
     for b in ablation:
         default = b == steps(layouts[0]) + 3
         runs.append(dict(name=run_name("mesh", layouts[0], 0, None if default else b), variant="mesh",
@@ -82,7 +85,8 @@ def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
 
 def train_command(run, out_dir, max_iters):
     flags = dict(out_dir=out_dir, **TRAIN, max_iters=max_iters, eval_interval=max(1, max_iters // 4),
-                 layout=run["layout"], scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"])
+                 layout=run["layout"], scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
+                 **CHOICES.get(run["variant"], {}))
     return [sys.executable, os.path.join(HERE, "train.py")] + [f"--{k}={v}" for k, v in flags.items() if v is not None]
 
 
@@ -162,14 +166,14 @@ def mean_std(values):
 def aggregate(results, vanilla, seeds, layouts=(LOOP_LAYOUT,)):
     """Per layout and variant (table order), over its seeds: params, share of vanilla, val loss mean/std/n,
     ms/iter mean, and the paired differences (mean, std over seeds) of its val loss minus base's on the same
-    layout and minus vanilla's, seed by seed. Only the seeds asked for: the ablation's default-B run is mesh
-    seed 0 even when --seeds has no 0."""
+    layout, minus vanilla's and (for the CHOICES) minus mesh's, seed by seed. Only the seeds asked for: the
+    ablation's default-B run is mesh seed 0 even when --seeds has no 0."""
     def runs_of(v, layout):
         return {r["seed"]: r for r in results if r["seed"] in seeds and r["name"] == run_name(v, layout, r["seed"])}
 
     rows = []
     for i, layout in enumerate(layouts):
-        for v, scheme in VARIANTS.items():
+        for v, scheme in SCHEME.items():
             rs = runs_of(v, layout)
             if not rs or v == "vanilla" and i:  # vanilla: one row, at the top
                 continue
@@ -178,10 +182,11 @@ def aggregate(results, vanilla, seeds, layouts=(LOOP_LAYOUT,)):
                        else 0, scheme=scheme, params=next(iter(rs.values()))["params"], val_loss=loss, val_loss_std=loss_std,
                        seeds=sorted(rs), ms_per_iter=mean_std([r["ms_per_iter"] for r in rs.values()])[0])
             row["share"] = row["params"] / vanilla
-            for ref in ("base", "vanilla"):
+            for ref in ("base", "vanilla", "mesh"):
                 others = runs_of(ref, layout)
                 paired = [r["val_loss"] - others[s]["val_loss"] for s, r in rs.items() if s in others]
-                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(paired) if v not in (ref, "vanilla") else (None, None)
+                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(paired) if v not in (ref, "vanilla") and (
+                    ref != "mesh" or v in CHOICES) else (None, None)
             rows.append(row)
     return rows
 
@@ -205,20 +210,26 @@ def pm(mean, std, spec=".4f", sign=""):
 
 
 def markdown(rows, ablation, max_iters, machine, layout=LOOP_LAYOUT):
+    refs = ["base", "vanilla"] + (["mesh"] if any(r.get("vs_mesh") is not None for r in rows) else [])
     lines = [f"Tiny Shakespeare (characters), compute depth 12, width {MODEL['n_embd']}, {MODEL['n_head']} heads, "
              f"context {MODEL['block_size']}, batch {TRAIN['batch_size']}, {max_iters} iterations, peak LR {TRAIN['lr']}. "
              f"Machine: {machine}.", "",
-             "| variant | layout | K | non-emb params | % of vanilla | val loss (mean ± std, seeds) | - base | - vanilla "
-             "| ms/iter |", "|---|---|---:|---:|---:|---|---|---|---:|"]
+             "| variant | layout | K | non-emb params | % of vanilla | val loss (mean ± std, seeds) | "
+             + " | ".join(f"- {ref}" for ref in refs) + " | ms/iter |", "|---|---|---:|---:|---:|---|" + "---|" * len(refs)
+             + "---:|"]
     for r in rows:
         lines.append(f"| {r['variant']} | `{r['layout']}` | {r['K'] or '-'} | {r['params']:,} | {100 * r['share']:.1f}% | "
-                     f"{pm(r['val_loss'], r['val_loss_std'])} ({len(r['seeds'])}) | {pm(r['vs_base'], r['vs_base_std'], sign='+')} "
-                     f"| {pm(r['vs_vanilla'], r['vs_vanilla_std'], sign='+')} | {ms(r['ms_per_iter'])} |")
+                     f"{pm(r['val_loss'], r['val_loss_std'])} ({len(r['seeds'])}) | "
+                     + "".join(f"{pm(r[f'vs_{ref}'], r[f'vs_{ref}_std'], sign='+')} | " for ref in refs)
+                     + f"{ms(r['ms_per_iter'])} |")
     lines += ["", f"val loss: cross-entropy (nats/char) of the final checkpoint on the same {EVAL_BATCHES} validation "
               f"batches ({EVAL_BATCHES * TRAIN['batch_size'] * MODEL['block_size']:,} tokens) for every run; std over "
-              "seeds (n-1). - base, - vanilla: the paired difference of val loss, seed by seed (the seeds share the "
-              "data order), to base on the same layout and to vanilla, mean ± std. ms/iter: median per run, mean over "
-              "seeds."]
+              f"seeds (n-1). {', '.join(f'- {ref}' for ref in refs)}: the paired difference of val loss, seed by seed "
+              "(the seeds share the data order), to that variant on the same layout (vanilla: its one layout), "
+              "mean ± std. ms/iter: median per run, mean over seeds."]
+    if "mesh" in refs:
+        lines += ["", "MeSH's [choice]s (mesh.py), one changed per row: " + "; ".join(
+            f"{name}: {', '.join(f'{k}={v}' for k, v in CHOICES[name].items())}" for name in CHOICES) + "."]
     if ablation:
         K = steps(layout)
         lines += ["", f"Buffer size B (mesh `{layout}`, K = {K}, seed 0; the default is B = K+3 = {K + 3}):", "",
@@ -241,7 +252,7 @@ def main(argv=None):
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     ap.add_argument("--max_iters", type=int, default=1200)
     ap.add_argument("--only", default=",".join([*VARIANTS, "ablation"]), help="comma-separated subset of: "
-                    + ", ".join([*VARIANTS, "ablation"]))
+                    + ", ".join([*SCHEME, "ablation"]) + f" (default: all but {', '.join(CHOICES)})")
     ap.add_argument("--root", default="runs/table1", help="one folder per run in here")
     ap.add_argument("--results", default="results", help="table1.json, table1.md and the probe figures go here")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores/jobs threads")
@@ -253,9 +264,9 @@ def main(argv=None):
         ap.error(f"--seeds={a.seeds!r} must be comma-separated integers, e.g. --seeds=0,1,2")
     only = a.only.split(",")
     for name in only:
-        if name not in [*VARIANTS, "ablation"]:
-            ap.error(f"--only: unknown {name!r}{closest(name, [*VARIANTS, 'ablation'])}; "
-                     f"expected some of {', '.join([*VARIANTS, 'ablation'])}")
+        if name not in [*SCHEME, "ablation"]:
+            ap.error(f"--only: unknown {name!r}{closest(name, [*SCHEME, 'ablation'])}; "
+                     f"expected some of {', '.join([*SCHEME, 'ablation'])}")
     if a.max_iters < 1:
         ap.error(f"--max_iters={a.max_iters} must be at least 1")
     if a.jobs < 1:
@@ -269,7 +280,7 @@ def main(argv=None):
         if shape.depth != 12 or not shape.schedule:
             ap.error(f"--layouts: {layout!r} has compute depth {shape.depth} and {len(shape.schedule)} loop steps; the "
                      f"table compares loop layouts of compute depth 12 (such as 3+2R3+3) with vanilla 12")
-    runs = plan([v for v in VARIANTS if v in only], seeds, ablation_slots(layouts[0]) if "ablation" in only else (),
+    runs = plan([v for v in SCHEME if v in only], seeds, ablation_slots(layouts[0]) if "ablation" in only else (),
                 layouts)
     if a.dry_run:
         for run in runs:

@@ -322,27 +322,36 @@ def reference_forward(model, idx):
     h_emb = P["wte.weight"][idx] * (math.sqrt(D) if cfg.scale_embeddings else 1.0)
     h = blocks(h_emb, [f"prelude.{i}" for i in range(s.prelude)])
     if cfg.scheme == "mesh":
-        slots = [h_emb] + [torch.zeros_like(h_emb)] * (cfg.slots - 1)             # Eq. 2
-        slots, h = write_read(slots, h, *route(h, 0))                             # the transitional cycle
+        slot0 = h_emb if cfg.slot0 == "scaled" else P["wte.weight"][idx]
+        slots = [slot0] + [torch.zeros_like(h_emb)] * (cfg.slots - 1)             # Eq. 2
+        if cfg.cycle == "routed":
+            slots, h = write_read(slots, h, *route(h, 0))                         # the transitional cycle
+        else:
+            slots[1] = h                                                          # direct: h(0) = x, in slot 1
+    first = 1 if cfg.cycle == "routed" else 0                                     # the first step's router
     h0 = h
     for t, c in enumerate(s.schedule):
         h_m = blocks(h, [f"cores.{c}.{j}" for j in range(s.cores[c])])            # Eq. 4
         if cfg.scheme == "mesh":
-            slots, h = write_read(slots, h_m, *route(h, t + 1))
+            slots, h = write_read(slots, h_m, *route(h, first + t))
         else:
             h = {"base": h_m, "residual": h_m + h, "anchor": h_m + h0, "anchor_emb": h_m + h_emb}[cfg.scheme]
     out = blocks(h, [f"coda.{i}" for i in range(s.coda)])
     return linear(norm(out, "ln_f"), "lm_head", bias=False)
 
 
-@pytest.mark.parametrize("scheme, layout, parallel", [(s, l, True) for s, l in CASES] +
-                         [("mesh", "1+2R2+1", False), ("anchor", "2+1R3+1", False)],
-                         ids=IDS + ["mesh-sequential", "anchor-sequential"])
-def test_every_scheme_equals_an_independent_implementation(scheme, layout, parallel):
+MESH_ALTERNATIVES = dict(cycle="direct", slot0="unscaled")  # router_init only changes the init: test_router_init
+
+
+@pytest.mark.parametrize("scheme, layout, parallel, alternatives", [(s, l, True, {}) for s, l in CASES] +
+                         [("mesh", "1+2R2+1", False, {}), ("anchor", "2+1R3+1", False, {}),
+                          ("mesh", "1+2R3+1", True, MESH_ALTERNATIVES)],
+                         ids=IDS + ["mesh-sequential", "anchor-sequential", "mesh-direct-unscaled"])
+def test_every_scheme_equals_an_independent_implementation(scheme, layout, parallel, alternatives):
     """Logits, loss and every parameter's gradient equal reference_forward's in float64, to 1e-6 relative
     (||ours - ref|| / ||ref||; the rotary tables are built in float32, so not to float64's last digits)."""
-    model = build(small(scheme, layout, parallel_residual=parallel, scale_embeddings=scheme != "anchor"),
-                  scramble=True).double()
+    model = build(small(scheme, layout, parallel_residual=parallel, scale_embeddings=scheme != "anchor",
+                        **alternatives), scramble=True).double()
     idx, targets = tokens(), tokens(seed=2)
     logits, loss = model(idx, targets)
     ref = reference_forward(model, idx)
@@ -539,6 +548,66 @@ def test_mesh_reduces_exactly(target):
     assert torch.equal(a, b)
 
 
+def test_direct_cycle_reduces_exactly_to_base():
+    """cycle="direct" has K router pairs (no cycle router) and h(0) = x, the prelude output, in slot 1:
+    step routers that write and read the fresh slot t+2 give base exactly, and ones that read slot 1
+    return x at every step."""
+    layout = "1+2R3+1"
+    m = build(small("mesh", layout, cycle="direct"), scramble=True)
+    K, B = m.config.n_steps, m.config.slots
+    assert len(m.routers) == K
+    assert m.num_params() == build(small("mesh", layout)).num_params() - 2 * (64 * B + B)
+    for t, router in enumerate(m.routers):
+        one_hot_router(router, t + 2, t + 2)
+    ref = build(small("base", layout), seed=1)
+    ref.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("routers.")}, strict=True)
+    idx, cap = tokens(), {}
+    with torch.no_grad():
+        assert torch.equal(m(idx)[0], ref(idx)[0])
+        for router in m.routers:
+            one_hot_router(router, B - 1, 1)  # write to the scratch slot, read slot 1
+        m(idx, capture=cap)
+    x = dict((name, out) for name, _, out in cap["blocks"])["prelude"]
+    states = dict(cap["states"])
+    for t in range(K + 1):
+        assert torch.equal(states[f"h{t}"], x), t
+
+
+@pytest.mark.parametrize("cycle", ["routed", "direct"])
+def test_router_init_base_starts_near_the_base_scheme(cycle):
+    """router_init="base": with the router weights zeroed, the cycle (routed) writes and reads slot 1 and
+    loop step t slot t+2 with weight exactly 0.9, the rest 0.1 / (B-1) each; "uniform" gives 1/B."""
+    layout = "1+2R3+1"
+    for init in ("base", "uniform"):
+        m = build(small("mesh", layout, cycle=cycle, router_init=init))
+        B = m.config.slots
+        with torch.no_grad():
+            for router in m.routers:
+                router.write.weight.zero_()
+                router.read.weight.zero_()
+            cap = {}
+            m(tokens(), capture=cap)
+        targets = ([1] if cycle == "routed" else []) + [t + 2 for t in range(m.config.n_steps)]
+        assert len(cap["routers"]) == len(targets)
+        for (name, w_write, w_read), slot in zip(cap["routers"], targets, strict=True):
+            expect = torch.full((B,), 0.1 / (B - 1)) if init == "base" else torch.full((B,), 1 / B)
+            if init == "base":
+                expect[slot] = 0.9
+            for w in (w_write, w_read):
+                assert torch.allclose(w, expect.expand_as(w), rtol=1e-6, atol=0), (name, init)
+
+
+@pytest.mark.parametrize("slot0", ["scaled", "unscaled"])
+def test_slot0_holds_the_scaled_or_unscaled_embedding(slot0):
+    """Slot 0 starts as h_emb = wte(idx) * sqrt(D) or as wte(idx): reading only slot 0 at the cycle gives it."""
+    m = build(small("mesh", slot0=slot0))
+    one_hot_router(m.routers[0], 1, 0)
+    idx, cap = tokens(), {}
+    with torch.no_grad():
+        m(idx, capture=cap)
+    assert torch.equal(dict(cap["states"])["h0"], m.wte(idx) * (8.0 if slot0 == "scaled" else 1.0))
+
+
 def test_reductions_are_distinct():
     """base and residual differ on the same weights, so the reduction test can tell them apart."""
     layout = "1+2R3+1"
@@ -588,6 +657,10 @@ BAD = [
     ("residual-vanilla", dict(scheme="residual", layout="12"), r"scheme 'residual' needs loop steps"),
     ("anchor_emb-vanilla", dict(scheme="anchor_emb", layout="12"), r"scheme 'anchor_emb' needs loop steps"),
     ("n_slots", dict(n_slots=0), r"n_slots=0 must be at least 1"),
+    ("cycle", dict(cycle="routd"), r"unknown cycle 'routd' \(did you mean 'routed'\?\); expected one of routed, direct"),
+    ("slot0-base", dict(scheme="base", slot0="unscaled"), r"slot0='unscaled' is a MeSH setting, but scheme is 'base'"),
+    ("router_init-slots", dict(router_init="base", n_slots=3), r"router_init='base' .* needs n_slots >= K\+2 = 4, not 3"),
+    ("direct-slots", dict(cycle="direct", n_slots=1), r"cycle='direct' .* needs n_slots >= 2, not 1"),
     ("heads", dict(n_embd=64, n_head=5), r"n_embd=64 is not divisible by n_head=5"),
     ("rotary-odd", dict(n_embd=80, n_head=4), r"rotary dims .* = 5 must be even"),
     ("vocab", dict(vocab_size=0), r"vocab_size=0 must be a positive integer"),

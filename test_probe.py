@@ -257,7 +257,7 @@ def test_windows_reach_the_last_start_and_mean_std_is_over_the_population():
 def fake_result(variant, seed, loss, params, ms, n_slots=None, layout=table1.LOOP_LAYOUT):
     name = table1.run_name(variant, layout, seed, None if n_slots in (None, table1.steps(layout) + 3) else n_slots)
     return dict(name=name, variant=variant, layout=table1.DEPTH_LAYOUT if variant == "vanilla" else layout,
-                scheme=table1.VARIANTS[variant], seed=seed, params=params, n_slots=n_slots, val_loss=loss, ms_per_iter=ms)
+                scheme=table1.SCHEME[variant], seed=seed, params=params, n_slots=n_slots, val_loss=loss, ms_per_iter=ms)
 
 
 def test_table1_aggregates_seeds_and_writes_the_markdown_table():
@@ -303,12 +303,39 @@ def test_table1_depth_sweep_names_runs_by_layout_and_pairs_seeds():
     assert rows[0]["vs_base"] is None and rows[0]["vs_vanilla"] is None  # vanilla: the reference, not compared
 
 
+def test_table1_choices_change_one_mesh_setting_and_pair_with_mesh():
+    runs = table1.plan(["mesh", "mesh_direct", "mesh_base_init", "mesh_unscaled"], [0], (), ["2+2R4+2"])
+    cmds = {r["name"]: table1.train_command(r, "out", 1200)[2:] for r in runs}
+    mesh = cmds.pop("mesh_2+2R4+2_s0")
+    assert {name: sorted(set(cmd) - set(mesh)) for name, cmd in cmds.items()} == {
+        "mesh_direct_2+2R4+2_s0": ["--cycle=direct"], "mesh_base_init_2+2R4+2_s0": ["--router_init=base"],
+        "mesh_unscaled_2+2R4+2_s0": ["--slot0=unscaled"]}
+    assert all(len(cmd) == len(mesh) + 1 for cmd in cmds.values())  # one flag added, none changed
+    lay = "2+2R4+2"
+    results = [fake_result(v, s, l, 1, 1.0, layout=lay) for v, s, l in
+               [("base", 0, 1.60), ("base", 1, 1.62), ("mesh", 0, 1.55), ("mesh", 1, 1.58),
+                ("mesh_direct", 0, 1.56), ("mesh_direct", 1, 1.61)]]
+    results += [fake_result("vanilla", s, 1.5, 1, 1.0) for s in (0, 1)]
+    rows = table1.aggregate(results, 1, [0, 1], [lay])
+    assert [r["variant"] for r in rows] == ["vanilla", "base", "mesh", "mesh_direct"]
+    direct = rows[3]
+    assert direct["vs_mesh"] == pytest.approx(0.02) and direct["vs_mesh_std"] == pytest.approx(0.0141, abs=1e-4)
+    assert direct["vs_base"] == pytest.approx(-0.025) and rows[2]["vs_mesh"] is None  # mesh: the reference
+    md = table1.markdown(rows, [], 1200, "test cpu")
+    assert "| val loss (mean ± std, seeds) | - base | - vanilla | - mesh | ms/iter |" in md
+    assert "| mesh_direct | `2+2R4+2` | 4 | 1 | 100.0% | 1.5850 ± 0.0354 (2) | -0.0250 ± 0.0212 | +0.0850 ± 0.0354 " \
+           "| +0.0200 ± 0.0141 | 1 |" in md
+    assert "mesh_direct: cycle=direct; mesh_base_init: router_init=base; mesh_unscaled: slot0=unscaled." in md
+    assert "- mesh" not in table1.markdown(rows[:3], [], 1200, "test cpu")  # no choices, no column
+
+
 def test_table1_bad_flags_are_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         table1.main(["--only=mesh,anchr"])
     assert e.value.code == 2
     assert capsys.readouterr().err == ("table1.py: error: --only: unknown 'anchr' (did you mean 'anchor'?); expected "
-                                       "some of vanilla, base, residual, anchor, anchor_emb, mesh, ablation\n")
+                                       "some of vanilla, base, residual, anchor, anchor_emb, mesh, mesh_direct, "
+                                       "mesh_base_init, mesh_unscaled, ablation\n")
     with pytest.raises(SystemExit) as e:
         table1.main(["--jobs=0"])
     assert e.value.code == 2 and capsys.readouterr().err == "table1.py: error: --jobs=0 must be at least 1\n"

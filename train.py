@@ -51,6 +51,9 @@ class TrainConfig:
     layout: str | None = None           # e.g. 2+4R2+2, 4+8R2+4, 12
     scheme: str | None = None           # base, residual, anchor, anchor_emb, mesh
     n_slots: int | None = None          # mesh buffer slots; None means K+3
+    cycle: str | None = None            # mesh transitional cycle: routed (default) or direct
+    router_init: str | None = None      # mesh routers at init: uniform (default) or base
+    slot0: str | None = None            # mesh slot 0: the scaled (default) or unscaled embedding
     n_embd: int | None = None
     n_head: int | None = None
     block_size: int | None = None
@@ -132,7 +135,8 @@ RANGES = [  # (setting, test, the range in words) for TrainConfig's numbers that
 ]
 
 
-MODEL_KEYS = ("layout", "scheme", "n_slots", "n_embd", "n_head", "block_size", "dropout")
+MODEL_KEYS = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0", "n_embd", "n_head", "block_size",
+              "dropout")
 # Dense bf16 peak FLOP/s by the exact name torch.cuda.get_device_name gives (every A100 is 312e12): exact,
 # because substrings mislead ("L40S" contains "L4", "H100 PCIe" is not an SXM H100). Not listed: no MFU.
 PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12, "NVIDIA H100 PCIe": 756e12,
