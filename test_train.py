@@ -245,6 +245,8 @@ BAD_TRAIN_INPUT = [  # (flags, words the one-line error must contain)
     (["--scheme=mesj"], "did you mean 'mesh'"),
     (["--model=pythia-14b"], "did you mean 'pythia-1.4b'"),
     (["--n_slots=0"], "n_slots=0 must be at least 1"),
+    (["--cycle=direkt"], "unknown cycle 'direkt' (did you mean 'direct'?)"),
+    (["--scheme=anchor", "--router_init=base"], "router_init='base' is a MeSH setting, but scheme is 'anchor'"),
     (["--n_embd=30", "--n_head=4"], "not divisible by n_head=4"),
     (["--dataset=never_made"], "python data/prepare.py --dataset never_made"),
     (["--block_size=8192"], "longer than the validation split"),
@@ -487,6 +489,9 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
     cfg.write_text('{"max_iterz": 7}')
     with pytest.raises(train.UsageError, match="did you mean --max_iters"):
         train.parse_flags(train.TrainConfig, [str(cfg)], "train.py")
+    given = train.parse_flags(train.TrainConfig, ["--cycle=direct", "--router_init=base", "--slot0=unscaled"], "train.py")
+    choices = train.model_config(train.TrainConfig(**given), vocab_size=65)  # MeSH's [choice]s reach the model
+    assert (choices.cycle, choices.router_init, choices.slot0) == ("direct", "base", "unscaled")
     for name in os.listdir(os.path.join(ROOT, "config")):  # every shipped config is valid
         given = train.parse_flags(train.TrainConfig, [os.path.join(ROOT, "config", name)], "train.py")
         tc = train.TrainConfig(**given)
