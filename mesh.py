@@ -430,9 +430,8 @@ class RecursiveGPT(nn.Module):
         if cache is not None:
             cache.seek(pos)
 
-        h_emb = self.wte(idx)                                               # (B, T, D)
-        if cfg.scale_embeddings:
-            h_emb = h_emb * math.sqrt(cfg.n_embd)                           # Appendix B
+        tok = self.wte(idx)                                                 # (B, T, D)
+        h_emb = tok * math.sqrt(cfg.n_embd) if cfg.scale_embeddings else tok  # Appendix B
         note("states", "h_emb", h_emb)
         x, layer = self.run(self.prelude, h_emb, 0, rope, cache)            # f_pre(h_emb)
         note("blocks", "prelude", h_emb, x)
@@ -441,7 +440,7 @@ class RecursiveGPT(nn.Module):
             # Eq. 2: the buffer, B slots the shape of the state; slot 0 holds h_emb, the others start at zero.
             # [choice] slot0="scaled": h_emb as the prelude sees it, scaled by sqrt(D) (Appendix B);
             # "unscaled": wte(idx) itself. Measured (README, K = 4, 3 seeds): unscaled +0.019, worse in every seed.
-            slot0 = h_emb if cfg.slot0 == "scaled" else self.wte(idx)
+            slot0 = h_emb if cfg.slot0 == "scaled" else tok
             mem = torch.stack([slot0] + [torch.zeros_like(h_emb)] * (cfg.slots - 1), dim=2)  # (B, T, S, D)
             # The transitional cycle [choice: the paper's cycle "processes the prelude output"].
             # cycle="routed": route on the prelude output x, write it into the buffer, read h(0).
