@@ -452,9 +452,10 @@ class RecursiveGPT(nn.Module):
                 mem = buffer_write(mem, w_write, x)
                 h = buffer_read(mem, w_read)
                 note("routers", "cycle", w_write, w_read)
+                step_routers = self.routers[1:]
             else:
                 mem[:, :, 1] = x                                            # h(0) = x, as set above
-            step_routers = self.routers[1:] if cfg.cycle == "routed" else self.routers
+                step_routers = self.routers
         h0 = h
         for t, c in enumerate(self.schedule):
             note("states", f"h{t}", h)

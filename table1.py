@@ -182,11 +182,12 @@ def aggregate(results, vanilla, seeds, layouts=(LOOP_LAYOUT,)):
                        else 0, scheme=scheme, params=next(iter(rs.values()))["params"], val_loss=loss, val_loss_std=loss_std,
                        seeds=sorted(rs), ms_per_iter=mean_std([r["ms_per_iter"] for r in rs.values()])[0])
             row["share"] = row["params"] / vanilla
+            refs = ("base", "vanilla") + (("mesh",) if v in CHOICES else ())  # a choice is compared with mesh too
             for ref in ("base", "vanilla", "mesh"):
                 others = runs_of(ref, layout)
                 paired = [r["val_loss"] - others[s]["val_loss"] for s, r in rs.items() if s in others]
-                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(paired) if v not in (ref, "vanilla") and (
-                    ref != "mesh" or v in CHOICES) else (None, None)
+                compared = ref in refs and v not in (ref, "vanilla")
+                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(paired) if compared else (None, None)
             rows.append(row)
     return rows
 
