@@ -20,7 +20,7 @@ steps each): the share of their time spent in matmuls (mm, addmm, bmm, baddbmm: 
 time) and in attention (the SDPA operators), and the matmuls' FLOP/s there as a share of the peak:
 where a step's FLOP/s go.
 
-FLOPs per token (train.flops_per_token, nanoGPT / PaLM accounting), the same for every variant:
+FLOPs per token (mesh.Config.flops_per_token, nanoGPT / PaLM accounting), the same for every variant:
     6 * (L * (12 D^2 + 13 D) + D * V) + 12 * L * D * T
 L the compute depth (a shared core counts once per application, so this is the unrolled vanilla
 model's count), D * V the lm_head, 12 L D T the attention scores and values over the full T x T
@@ -28,7 +28,7 @@ model's count), D * V the lm_head, 12 L D T the attention scores and values over
 
 Peak: on CPU, a 2048 x 2048 fp32 matmul timed once per round between the train steps, so the
 peak sees the same load as the steps (median over rounds); on GPUs, the chip's dense bf16 peak
-from train.peak_bf16_flops (a measured matmul in --dtype where the chip is not listed or runs float32).
+from machine.peak_bf16_flops (a measured matmul in --dtype where the chip is not listed or runs float32).
 Memory: each variant runs 3 train steps in a fresh process (one at a time): on CPU its peak
 resident set while stepping (VmHWM), on CUDA the allocator's peak; "step MB" is that peak minus
 the memory held after building the model and optimizer, i.e. what a train step itself adds.
@@ -47,16 +47,17 @@ import resource
 import sys
 import time
 from collections import Counter
-from contextlib import nullcontext
 from dataclasses import dataclass
 from statistics import median
 
 import torch
 from torch._dynamo.utils import counters
 
-from configurator import UsageError, check_writable, machine_name, parse_flags, report, resolve_device, resolve_dtype
-from mesh import SCHEMES, Config, RecursiveGPT, closest
-from train import flops_per_token, peak_bf16_flops
+from configurator import UsageError, closest, parse_flags, report
+import machine
+from machine import machine_name, peak_bf16_flops, resolve_device, resolve_dtype
+from mesh import SCHEMES, Config, RecursiveGPT
+from runfiles import check_writable
 
 VARIANTS = ("vanilla",) + SCHEMES
 PROMPT, NEW_TOKENS, DECODE_BLOCK = 56, 200, 256
@@ -173,12 +174,11 @@ def train_step(model, opt, x, y, autocast):
 def setup(bc):
     """Settings -> (device, torch dtype, autocast context); also what every process (children too) sets."""
     device = resolve_device(bc.device)
-    kind = device.split(":")[0]
-    dtype = bc.dtype = resolve_dtype(bc.dtype, kind)
+    dtype = bc.dtype = resolve_dtype(bc.dtype, device)
     if bc.threads is not None:
         torch.set_num_threads(bc.threads)
     torch._dynamo.config.recompile_limit = 64  # every variant's graphs share RecursiveGPT's code object
-    autocast = nullcontext() if dtype == "float32" else torch.autocast(kind, dtype=torch.bfloat16)
+    autocast = machine.autocast(device, dtype)
     return device, getattr(torch, dtype), autocast
 
 
@@ -325,7 +325,7 @@ def run(bc):
     rows = []
     for name, cfg in todo:
         ms = 1000 * median(steps[name])
-        fpt = flops_per_token(cfg)
+        fpt = cfg.flops_per_token()
         row = dict(kind="variant", variant=name, scheme=cfg.scheme, layout=cfg.layout, compute_depth=cfg.shape.depth,
                    non_embedding_params=models[name][0].num_params(), n_slots=cfg.slots if cfg.scheme == "mesh" else None,
                    n_embd=cfg.n_embd, n_head=cfg.n_head, vocab_size=cfg.vocab_size, block_size=T, batch_size=B,

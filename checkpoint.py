@@ -1,60 +1,52 @@
 """
-Checkpoints: the one writer and the one loader that train.py, sample.py, probe.py, table1.py and
-lm_eval_mesh.py share, and the import of Hugging Face GPT-NeoX / Pythia folders.
+Checkpoints: a run's files in OUT_DIR, the one writer and loader that train.py, sample.py, probe.py,
+table1.py and lm_eval_mesh.py share, and every check a resume makes.
 
-    from checkpoint import load_checkpoint, load_hf
-    model, ckpt = load_checkpoint("out")            # OUT_DIR/ckpt.pt, written by train.py
-    model = load_hf("path/to/pythia-160m")          # a vanilla RecursiveGPT with Pythia's weights
+    model, ckpt = checkpoint.load("out")      # OUT_DIR/ckpt.pt: the model, and the plain data saved with it
 
-A checkpoint is a torch.save'd dict of tensors and plain data (model_config, train_config, ...),
-written atomically and loaded with weights_only=True: loading never runs code. Loading also checks
-the zip's CRC-32s and that the weights are finite, so a damaged file is refused, not used.
+A run's checkpoint is OUT_DIR/ckpt.pt, a torch.save'd dict of tensors and plain data (model_config,
+train_config, iter_num, best_val_loss, rng, the data it trained on), or a sharded one (fsdp.py): a
+folder OUT_DIR/shards-<iter>/ that OUT_DIR/ckpt-sharded.json names. Both are written atomically.
+ckpt.pt loads with weights_only=True (loading never runs code), its zip CRC-32s verified and its
+weights checked finite, so a damaged file is refused, not used.
 """
 
+import dataclasses
 import json
 import os
+import re
 import shlex
-import uuid
+import shutil
 import zipfile
 
 import torch
 
-from configurator import why_write_failed
+import runfiles
+from configurator import UsageError
+from data.loader import checkpoint_dataset
 from mesh import Config, RecursiveGPT
 
+CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"  # a whole checkpoint; the pointer of a sharded one (fsdp.py)
+SHARDS = re.compile(r"^shards-\d{8}$")          # the folders of sharded checkpoints
 
-# -----------------------------------------------------------------------------
-# Checkpoints: one writer and one loader, shared by train / sample / probe / bench
 
 class CheckpointError(ValueError):
-    pass
+    """A checkpoint that is missing, damaged or cannot be used as asked: one line, exit 2."""
 
 
-def save_checkpoint(obj, path):
-    """torch.save to a temporary file in the same folder, fsync, then os.replace: a crash at any
-    moment leaves either the previous checkpoint or the new one, never half of one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    # a fresh name opened exclusively ("x"); not mkstemp, whose file is private (0600) where a plain save is not
-    tmp = os.path.join(folder, f".ckpt-{os.getpid()}-{uuid.uuid4().hex}.tmp")
+def save(obj, path):
+    """torch.save(obj) to path, atomically (runfiles.atomic_write): a crash leaves the old file or the new."""
     try:
-        with open(tmp, "xb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, (OSError, RuntimeError)):  # the zip writer reports a full disk as a RuntimeError
-            raise CheckpointError(f"could not write {path}: {why_write_failed(e, folder)}; the previous "
-                                  f"checkpoint there, if any, is unchanged") from None
-        raise
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        runfiles.atomic_write(path, lambda f: torch.save(obj, f))
+    except OSError as e:
+        raise CheckpointError(f"could not write {path}: {e.strerror}; the previous checkpoint there, if any, is "
+                              f"unchanged") from None
 
 
-def load_checkpoint(out_dir, device="cpu"):
+def load(out_dir, device="cpu"):
     """Load OUT_DIR/ckpt.pt (weights_only: loading never runs code) -> (model, checkpoint dict)."""
-    path = os.path.join(out_dir, "ckpt.pt")
+    path = os.path.join(out_dir, CKPT)
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}; train one with: "
                               f"python train.py {shlex.quote('--out_dir=' + out_dir)}")
@@ -80,21 +72,102 @@ def load_checkpoint(out_dir, device="cpu"):
     return model.to(device), ckpt
 
 
-def check_resumable(ckpt, path, optimizer=None):
-    """Raise CheckpointError unless ckpt (loaded from path) holds what a resumed run needs: iter_num,
-    best_val_loss, rng and optimizer, whose state (given the new `optimizer`) matches its parameters' shapes."""
-    problem = None
-    kinds = {"iter_num": int, "best_val_loss": float, "rng": dict, "optimizer": dict}
+def read_pointer(out_dir):
+    """The parsed OUT_DIR/ckpt-sharded.json of a sharded checkpoint, or None when there is none."""
+    path = os.path.join(out_dir, POINTER)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        Config.from_dict(meta["model_config"])
+        meta["iter_num"], meta["train_config"], meta["folder"]  # noqa: B018 (present)
+        return meta
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); delete it (and its shards folder) "
+                              f"or point --out_dir at another run") from None
+
+
+def _iter_of_full(out_dir):
+    """iter_num of OUT_DIR/ckpt.pt without reading its tensors (memory-mapped), or None."""
+    path = os.path.join(out_dir, CKPT)
+    if not os.path.isfile(path):
+        return None
+    try:
+        return torch.load(path, mmap=True, weights_only=True, map_location="cpu")["iter_num"]
+    except Exception:
+        return -1  # corrupt: load() will say so, unless the sharded checkpoint is taken
+
+
+def newest(out_dir):
+    """Which checkpoint a resume takes: "sharded" or "full" (ckpt.pt), the one at the later iteration, the
+    sharded one on a tie (a consolidated ckpt.pt is its copy). None there: a UsageError."""
+    meta, full = read_pointer(out_dir), _iter_of_full(out_dir)
+    if meta is None and full is None:
+        raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
+                         f"start with --init_from=scratch or point --out_dir at a run")
+    return "full" if meta is None or full is not None and full > meta["iter_num"] else "sharded"
+
+
+def load_full_for_resume(out_dir):
+    """OUT_DIR/ckpt.pt as the dict a resume continues from: its plain data, "model" the loaded model."""
+    model, ckpt = load(out_dir)
+    return {**ckpt, "model": model, "path": os.path.join(out_dir, CKPT)}
+
+
+def check_fresh(out_dir, overwrite):
+    """A scratch run into out_dir: refused where a run is (unless --overwrite), and a live one first of all."""
+    if os.path.isdir(out_dir):
+        runfiles.own(out_dir)
+    path = os.path.join(out_dir, CKPT)
+    if os.path.exists(path) and not overwrite:
+        raise UsageError(f"{path} exists; continue it with --init_from=resume, or start over "
+                         f"with --overwrite=true, or choose another --out_dir")
+
+
+def start_run(out_dir, fresh, overwrite):
+    """The run takes OUT_DIR, everything being checked: its lock, the leftovers of killed writes removed, and
+    its log (runfiles.RunLog) returned."""
+    os.makedirs(out_dir, exist_ok=True)
+    runfiles.own(out_dir)
+    if fresh:
+        check_fresh(out_dir, overwrite)  # again: another run may have finished there in the meantime
+    runfiles.remove_dead_temporaries(out_dir)
+    remove_unfinished_shards(out_dir)
+    return runfiles.RunLog(out_dir, fresh)
+
+
+def remove_unfinished_shards(out_dir):
+    """Remove the shards folders that ckpt-sharded.json does not name: sharded writes that were killed, or the
+    previous checkpoint's, left by a kill after the pointer moved on. Only by a run that owns OUT_DIR."""
+    meta = read_pointer(out_dir)
+    for name in os.listdir(out_dir):
+        if SHARDS.match(name) and (meta is None or name != meta["folder"]):
+            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+
+
+def check_resumable(ckpt, tc, given):
+    """Every reason the run in ckpt (a load_resume dict) cannot continue as train.py was asked: something it
+    needs is missing or damaged, a model setting given contradicts it, its AdamW state does not fit its model,
+    or its dataset has changed since. Raises CheckpointError or UsageError; returns the dataset's folder."""
+    path, problem = ckpt["path"], None
+    kinds = {"iter_num": int, "best_val_loss": float, "rng": dict, **({} if "folder" in ckpt else {"optimizer": dict})}
     missing = [k for k, kind in kinds.items() if not isinstance(ckpt.get(k), kind)]
     if missing:
         problem = f"no valid {', '.join(missing)}"
     elif not torch.is_tensor(ckpt["rng"].get("torch")) or ckpt["rng"]["torch"].dtype != torch.uint8:
         problem = "no torch RNG state"
-    elif optimizer is not None:
-        problem = _optimizer_mismatch(ckpt["optimizer"], optimizer)
+    elif "folder" not in ckpt:  # a whole checkpoint: wrong optimizer shapes would crash inside fused AdamW
+        problem = _optimizer_mismatch(ckpt["optimizer"], ckpt["model"].configure_optimizer(0.0, 1e-3))
     if problem:
         raise CheckpointError(f"{path} cannot be resumed: {problem}; it is damaged or was not written by "
                               f"train.py (sample.py can still use its weights)")
+    saved = {"model": ckpt["train_config"].get("model"), **ckpt["model"].config.to_dict()}
+    conflicts = [f"{k}: checkpoint {saved[k]!r} vs given {given[k]!r}" for k in saved
+                 if k in given and given[k] != saved[k]]
+    if conflicts:
+        raise UsageError("the checkpoint's model differs from the flags given: " + "; ".join(conflicts))
+    return checkpoint_dataset(dataclasses.asdict(tc), ckpt.get("data"))
 
 
 def _optimizer_mismatch(saved, optimizer):
@@ -116,84 +189,12 @@ def _optimizer_mismatch(saved, optimizer):
     return None
 
 
-# -----------------------------------------------------------------------------
-# Importing Hugging Face GPT-NeoX / Pythia checkpoints, without transformers
-
-def from_hf_neox(path):
-    """config.json plus model.safetensors or pytorch_model.bin (or a sharded *.index.json) -> (Config,
-    RecursiveGPT state_dict). A setting that our GPT-NeoX block cannot express is refused by name."""
-    where = f"cannot import {path}"
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            hf = json.load(f)
-        D, H, L = hf["hidden_size"], hf["num_attention_heads"], hf["num_hidden_layers"]
-    except (OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{where}: no GPT-NeoX config.json there ({type(e).__name__}: {e})") from None
-    rope = hf.get("rope_parameters") or {}  # transformers >= 5 moved rotary_pct / rotary_emb_base here
-    for field, found, ours in [("model_type", hf.get("model_type"), "gpt_neox"),
-                               ("intermediate_size", hf.get("intermediate_size", 4 * D), 4 * D),
-                               ("hidden_act", hf.get("hidden_act", "gelu"), "gelu"),  # exact (erf) GELU
-                               ("layer_norm_eps", hf.get("layer_norm_eps", 1e-5), 1e-5),
-                               ("attention_bias", hf.get("attention_bias", True), True),
-                               ("rope_scaling", hf.get("rope_scaling"), None),
-                               ("rope_type", rope.get("rope_type", "default"), "default")]:
-        if found != ours:
-            raise CheckpointError(f"{where}: {field}={found!r} is not supported (nanoMeSH has {field}={ours!r})")
-    try:
-        cfg = Config(vocab_size=hf.get("vocab_size", 0), block_size=hf.get("max_position_embeddings", 2048),
-                     n_embd=D, n_head=H, layout=str(L), scale_embeddings=False,
-                     rotary_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)),
-                     rotary_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
-                     parallel_residual=hf.get("use_parallel_residual", True))
-    except ValueError as e:
-        raise CheckpointError(f"{where}: {e}") from None
-    try:  # optional: a pytorch_model.bin needs only torch
-        from safetensors.torch import load_file
-    except ImportError:
-        load_file = None
-    for name in ("model.safetensors", "pytorch_model.bin") if load_file else ("pytorch_model.bin",):
-        files = [name] if os.path.isfile(os.path.join(path, name)) else []
-        if os.path.isfile(os.path.join(path, name + ".index.json")):  # sharded: the index names the shards
-            with open(os.path.join(path, name + ".index.json"), encoding="utf-8") as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
-        if files:
-            break
+def restore_rng(ckpt, seed, rank, world, device_type):
+    """The random state the run had when it saved: rank 0's saved state; every other rank its own seed for
+    this step (so that their dropout masks differ)."""
+    if rank == 0:
+        torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+        if "cuda" in ckpt["rng"] and device_type == "cuda":
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
     else:
-        raise CheckpointError(f"{where}: no weights; expected model.safetensors (needs `pip install safetensors`) "
-                              f"or pytorch_model.bin, or a sharded *.index.json")
-    sd = {}
-    for file in (os.path.join(path, f) for f in files):  # a .bin loads with weights_only: never runs code
-        sd.update(load_file(file) if file.endswith(".safetensors") else
-                  torch.load(file, map_location="cpu", weights_only=True))
-    # Tied embeddings: our lm_head is untied, as Pythia's, so it starts as a copy of wte and trains apart.
-    head = ("gpt_neox.embed_in.weight" if hf.get("tie_word_embeddings") else
-            "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")  # on disk / in memory
-    names = {"wte.weight": "gpt_neox.embed_in.weight", "lm_head.weight": head,
-             "ln_f.weight": "gpt_neox.final_layer_norm.weight", "ln_f.bias": "gpt_neox.final_layer_norm.bias"}
-    for i in range(L):  # a vanilla layout: every layer is a prelude block
-        for ours, theirs in [("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm"),
-                             ("attn.qkv", "attention.query_key_value"), ("attn.proj", "attention.dense"),
-                             ("mlp.fc", "mlp.dense_h_to_4h"), ("mlp.proj", "mlp.dense_4h_to_h")]:
-            names.update({f"prelude.{i}.{ours}.{k}": f"gpt_neox.layers.{i}.{theirs}.{k}" for k in ("weight", "bias")})
-    absent = [theirs for theirs in names.values() if theirs not in sd]
-    if absent:
-        raise CheckpointError(f"{where}: {len(absent)} weight(s) missing, e.g. {absent[0]}")
-    if sd[names["wte.weight"]].shape != (cfg.vocab_size, D):
-        raise CheckpointError(f"{where}: vocab_size={cfg.vocab_size} in config.json, but embed_in has shape "
-                              f"{tuple(sd[names['wte.weight']].shape)}")
-    state = {ours: sd[theirs] for ours, theirs in names.items()}
-    for i in range(L):  # NeoX fuses QKV per head, [head][q|k|v][head_dim]; our rows are [q | k | v], head-major
-        w, b = f"prelude.{i}.attn.qkv.weight", f"prelude.{i}.attn.qkv.bias"
-        state[w] = state[w].view(H, 3, D // H, D).transpose(0, 1).reshape(3 * D, D)   # (3D, D)
-        state[b] = state[b].view(H, 3, D // H).transpose(0, 1).reshape(3 * D)         # (3D,)
-    return cfg, state
-
-
-def load_hf(path, device="cpu"):
-    """A Hugging Face GPT-NeoX checkpoint folder (a Pythia download is one) as a vanilla RecursiveGPT:
-    layout 'L', scheme 'base', scale_embeddings off, so its logits are the original model's. Its config
-    is a plain Config, so training can continue. See from_hf_neox."""
-    cfg, state = from_hf_neox(path)
-    model = RecursiveGPT(cfg)
-    model.load_state_dict(state)
-    return model.to(device)
+        torch.manual_seed(seed + rank + world * ckpt["iter_num"])

@@ -1,34 +1,35 @@
 """
-Command-line settings for the entry points (train.py, sample.py, bench.py), generated from a
-dataclass, and what they share: one-line error reports, device and dtype choice.
+The command line of the entry points (train.py, sample.py, bench.py), generated from a dataclass, and
+the project's one did-you-mean. Imports no torch: data/prepare.py's tokenizing workers use it too.
 
     python train.py config/pythia-160m_mesh.json --max_iters=2000 --lr=6e-4
 
-Positional arguments are JSON files of plain values (read as data, never
-executed); then `--key=value` flags override them. Every field of the dataclass
-is a flag, typed by its annotation; `--help` lists them with their defaults. An
-unknown key or a value of the wrong type is a UsageError naming the closest key
-or the expected type.
+Positional arguments are JSON files of plain values (read as data, never executed); then
+`--key=value` flags override them. Every field of the dataclass is a flag, typed by its annotation;
+`--help` lists them with their defaults and comments. An unknown key or a value of the wrong type is
+a UsageError naming the closest key or the expected type.
 """
 
 import dataclasses
-import errno
+import difflib
 import inspect
 import json
-import os
-import platform
+import math
 import re
 import sys
 import types
 import typing
 
-import torch
-
-from mesh import closest
-
 
 class UsageError(ValueError):
     """Bad input from the command line: the entry points print it as one line and exit 2."""
+
+
+def closest(name, options, flag=False):
+    """" (did you mean 'X'?)" for the nearest of options, " (did you mean --X?)" for a flag, or "" when none is
+    close."""
+    match = difflib.get_close_matches(str(name), list(options), n=1, cutoff=0.5)
+    return "" if not match else f" (did you mean --{match[0]}?)" if flag else f" (did you mean {match[0]!r}?)"
 
 
 def report(prog, error, code=2):
@@ -41,38 +42,14 @@ def report(prog, error, code=2):
     return code
 
 
-def process_alive(pid):
-    """Whether process `pid` still runs on this machine: temporary files and folders carry their writer's
-    pid, so that a cleanup removes those of dead processes and never a live one's."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, but another user's
-        return True
-    return True
-
-
-def why_write_failed(error, folder):
-    """In words, why writing into folder failed with `error`: a full disk is said so, with the bytes left,
-    whatever the writer made of ENOSPC (torch's zip writer raises a RuntimeError, numpy a short write)."""
-    try:
-        free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
-    except OSError:
-        free = None
-    if getattr(error, "errno", None) == errno.ENOSPC or (free is not None and free < 1 << 20):
-        return f"the disk is full ({free:,} bytes free)" if free is not None else "the disk is full"
-    return getattr(error, "strerror", None) or str(error).splitlines()[0]
-
-
-def check_writable(path, flag):
-    """Raise UsageError now, not after a long run, when the output file `path` of --flag cannot be written.
-    Creates nothing."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise UsageError(f"--{flag}={path} is a folder; give a file name")
-    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
-        raise UsageError(f"cannot write --{flag}={path}: no such folder or no permission")
+def check_ranges(settings, ranges):
+    """Raise UsageError for the first setting outside its range: ranges is a list of (space-separated names,
+    test, the range in words); a value of None (unset) passes, anything else must be finite and pass."""
+    for names, ok, allowed in ranges:
+        for name in names.split():
+            value = getattr(settings, name)
+            if value is not None and not (math.isfinite(value) and ok(value)):
+                raise UsageError(f"--{name}={value} must be {allowed}")
 
 
 def _kinds(field):
@@ -155,38 +132,3 @@ def parse_flags(cls, argv, prog):
             for key, value in values.items():
                 put(key, value, arg)
     return given
-
-
-def resolve_device(name):
-    """'auto' -> cuda, then mps, then cpu; an explicit device that is not available is a UsageError."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        return "mps" if torch.backends.mps.is_available() else "cpu"
-    kind = name.split(":")[0]
-    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
-    if kind not in available:
-        raise UsageError(f"unknown --device={name}; expected auto, cpu, cuda, cuda:N or mps")
-    if not available[kind]:
-        raise UsageError(f"--device={name} is not available on this machine; use --device=auto or --device=cpu")
-    return name
-
-
-def resolve_dtype(name, device_type):
-    """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs that support it, else float32."""
-    if name == "auto":
-        return "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if name not in ("float32", "bfloat16"):
-        raise UsageError(f"--dtype={name} is not supported; use auto, float32 or bfloat16")
-    return name
-
-
-def machine_name(device="cpu"):
-    """The GPU's name for a CUDA device, else the CPU's model name (bench.py and table1.py print it)."""
-    if str(device).startswith("cuda"):
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()

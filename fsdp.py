@@ -20,23 +20,28 @@ which names the folder and holds the plain data (configs, iteration, RNG state).
 ckpt-sharded.json does not name is an unfinished write and is removed at the next start.
 Resume takes the newer of ckpt.pt and the sharded checkpoint, in either mode: a DDP checkpoint
 resumes under FSDP and a sharded one under DDP (loaded whole), at any number of processes.
+
+train.py holds the model through this file's calls under --fsdp=true, and through ddp.py's, the
+same calls, otherwise: check_launch, load_resume, wrap, sync, save, load.
 """
 
-import json
 import os
 import pickle
 import shutil
 import sys
-import uuid
 import warnings
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
 
-from checkpoint import CheckpointError, save_checkpoint
+import checkpoint
+import runfiles
+from checkpoint import POINTER, CheckpointError
+from configurator import UsageError, report
 from mesh import Config, RecursiveGPT
 
-POINTER = "ckpt-sharded.json"
+NAME, CHECKPOINT = " (FSDP)", POINTER  # the startup line's word for it; the file a resume continues from
 # torch.distributed's checkpoint, tensor and fsdp packages are imported in the functions that use them: loaded
 # into a DDP process (train.py imports this file), they make gloo's shutdown hang at exit now and then
 
@@ -58,7 +63,8 @@ def shard(model, device_type, bf16):
                                   cast_forward_inputs=False) if bf16 else MixedPrecisionPolicy()
     for block in unique_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=blocks)
-    fully_shard(model, mesh=mesh)
+    # the root too frees its gathered weights after a forward: an evaluation (no backward) leaves none behind
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
     return model
 
 
@@ -73,6 +79,53 @@ def shard_optimizer_state(state_dict, optimizer):
         state[i] = {k: distribute_tensor(v.to(p.device_mesh.device_type), p.device_mesh, p.placements)
                     if isinstance(p, DTensor) and v.shape == p.shape else v for k, v in entry.items()}
     return {"state": state, "param_groups": state_dict["param_groups"]}
+
+
+# -----------------------------------------------------------------------------
+# The calls train.py makes (ddp.py has the same for the whole model)
+
+def check_launch(distributed):
+    if not distributed:
+        raise UsageError("--fsdp=true shards over processes started by torchrun, e.g. torchrun --standalone "
+                         "--nproc_per_node=8 train.py ... --fsdp=true (one process: --nproc_per_node=1)")
+
+
+def load_resume(out_dir):
+    """The run in OUT_DIR to continue: ckpt.pt whole, when it is the newer, to be cut into this rank's shards by
+    load(); else the sharded checkpoint's plain data with a model of its config, whose shards load() reads."""
+    if checkpoint.newest(out_dir) == "full":
+        return checkpoint.load_full_for_resume(out_dir)
+    meta = checkpoint.read_pointer(out_dir)
+    return {**meta, "rng": rng_from_json(meta["rng"]), "model": RecursiveGPT(Config.from_dict(meta["model_config"])),
+            "path": os.path.join(out_dir, POINTER)}
+
+
+def wrap(model, device, tc, scratch):
+    """(the sharded model, what trains: the same, compiled with --compile). A scratch model takes rank 0's
+    initial weights first, as DDP does, so that every shard comes from the same model."""
+    model = model.to(device)  # NCCL broadcasts GPU tensors; fully_shard keeps the shards where they are
+    if scratch:
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+    # bf16 gathering on GPUs only: CPU autocast runs LayerNorm in the input's dtype, so bf16 weights cannot meet
+    # a float32 residual stream there (CUDA autocast computes LayerNorm in float32)
+    cuda = device.startswith("cuda")
+    shard(model, device.split(":")[0], bf16=tc.dtype == "bfloat16" and cuda)
+    return model, torch.compile(model) if tc.compile else model
+
+
+def sync(model, last):
+    """FSDP reduce-scatters the gradients at every micro-batch, so that no rank holds a whole gradient."""
+    return nullcontext()
+
+
+def load(resume, model, optimizer):
+    """Into the sharded model and its AdamW: a sharded checkpoint's shards (each rank its own), or a whole
+    checkpoint's optimizer state cut to this rank's shards (its weights came with the model)."""
+    if "folder" in resume:
+        load_sharded(os.path.dirname(resume["path"]), resume, model, optimizer)
+    else:
+        optimizer.load_state_dict(shard_optimizer_state(resume["optimizer"], optimizer))
 
 
 # -----------------------------------------------------------------------------
@@ -91,38 +144,14 @@ def tensors(model, optimizer):
     return out
 
 
-def read_pointer(out_dir):
-    """The parsed OUT_DIR/ckpt-sharded.json, or None when there is none."""
-    path = os.path.join(out_dir, POINTER)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-        Config.from_dict(meta["model_config"])
-        meta["iter_num"], meta["train_config"], meta["folder"]  # noqa: B018 (present)
-        return meta
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); delete it (and its shards folder) "
-                              f"or point --out_dir at another run") from None
-
-
-def write_json_atomically(obj, path):
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def save_sharded(out_dir, model, optimizer, data, master):
+def save(out_dir, model, optimizer, master, data):
     """Every rank writes its shards into a new folder; then rank 0 points ckpt-sharded.json at it (atomic
     replace) and removes the previous folder. `data`: the checkpoint's plain entries (configs, iter_num, ...)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     folder = f"shards-{data['iter_num']:08d}"
     path = os.path.join(out_dir, folder)
+    data = {**data, "rng": rng_to_json(data["rng"])}  # the pointer is JSON
     if master and os.path.exists(path):  # a leftover of an interrupted write at this iteration
         shutil.rmtree(path)
     dist.barrier()
@@ -132,21 +161,11 @@ def save_sharded(out_dir, model, optimizer, data, master):
         raise CheckpointError(f"writing the sharded checkpoint {path} failed ({cause(e)}); "
                               f"{os.path.join(out_dir, POINTER)} still names the last good one") from None
     if master:
-        old = read_pointer(out_dir)
-        write_json_atomically({**data, "folder": folder}, os.path.join(out_dir, POINTER))
+        old = checkpoint.read_pointer(out_dir)
+        runfiles.write_json(os.path.join(out_dir, POINTER), {**data, "folder": folder})
         if old and old["folder"] != folder:
             shutil.rmtree(os.path.join(out_dir, old["folder"]), ignore_errors=True)
     dist.barrier()
-
-
-def remove_unfinished(out_dir):
-    """Remove shards folders the pointer does not name (writes that were killed) and its temporary files."""
-    meta = read_pointer(out_dir)
-    for name in os.listdir(out_dir):
-        if name.startswith("shards-") and (meta is None or name != meta["folder"]):
-            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
-        elif name.startswith(POINTER + ".") and name.endswith(".tmp"):
-            os.remove(os.path.join(out_dir, name))
 
 
 def metadata_reader(path):
@@ -208,7 +227,7 @@ def stored_keys(out_dir, meta):
         raise failed(path, e) from None
 
 
-def load(state, out_dir, meta, no_dist=False):
+def dcp_load(state, out_dir, meta, no_dist=False):
     """DCP-load `state` (a dict of tensors, each filled in place) from the folder `meta` names; any failure
     (a missing, truncated or foreign shard) is one CheckpointError, raised on every rank (DCP gathers one
     rank's failure to all). no_dist: this process reads everything by itself."""
@@ -231,12 +250,13 @@ def load_sharded(out_dir, meta, model, optimizer):
                               "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
     if not any(k.startswith("optim.") for k in stored_keys(out_dir, meta)):  # saved before the first step
         optimizer.state.clear()
-    load(tensors(model, optimizer), out_dir, meta)
+    dcp_load(tensors(model, optimizer), out_dir, meta)
 
 
 def load_whole(out_dir, meta):
-    """A sharded checkpoint as (model, checkpoint dict in ckpt.pt's layout) in one process: for DDP and
-    single-process resumes and for consolidation."""
+    """A sharded checkpoint in one process, as the dict a resume continues from (checkpoint.py's
+    load_full_for_resume: ckpt.pt's entries, "model" the model): for DDP and single-process resumes and for
+    consolidation."""
     model = RecursiveGPT(Config.from_dict(meta["model_config"]))
     tc = meta["train_config"]
     optimizer = model.configure_optimizer(tc["weight_decay"], tc["lr"] or 0.0, (tc["beta1"], tc["beta2"]))
@@ -245,10 +265,10 @@ def load_whole(out_dir, meta):
             optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32), "exp_avg": torch.zeros_like(p),
                                   "exp_avg_sq": torch.zeros_like(p)}
     with torch.no_grad():  # under torchrun too, each process reads the whole checkpoint by itself
-        load(tensors(model, optimizer), out_dir, meta, no_dist=True)
+        dcp_load(tensors(model, optimizer), out_dir, meta, no_dist=True)
     ckpt = {k: v for k, v in meta.items() if k not in ("folder", "rng")}
-    ckpt.update(model=model.state_dict(), optimizer=optimizer.state_dict(), rng=rng_from_json(meta["rng"]))
-    return model, ckpt
+    return {**ckpt, "model": model, "optimizer": optimizer.state_dict(), "rng": rng_from_json(meta["rng"]),
+            "path": os.path.join(out_dir, POINTER)}
 
 
 def rng_to_json(rng):
@@ -259,41 +279,20 @@ def rng_from_json(rng):
     return {k: torch.tensor(v, dtype=torch.uint8) for k, v in rng.items()}
 
 
-def iter_of_full(out_dir):
-    """iter_num of OUT_DIR/ckpt.pt without reading its tensors (memory-mapped), or None."""
-    path = os.path.join(out_dir, "ckpt.pt")
-    if not os.path.isfile(path):
-        return None
-    try:
-        return torch.load(path, mmap=True, weights_only=True, map_location="cpu")["iter_num"]
-    except Exception:
-        return -1  # corrupt: load_checkpoint will say so, unless the sharded checkpoint is taken
-
-
-def newest(out_dir):
-    """Which checkpoint a resume takes: "sharded", "full" (ckpt.pt) or None; the one at the later iteration,
-    the sharded one on a tie (a consolidated ckpt.pt is its copy)."""
-    meta = read_pointer(out_dir)
-    full = iter_of_full(out_dir)
-    if meta is None:
-        return None if full is None else "full"
-    return "sharded" if full is None or meta["iter_num"] >= full else "full"
-
-
 def consolidate(out_dir):
     """OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (written atomically), the file sample.py, probe.py,
     table1.py and lm_eval_mesh.py read. Needs the whole model and its AdamW state in this machine's memory."""
-    meta = read_pointer(out_dir)
+    meta = checkpoint.read_pointer(out_dir)
     if meta is None:
         raise CheckpointError(f"no sharded checkpoint in {out_dir} (no {POINTER}); train one with "
                               f"torchrun ... train.py --fsdp=true --out_dir={out_dir}")
-    _, ckpt = load_whole(out_dir, meta)
-    save_checkpoint(ckpt, os.path.join(out_dir, "ckpt.pt"))
+    ckpt = load_whole(out_dir, meta)
+    del ckpt["path"]
+    checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()}, os.path.join(out_dir, checkpoint.CKPT))
     return ckpt["iter_num"]
 
 
 def main(argv):
-    from configurator import report
     if len(argv) != 1 or argv[0].startswith("-"):
         print("usage: python fsdp.py OUT_DIR   (writes OUT_DIR/ckpt.pt from its sharded checkpoint)", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ through this file, which is lm_eval's own command line with `--model mesh` fille
 (the paper's zero-shot suite; every other lm_eval flag works as usual: --num_fewshot, --limit,
 --output_path, ...). model_args: out_dir (default out), dtype (float32, bfloat16 or float16) and
 max_gen_toks (default 256); pretrained=PATH evaluates a Hugging Face GPT-NeoX folder (a Pythia
-download) instead, imported as checkpoint.load_hf does, with the folder's own tokenizer.json:
+download) instead, imported as hf.load_hf does, with the folder's own tokenizer.json:
 
     python lm_eval_mesh.py --model_args pretrained=pythia-160m --tasks lambada_openai,piqa
 
@@ -28,9 +28,11 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from checkpoint import load_checkpoint, load_hf
+import checkpoint
 from configurator import report
-from data.prepare import PrepareError, Tokenizer, checkpoint_dataset
+from data.loader import checkpoint_dataset
+from data.tokenizer import Tokenizer
+from hf import load_hf
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -61,7 +63,7 @@ class MeshLM(TemplateLM):
         if pretrained:  # a Hugging Face GPT-NeoX folder (a Pythia download), with its own tokenizer.json
             model, self.tokenizer = load_hf(pretrained, device), Tokenizer("bpe", path=pretrained)
         else:
-            model, ckpt = load_checkpoint(out_dir, device)
+            model, ckpt = checkpoint.load(out_dir, device)
             self.tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
         self.model = model.to(getattr(torch, dtype)).eval()
         self._device = torch.device(device)
@@ -163,7 +165,7 @@ if __name__ == "__main__":
     sys.argv[1:1] = ["run", "--model", "mesh"]
     try:
         cli_evaluate()
-    except (ValueError, TypeError, PrepareError) as e:  # a bad out_dir, model_args, task or character: one line
+    except (ValueError, TypeError) as e:  # a bad out_dir, model_args, task or character: one line
         sys.exit(report("lm_eval_mesh.py", e))
     except OSError as e:  # e.g. a task's dataset that is neither cached nor downloadable (offline)
         sys.exit(report("lm_eval_mesh.py", f"{type(e).__name__}: {e} (lm_eval downloads each task's data from "

@@ -22,15 +22,17 @@ Checkpoints and the Hugging Face import are in checkpoint.py.
 """
 
 import argparse
-import difflib
 import math
 import re
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from configurator import closest
 
 SCHEMES = ("base", "residual", "anchor", "anchor_emb", "mesh")
 MESH_CHOICES = {"cycle": ("routed", "direct"), "router_init": ("uniform", "base"),  # the paper leaves these
@@ -52,13 +54,6 @@ PRESETS = {
     "classroom": dict(n_embd=128, n_head=4, layout="2+4R2+2", scheme="mesh", block_size=64,
                       vocab_size=65, lr=1e-3),
 }
-
-
-def closest(name, options, flag=False):
-    """" (did you mean 'X'?)" for the nearest of options, " (did you mean --X?)" for a flag, or "" when none is
-    close: the project's one did-you-mean (configurator.py, data/prepare.py and the scripts use it too)."""
-    match = difflib.get_close_matches(str(name), list(options), n=1, cutoff=0.5)
-    return "" if not match else f" (did you mean --{match[0]}?)" if flag else f" (did you mean {match[0]!r}?)"
 
 
 # -----------------------------------------------------------------------------
@@ -191,6 +186,12 @@ class Config:
     @property
     def slots(self):  # B, resolved
         return self.n_slots if self.n_slots is not None else self.n_steps + 3
+
+    def flops_per_token(self):
+        """Training FLOPs per token: 6 x unrolled non-embedding params (a shared core counts once per
+        application) + 6 x D x V for the head + attention 12 x layers x D x T (nanoGPT / PaLM). MFU's numerator."""
+        D, L = self.n_embd, self.shape.depth
+        return 6 * (L * (12 * D * D + 13 * D) + D * self.vocab_size) + 12 * L * D * self.block_size
 
     def to_dict(self):
         return asdict(self)  # plain data, saved with every checkpoint
@@ -485,6 +486,19 @@ class RecursiveGPT(nn.Module):
         if targets is not None:  # -1 marks a position without a target; autocast computes this in float32
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
+
+    @torch.no_grad()
+    def evaluate(self, batches, autocast=nullcontext()):
+        """The mean loss of each (inputs, targets) batch, in evaluation mode (no dropout): train.py's
+        evaluation every eval_interval, and table1.py's of the final checkpoints."""
+        training = self.training
+        self.eval()
+        losses = []
+        for x, y in batches:
+            with autocast:
+                losses.append(self(x, y)[1].float().item())
+        self.train(training)
+        return losses
 
     def configure_optimizer(self, weight_decay, lr, betas=(0.9, 0.95), device_type="cpu"):
         """AdamW with weight decay on matrices (Linear weights, embeddings, router weights) only:

@@ -30,9 +30,11 @@ import warnings
 import numpy as np
 import torch
 
-from checkpoint import CheckpointError, load_checkpoint
-from configurator import UsageError, check_writable, resolve_device
-from data.prepare import PrepareError, checkpoint_dataset, load_split, random_windows
+import checkpoint
+from configurator import UsageError
+from data.loader import checkpoint_dataset, load_split, random_windows
+from machine import resolve_device
+from runfiles import check_writable
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance between distinct
 # tokens of the state. A bandwidth relative to the median makes CKA invariant to an isotropic scaling
@@ -45,10 +47,6 @@ from data.prepare import PrepareError, checkpoint_dataset, load_split, random_wi
 SIGMA_FRAC = 0.8
 TOP_K = 50         # singular values per state (Fig. 5)
 CHUNK = 8          # sequences per forward pass
-
-
-class ProbeError(ValueError):
-    pass
 
 
 # -----------------------------------------------------------------------------
@@ -109,22 +107,12 @@ def spectrum(X, k=TOP_K):
 # -----------------------------------------------------------------------------
 # Data: the checkpoint's own validation split
 
-def load_val(train_config, trained_on=None):
-    """The validation tokens (a 1-d array) of the dataset a checkpoint was trained on; trained_on: the
-    checkpoint's record of that data (its "data"), refused by name when the dataset has changed since."""
-    folder = checkpoint_dataset(train_config, trained_on)
-    path = os.path.join(folder, "val.bin")
-    if not os.path.isfile(path):
-        raise ProbeError(f"no prepared validation split at {path}; prepare dataset {train_config['dataset']!r} "
-                         f"again with data/prepare.py")
-    return load_split(folder, "val")
-
-
-def windows(data, length, n, seed):
-    """n windows of `length` validation tokens (data/prepare.py's random_windows) -> int64 tensor (n, length)."""
-    if len(data) < length:
-        raise ProbeError(f"the validation split has {len(data)} tokens, fewer than one window of {length}")
-    return torch.from_numpy(random_windows(data, length, n, seed))
+def validation_windows(ckpt, length, n, seed):
+    """n windows of `length` tokens of the validation split of the dataset the checkpoint trained on (refused
+    by name when it has changed since), at positions from a generator seeded by seed -> int64 tensor (n, length):
+    the same for every checkpoint of that dataset."""
+    val = load_split(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")), "val")
+    return torch.from_numpy(random_windows(val, length, n, seed))
 
 
 # -----------------------------------------------------------------------------
@@ -182,9 +170,9 @@ def nan_to_none(rows):
 
 
 def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device):
-    model, ckpt = load_checkpoint(out_dir, device)
+    model, ckpt = checkpoint.load(out_dir, device)
     cfg = model.config
-    idx = windows(load_val(ckpt["train_config"], ckpt.get("data")), cfg.block_size, num_samples, seed).to(device)
+    idx = validation_windows(ckpt, cfg.block_size, num_samples, seed).to(device)
     result = {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "num_samples": num_samples,
               "seq_len": cfg.block_size, "seed": seed}
     result.update(probe(model, idx, sigma_frac))
@@ -325,7 +313,7 @@ def main(argv=None):
     for out_dir in a.out_dir:
         try:
             results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device))
-        except (CheckpointError, ProbeError, PrepareError) as e:
+        except ValueError as e:  # the project's errors: a missing or damaged checkpoint, a changed dataset, ...
             ap.exit(2, f"probe.py: error: {e}\n")
         print(report(results[-1]))
     if a.json:

@@ -4,9 +4,9 @@ Sample text from a trained nanoMeSH checkpoint.
     python sample.py --out_dir=out --start="ROMEO:" --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0.8 --top_k=50
 
-Decodes with the tokenizer recorded in the training dataset's meta.json, and uses the
-KV cache (one entry per applied block) for fast decoding; --compile=true compiles the model
-first (the prompt and the one-token steps each get one graph).
+Decodes with the tokenizer of the dataset the checkpoint trained on (its meta.json), and uses the
+KV cache (one entry per applied block) for fast decoding; --compile=true compiles the model first
+(the prompt and the one-token steps each get one graph).
 """
 
 import os
@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from checkpoint import CheckpointError, load_checkpoint
-from configurator import UsageError, parse_flags, report, resolve_device
-from data.prepare import PrepareError, Tokenizer, checkpoint_dataset
+import checkpoint
+import guards
+from configurator import UsageError
+from data.loader import checkpoint_dataset
+from data.tokenizer import Tokenizer
+from machine import resolve_device
 
 
 @dataclass
@@ -40,51 +43,40 @@ class SampleConfig:
                              f"{self.max_new_tokens} at least 0")
 
 
-def default_prompt(tokenizer):
-    """A new line, where the training text has one; else the empty prompt (token 0)."""
-    return "\n" if tokenizer.kind != "char" or "\n" in tokenizer.chars else ""
-
-
 def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=None, device="cpu", num_samples=1):
     """Continue the text `start` num_samples times; returns the decoded strings (prompt included)."""
     ids = tokenizer.encode(start) or [0]  # an empty prompt starts from token 0
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (N, T)
-    model.eval()
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k)
+    out = model.eval().generate(idx, max_new_tokens, temperature=temperature, top_k=top_k)
     return [tokenizer.decode(row.tolist()) for row in out]
 
 
-def main(argv):
-    given = {}
-    try:
-        given = parse_flags(SampleConfig, argv, "sample.py")
-        sc = SampleConfig(**given)
-        device = resolve_device(sc.device)
-        if not os.path.isdir(sc.out_dir):
-            raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
-                             f"python train.py --out_dir={sc.out_dir}")
-        model, ckpt = load_checkpoint(sc.out_dir, device)
-        if sc.compile:  # the KV cache is preallocated, so every one-token step has the same shapes: one graph
-            model.compile()
-        tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
-        start = sc.start if "start" in given else default_prompt(tokenizer)
-        if start.startswith("FILE:"):
-            try:
-                with open(start[5:], encoding="utf-8") as f:
-                    start = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                raise UsageError(f"cannot read the prompt file {start[5:]!r}: {e}") from None
-        torch.manual_seed(sc.seed)
-        texts = complete(model, tokenizer, start, sc.max_new_tokens, sc.temperature, sc.top_k, device,
-                         sc.num_samples)
-    except (UsageError, CheckpointError, PrepareError, ValueError) as e:
-        if given.get("debug"):
-            raise
-        return report("sample.py", e)
-    for text in texts:
+def sample(given):
+    sc = SampleConfig(**given)
+    device = resolve_device(sc.device)
+    if not os.path.isdir(sc.out_dir):
+        raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
+                         f"python train.py --out_dir={sc.out_dir}")
+    model, ckpt = checkpoint.load(sc.out_dir, device)
+    if sc.compile:  # the KV cache is preallocated, so every one-token step has the same shapes: one graph
+        model.compile()
+    tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
+    start = sc.start if "start" in given else tokenizer.default_prompt
+    if start.startswith("FILE:"):
+        try:
+            with open(start[5:], encoding="utf-8") as f:
+                start = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read the prompt file {start[5:]!r}: {e}") from None
+    torch.manual_seed(sc.seed)
+    for text in complete(model, tokenizer, start, sc.max_new_tokens, sc.temperature, sc.top_k, device, sc.num_samples):
         print(text)
         print("---------------")
     return 0
+
+
+def main(argv):
+    return guards.command("sample.py", SampleConfig, sample, argv)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-import probe
-from checkpoint import load_checkpoint
-from configurator import machine_name
-from mesh import Config, RecursiveGPT, closest
-from train import batch_losses
+import checkpoint
+from configurator import closest
+from data.loader import checkpoint_dataset, load_split, random_windows
+from machine import machine_name
+from mesh import Config, RecursiveGPT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
@@ -104,14 +104,14 @@ def ms_per_iter(log_path):
 
 def val_loss(model, batches):
     """Mean cross-entropy over batches (n, B, T+1): every batch has B x T targets, so this is the token mean."""
-    return statistics.fmean(batch_losses(model, ((w[:, :-1], w[:, 1:]) for w in batches)))
+    return statistics.fmean(model.evaluate((w[:, :-1], w[:, 1:]) for w in batches))
 
 
 def eval_batches(ckpt, model):
-    T = model.config.block_size
-    n = EVAL_BATCHES * TRAIN["batch_size"]
-    val = probe.load_val(ckpt["train_config"], ckpt.get("data"))
-    return probe.windows(val, T + 1, n, EVAL_SEED).view(EVAL_BATCHES, -1, T + 1)
+    """EVAL_BATCHES batches of validation windows, the same for every run: (EVAL_BATCHES, batch, T+1)."""
+    T, n = model.config.block_size, EVAL_BATCHES * TRAIN["batch_size"]
+    val = load_split(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")), "val")
+    return torch.from_numpy(random_windows(val, T + 1, n, EVAL_SEED)).view(EVAL_BATCHES, -1, T + 1)
 
 
 def run_one(run, root, max_iters, env=None):
@@ -135,7 +135,7 @@ def run_one(run, root, max_iters, env=None):
         with open(os.path.join(out_dir, "train.out")) as f:
             tail = f.read()[-2000:]
         sys.exit(f"{tail}\ntable1.py: error: {run['name']} failed (exit {rc}); full output in {out_dir}/train.out")
-    model, ckpt = load_checkpoint(out_dir)
+    model, ckpt = checkpoint.load(out_dir)
     result = dict(run, max_iters=max_iters, iter_num=ckpt.get("iter_num"), n_slots=model.config.slots
                   if run["scheme"] == "mesh" else None, params=model.num_params(),
                   val_loss=val_loss(model, eval_batches(ckpt, model)), eval_batches=EVAL_BATCHES,
@@ -159,8 +159,7 @@ def mean_std(values):
     values = [v for v in values if v is not None]
     if not values:
         return None, None
-    mean, std = probe.mean_std(values, ddof=1)
-    return float(mean), None if std is None else float(std)
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 def aggregate(results, vanilla, seeds, layouts=(LOOP_LAYOUT,)):
@@ -308,9 +307,10 @@ def main(argv=None):
         names = [run_name(v, layout, 0) for v in ("base", "mesh")]
         figures = [os.path.join(a.root, n) for n in names if any(r["name"] == n for r in results)]
         tag = "" if layout == LOOP_LAYOUT else f"_{layout}"
-        if figures:
-            probe.main([f"--out_dir={d}" for d in figures] + [f"--json={a.results}/table1_probe{tag}.json",
-                                                               f"--png={a.results}/table1_probe{tag}"])
+        if figures:  # probe.py as a command, as train.py is
+            subprocess.run([sys.executable, os.path.join(HERE, "probe.py"), *(f"--out_dir={d}" for d in figures),
+                            f"--json={a.results}/table1_probe{tag}.json", f"--png={a.results}/table1_probe{tag}"],
+                           check=True)
 
 
 if __name__ == "__main__":

@@ -31,11 +31,9 @@ import unicodedata
 
 import numpy as np
 
+from data import DataError
+
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-
-class TokenizerFileError(ValueError):
-    """tokenizer.json is missing, unreadable or of a kind we cannot run."""
 
 
 def bytes_to_unicode():
@@ -64,7 +62,7 @@ def read_tokenizer_json(path):
         if not isinstance(spec, dict) or "model" not in spec:
             raise ValueError("no 'model'")
     except (OSError, ValueError) as e:
-        raise TokenizerFileError(f"cannot read the tokenizer {file} ({type(e).__name__}: {e}); give a Hugging "
+        raise DataError(f"cannot read the tokenizer {file} ({type(e).__name__}: {e}); give a Hugging "
                                  f"Face tokenizer.json or a model folder holding one") from None
     return file, spec
 
@@ -117,7 +115,7 @@ class ByteLevelBPE:
             try:
                 from tokenizers import Tokenizer as HFTokenizer
             except ImportError:
-                raise TokenizerFileError(f"{self.file} cannot be run exactly by tiktoken ({why}); "
+                raise DataError(f"{self.file} cannot be run exactly by tiktoken ({why}); "
                                          f"pip install tokenizers to use it") from None
             self._hf = HFTokenizer.from_file(self.file)
         self.backend = "tokenizers" if self._hf else "tiktoken"

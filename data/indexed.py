@@ -23,12 +23,14 @@ The .idx file, all integers little-endian:
 Reading maps both files and copies nothing, so memory stays constant whatever the size. Opening
 checks the header, that the file sizes agree with it, and that the sequences tile the .bin exactly
 (pointer i+1 = pointer i + size i x itemsize, the last one ending at the end of the .bin), in
-slices of a few MB; anything else is a PrepareError naming the file.
+slices of a few MB; anything else is a DataError naming the file.
 """
 import array
 import os
 
 import numpy as np
+
+from data import DataError
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -37,11 +39,6 @@ HEADER = len(MAGIC) + 8 + 1 + 8 + 8  # 34 bytes
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
 CODES = {np.dtype(t): c for c, t in DTYPES.items()}
 CHECK_SLICE = 1 << 20  # sequences checked at a time: bounded memory for any index
-
-
-def _error(msg):
-    from data.prepare import PrepareError  # here, not at the top: prepare.py imports this module
-    return PrepareError(msg)
 
 
 def indexed_prefix(path):
@@ -59,7 +56,7 @@ class IndexedDataset:
     def __init__(self, path):
         prefix = indexed_prefix(path)
         if prefix is None:
-            raise _error(f"{path} is not an indexed dataset: no {path}.idx and {path}.bin, nor document.idx "
+            raise DataError(f"{path} is not an indexed dataset: no {path}.idx and {path}.bin, nor document.idx "
                          f"and document.bin in it")
         self.prefix, idx = prefix, prefix + ".idx"
         fix = f"{idx} is not a valid MMIDIDX index"
@@ -67,19 +64,19 @@ class IndexedDataset:
         with open(idx, "rb") as f:
             head = f.read(HEADER)
         if len(head) < HEADER or head[:len(MAGIC)] != MAGIC:
-            raise _error(f"{fix}: it does not start with the magic {MAGIC!r}; give the .idx of a Megatron / "
+            raise DataError(f"{fix}: it does not start with the magic {MAGIC!r}; give the .idx of a Megatron / "
                          f"GPT-NeoX dataset (or write one with data/prepare.py --format=indexed)")
         version = int.from_bytes(head[9:17], "little")
         code = head[17]
         n, m = int.from_bytes(head[18:26], "little"), int.from_bytes(head[26:34], "little")
         if version != VERSION:
-            raise _error(f"{fix}: version {version}, expected {VERSION}")
+            raise DataError(f"{fix}: version {version}, expected {VERSION}")
         if code not in DTYPES:
-            raise _error(f"{fix}: dtype code {code} is not an integer token type (known: "
+            raise DataError(f"{fix}: dtype code {code} is not an integer token type (known: "
                          f"{', '.join(f'{c} = {np.dtype(t).name}' for c, t in sorted(DTYPES.items()))})")
         want = HEADER + 4 * n + 8 * n + 8 * m
         if size != want:
-            raise _error(f"{fix}: its header promises {n} sequences and {m} document entries ({want} bytes) "
+            raise DataError(f"{fix}: its header promises {n} sequences and {m} document entries ({want} bytes) "
                          f"but the file has {size} bytes; it is truncated or damaged: download it again")
         self.dtype = np.dtype(DTYPES[code])
         self.sizes = np.memmap(idx, dtype="<i4", mode="r", offset=HEADER, shape=(n,)) if n else np.zeros(0, "<i4")
@@ -102,12 +99,12 @@ class IndexedDataset:
             wrong = np.flatnonzero((sizes < 0) | (pointers != starts))
             if len(wrong):
                 i = lo + int(wrong[0])
-                raise _error(f"{bad}: sequence {i} has size {int(self.sizes[i])} at byte offset "
+                raise DataError(f"{bad}: sequence {i} has size {int(self.sizes[i])} at byte offset "
                              f"{int(self.pointers[i])}, expected a size >= 0 at offset {int(starts[wrong[0]])}; "
                              f"the index is damaged: download it again")
             end = int(starts[-1] + sizes[-1] * item)
         if end != bin_bytes:
-            raise _error(f"{bad}: the index covers {end} bytes ({end // item} {self.dtype.name} tokens) but the "
+            raise DataError(f"{bad}: the index covers {end} bytes ({end // item} {self.dtype.name} tokens) but the "
                          f".bin has {bin_bytes}; one of the two is truncated or from another dataset")
         self.n_tokens = end // item
 

@@ -3,9 +3,10 @@ End-to-end tests of train.py and sample.py on a tiny prepared dataset: every sch
 trains, resume is exact, 1 vs 2 processes agree, bad input is one line and touches
 nothing, and crashes (kill -9, NaN, Ctrl-C) never lose the last good checkpoint.
 
-    python -m pytest test_train.py -q
+    python -m pytest tests/test_train.py -q
 """
 
+import contextlib
 import hashlib
 import json
 import math
@@ -19,12 +20,16 @@ import pytest
 import torch
 
 import checkpoint
+import machine
 import mesh
 import sample
 import train
-from data.prepare import Tokenizer, prepare
+from configurator import UsageError, parse_flags
+from data.loader import load_split
+from data.prepare import prepare
+from data.tokenizer import Tokenizer
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TEXT = "".join(f"{w} the {v} of {n}.\n" for n in range(400) for w, v in [("Then", "king"), ("So", "queen")])
 TINY = ["--n_embd=32", "--n_head=2", "--block_size=16", "--batch_size=4", "--layout=1+1R2+1",
         "--eval_iters=2", "--log_interval=1", "--sample_tokens=0", "--dataset=tiny"]
@@ -54,11 +59,15 @@ def losses(out_dir, key="loss"):
         return [(r["iter"], r[key]) for r in map(json.loads, f) if key in r]
 
 
-def trainer_for(data_root, tmp_path, *flags):
-    """A Trainer on the tiny dataset, built as train.main builds it, without training."""
-    given = train.parse_flags(train.TrainConfig, [*TINY, f"--data_root={data_root}", f"--out_dir={tmp_path / 'out'}",
-                                                  *flags], "train.py")
-    return train.Trainer(train.TrainConfig(**given), given)
+def tiny_run(data_root, *flags):
+    """The TrainConfig, model (as train.py initialises it) and train / val tokens of a tiny run, built apart
+    from train.py: what a test compares train.py's own computation with."""
+    given = parse_flags(train.TrainConfig, [*TINY, f"--data_root={data_root}", *flags], "train.py")
+    tc = train.TrainConfig(**given)
+    folder = os.path.join(data_root, "tiny")
+    torch.manual_seed(tc.seed)
+    model = mesh.RecursiveGPT(train.model_config(tc, Tokenizer.load(folder).vocab_size))
+    return tc, model, load_split(folder, "train"), load_split(folder, "val")
 
 
 def snapshot(*folders):
@@ -80,7 +89,7 @@ def test_every_scheme_trains_and_samples(scheme, data_root, tmp_path, capsys):
     log = losses(out)
     assert [i for i, _ in log] == list(range(1, 9))
     assert log[-1][1] < log[0][1]  # the loss falls
-    model, ckpt = checkpoint.load_checkpoint(str(out))
+    model, ckpt = checkpoint.load(str(out))
     assert ckpt["iter_num"] == 8 and model.config.scheme == scheme
     assert not any("module." in k or "_orig_mod." in k for k in ckpt["model"])
     capsys.readouterr()
@@ -123,56 +132,64 @@ def test_lr_schedule_is_warmup_then_cosine_to_min_lr():
 
 def test_train_step_applies_the_recipe(data_root, tmp_path, monkeypatch):
     """One step over --grad_accum=2: clipping (at --grad_clip) sees the mean of the micro-batches'
-    gradients; AdamW gets this step's lr, betas (0.9, 0.95) and weight decay 0.01 on matrices only;
-    warmup defaults to 1% of lr_decay_iters and min_lr to 10% of lr; --grad_clip=0 skips clipping."""
-    trainer = trainer_for(data_root, tmp_path, "--grad_accum=2", "--grad_clip=0.5", "--lr=1e-2", "--lr_decay_iters=300")
-    tc, model = trainer.tc, trainer.raw_model
-    assert (tc.warmup_iters, tc.min_lr) == (3, pytest.approx(1e-3))
+    gradients, computed here apart from train.py; AdamW gets this step's lr (warmup defaults to 1% of
+    lr_decay_iters), betas (0.9, 0.95) and weight decay 0.01 on matrices only; --grad_clip=0 skips clipping."""
+    flags = ["--grad_accum=2", "--grad_clip=0.5", "--lr=1e-2", "--lr_decay_iters=300", "--max_iters=1"]
+    tc, model, train_data, _ = tiny_run(data_root, *flags)
     params = list(model.parameters())
     expect = [torch.zeros_like(p) for p in params]
     for m in range(2):
-        x, y = train.get_batch(trainer.train_data, tc, model.config.block_size, (0, 0, m), "cpu")
+        x, y = train.get_batch(train_data, tc, model.config.block_size, (0, 0, m), "cpu")
         for e, g in zip(expect, torch.autograd.grad(model(x, y)[1], params)):
             e += g / 2
-    seen, real = [], torch.nn.utils.clip_grad_norm_
+    clipped, stepped = [], []
+    real_clip, real_step = torch.nn.utils.clip_grad_norm_, torch.optim.AdamW.step
 
-    def spy(ps, max_norm, *a, **kw):
+    def clip(ps, max_norm, *a, **kw):
         ps = list(ps)
-        seen.append(([p.grad.clone() for p in ps], max_norm))
-        return real(ps, max_norm, *a, **kw)
+        clipped.append(([p.grad.clone() for p in ps], max_norm))
+        return real_clip(ps, max_norm, *a, **kw)
 
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
-    trainer.stop = False
-    _, lr, _ = trainer.step()
-    (grads, max_norm), = seen
+    def step(self, *a, **kw):
+        stepped.append([dict(g) for g in self.param_groups])
+        return real_step(self, *a, **kw)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    assert run(flags, data_root, tmp_path / "a") == 0
+    (grads, max_norm), = clipped
     assert max_norm == 0.5
     for e, g in zip(expect, grads, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-7)
-    groups = trainer.optimizer.param_groups
-    assert lr == pytest.approx(1e-2 / 4) and [g["lr"] for g in groups] == [lr] * len(groups)
+    (groups,) = stepped
+    assert [g["lr"] for g in groups] == [pytest.approx(1e-2 / 4)] * 2  # warmup 3 steps: 1e-2 x (0 + 1) / (3 + 1)
     assert all(g["betas"] == (0.9, 0.95) for g in groups)
-    decayed = {id(p) for g in groups if g["weight_decay"] == 0.01 for p in g["params"]}
-    assert decayed == {id(p) for p in params if p.dim() >= 2}
-    assert sum(len(g["params"]) for g in groups) == len(params) and {g["weight_decay"] for g in groups} == {0.0, 0.01}
-    trainer.tc.grad_clip = 0
-    trainer.step()
-    assert len(seen) == 1
+    assert [(g["weight_decay"], [p.shape for p in g["params"]]) for g in groups] == \
+        [(0.01, [p.shape for p in params if p.dim() >= 2]), (0.0, [p.shape for p in params if p.dim() < 2])]
+    assert run([*flags, "--grad_clip=0"], data_root, tmp_path / "b") == 0
+    assert len(clipped) == 1 and len(stepped) == 2
 
 
-def test_evaluate_uses_the_same_batches_of_each_split(data_root, tmp_path):
-    """evaluate(): the mean loss over eval_iters batches of each split, the same batches at every evaluation."""
-    trainer = trainer_for(data_root, tmp_path, "--eval_iters=3")
-    model, T = trainer.raw_model, trainer.raw_model.config.block_size
+def test_evaluate_uses_the_same_batches_of_each_split(data_root, monkeypatch):
+    """evaluate(): the mean loss over eval_iters batches of each split, the same batches at every evaluation,
+    shared out over the processes (here two ranks' shares, the last round padded, make the one process's)."""
+    tc, model, train_data, val_data = tiny_run(data_root, "--eval_iters=3")
+    T, splits = model.config.block_size, {"train": train_data, "val": val_data}
 
     def direct(data, code):
         with torch.no_grad():
-            return sum(model(*train.get_batch(data, trainer.tc, T, (code, 0, k), "cpu"))[1].item() for k in range(3)) / 3
+            return sum(model(*train.get_batch(data, tc, T, (code, 0, k), "cpu"))[1].item() for k in range(3)) / 3
 
-    first = trainer.evaluate()
-    trainer.iter_num = 7
-    assert trainer.evaluate() == first
-    assert first["train"] == pytest.approx(direct(trainer.train_data, 1), rel=1e-6)
-    assert first["val"] == pytest.approx(direct(trainer.val_data, 2), rel=1e-6) and first["val"] != first["train"]
+    first = train.evaluate(model, splits, tc, "cpu", contextlib.nullcontext())
+    assert train.evaluate(model, splits, tc, "cpu", contextlib.nullcontext()) == first
+    assert first["train"] == pytest.approx(direct(train_data, 1), rel=1e-6)
+    assert first["val"] == pytest.approx(direct(val_data, 2), rel=1e-6) and first["val"] != first["train"]
+    seen = []
+    model.evaluate = lambda batches, autocast: [seen.append(y.sum().item()) or 1.0 for _, y in batches]
+    monkeypatch.setattr(train.dist, "all_reduce", lambda total: None)  # rank 1 of 2, alone: its own share
+    train.evaluate(model, {"val": val_data}, tc, "cpu", contextlib.nullcontext(), rank=1, world=2)
+    expect = [train.get_batch(val_data, tc, T, (1, 0, k), "cpu")[1].sum().item() for k in (1, 0)]  # 1, then 3 % 3
+    assert seen == expect
 
 
 def test_resume_resolves_lr_dtype_and_compile_afresh(data_root, tmp_path):
@@ -320,8 +337,8 @@ def test_checkpoint_file_gets_the_mode_of_a_plain_save(data_root, tmp_path):
 def test_mfu_peak_by_exact_chip_name(name, peak, monkeypatch):
     """Substrings would mislead ('NVIDIA L40S' contains 'L4'); a chip not listed gets no MFU rather than a wrong one."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert train.peak_bf16_flops("cuda:0", "bfloat16") == peak
-    assert train.peak_bf16_flops("cuda:0", "float32") is None and train.peak_bf16_flops("cpu", "bfloat16") is None
+    assert machine.peak_bf16_flops("cuda:0", "bfloat16") == peak
+    assert machine.peak_bf16_flops("cuda:0", "float32") is None and machine.peak_bf16_flops("cpu", "bfloat16") is None
 
 
 def test_cli_errors_have_no_traceback(data_root, tmp_path):
@@ -367,10 +384,10 @@ class Exploit:
 def test_checkpoints_never_run_code(tmp_path):
     torch.save({"model": Exploit()}, tmp_path / "ckpt.pt")
     with pytest.raises(checkpoint.CheckpointError, match="corrupt or not a nanoMeSH checkpoint"):
-        checkpoint.load_checkpoint(str(tmp_path))
+        checkpoint.load(str(tmp_path))
     torch.save({"model": {}, "model_config": {}}, tmp_path / "ckpt.pt")  # not ours: no train_config
     with pytest.raises(checkpoint.CheckpointError, match=r"not a nanoMeSH checkpoint \(KeyError: 'no train_config'\)"):
-        checkpoint.load_checkpoint(str(tmp_path))
+        checkpoint.load(str(tmp_path))
     assert not (tmp_path / "EXPLOITED").exists() and not os.path.exists(os.path.join(ROOT, "EXPLOITED"))
     needle = "torch" + ".load("  # spelled apart so that this scan does not find itself
     for folder in (ROOT, os.path.join(ROOT, "data")):  # and every torch loading in the project is weights_only
@@ -384,17 +401,19 @@ def test_checkpoints_never_run_code(tmp_path):
 def test_ms_per_iter_leaves_evaluation_out(data_root, tmp_path, monkeypatch):
     """On a fake clock where a step takes 1 s and an evaluation 100 s, every logged ms/iter is 1000."""
     clock = [0.0]
-    step, evaluate = train.Trainer.step, train.Trainer.evaluate
+    get_batch, evaluate = train.get_batch, train.evaluate
 
-    def timed(fn, seconds):
-        def wrapper(self):
-            clock[0] += seconds
-            return fn(self)
-        return wrapper
+    def batch(data, tc, T, key, device):
+        clock[0] += 1.0 if key[0] == 0 else 0.0  # a training batch: one a step (grad_accum 1)
+        return get_batch(data, tc, T, key, device)
+
+    def evaluation(*a, **kw):
+        clock[0] += 100.0
+        return evaluate(*a, **kw)
 
     monkeypatch.setattr(train.time, "time", lambda: clock[0])
-    monkeypatch.setattr(train.Trainer, "step", timed(step, 1.0))
-    monkeypatch.setattr(train.Trainer, "evaluate", timed(evaluate, 100.0))
+    monkeypatch.setattr(train, "get_batch", batch)
+    monkeypatch.setattr(train, "evaluate", evaluation)
     assert run(["--max_iters=9", "--eval_interval=3", "--log_interval=2"], data_root, tmp_path / "clock") == 0
     with open(tmp_path / "clock" / "log.jsonl") as f:
         logged = [(r["iter"], r["ms"]) for r in map(json.loads, f) if "ms" in r]
@@ -464,7 +483,7 @@ def test_kill_9_during_checkpoint_write_never_corrupts(data_root, tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait()
         interrupted_writes += bool(temporaries() - old)
-        model, ckpt = checkpoint.load_checkpoint(str(out))  # raises if ckpt.pt were torn
+        model, ckpt = checkpoint.load(str(out))  # raises if ckpt.pt were torn
         assert ckpt["iter_num"] >= last_iter  # never goes back
         last_iter = ckpt["iter_num"]
     assert interrupted_writes >= 1  # at least one kill landed inside a write
@@ -482,18 +501,18 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
     assert "--grad_accum=1" in text and "micro-batches per optimizer step" in text
     cfg = tmp_path / "c.json"
     cfg.write_text('{"max_iters": 7, "scheme": "base"}')
-    assert train.parse_flags(train.TrainConfig, [str(cfg), "--max_iters=9"], "train.py") == {"max_iters": 9,
+    assert parse_flags(train.TrainConfig, [str(cfg), "--max_iters=9"], "train.py") == {"max_iters": 9,
                                                                                               "scheme": "base"}
-    assert train.parse_flags(train.TrainConfig, ["--compile", "--overwrite"], "train.py") == {"compile": True,
+    assert parse_flags(train.TrainConfig, ["--compile", "--overwrite"], "train.py") == {"compile": True,
                                                                                              "overwrite": True}
     cfg.write_text('{"max_iterz": 7}')
-    with pytest.raises(train.UsageError, match="did you mean --max_iters"):
-        train.parse_flags(train.TrainConfig, [str(cfg)], "train.py")
-    given = train.parse_flags(train.TrainConfig, ["--cycle=direct", "--router_init=base", "--slot0=unscaled"], "train.py")
+    with pytest.raises(UsageError, match="did you mean --max_iters"):
+        parse_flags(train.TrainConfig, [str(cfg)], "train.py")
+    given = parse_flags(train.TrainConfig, ["--cycle=direct", "--router_init=base", "--slot0=unscaled"], "train.py")
     choices = train.model_config(train.TrainConfig(**given), vocab_size=65)  # MeSH's [choice]s reach the model
     assert (choices.cycle, choices.router_init, choices.slot0) == ("direct", "base", "unscaled")
     for name in os.listdir(os.path.join(ROOT, "config")):  # every shipped config is valid
-        given = train.parse_flags(train.TrainConfig, [os.path.join(ROOT, "config", name)], "train.py")
+        given = parse_flags(train.TrainConfig, [os.path.join(ROOT, "config", name)], "train.py")
         tc = train.TrainConfig(**given)
         depth = train.model_config(tc, vocab_size=50304).shape.depth  # a recursive model as deep as its Pythia
         assert depth == mesh.PRESETS[tc.model].get("n_layer", depth) and depth in (12, 16, 24, 32)

@@ -2,7 +2,7 @@
 train.py --fsdp=true (fsdp.py) on CPU with gloo: 2-process FSDP trains as 1 process does, sharded
 checkpoints resume exactly in either mode, consolidate to a ckpt.pt that samples, and fail cleanly.
 
-    python -m pytest test_fsdp.py -q
+    python -m pytest tests/test_fsdp.py -q
 """
 
 import json
@@ -52,7 +52,7 @@ def test_fsdp_equals_one_process_and_resumes_across_modes(data_root, tmp_path, c
     assert sorted(os.listdir(mix)) == ["ckpt-sharded.json", "ckpt.pt", "log.jsonl", "shards-00000006"]
     # the consolidated ckpt.pt is the sharded checkpoint, whole; sample.py reads it
     assert fsdp.main([str(mix)]) == 0
-    model, ckpt = checkpoint.load_checkpoint(str(mix))
+    model, ckpt = checkpoint.load(str(mix))
     assert ckpt["iter_num"] == 6 and set(ckpt["optimizer"]["state"]) == set(range(len(list(model.parameters()))))
     capsys.readouterr()
     assert sample.main([f"--out_dir={mix}", "--start=Then", "--max_new_tokens=10"]) == 0
@@ -91,7 +91,7 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=4", timeout=120)
     assert r.returncode != 0 and r.stderr.count("train.py: error: the sharded checkpoint") == 2, r.stderr[-3000:]
     assert "shards-00000000 is incomplete or corrupt" in r.stderr  # not the unfinished shards-00000001
-    fsdp.remove_unfinished(str(out))  # what a start does
+    checkpoint.remove_unfinished_shards(str(out))  # what a start does
     assert sorted(os.listdir(out)) == ["ckpt-sharded.json", "log.jsonl", "shards-00000000"]
     shards[0].unlink()  # missing, read by one process
     capsys.readouterr()

@@ -2,7 +2,7 @@
 The memory plan (plan.py, `train.py --plan=true`): its activation formula against measured peak memory,
 and the plan's table.
 
-    python -m pytest test_plan.py -q
+    python -m pytest tests/test_plan.py -q
 """
 
 import os
@@ -63,7 +63,7 @@ def test_fsdp_shards_weights_gradients_and_optimizer_state():
 
 def test_plan_prints_the_table_and_allocates_nothing(tmp_path, capsys):
     out = tmp_path / "out"
-    assert train.main([os.path.join(os.path.dirname(os.path.abspath(__file__)), "config/pythia-6.9b_mesh.json"),
+    assert train.main([os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config/pythia-6.9b_mesh.json"),
                        "--plan=true", "--plan_gpus=8", "--gpu_memory=80", f"--out_dir={out}"]) == 0
     text = capsys.readouterr().out
     rows = {line[:18].strip(): line.split() for line in text.splitlines()[2:6]}

@@ -1,7 +1,7 @@
 """
 Tests for probe.py (the paper's diagnostics) and table1.py's pure parts.
 
-    python -m pytest -q test_probe.py
+    python -m pytest -q tests/test_probe.py
 """
 
 import json
@@ -15,7 +15,8 @@ import torch
 
 import probe
 import table1
-from checkpoint import save_checkpoint
+from checkpoint import save as save_checkpoint
+from data.loader import random_windows
 from mesh import SCHEMES, Config, RecursiveGPT
 
 # -----------------------------------------------------------------------------
@@ -205,7 +206,8 @@ def test_probe_names_a_missing_validation_split(tmp_path, capsys):
         probe.main([f"--out_dir={run}"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
-    assert err.startswith(f"probe.py: error: no prepared validation split at {tmp_path}/data/tiny_char/val.bin")
+    assert err == (f"probe.py: error: {tmp_path}/data/tiny_char/val.bin is missing; prepare the dataset again: "
+                   f"python data/prepare.py --dataset tiny_char\n")  # data/loader.py's load_split, as train.py
 
 
 # -----------------------------------------------------------------------------
@@ -238,8 +240,8 @@ def test_table1_val_loss_is_the_token_mean_cross_entropy_of_the_batches():
     torch.manual_seed(0)
     model = RecursiveGPT(Config(**TINY, layout="1+2R2+1", scheme="mesh"))
     data = np.random.default_rng(1).integers(0, TINY["vocab_size"], 500).astype(np.uint16)
-    batches = probe.windows(data, 17, 3 * 4, seed=7).view(3, 4, 17)
-    assert torch.equal(batches, probe.windows(data, 17, 12, seed=7).view(3, 4, 17))  # same batches for every run
+    batches = torch.from_numpy(random_windows(data, 17, 3 * 4, seed=7)).view(3, 4, 17)
+    assert torch.equal(batches, torch.from_numpy(random_windows(data, 17, 12, seed=7)).view(3, 4, 17))  # the same
     with torch.no_grad():
         logits, _ = model(batches.view(12, 17)[:, :-1])
         ref = torch.nn.functional.cross_entropy(logits.reshape(-1, TINY["vocab_size"]), batches.view(12, 17)[:, 1:].reshape(-1))
@@ -248,8 +250,8 @@ def test_table1_val_loss_is_the_token_mean_cross_entropy_of_the_batches():
 
 def test_windows_reach_the_last_start_and_mean_std_is_over_the_population():
     data = np.arange(20, dtype=np.uint16)
-    assert probe.windows(data, 20, 3, seed=0).tolist() == [list(range(20))] * 3  # the one window that fits
-    assert set(probe.windows(data, 18, 200, seed=1)[:, 0].tolist()) == {0, 1, 2}
+    assert random_windows(data, 20, 3, seed=0).tolist() == [list(range(20))] * 3  # the one window that fits
+    assert set(random_windows(data, 18, 200, seed=1)[:, 0].tolist()) == {0, 1, 2}
     mean, std = probe.mean_std([[1.0, 2.0], [3.0, 6.0]])
     assert mean.tolist() == [2.0, 4.0] and std.tolist() == [1.0, 2.0]  # ddof 0: the spread of these rows
 

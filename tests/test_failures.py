@@ -4,7 +4,7 @@ filesystem (where the machine allows mounting one) and a real kill -9 of torchru
 test: nothing is lost (no bad checkpoint replaces a good one, no run spoils another's files), and
 every bad input is one line naming the problem and the fix, exit 2, with nothing touched.
 
-    python -m pytest test_failures.py -q
+    python -m pytest tests/test_failures.py -q
 """
 
 import errno
@@ -25,12 +25,15 @@ import torch
 
 import checkpoint
 import configurator
+import data.loader as loader
+import guards
 import mesh
 import probe
+import runfiles
 import sample
 import train
-import data.prepare as data_prepare
-from data.prepare import prepare, remove_stale_stages
+from data import DataError
+from data.prepare import prepare
 from test_train import ROOT, TEXT, TINY, data_root, run, snapshot  # noqa: F401 (data_root is a fixture)
 
 
@@ -113,7 +116,7 @@ def test_overwrite_replaces_the_old_run_at_the_new_ones_first_checkpoint(fails, 
     out = copy_of(finished, tmp_path)
     before = snapshot(out)
     if fails:
-        monkeypatch.setattr(train, "batch_losses", lambda *a: [float("nan")])
+        monkeypatch.setattr(train, "evaluate", lambda *a: {"train": float("nan"), "val": float("nan")})
     assert run(["--overwrite=true", "--max_iters=3", "--eval_interval=3", "--seed=7"], data_root, out) == \
         (1 if fails else 0)
     if fails:
@@ -134,16 +137,16 @@ def test_unsaveable_names_what_is_not_finite():
     model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[1].backward()
     opt.step()
     ok = {"train": 3.0, "val": 3.1}
-    assert train.unsaveable(model, opt, ok) is None
-    assert train.unsaveable(model, opt, {"train": 3.0, "val": float("nan")}) == "val loss is nan"
+    assert guards.unsaveable(model, opt, ok) is None
+    assert guards.unsaveable(model, opt, {"train": 3.0, "val": float("nan")}) == "val loss is nan"
     limit = 10 * np.log(20)
-    assert train.unsaveable(model, opt, {"train": 1e11, "val": 3.0}) == \
+    assert guards.unsaveable(model, opt, {"train": 1e11, "val": 3.0}) == \
         f"train loss is 1e+11 (above {limit:.4g}, 10 x ln(vocab_size))"
     opt.state[model.ln_f.weight]["exp_avg_sq"][3] = float("nan")
-    assert train.unsaveable(model, opt, ok) == "optimizer exp_avg_sq of ln_f.weight is not finite"
+    assert guards.unsaveable(model, opt, ok) == "optimizer exp_avg_sq of ln_f.weight is not finite"
     with torch.no_grad():
         model.lm_head.weight[2, 1] = float("inf")
-    assert train.unsaveable(model, opt, ok) == "weight lm_head.weight is not finite"
+    assert guards.unsaveable(model, opt, ok) == "weight lm_head.weight is not finite"
 
 
 EXPLOSIONS = [  # (how, flags, words of the one-line error, the iteration ckpt.pt keeps)
@@ -159,8 +162,8 @@ def test_a_blown_up_model_is_never_saved(how, flags, message, kept, finished, da
                                          monkeypatch):
     if how.startswith("scratch"):
         out = tmp_path / "new"
-        batch_losses = train.batch_losses
-        monkeypatch.setattr(train, "batch_losses", lambda *a: [float("nan")] + batch_losses(*a)[1:])
+        evaluate = train.evaluate
+        monkeypatch.setattr(train, "evaluate", lambda *a: {**evaluate(*a), "train": float("nan")})
         assert run(["--max_iters=4", "--eval_interval=2"], data_root, out) == 1
         assert not (out / "ckpt.pt").exists()
     else:
@@ -243,19 +246,20 @@ def test_cleanup_removes_only_what_dead_processes_left(kind, tmp_path):
     dead.wait()
     try:
         if kind == "checkpoint temporary file":
-            names = {pid: (f".ckpt-{pid}-0123abcd.tmp", f".log-{pid}.tmp") for pid in (live.pid, dead.pid, os.getpid())}
+            names = {pid: (f".ckpt.pt-{pid}-0123abcd.tmp", f".log.jsonl-{pid}-4567ef.tmp")
+                     for pid in (live.pid, dead.pid, os.getpid())}
             for name in sum(names.values(), ()):
                 (tmp_path / name).write_bytes(b"partial")
-            train.remove_stale_temporaries(str(tmp_path))
+            runfiles.remove_dead_temporaries(str(tmp_path))
             assert set(os.listdir(tmp_path)) == set(names[live.pid])
         else:
-            names = {pid: f".tiny.tmp-{pid}-x1y2z3" for pid in (live.pid, dead.pid)}
+            names = {pid: f".tiny-{pid}-a1b2c3.tmp" for pid in (live.pid, dead.pid)}
             for name in names.values():
                 (tmp_path / name).mkdir()
                 (tmp_path / name / "train.bin").write_bytes(b"12")
-            (tmp_path / "keep.tmp-1").mkdir()  # not hidden: not ours
-            remove_stale_stages(str(tmp_path))
-            assert set(os.listdir(tmp_path)) == {names[live.pid], "keep.tmp-1"}
+            (tmp_path / f"keep-{dead.pid}-a1.tmp").mkdir()  # not hidden: not ours
+            runfiles.remove_dead_temporaries(str(tmp_path))
+            assert set(os.listdir(tmp_path)) == {names[live.pid], f"keep-{dead.pid}-a1.tmp"}
     finally:
         live.kill()
         live.wait()
@@ -295,7 +299,7 @@ def test_workers_stop_with_a_checkpoint_when_torchrun_is_killed(data_root, tmp_p
     text = "".join(seen)
     assert "the torchrun launcher (pid" in text and "checkpoint saved" in text, text[-3000:]
     stopped = int(text.split("stopped at iter ")[1].split(";")[0])
-    _, ckpt = checkpoint.load_checkpoint(str(out))
+    _, ckpt = checkpoint.load(str(out))
     assert ckpt["iter_num"] == stopped >= 3
 
 
@@ -408,14 +412,14 @@ def test_huge_splits_are_scanned_in_spread_pieces(where, found, data_root, tmp_p
     ids = np.fromfile(data / "tiny" / "val.bin", dtype=np.uint16)
     ids[where] = 26  # token 100 lies between the pieces at 0, 563, 1126 and 1690
     ids.tofile(data / "tiny" / "val.bin")
-    monkeypatch.setattr(data_prepare, "SCAN_BYTES", 0)
-    monkeypatch.setattr(data_prepare, "SCAN_PIECES", 4)
-    monkeypatch.setattr(data_prepare, "SCAN_PIECE_BYTES", 16)
+    monkeypatch.setattr(loader, "SCAN_BYTES", 0)
+    monkeypatch.setattr(loader, "SCAN_PIECES", 4)
+    monkeypatch.setattr(loader, "SCAN_PIECE_BYTES", 16)
     if found:
-        with pytest.raises(data_prepare.PrepareError, match="val.bin holds token id 26, outside the vocabulary"):
-            data_prepare.load_split(str(data / "tiny"), "val")
+        with pytest.raises(DataError, match="val.bin holds token id 26, outside the vocabulary"):
+            loader.load_split(str(data / "tiny"), "val")
     else:
-        assert len(data_prepare.load_split(str(data / "tiny"), "val")) == len(ids)
+        assert len(loader.load_split(str(data / "tiny"), "val")) == len(ids)
 
 
 # -----------------------------------------------------------------------------
@@ -540,13 +544,14 @@ def test_clear_words(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
     assert text[0] == " " and len(text) == 1 + 5 + len("\n---------------\n")  # token 0 (a space), then 5 tokens
     # the resume hint quotes a path with spaces, so that it can be pasted
     out = tmp_path / "with space"
-    step = train.Trainer.step
+    get_batch = train.get_batch
 
-    def stop_at_2(self):
-        self.stop = self.iter_num == 1
-        return step(self)
+    def ctrl_c_in_step_1(data, tc, T, key, device):
+        if key == (0, 1, 0):
+            os.kill(os.getpid(), signal.SIGINT)
+        return get_batch(data, tc, T, key, device)
 
-    monkeypatch.setattr(train.Trainer, "step", stop_at_2)
+    monkeypatch.setattr(train, "get_batch", ctrl_c_in_step_1)
     assert run(["--max_iters=10"], data_root, out) == 130
     hint = f"python train.py --init_from=resume {shlex.quote(f'--out_dir={out}')}"
     assert hint in capsys.readouterr().out and shlex.split(hint)[-1] == f"--out_dir={out}"
@@ -554,8 +559,9 @@ def test_clear_words(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
-    monkeypatch.setattr(train.fcntl, "flock", no_flock)
-    monkeypatch.setattr(train.Trainer, "step", step)
+    import fcntl
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(train, "get_batch", get_batch)
     assert run(["--max_iters=1"], data_root, tmp_path / "nfs") == 0
     assert f"note: cannot lock --out_dir={tmp_path / 'nfs'} (No locks available); make sure no other run uses it" \
         in capsys.readouterr().out

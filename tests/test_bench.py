@@ -2,7 +2,7 @@
 Smoke tests for bench.py: a tiny run end to end prints the table and writes valid JSON lines,
 and bad flags are one-line usage errors. No timing assertions: timing belongs to bench.py.
 
-    python -m pytest test_bench.py
+    python -m pytest tests/test_bench.py
 """
 
 import gc
@@ -17,7 +17,7 @@ import torch
 import bench
 from mesh import Config, RecursiveGPT
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TINY = dict(layout="1+1R2+1", n_embd=32, n_head=2, block_size=16)
 FLAGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--batch_size=2", "--iters=3", "--warmup=1", "--threads=1"]
 KEYS = {"kind", "variant", "scheme", "layout", "compute_depth", "non_embedding_params", "n_slots", "batch_size",

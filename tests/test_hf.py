@@ -1,9 +1,9 @@
 """
-Tests for the Hugging Face bridges: checkpoint.load_hf (GPT-NeoX / Pythia import) and the
+Tests for the Hugging Face bridges: hf.load_hf (GPT-NeoX / Pythia import) and the
 lm-evaluation-harness model in lm_eval_mesh.py. Each part is skipped, with the reason, when its
 optional package (transformers, lm_eval) is missing; CI installs both.
 
-    python -m pytest -q test_hf.py
+    python -m pytest -q tests/test_hf.py
 """
 import json
 import math
@@ -16,10 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checkpoint import CheckpointError, load_checkpoint, load_hf, save_checkpoint
+from checkpoint import CheckpointError
+from checkpoint import load as load_checkpoint
+from checkpoint import save as save_checkpoint
+from hf import load_hf
 from mesh import Config, RecursiveGPT
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 
 # -----------------------------------------------------------------------------
 # GPT-NeoX import: logits of a random (perturbed) HF model equal ours after conversion

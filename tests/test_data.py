@@ -1,7 +1,7 @@
 """
-Tests for the data pipeline (data/prepare.py). Fast, offline, and they only write under tmp_path.
+Tests for the data pipeline (data/prepare.py, the write side; data/loader.py and data/tokenizer.py, the loading side). Fast, offline, and they only write under tmp_path.
 
-    python -m pytest test_data.py -q
+    python -m pytest tests/test_data.py -q
 
 The GPT-2 tests need tiktoken's vocabulary: set TIKTOKEN_CACHE_DIR to a folder holding
 tiktoken's cached files when offline; without it they are skipped.
@@ -16,10 +16,14 @@ import urllib.request
 import numpy as np
 import pytest
 
+import data.loader as loader
 import data.prepare as prep
-from data.prepare import PrepareError, Tokenizer, ensure_dataset, load_split, prepare
+from data import DataError
+from data.loader import load_split
+from data.prepare import ensure_dataset, prepare
+from data.tokenizer import Tokenizer
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TEXT = "".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300))
 UNICODE = "naïve café — “quoted” 日本語 😀\n" * 40 + "a line with no newline at the end é"
 
@@ -42,7 +46,7 @@ def quiet(msg):
 def gpt2():
     try:
         return Tokenizer("gpt2")
-    except PrepareError as e:
+    except DataError as e:
         pytest.skip(f"GPT-2 vocabulary unavailable (set TIKTOKEN_CACHE_DIR): {e}")
 
 
@@ -104,7 +108,7 @@ def test_gpt2_chunked(tmp_path, gpt2):
 
 def test_gpt2_unavailable(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # import fails, like a missing vocabulary
-    with pytest.raises(PrepareError, match="GPT-2 vocabulary could not be loaded.*TIKTOKEN_CACHE_DIR"):
+    with pytest.raises(DataError, match="GPT-2 vocabulary could not be loaded.*TIKTOKEN_CACHE_DIR"):
         prepare("g", input=write(tmp_path / "in.txt", TEXT), tokenizer="gpt2",
                 out_root=str(tmp_path / "out"), log=quiet)
     assert not (tmp_path / "out").exists()
@@ -125,13 +129,13 @@ def test_download_ok_and_mismatch(tmp_path, monkeypatch):
     served = write(tmp_path / "served.txt", TEXT)
     url = (tmp_path / "served.txt").as_uri()
     out = tmp_path / "out"
-    with pytest.raises(PrepareError) as e:  # the real hash does not match our small file
+    with pytest.raises(DataError) as e:  # the real hash does not match our small file
         prepare("shakespeare_char", url=url, out_root=str(out), log=quiet)
     got = hashlib.sha256(TEXT.encode()).hexdigest()
     assert prep.SHAKESPEARE_SHA256 in str(e.value) and got in str(e.value)
     assert not out.exists()
     out.mkdir()
-    with pytest.raises(PrepareError):  # an existing out_root is left exactly as it was
+    with pytest.raises(DataError):  # an existing out_root is left exactly as it was
         prepare("shakespeare_char", url=url, out_root=str(out), log=quiet)
     assert os.listdir(out) == []
     monkeypatch.setattr(prep, "SHAKESPEARE_SHA256", got)
@@ -152,9 +156,9 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["pydoc"]
     assert ensure_dataset("pydoc", out_root=str(tmp_path), log=logs.append) == "pydoc"  # already there
     # no fallback for GPT-2 Shakespeare (without tiktoken's files the vocabulary fails first)
-    with pytest.raises(PrepareError, match="could not download|GPT-2 vocabulary"):
+    with pytest.raises(DataError, match="could not download|GPT-2 vocabulary"):
         ensure_dataset("shakespeare", out_root=str(tmp_path), log=quiet)
-    with pytest.raises(PrepareError, match="never prepared.*--dataset mine --input FILE"):
+    with pytest.raises(DataError, match="never prepared.*--dataset mine --input FILE"):
         ensure_dataset("mine", out_root=str(tmp_path), log=quiet)
 
 
@@ -168,12 +172,12 @@ def test_errors(tmp_path):
     ]
     for src, msg in cases:
         for chunk in (1, 1 << 20):
-            with pytest.raises(PrepareError, match=msg):
+            with pytest.raises(DataError, match=msg):
                 prepare("x", input=src, out_root=str(out), chunk_bytes=chunk, log=quiet)
     # an invalid byte far into a chunked file, and a truncated character at the very end
-    with pytest.raises(PrepareError, match="byte offset 1002$"):
+    with pytest.raises(DataError, match="byte offset 1002$"):
         prepare("x", input=write(tmp_path / "b2", b"ab\n" * 334 + b"\xe2\x82"), out_root=str(out), chunk_bytes=10)
-    with pytest.raises(PrepareError, match=r"did you mean 'shakespeare_char'\?.*pydoc, shakespeare, shakespeare_char"):
+    with pytest.raises(DataError, match=r"did you mean 'shakespeare_char'\?.*pydoc, shakespeare, shakespeare_char"):
         prepare("shakespear_char", out_root=str(out))
     assert not out.exists()
 
@@ -182,11 +186,11 @@ def test_tokenizer_and_dtype():
     tok = Tokenizer("char", chars=sorted("abc \n"))
     assert tok.decode(tok.encode("a cab\n")) == "a cab\n"
     assert tok.decode([0, 1, 99]) == "\n "  # out-of-vocabulary (padding) ids are dropped
-    with pytest.raises(PrepareError, match="characters not in the vocabulary: 'é', '€'"):
+    with pytest.raises(DataError, match="characters not in the vocabulary: 'é', '€'"):
         tok.encode("abc €é")
     assert Tokenizer.from_meta({"tokenizer": "char", "chars": list("ba"), "vocab_size": 2}).encode("ab") == [1, 0]
-    assert prep.dtype_for_vocab(65) == "uint16" and prep.dtype_for_vocab(65535) == "uint16"
-    assert prep.dtype_for_vocab(65536) == "uint32" and prep.dtype_for_vocab(100277) == "uint32"
+    assert loader.dtype_for_vocab(65) == "uint16" and loader.dtype_for_vocab(65535) == "uint16"
+    assert loader.dtype_for_vocab(65536) == "uint32" and loader.dtype_for_vocab(100277) == "uint32"
 
 
 def test_uint32_vocab(tmp_path):
@@ -214,28 +218,28 @@ def test_cli(tmp_path):
 def test_damaged_dataset_names_the_file_and_the_fix(tmp_path):
     prepare("tiny", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path), log=quiet)
     os.remove(tmp_path / "tiny" / "train.bin")
-    with pytest.raises(PrepareError, match=r"tiny/train.bin is missing; prepare the dataset again: "
+    with pytest.raises(DataError, match=r"tiny/train.bin is missing; prepare the dataset again: "
                                            r"python data/prepare.py --dataset tiny$"):
         load_split(str(tmp_path / "tiny"), "train")
     (tmp_path / "tiny" / "meta.json").write_text('{"tokenizer": "char",')
     for call in (lambda: load_split(str(tmp_path / "tiny"), "val"), lambda: Tokenizer.load(str(tmp_path / "tiny"))):
-        with pytest.raises(PrepareError, match=r"tiny/meta.json is damaged \(JSONDecodeError: .*\); prepare the dataset again"):
+        with pytest.raises(DataError, match=r"tiny/meta.json is damaged \(JSONDecodeError: .*\); prepare the dataset again"):
             call()
 
 
 def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch):
     prepare("tiny", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path / "data"), log=quiet)
-    assert prep.checkpoint_dataset({"data_root": str(tmp_path / "data"), "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
+    assert loader.checkpoint_dataset({"data_root": str(tmp_path / "data"), "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
     monkeypatch.chdir(tmp_path)  # a relative data_root, from the folder the run was trained in
-    assert prep.checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == os.path.join("data", "tiny")
+    assert loader.checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == os.path.join("data", "tiny")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # ... and from elsewhere: then data/ beside data/prepare.py
-    monkeypatch.setattr(prep, "DEFAULT_OUT_ROOT", str(tmp_path / "data"))
-    assert prep.checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
-    with pytest.raises(PrepareError, match=r"dataset 'nope' is not prepared \(no data/nope/meta.json\); "
+    monkeypatch.setattr(loader, "DEFAULT_ROOT", str(tmp_path / "data"))
+    assert loader.checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
+    with pytest.raises(DataError, match=r"dataset 'nope' is not prepared \(no data/nope/meta.json\); "
                                            r"prepare it with: python data/prepare.py --dataset nope"):
-        prep.checkpoint_dataset({"data_root": "data", "dataset": "nope"})
+        loader.checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
 
 # -----------------------------------------------------------------------------
@@ -305,7 +309,7 @@ BAD_INDEX = [("magic", "does not start with the magic"), ("version", "version 2,
 @pytest.mark.parametrize("how, message", BAD_INDEX, ids=[h for h, _ in BAD_INDEX])
 def test_bad_index_is_one_clear_error(tmp_path, how, message):
     path = corrupt(tmp_path, how)
-    with pytest.raises(PrepareError, match=message) as e:
+    with pytest.raises(DataError, match=message) as e:
         IndexedDataset(path)
     assert "\n" not in str(e.value) and "document" in str(e.value)
 
@@ -326,16 +330,16 @@ def test_prepare_indexed_format(tmp_path):
     assert len(val) == n - ds.token_offset(len(ds) - n_val) == meta["val_tokens"] and len(train) == meta["train_tokens"]
     assert np.concatenate([train, val]).tolist() == ds.tokens.tolist()
     assert Tokenizer.load(d).decode(ds.tokens) == UNICODE
-    with pytest.raises(PrepareError, match="fewer than 2 sequences of 5000"):
+    with pytest.raises(DataError, match="fewer than 2 sequences of 5000"):
         prepare("ix2", input=src, out_root=str(tmp_path), format="indexed", seq_len=5000, log=quiet)
 
 
 def test_sequential_windows():
     data = np.arange(23)
-    w = prep.sequential_windows(data, 5, 2, 4)  # 4 whole windows a pass; tokens 20-22 never read
+    w = loader.sequential_windows(data, 5, 2, 4)  # 4 whole windows a pass; tokens 20-22 never read
     assert w.tolist() == [list(range(10, 15)), list(range(15, 20)), list(range(0, 5)), list(range(5, 10))]
-    with pytest.raises(PrepareError, match="shorter than one window"):
-        prep.sequential_windows(data, 24, 0, 1)
+    with pytest.raises(DataError, match="shorter than one window"):
+        loader.sequential_windows(data, 24, 0, 1)
 
 
 @pytest.mark.parametrize("tok", ["char", "gpt2"])
@@ -348,7 +352,7 @@ def test_num_proc_output_equals_one_process(tmp_path, tok, request):
     b = prepare("b", input=src, tokenizer=tok, out_root=str(tmp_path), chunk_bytes=300, num_proc=2, log=quiet)
     for f in ("train.bin", "val.bin"):
         assert open(os.path.join(a, f), "rb").read() == open(os.path.join(b, f), "rb").read()
-    with pytest.raises(PrepareError, match="--num_proc=0 at least 1"):
+    with pytest.raises(DataError, match="--num_proc=0 at least 1"):
         prepare("c", input=src, out_root=str(tmp_path), num_proc=0, log=quiet)
 
 
@@ -418,7 +422,7 @@ def test_bpe_dataset_keeps_its_tokenizer(tmp_path):
     spec["model"]["merges"] = spec["model"]["merges"][:-1]
     with open(os.path.join(d, "tokenizer.json"), "w") as f:
         json.dump(spec, f)
-    with pytest.raises(PrepareError, match="not the tokenizer this dataset was made with"):
+    with pytest.raises(DataError, match="not the tokenizer this dataset was made with"):
         Tokenizer.load(d)
 
 
@@ -437,10 +441,10 @@ def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
         assert tok.encode(UNICODE) == theirs.encode(UNICODE, add_special_tokens=False).ids
         assert tok.decode(tok.encode(UNICODE)) == theirs.decode(tok.encode(UNICODE), skip_special_tokens=False)
     monkeypatch.setitem(sys.modules, "tokenizers", None)
-    with pytest.raises(PrepareError, match=r"prefix.json cannot be run exactly by tiktoken \(pre-tokenizer .* is not "
+    with pytest.raises(DataError, match=r"prefix.json cannot be run exactly by tiktoken \(pre-tokenizer .* is not "
                                            r"ByteLevel without add_prefix_space\); pip install tokenizers"):
         Tokenizer("bpe", path=str(tmp_path / "prefix.json"))
-    with pytest.raises(PrepareError, match="cannot read the tokenizer .*missing.json"):
+    with pytest.raises(DataError, match="cannot read the tokenizer .*missing.json"):
         Tokenizer("bpe", path=str(tmp_path / "missing.json"))
 
 
@@ -455,13 +459,13 @@ def test_describe_indexed(tmp_path):
     assert sorted(os.listdir(tmp_path / "pile")) == ["document.bin", "document.idx", "meta.json", "tokenizer.json"]
     meta = json.load(open(tmp_path / "pile" / "meta.json"))
     assert (meta["format"], meta["prefix"], meta["sequences"], meta["tokenizer"]) == ("indexed", "document", len(seqs), "bpe")
-    assert prep.dataset_folder("data", str(tmp_path / "pile" / "document")) == str(tmp_path / "pile")
+    assert loader.dataset_folder("data", str(tmp_path / "pile" / "document")) == str(tmp_path / "pile")
     assert Tokenizer.load(str(tmp_path / "pile")).decode(load_split(str(tmp_path / "pile"), "val")) == "".join(TEXT.splitlines(keepends=True)[-3:])  # 1% of 300
     r = subprocess.run([sys.executable, "data/prepare.py", "--indexed", str(tmp_path / "pile"), "--tokenizer", "char"],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.splitlines() == ["prepare.py: error: --indexed needs a BPE tokenizer: 'gpt2' "
                                                            "or a tokenizer.json (a character vocabulary is only known from its text)"]
     os.remove(tmp_path / "pile" / "meta.json")
-    with pytest.raises(PrepareError, match="has no meta.json beside it to name its tokenizer; write one with: python "
+    with pytest.raises(DataError, match="has no meta.json beside it to name its tokenizer; write one with: python "
                                            "data/prepare.py --indexed .*document --tokenizer TOKENIZER"):
-        prep.dataset_folder("data", str(tmp_path / "pile"))
+        loader.dataset_folder("data", str(tmp_path / "pile"))

@@ -1,0 +1,133 @@
+"""
+The one tokenizer helper: text <-> token ids for every kind of dataset, rebuilt from a dataset's meta.json.
+
+    from data.tokenizer import Tokenizer
+    tok = Tokenizer.load("data/shakespeare_char")   # the tokenizer a dataset was made with
+    ids = tok.encode("ROMEO:")                       # -> [30, 27, 25, 17, 27, 10]
+    tok.decode(ids)
+
+Kinds: "char" (the characters of the training text), "gpt2" (tiktoken's GPT-2 BPE) and "bpe" (a
+byte-level BPE tokenizer.json such as Pythia's GPT-NeoX tokenizer, run by bpe.py; the dataset keeps
+its own copy of the file).
+"""
+import json
+import os
+
+import numpy as np
+
+from data import DataError
+from data.loader import read_meta
+
+GPT2_VOCAB_SIZE = 50257  # ids >= this are the model's padding (it rounds up to 50304)
+
+
+class Tokenizer:
+    """Character-level, GPT-2 BPE, or a byte-level BPE tokenizer.json (GPT-NeoX / Pythia's; see data/bpe.py),
+    (de)serialized as the tokenizer part of meta.json."""
+
+    def __init__(self, kind, chars=None, encoding="gpt2", path=None):
+        self.kind = kind
+        if kind == "char":
+            self.chars = list(chars)
+            if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
+                raise DataError("char vocabulary must be distinct single characters")
+            # ids are positions in self.chars; a sorted copy of the code points lets numpy
+            # map a whole chunk at once with searchsorted, whatever order chars came in
+            cps = np.array([ord(c) for c in self.chars], dtype=np.uint32)
+            self._order = np.argsort(cps)
+            self._sorted = cps[self._order]
+            self.vocab_size = len(self.chars)
+        elif kind == "gpt2":
+            self.encoding = encoding
+            try:
+                import tiktoken  # lazily: char-level users never need it
+                self._enc = tiktoken.get_encoding(encoding)
+            except Exception as e:
+                reason = f"{type(e).__name__}: {e}"[:160]  # requests' errors can be very long
+                raise DataError(
+                    f"the GPT-2 vocabulary could not be loaded ({reason}); tiktoken "
+                    "downloads it once, so offline set TIKTOKEN_CACHE_DIR to a folder holding "
+                    "tiktoken's cached files") from None
+            self.vocab_size = self._enc.n_vocab
+        elif kind == "bpe":
+            from data.bpe import ByteLevelBPE  # lazily: only byte-level BPE datasets need it
+            self._bpe = ByteLevelBPE(path)
+            self.path, self.vocab_size = self._bpe.file, self._bpe.vocab_size
+        else:
+            raise DataError(f"unknown tokenizer {kind!r}; use 'char', 'gpt2' or the path of a tokenizer.json "
+                            f"(or of a Hugging Face model folder holding one)")
+
+    @classmethod
+    def from_meta(cls, meta, folder=None):
+        """folder: the dataset folder, where a byte-level BPE's tokenizer.json is kept."""
+        if meta["tokenizer"] == "char":
+            return cls("char", chars=meta["chars"])
+        if meta["tokenizer"] == "bpe":
+            tok = cls("bpe", path=os.path.join(folder or ".", meta.get("tokenizer_file", "tokenizer.json")))
+            if tok.identity != meta.get("tokenizer_sha256", tok.identity):
+                raise DataError(f"{tok.path} is not the tokenizer this dataset was made with (its sha256 differs "
+                                f"from meta.json's); prepare the dataset again")
+            return tok
+        return cls(meta["tokenizer"], encoding=meta.get("encoding", "gpt2"))
+
+    @classmethod
+    def load(cls, path):
+        """path: a dataset folder or its meta.json."""
+        if os.path.isdir(path):
+            path = os.path.join(path, "meta.json")
+        return cls.from_meta(read_meta(path), os.path.dirname(path))
+
+    def to_meta(self):
+        if self.kind == "char":
+            return {"tokenizer": "char", "chars": "".join(self.chars), "vocab_size": self.vocab_size}
+        if self.kind == "bpe":  # the file itself is copied next to meta.json
+            return {"tokenizer": "bpe", "tokenizer_file": "tokenizer.json", "tokenizer_sha256": self.identity,
+                    "vocab_size": self.vocab_size}
+        return {"tokenizer": "gpt2", "encoding": self.encoding, "vocab_size": self.vocab_size}
+
+    @property
+    def identity(self):
+        """Equal for two tokenizers that give the same ids: a BPE's fingerprint (data/bpe.py), else its meta."""
+        if self.kind == "bpe":
+            return self._bpe.fingerprint
+        return json.dumps(self.to_meta(), sort_keys=True)
+
+    @property
+    def eot_id(self):
+        """The end-of-text token's id, or None (character vocabularies have none)."""
+        if self.kind == "gpt2":
+            return self._enc.eot_token
+        return self._bpe.eot_id if self.kind == "bpe" else None
+
+    @property
+    def default_prompt(self):
+        """A new line, where the training text has one; else the empty prompt (token 0)."""
+        return "\n" if self.kind != "char" or "\n" in self.chars else ""
+
+    def encode_array(self, text):
+        if self.kind == "gpt2":
+            return np.array(self._enc.encode(text, allowed_special={"<|endoftext|>"}), dtype=np.int64)
+        if self.kind == "bpe":
+            return np.array(self._bpe.encode(text), dtype=np.int64)
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
+        pos = np.minimum(np.searchsorted(self._sorted, cps), len(self._sorted) - 1)
+        unknown = self._sorted[pos] != cps
+        if unknown.any():
+            bad = sorted({chr(c) for c in cps[unknown]})
+            more = f", ... ({len(bad)} in all)" if len(bad) > 10 else ""
+            raise DataError("characters not in the vocabulary: " + ", ".join(map(repr, bad[:10])) + more +
+                            f"; this character-level model knows only the {self.vocab_size} characters of its "
+                            "training text: leave them out")
+        return self._order[pos]
+
+    def encode(self, text):
+        return self.encode_array(text).tolist()
+
+    def decode(self, ids):
+        # ids outside the vocabulary (the model's padding rows) are dropped
+        ids = [int(i) for i in ids]
+        if self.kind == "gpt2":
+            return self._enc.decode([i for i in ids if 0 <= i < GPT2_VOCAB_SIZE])
+        if self.kind == "bpe":
+            return self._bpe.decode(ids)
+        return "".join(self.chars[i] for i in ids if 0 <= i < self.vocab_size)

@@ -1,0 +1,58 @@
+"""
+The whole model on every process: how train.py holds it without --fsdp, in one process or under torchrun
+with DDP (which all-reduces the gradients). fsdp.py offers the same calls for a model sharded over the
+processes; train.py picks one of the two once.
+
+    resume = ddp.load_resume(out_dir)                            # the newer checkpoint of either format, whole
+    raw_model, model = ddp.wrap(model, device, tc, scratch=True)  # model: compiled (--compile), in DDP
+    with ddp.sync(model, last=...): loss.backward()               # gradients all-reduced at the last micro-batch
+    ddp.save(out_dir, raw_model, optimizer, master, state)       # OUT_DIR/ckpt.pt, written by rank 0
+"""
+
+import os
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import checkpoint
+
+NAME, CHECKPOINT = "", checkpoint.CKPT  # the startup line's word for it; the file a resume continues from
+
+
+def load_resume(out_dir):
+    """The run in OUT_DIR to continue (checkpoint.load_full_for_resume's dict): the newer of ckpt.pt and a
+    sharded checkpoint, which this process then reads whole (fsdp.load_whole)."""
+    if checkpoint.newest(out_dir) == "sharded":
+        import fsdp
+        return fsdp.load_whole(out_dir, checkpoint.read_pointer(out_dir))
+    return checkpoint.load_full_for_resume(out_dir)
+
+
+def wrap(model, device, tc, scratch):
+    """(the model on its device, what trains: compiled with --compile, under torchrun in DDP). DDP gives every
+    process rank 0's weights when it wraps, so a scratch model needs nothing more."""
+    raw = model.to(device)
+    model = torch.compile(raw) if tc.compile else raw
+    if dist.is_initialized():  # no buffers to broadcast: the rotary tables are the same on every rank
+        model = DDP(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None,
+                    broadcast_buffers=False)
+    return raw, model
+
+
+def sync(model, last):
+    """DDP all-reduces gradients in backward: only at the last micro-batch of a step, not before it."""
+    return model.no_sync() if isinstance(model, DDP) and not last else nullcontext()
+
+
+def save(out_dir, model, optimizer, master, state):
+    """OUT_DIR/ckpt.pt: state (the plain data) with the model's and AdamW's state dicts, by rank 0."""
+    if master:
+        checkpoint.save({**state, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                        os.path.join(out_dir, checkpoint.CKPT))
+
+
+def load(resume, model, optimizer):
+    """AdamW's state from the checkpoint (the model came with it)."""
+    optimizer.load_state_dict(resume["optimizer"])

@@ -1,0 +1,108 @@
+"""
+The guards around a run: bad input as one line, a signal as a clean stop, and no checkpoint of a model
+that blew up. train.py reaches each by one call; sample.py, probe.py and bench.py use command() too.
+
+    sys.exit(guards.command("train.py", TrainConfig, train, argv))  # one line, exit 2, for bad input
+    stop = guards.Stop(rank, distributed)   # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun: stop.requested()
+    guards.check_saveable(model, optimizer, losses, iter_num, last_good, distributed)
+"""
+
+import math
+import os
+import signal
+
+import torch
+import torch.distributed as dist
+
+import machine
+import runfiles
+from configurator import parse_flags, report
+
+DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
+
+
+def command(prog, settings, fn, argv):
+    """fn(given) as a command, given the flags of argv parsed against the dataclass `settings`: its exit code.
+    Bad input (the project's errors are ValueErrors; a file that cannot be used, an OSError) is one line on
+    stderr and exit 2; a model that blew up (FloatingPointError) one line and exit 1; --debug=true shows the
+    traceback instead. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
+    given = {}
+    try:
+        given = parse_flags(settings, argv, prog)
+        return fn(given)
+    except FloatingPointError as e:
+        if given.get("debug"):
+            raise
+        return report(prog, e, code=1)
+    except (ValueError, OSError) as e:
+        if given.get("debug"):
+            raise
+        return report(prog, e)
+    finally:
+        Stop.restore()
+        runfiles.release()
+        machine.stop()
+
+
+class Stop:
+    """Asks the training loop to stop after the current step and save a checkpoint: on Ctrl-C (SIGINT),
+    SIGTERM or SIGHUP, and under torchrun when the launcher is gone (a killed torchrun leaves its workers
+    re-parented, so each worker checks its parent). A second signal stops at once."""
+    _previous = []  # (signal, handler) pairs to restore
+
+    def __init__(self, rank, distributed):
+        self.rank, self.asked = rank, False
+        self.launcher = os.getppid() if distributed else None
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):  # SIGHUP: not on Windows
+            if hasattr(signal, name):
+                Stop._previous.append((getattr(signal, name), signal.signal(getattr(signal, name), self._on_signal)))
+
+    def _on_signal(self, signum, frame):
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+        if self.rank == 0:
+            print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
+
+    def requested(self):
+        if self.launcher is not None and not self.asked and os.getppid() != self.launcher:
+            self.asked = True
+            print(f"rank {self.rank}: the torchrun launcher (pid {self.launcher}) is gone: finishing this step, "
+                  f"then saving a checkpoint", flush=True)
+        return self.asked
+
+    @classmethod
+    def restore(cls):
+        while cls._previous:
+            signal.signal(*cls._previous.pop())
+
+
+def unsaveable(model, optimizer, losses):
+    """Why this model must not be saved, or None: an evaluated loss that is not finite or that has blown up
+    (far worse than a uniform guess), or a weight or optimizer state that is not finite."""
+    limit = DIVERGED * math.log(model.config.vocab_size)
+    for split, loss in losses.items():
+        if not math.isfinite(loss):
+            return f"{split} loss is {loss}"
+        if loss > limit:
+            return f"{split} loss is {loss:.4g} (above {limit:.4g}, {DIVERGED} x ln(vocab_size))"
+    local = lambda v: v.to_local() if hasattr(v, "to_local") else v  # noqa: E731 (under FSDP, this rank's shard)
+    tensors = {f"weight {k}": local(v) for k, v in model.state_dict().items() if v.is_floating_point()}
+    names = {p: name for name, p in model.named_parameters()}
+    tensors.update({f"optimizer {k} of {names.get(p, 'a parameter')}": local(v) for p, state in optimizer.state.items()
+                    for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point()})
+    finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()]).tolist()
+    return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
+
+
+def check_saveable(model, optimizer, losses, iter_num, last_good, distributed):
+    """Raise FloatingPointError, naming the last good checkpoint (last_good(), in words), unless the model may
+    be saved. Every rank sees the same losses; under FSDP each checks its own shards, and all stop if any
+    found one that is not finite."""
+    reason = unsaveable(model, optimizer, losses)
+    if distributed:
+        flag = torch.tensor(float(reason is not None), device=model.lm_head.weight.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        reason = reason or ("a weight or optimizer state on another rank is not finite" if flag.item() else None)
+    if reason:
+        raise FloatingPointError(f"{reason} at iter {iter_num}; stopped without saving, so {last_good()}")

@@ -1,0 +1,134 @@
+"""
+Hugging Face GPT-NeoX / Pythia checkpoints, imported without transformers: a Pythia download becomes a
+vanilla RecursiveGPT whose logits are the original model's, ready to sample, evaluate or fine-tune.
+
+    model = hf.load_hf("path/to/pythia-160m")     # layout 'L', scheme 'base', scale_embeddings off
+    python train.py --init_from=hf:path/to/pythia-160m --dataset=...   # fine-tune it (for_training)
+
+The fused query_key_value weight is laid out per head, [head][q|k|v][head_dim], and becomes our
+[q | k | v] rows; weights come from model.safetensors (needs safetensors) or pytorch_model.bin
+(loaded with weights_only=True: never runs code), or the shards a *.index.json names.
+"""
+
+import json
+import os
+
+import torch
+
+from checkpoint import CheckpointError
+from configurator import UsageError
+from mesh import Config, RecursiveGPT
+
+
+def from_hf_neox(path):
+    """config.json plus model.safetensors or pytorch_model.bin (or a sharded *.index.json) -> (Config,
+    RecursiveGPT state_dict). A setting that our GPT-NeoX block cannot express is refused by name."""
+    where = f"cannot import {path}"
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            hf = json.load(f)
+        D, H, L = hf["hidden_size"], hf["num_attention_heads"], hf["num_hidden_layers"]
+    except (OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{where}: no GPT-NeoX config.json there ({type(e).__name__}: {e})") from None
+    rope = hf.get("rope_parameters") or {}  # transformers >= 5 moved rotary_pct / rotary_emb_base here
+    for field, found, ours in [("model_type", hf.get("model_type"), "gpt_neox"),
+                               ("intermediate_size", hf.get("intermediate_size", 4 * D), 4 * D),
+                               ("hidden_act", hf.get("hidden_act", "gelu"), "gelu"),  # exact (erf) GELU
+                               ("layer_norm_eps", hf.get("layer_norm_eps", 1e-5), 1e-5),
+                               ("attention_bias", hf.get("attention_bias", True), True),
+                               ("rope_scaling", hf.get("rope_scaling"), None),
+                               ("rope_type", rope.get("rope_type", "default"), "default")]:
+        if found != ours:
+            raise CheckpointError(f"{where}: {field}={found!r} is not supported (nanoMeSH has {field}={ours!r})")
+    try:
+        cfg = Config(vocab_size=hf.get("vocab_size", 0), block_size=hf.get("max_position_embeddings", 2048),
+                     n_embd=D, n_head=H, layout=str(L), scale_embeddings=False,
+                     rotary_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)),
+                     rotary_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
+                     parallel_residual=hf.get("use_parallel_residual", True))
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    try:  # optional: a pytorch_model.bin needs only torch
+        from safetensors.torch import load_file
+    except ImportError:
+        load_file = None
+    for name in ("model.safetensors", "pytorch_model.bin") if load_file else ("pytorch_model.bin",):
+        files = [name] if os.path.isfile(os.path.join(path, name)) else []
+        if os.path.isfile(os.path.join(path, name + ".index.json")):  # sharded: the index names the shards
+            with open(os.path.join(path, name + ".index.json"), encoding="utf-8") as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        if files:
+            break
+    else:
+        raise CheckpointError(f"{where}: no weights; expected model.safetensors (needs `pip install safetensors`) "
+                              f"or pytorch_model.bin, or a sharded *.index.json")
+    sd = {}
+    for file in (os.path.join(path, f) for f in files):  # a .bin loads with weights_only: never runs code
+        sd.update(load_file(file) if file.endswith(".safetensors") else
+                  torch.load(file, map_location="cpu", weights_only=True))
+    # Tied embeddings: our lm_head is untied, as Pythia's, so it starts as a copy of wte and trains apart.
+    head = ("gpt_neox.embed_in.weight" if hf.get("tie_word_embeddings") else
+            "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")  # on disk / in memory
+    names = {"wte.weight": "gpt_neox.embed_in.weight", "lm_head.weight": head,
+             "ln_f.weight": "gpt_neox.final_layer_norm.weight", "ln_f.bias": "gpt_neox.final_layer_norm.bias"}
+    for i in range(L):  # a vanilla layout: every layer is a prelude block
+        for ours, theirs in [("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm"),
+                             ("attn.qkv", "attention.query_key_value"), ("attn.proj", "attention.dense"),
+                             ("mlp.fc", "mlp.dense_h_to_4h"), ("mlp.proj", "mlp.dense_4h_to_h")]:
+            names.update({f"prelude.{i}.{ours}.{k}": f"gpt_neox.layers.{i}.{theirs}.{k}" for k in ("weight", "bias")})
+    absent = [theirs for theirs in names.values() if theirs not in sd]
+    if absent:
+        raise CheckpointError(f"{where}: {len(absent)} weight(s) missing, e.g. {absent[0]}")
+    if sd[names["wte.weight"]].shape != (cfg.vocab_size, D):
+        raise CheckpointError(f"{where}: vocab_size={cfg.vocab_size} in config.json, but embed_in has shape "
+                              f"{tuple(sd[names['wte.weight']].shape)}")
+    state = {ours: sd[theirs] for ours, theirs in names.items()}
+    for i in range(L):  # NeoX fuses QKV per head, [head][q|k|v][head_dim]; our rows are [q | k | v], head-major
+        w, b = f"prelude.{i}.attn.qkv.weight", f"prelude.{i}.attn.qkv.bias"
+        state[w] = state[w].view(H, 3, D // H, D).transpose(0, 1).reshape(3 * D, D)   # (3D, D)
+        state[b] = state[b].view(H, 3, D // H).transpose(0, 1).reshape(3 * D)         # (3D,)
+    return cfg, state
+
+
+def load_hf(path, device="cpu"):
+    """A Hugging Face GPT-NeoX checkpoint folder (a Pythia download is one) as a vanilla RecursiveGPT:
+    layout 'L', scheme 'base', scale_embeddings off, so its logits are the original model's. Its config
+    is a plain Config, so training can continue. See from_hf_neox."""
+    cfg, state = from_hf_neox(path)
+    model = RecursiveGPT(cfg)
+    model.load_state_dict(state)
+    return model.to(device)
+
+
+def for_training(path, tc, given, tokenizer, master):
+    """train.py --init_from=hf:PATH: the imported vanilla model, its shape the import's (only --block_size, for a
+    shorter context, and --dropout apply), refused for a dataset made with another tokenizer than PATH's."""
+    shaped = [k for k in ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0", "n_embd", "n_head")
+              if k in given]
+    if shaped:
+        raise UsageError(f"--init_from=hf:{path} takes the model's shape from the import; "
+                         f"drop --{', --'.join(shaped)} (only --block_size and --dropout apply)")
+    model = load_hf(path)
+    if tc.block_size or tc.dropout is not None:  # a shorter context or dropout for fine-tuning
+        cfg = Config(**{**model.config.to_dict(), "block_size": tc.block_size or model.config.block_size,
+                        "dropout": model.config.dropout if tc.dropout is None else tc.dropout})
+        state, model = model.state_dict(), RecursiveGPT(cfg)
+        model.load_state_dict(state)
+    check_tokenizer(path, tokenizer, tc.dataset, master)
+    return model
+
+
+def check_tokenizer(path, tokenizer, dataset, master):
+    """An imported model knows the ids of its own tokenizer (PATH/tokenizer.json): a dataset made with another
+    one is refused. Without a tokenizer.json in PATH only a GPT-2 dataset gets a note (Pythia's is GPT-NeoX's)."""
+    from data.tokenizer import Tokenizer
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        if master and tokenizer.kind == "gpt2":
+            print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; the ids of a GPT-2 "
+                  "dataset mean other tokens to them")
+        return
+    if Tokenizer("bpe", path=path).identity != tokenizer.identity:
+        made = "another tokenizer.json" if tokenizer.kind == "bpe" else f"the {tokenizer.kind} tokenizer"
+        raise UsageError(f"dataset {dataset!r} was made with {made}, not the imported model's own "
+                         f"({os.path.join(path, 'tokenizer.json')}); prepare it with that one: python data/prepare.py "
+                         f"--dataset NAME --input FILE --tokenizer {path}")

@@ -1,0 +1,125 @@
+"""
+Where a run runs: its processes (torchrun), its device and dtype, and the chip's peak for MFU.
+
+    ddp, rank, world = process_group()      # from torchrun's RANK and WORLD_SIZE; (False, 0, 1) alone
+    device = start(tc.device, ddp)          # "cuda:LOCAL_RANK" under torchrun, with its process group started
+    dtype = resolve_dtype("auto", device)   # bfloat16 autocast on GPUs that support it, else float32
+"""
+
+import os
+import platform
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from configurator import UsageError
+
+# Dense bf16 peak FLOP/s by the exact name torch.cuda.get_device_name gives (every A100 is 312e12): exact,
+# because substrings mislead ("L40S" contains "L4", "H100 PCIe" is not an SXM H100). Not listed: no MFU.
+PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12, "NVIDIA H100 PCIe": 756e12,
+                   "NVIDIA H100 NVL": 835e12, "NVIDIA H200": 989e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
+                   "NVIDIA L4": 121e12, "NVIDIA A10": 125e12}
+
+
+def process_group():
+    """(ddp, rank, world size) from torchrun's RANK and WORLD_SIZE; RANK unset (or -1): one process."""
+    rank, size = os.environ.get("RANK", "-1"), os.environ.get("WORLD_SIZE")
+    if rank == "-1":
+        return False, 0, 1
+    try:
+        rank, size = int(rank), int(size)
+        if not 0 <= rank < size:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise UsageError(f"RANK={rank} needs WORLD_SIZE, with 0 <= RANK < WORLD_SIZE (got WORLD_SIZE={size}); "
+                         f"launch with torchrun, which sets both, or unset RANK") from None
+    return True, rank, size
+
+
+def start(name, ddp):
+    """The device this process runs on (--device), and under torchrun its process group (NCCL on GPUs, else
+    gloo): each process takes GPU LOCAL_RANK, so that RNG states, bf16 checks and kernels use it, not GPU 0."""
+    device = resolve_device(name)
+    if ddp and device.startswith("cuda"):
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    if device.startswith("cuda:"):
+        torch.cuda.set_device(device)
+    if ddp:
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    return device
+
+
+def stop():
+    """End this process's process group, if it started one (on every way out of a run)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def from_rank0(fn, ddp, master):
+    """fn() on rank 0, its result (or the message of the error it raised) shared with every rank: the
+    ranks act on one decision (say, which dataset), and none waits forever when rank 0 fails."""
+    result, failed = None, None
+    if master:
+        try:
+            result = fn()
+        except ValueError as e:  # the project's one-line errors (UsageError, DataError, ...) are ValueErrors
+            failed = e
+    if ddp:
+        shared = [result, None if failed is None else str(failed)]
+        dist.broadcast_object_list(shared, src=0)
+        result, failed = shared[0], failed or (shared[1] is not None and UsageError(shared[1]))
+    if failed:
+        raise failed
+    return result
+
+
+def resolve_device(name):
+    """'auto' -> cuda, then mps, then cpu; an explicit device that is not available is a UsageError."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    kind = name.split(":")[0]
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if kind not in available:
+        raise UsageError(f"unknown --device={name}; expected auto, cpu, cuda, cuda:N or mps")
+    if not available[kind]:
+        raise UsageError(f"--device={name} is not available on this machine; use --device=auto or --device=cpu")
+    return name
+
+
+def resolve_dtype(name, device):
+    """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs that support it, else float32."""
+    if name == "auto":
+        return "bfloat16" if str(device).startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
+    if name not in ("float32", "bfloat16"):
+        raise UsageError(f"--dtype={name} is not supported; use auto, float32 or bfloat16")
+    return name
+
+
+def autocast(device, dtype):
+    """bf16 autocast on the device for --dtype=bfloat16; nothing for float32."""
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(str(device).split(":")[0], dtype=torch.bfloat16)
+
+
+def peak_bf16_flops(device, dtype):
+    """The chip's dense bf16 peak FLOP/s (PEAK_BF16_FLOPS), or None: not CUDA, not bf16, or not listed.
+    MFU is only quoted against the peak of the precision the run used."""
+    if not str(device).startswith("cuda") or dtype != "bfloat16":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return 312e12 if name.startswith("NVIDIA A100") else PEAK_BF16_FLOPS.get(name)
+
+
+def machine_name(device="cpu"):
+    """The GPU's name for a CUDA device, else the CPU's model name (bench.py and table1.py print it)."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()

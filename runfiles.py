@@ -1,0 +1,174 @@
+"""
+The files around a run, kept safe: who owns OUT_DIR, how a file is written so that a crash never leaves
+half of one, what a dead process left behind, and the run's log.
+
+    runfiles.own(out_dir)                               # this process's until it ends; a second run is refused
+    runfiles.atomic_write(path, lambda f: f.write(b"..."))   # the old file or the new one, never half
+    runfiles.remove_dead_temporaries(out_dir)           # the .tmp files of writers that were killed
+    log = runfiles.RunLog(out_dir, fresh=True)          # log.jsonl; an old run's is replaced at log.commit()
+
+Every temporary file or folder is named .NAME-PID-HEX.tmp beside its destination, so that the one
+cleaner can tell a dead writer's leftovers (removed) from a live one's (never touched).
+"""
+
+import errno
+import json
+import os
+import re
+import shutil
+import sys
+import uuid
+
+from configurator import UsageError
+
+TEMPORARY = re.compile(r"^\..+-(\d+)-[0-9a-f]+\.tmp$")  # .NAME-PID-HEX.tmp
+_owned = {}   # real path of an owned folder -> the descriptor holding its lock (None: no lock could be taken)
+_logs = []    # the RunLogs of this process, closed by release()
+
+
+def temporary_name(path):
+    """A fresh temporary name beside `path`, carrying this process's pid (see remove_dead_temporaries)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}-{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
+
+
+def atomic_write(path, write, mode="wb"):
+    """write(f) into a temporary file beside `path`, fsync, then os.replace: a crash at any moment leaves the
+    previous file or the new one. A write that fails (a full disk) removes its temporary file and raises
+    OSError with the reason in words (why_write_failed); the previous file is unchanged."""
+    tmp = temporary_name(path)
+    try:
+        # opened exclusively ("x"); not mkstemp, whose file is private (0600) where a plain write is not
+        with open(tmp, mode.replace("w", "x"), **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, (OSError, RuntimeError)):  # torch's zip writer reports a full disk as a RuntimeError
+            raise OSError(getattr(e, "errno", None) or errno.EIO, why_write_failed(e, os.path.dirname(tmp))) from None
+        raise
+
+
+def write_json(path, obj):
+    """obj as JSON at path, atomically."""
+    atomic_write(path, lambda f: json.dump(obj, f, indent=1, ensure_ascii=False), mode="w")
+
+
+def why_write_failed(error, folder):
+    """In words, why writing into folder failed with `error`: a full disk is said so, with the bytes left,
+    whatever the writer made of ENOSPC (torch's zip writer raises a RuntimeError, numpy a short write)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if getattr(error, "errno", None) == errno.ENOSPC or (free is not None and free < 1 << 20):
+        return f"the disk is full ({free:,} bytes free)" if free is not None else "the disk is full"
+    return getattr(error, "strerror", None) or str(error).splitlines()[0]
+
+
+def process_alive(pid):
+    """Whether process `pid` still runs on this machine: temporaries carry their writer's pid, so that a
+    cleanup removes those of dead processes and never a live one's."""
+    if sys.platform == "win32":  # os.kill(pid, 0) would send CTRL_C_EVENT there
+        import ctypes
+        handle = ctypes.windll.kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return ctypes.GetLastError() == 5  # ERROR_ACCESS_DENIED: alive, but another user's
+        code = ctypes.c_ulong()
+        ctypes.windll.kernel32.GetExitCodeProcess(handle, ctypes.byref(code))
+        ctypes.windll.kernel32.CloseHandle(handle)
+        return code.value == 259  # STILL_ACTIVE
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        return True
+    return True
+
+
+def remove_dead_temporaries(folder):
+    """Remove the temporary files and folders (.NAME-PID-HEX.tmp) in folder whose writer is dead (or is this
+    process: none of its writes is under way when it calls this)."""
+    for name in os.listdir(folder):
+        m = TEMPORARY.match(name)
+        if m and (int(m[1]) == os.getpid() or not process_alive(int(m[1]))):
+            path = os.path.join(folder, name)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+
+
+def own(folder, flag="--out_dir"):
+    """Lock folder for this process (an exclusive lock on the folder itself: no file is created, and the
+    system drops the lock when the process ends, kill -9 included), or say that another run holds it. Where
+    no lock can be taken (a file system without flock, or Windows), say so in one line and go on."""
+    key = os.path.realpath(folder)
+    if key in _owned:
+        return
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock
+        print(f"note: cannot lock {flag}={folder} on this system; make sure no other run uses it", flush=True)
+        _owned[key] = None
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UsageError(f"another run is using {flag}={folder} (it holds the folder's lock); wait for it "
+                         f"to end, or choose another {flag}") from None
+    except OSError as e:  # a file system without flock on folders (some NFS setups): go on, unprotected
+        print(f"note: cannot lock {flag}={folder} ({e.strerror}); make sure no other run uses it", flush=True)
+    _owned[key] = fd
+
+
+def release():
+    """Close this process's run logs (an uncommitted one is removed) and give up the folders it owns."""
+    while _logs:
+        _logs.pop().close()
+    for fd in _owned.values():
+        if fd is not None:
+            os.close(fd)
+    _owned.clear()
+
+
+def check_writable(path, flag):
+    """Raise UsageError now, not after a long run, when the output file `path` of --flag cannot be written.
+    Creates nothing."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"--{flag}={path} is a folder; give a file name")
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        raise UsageError(f"cannot write --{flag}={path}: no such folder or no permission")
+
+
+class RunLog:
+    """OUT_DIR/log.jsonl, one JSON record a line. A resumed run appends. A fresh run over an old one
+    (--overwrite) writes into a temporary file until commit(), called when it saves its first checkpoint:
+    until then the old log.jsonl still matches the old checkpoint, and a run that saves nothing leaves it."""
+
+    def __init__(self, out_dir, fresh):
+        self.path = os.path.join(out_dir, "log.jsonl")
+        self.pending = temporary_name(self.path) if fresh and os.path.exists(self.path) else None
+        self.file = open(self.pending or self.path, "w" if fresh else "a", encoding="utf-8")
+        _logs.append(self)
+
+    def write(self, record, text):
+        """Print text, and append record to the log."""
+        print(text, flush=True)
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def commit(self):
+        if self.pending:  # closed first: Windows cannot replace a file that is open
+            self.file.close()
+            os.replace(self.pending, self.path)
+            self.pending, self.file = None, open(self.path, "a", encoding="utf-8")
+
+    def close(self):
+        self.file.close()
+        if self.pending:  # saved nothing: the old run stays as it was
+            os.remove(self.pending)
