@@ -59,7 +59,7 @@ from machine import machine_name, peak_bf16_flops, resolve_device, resolve_dtype
 from mesh import SCHEMES, Config, RecursiveGPT
 from runfiles import check_writable
 
-VARIANTS = ("vanilla",) + SCHEMES
+VARIANTS = ("vanilla", *SCHEMES)  # vanilla: the layout's compute depth as one unshared stack
 PROMPT, NEW_TOKENS, DECODE_BLOCK = 56, 200, 256
 PROFILE_ROUNDS, PROFILE_STEPS = 3, 3
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")

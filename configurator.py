@@ -85,8 +85,12 @@ def _parse_value(field, text):
 
 
 def help_text(cls, prog):
-    """Every field with its default and the comment that follows it in the dataclass's source."""
-    notes = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), flags=re.M))
+    """Every field with its default and the comment that follows it in the dataclass's source; a {NAME} in a
+    comment lists the names in NAME, a table of the dataclass's module (train.py's {SCHEMES}: mesh.SCHEMES)."""
+    module = vars(sys.modules[cls.__module__])
+    fill = lambda m: ", ".join(module[m[1]]) if m[1] in module else m[0]  # noqa: E731
+    notes = {k: re.sub(r"\{(\w+)\}", fill, v)
+             for k, v in re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), flags=re.M)}
     lines = [f"usage: python {prog} [CONFIG.json ...] [--key=value ...]", "", (cls.__doc__ or "").strip(), ""]
     for f in dataclasses.fields(cls):
         shown = repr(f.default) if isinstance(f.default, str) and not f.default.isprintable() else f.default

@@ -3,7 +3,6 @@ The whole model on every process: how train.py holds it without --fsdp, in one p
 with DDP (which all-reduces the gradients). fsdp.py offers the same calls for a model sharded over the
 processes; train.py picks one of the two once.
 
-    resume = ddp.load_resume(out_dir)                            # the newer checkpoint of either format, whole
     raw_model, model = ddp.wrap(model, device, tc, scratch=True)  # model: compiled (--compile), in DDP
     with ddp.sync(model, last=...): loss.backward()               # gradients all-reduced at the last micro-batch
     ddp.save(out_dir, raw_model, optimizer, master, state)       # OUT_DIR/ckpt.pt, written by rank 0
@@ -19,15 +18,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 
 NAME, CHECKPOINT = "", checkpoint.CKPT  # the startup line's word for it; the file a resume continues from
-
-
-def load_resume(out_dir):
-    """The run in OUT_DIR to continue (checkpoint.load_full_for_resume's dict): the newer of ckpt.pt and a
-    sharded checkpoint, which this process then reads whole (fsdp.load_whole)."""
-    if checkpoint.newest(out_dir) == "sharded":
-        import fsdp
-        return fsdp.load_whole(out_dir, checkpoint.read_pointer(out_dir))
-    return checkpoint.load_full_for_resume(out_dir)
 
 
 def wrap(model, device, tc, scratch):

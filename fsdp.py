@@ -22,7 +22,7 @@ Resume takes the newer of ckpt.pt and the sharded checkpoint, in either mode: a 
 resumes under FSDP and a sharded one under DDP (loaded whole), at any number of processes.
 
 train.py holds the model through this file's calls under --fsdp=true, and through ddp.py's, the
-same calls, otherwise: check_launch, load_resume, wrap, sync, save, load.
+same calls, otherwise: wrap, sync, save, load (and check_launch, here only).
 """
 
 import os
@@ -88,16 +88,6 @@ def check_launch(distributed):
     if not distributed:
         raise UsageError("--fsdp=true shards over processes started by torchrun, e.g. torchrun --standalone "
                          "--nproc_per_node=8 train.py ... --fsdp=true (one process: --nproc_per_node=1)")
-
-
-def load_resume(out_dir):
-    """The run in OUT_DIR to continue: ckpt.pt whole, when it is the newer, to be cut into this rank's shards by
-    load(); else the sharded checkpoint's plain data with a model of its config, whose shards load() reads."""
-    if checkpoint.newest(out_dir) == "full":
-        return checkpoint.load_full_for_resume(out_dir)
-    meta = checkpoint.read_pointer(out_dir)
-    return {**meta, "rng": rng_from_json(meta["rng"]), "model": RecursiveGPT(Config.from_dict(meta["model_config"])),
-            "path": os.path.join(out_dir, POINTER)}
 
 
 def wrap(model, device, tc, scratch):
@@ -254,9 +244,8 @@ def load_sharded(out_dir, meta, model, optimizer):
 
 
 def load_whole(out_dir, meta):
-    """A sharded checkpoint in one process, as the dict a resume continues from (checkpoint.py's
-    load_full_for_resume: ckpt.pt's entries, "model" the model): for DDP and single-process resumes and for
-    consolidation."""
+    """A sharded checkpoint in one process, as the dict a resume continues from (resume.load's: ckpt.pt's
+    entries, "model" the model): for DDP and single-process resumes and for consolidation."""
     model = RecursiveGPT(Config.from_dict(meta["model_config"]))
     tc = meta["train_config"]
     optimizer = model.configure_optimizer(tc["weight_decay"], tc["lr"] or 0.0, (tc["beta1"], tc["beta2"]))

@@ -1,9 +1,8 @@
 """
 Where a run runs: its processes (torchrun), its device and dtype, and the chip's peak for MFU.
 
-    ddp, rank, world = process_group()      # from torchrun's RANK and WORLD_SIZE; (False, 0, 1) alone
-    device = start(tc.device, ddp)          # "cuda:LOCAL_RANK" under torchrun, with its process group started
-    dtype = resolve_dtype("auto", device)   # bfloat16 autocast on GPUs that support it, else float32
+    distributed, rank, world = process_group()   # torchrun's RANK and WORLD_SIZE; (False, 0, 1) alone
+    device = start(tc.device, distributed)       # "cuda:LOCAL_RANK" under torchrun, its process group started
 """
 
 import os
@@ -23,7 +22,7 @@ PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12, "NVID
 
 
 def process_group():
-    """(ddp, rank, world size) from torchrun's RANK and WORLD_SIZE; RANK unset (or -1): one process."""
+    """(distributed, rank, world size) from torchrun's RANK and WORLD_SIZE; RANK unset (or -1): one process."""
     rank, size = os.environ.get("RANK", "-1"), os.environ.get("WORLD_SIZE")
     if rank == "-1":
         return False, 0, 1
@@ -37,35 +36,35 @@ def process_group():
     return True, rank, size
 
 
-def start(name, ddp):
-    """The device this process runs on (--device), and under torchrun its process group (NCCL on GPUs, else
-    gloo): each process takes GPU LOCAL_RANK, so that RNG states, bf16 checks and kernels use it, not GPU 0."""
+def start(name, distributed):
+    """The device of this process (--device); under torchrun also its process group (NCCL on GPUs, else gloo).
+    Each process takes GPU LOCAL_RANK, so that RNG states, bf16 checks and kernels use it, not GPU 0."""
     device = resolve_device(name)
-    if ddp and device.startswith("cuda"):
+    if distributed and device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     if device.startswith("cuda:"):
         torch.cuda.set_device(device)
-    if ddp:
+    if distributed:
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     return device
 
 
 def stop():
-    """End this process's process group, if it started one (on every way out of a run)."""
+    """End this process's process group, if it started one."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
-def from_rank0(fn, ddp, master):
-    """fn() on rank 0, its result (or the message of the error it raised) shared with every rank: the
-    ranks act on one decision (say, which dataset), and none waits forever when rank 0 fails."""
+def from_rank0(fn, distributed, master):
+    """fn() on rank 0, its result (or its error's message) shared with every rank, so that all act on one
+    decision (say, which dataset to train on) and none waits forever when rank 0 fails."""
     result, failed = None, None
     if master:
         try:
             result = fn()
         except ValueError as e:  # the project's one-line errors (UsageError, DataError, ...) are ValueErrors
             failed = e
-    if ddp:
+    if distributed:
         shared = [result, None if failed is None else str(failed)]
         dist.broadcast_object_list(shared, src=0)
         result, failed = shared[0], failed or (shared[1] is not None and UsageError(shared[1]))
@@ -76,12 +75,10 @@ def from_rank0(fn, ddp, master):
 
 def resolve_device(name):
     """'auto' -> cuda, then mps, then cpu; an explicit device that is not available is a UsageError."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        return "mps" if torch.backends.mps.is_available() else "cpu"
-    kind = name.split(":")[0]
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if name == "auto":
+        return "cuda" if available["cuda"] else "mps" if available["mps"] else "cpu"
+    kind = name.split(":")[0]
     if kind not in available:
         raise UsageError(f"unknown --device={name}; expected auto, cpu, cuda, cuda:N or mps")
     if not available[kind]:
@@ -100,9 +97,7 @@ def resolve_dtype(name, device):
 
 def autocast(device, dtype):
     """bf16 autocast on the device for --dtype=bfloat16; nothing for float32."""
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(str(device).split(":")[0], dtype=torch.bfloat16)
+    return nullcontext() if dtype == "float32" else torch.autocast(str(device).split(":")[0], dtype=torch.bfloat16)
 
 
 def peak_bf16_flops(device, dtype):

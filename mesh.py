@@ -4,21 +4,14 @@ nanoMeSH: the whole model in one file.
 MeSH (Memory-as-State-Highways for Recursive Transformers, Yu et al., arXiv 2510.07739) on a
 GPT-NeoX / Pythia backbone. A recursive transformer runs a prelude, then one weight-shared core
 several times (the loop steps), then a coda. How the hidden state travels from step to step is
-the "scheme" (the paper's Section 3 and Table 1):
+the "scheme" (the paper's Section 3 and Table 1), one entry each in SCHEMES below; MeSH's is a
+B-slot memory buffer with per-step write/read routers (Eq. 2-5, in RecursiveGPT.forward).
 
-    base        h(t+1) = f_t(h(t))
-    residual    h(t+1) = f_t(h(t)) + h(t)
-    anchor      h(t+1) = f_t(h(t)) + h(0)
-    anchor_emb  h(t+1) = f_t(h(t)) + h_emb           (the paper's anchor*)
-    mesh        a B-slot memory buffer with per-step write/read routers (Eq. 2-5)
-
-Read top to bottom: presets and layouts, Config, the GPT-NeoX Block, the Router and buffer,
-the model (its forward is the paper's Eq. 2-5), init, optimizer, KV cache and generation, and a
-summary command that prints the paper's Table 5 numbers without allocating weights:
+Read top to bottom: schemes, presets and layouts, Config, the GPT-NeoX Block, the Router and
+buffer, the model (its forward is the paper's Eq. 2-5), init, optimizer, KV cache and generation,
+and a summary command that prints the paper's Table 5 numbers without allocating weights:
 
     python mesh.py --model pythia-1.4b --layout 4+8R2+4 --scheme mesh
-
-Checkpoints and the Hugging Face import are in checkpoint.py.
 """
 
 import argparse
@@ -34,7 +27,16 @@ from torch.utils.checkpoint import checkpoint
 
 from configurator import closest
 
-SCHEMES = ("base", "residual", "anchor", "anchor_emb", "mesh")
+# How the state passes from loop step t to t+1: h(t+1) from the step's output h_m = f_t(h(t)) (Eq. 4), its input
+# h = h(t), h0 = h(0) and h_emb. Every list of schemes in the project (flags, table1.py, the tests) is this one;
+# a scheme of your own is one more line (README, the model page). MeSH's update is the buffer's, in forward.
+SCHEMES = {
+    "base": lambda h_m, h, h0, h_emb: h_m,                # h(t+1) = f_t(h(t))
+    "residual": lambda h_m, h, h0, h_emb: h_m + h,        # h(t+1) = f_t(h(t)) + h(t)
+    "anchor": lambda h_m, h, h0, h_emb: h_m + h0,         # h(t+1) = f_t(h(t)) + h(0)
+    "anchor_emb": lambda h_m, h, h0, h_emb: h_m + h_emb,  # h(t+1) = f_t(h(t)) + h_emb (the paper's anchor*)
+    "mesh": None,                                         # Eq. 2-5: write h_m into the buffer, read h(t+1)
+}
 MESH_CHOICES = {"cycle": ("routed", "direct"), "router_init": ("uniform", "base"),  # the paper leaves these
                 "slot0": ("scaled", "unscaled")}                                     # open; first = default
 
@@ -69,13 +71,8 @@ class Layout:
     schedule: tuple  # for each loop step t, the index of the core it runs
     coda: int        # blocks in f_coda
 
-    @property
-    def depth(self):  # compute depth: blocks applied per forward (unrolled)
-        return self.prelude + sum(self.cores[c] for c in self.schedule) + self.coda
-
-    @property
-    def unique(self):  # blocks that own parameters
-        return self.prelude + sum(self.cores) + self.coda
+    depth = property(lambda self: self.prelude + sum(self.cores[c] for c in self.schedule) + self.coda)  # unrolled
+    unique = property(lambda self: self.prelude + sum(self.cores) + self.coda)  # blocks that own parameters
 
 
 def parse_layout(text):
@@ -150,10 +147,11 @@ class Config:
             if value != options[0] and self.scheme != "mesh":
                 raise ValueError(f"{name}={value!r} is a MeSH setting, but scheme is {self.scheme!r}; "
                                  f"drop it or use scheme 'mesh'")
-        if self.scheme == "mesh" and self.cycle == "direct" and self.slots < 2:
+        mesh = self.scheme == "mesh"
+        if mesh and self.cycle == "direct" and self.slots < 2:
             raise ValueError(f"cycle='direct' writes the prelude output into slot 1, so it needs n_slots >= 2, "
                              f"not {self.slots}")
-        if self.scheme == "mesh" and self.router_init == "base" and self.slots < self.n_steps + 2:
+        if mesh and self.router_init == "base" and self.slots < self.n_steps + 2:
             raise ValueError(f"router_init='base' gives each of the {self.n_steps} loop steps a slot after slots 0 "
                              f"and 1, so it needs n_slots >= K+2 = {self.n_steps + 2}, not {self.slots}")
         for name in ("vocab_size", "block_size", "n_embd", "n_head"):
@@ -163,29 +161,17 @@ class Config:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"pick n_head among the divisors of n_embd")
         if not 0.0 <= self.rotary_pct <= 1.0:
-            raise ValueError(f"rotary_pct={self.rotary_pct} must be in [0, 1] (the share of each head that rotary "
-                             f"rotates; GPT-NeoX uses 0.25)")
+            raise ValueError(f"rotary_pct={self.rotary_pct} must be in [0, 1] (GPT-NeoX: 0.25)")
         if self.rotary_dims % 2:
             raise ValueError(f"rotary dims = int(head_dim {self.head_dim} x rotary_pct {self.rotary_pct}) "
                              f"= {self.rotary_dims} must be even; adjust rotary_pct or n_head")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
 
-    @property
-    def head_dim(self):
-        return self.n_embd // self.n_head
-
-    @property
-    def rotary_dims(self):
-        return int(self.head_dim * self.rotary_pct)
-
-    @property
-    def n_steps(self):  # K
-        return len(self.shape.schedule)
-
-    @property
-    def slots(self):  # B, resolved
-        return self.n_slots if self.n_slots is not None else self.n_steps + 3
+    head_dim = property(lambda self: self.n_embd // self.n_head)
+    rotary_dims = property(lambda self: int(self.head_dim * self.rotary_pct))
+    n_steps = property(lambda self: len(self.shape.schedule))  # K
+    slots = property(lambda self: self.n_slots if self.n_slots is not None else self.n_steps + 3)  # B, resolved
 
     def flops_per_token(self):
         """Training FLOPs per token: 6 x unrolled non-embedding params (a shared core counts once per
@@ -271,7 +257,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg):  # D -> 4D -> D
         super().__init__()
         self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
         self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
@@ -326,9 +312,8 @@ def buffer_read(mem, w_read):
     return (w_read.unsqueeze(-1) * mem).sum(dim=-2)
 
 
-# [choice] Precision: the buffer ops are elementwise, which autocast leaves alone, so under bf16 autocast
-# the buffer and every state read from it stay float32 (the routers' softmax is float32 too), like the
-# residual stream of the other schemes (there x + a bf16 branch promotes to float32).
+# [choice] Precision: the buffer ops are elementwise, which autocast leaves alone, so under bf16 autocast the
+# buffer and every state read from it stay float32, like the other schemes' residual stream.
 
 
 # -----------------------------------------------------------------------------
@@ -363,10 +348,9 @@ class RecursiveGPT(nn.Module):
           grow with depth however often a shared core is reused.
         - Routers [choice] (router_init="uniform"): like every Linear, weights normal(0, 0.02) and zero
           bias, so each router starts near uniform (w ~ 1/B for every slot) and no slot or step is
-          favoured before training; the routers learn any preference from the loss alone.
-          Measured (README, K = 4, 3 seeds): "base" -0.003 +- 0.015 val loss vs "uniform", within noise.
-          router_init="base" starts MeSH as the base scheme (Appendix D's reduction): the cycle writes
-          and reads slot 1, loop step t slot t+2, each with weight 0.9 (bias ln(9(B-1)) on that slot).
+          favoured before training. router_init="base" starts MeSH as the base scheme (Appendix D's
+          reduction): the cycle writes and reads slot 1, loop step t slot t+2, each with weight 0.9
+          (bias ln(9(B-1)) on that slot). Both measured: results/README.md, MeSH's [choice]s.
         """
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -386,22 +370,14 @@ class RecursiveGPT(nn.Module):
                     router.write.bias[first + i] = router.read.bias[first + i] = math.log(9 * (B - 1))
 
     def compute_dtype(self, device_type):
-        """The dtype the Linear layers compute in, so also q, k and v: autocast's where it is on, else the
-        weights'. The rotary tables and the KV cache are made in it."""
-        if torch.is_autocast_enabled(device_type):
-            return torch.get_autocast_dtype(device_type)
-        return self.lm_head.weight.dtype
+        """The dtype the Linear layers compute in, so also q, k and v (the rotary tables and the KV cache are
+        made in it): autocast's where it is on, else the weights'."""
+        on = torch.is_autocast_enabled(device_type)
+        return torch.get_autocast_dtype(device_type) if on else self.lm_head.weight.dtype
 
-    def num_params(self, non_embedding=True):
+    def num_params(self, non_embedding=True):  # non-embedding: all but wte and lm_head
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= self.wte.weight.numel() + self.lm_head.weight.numel()
-        return n
-
-    def applied_blocks(self):
-        """Every block in the order the forward pass applies it (the KV cache has one layer per entry)."""
-        steps = [blk for c in self.schedule for blk in self.cores[c]]
-        return list(self.prelude) + steps + list(self.coda)
+        return n - (self.wte.weight.numel() + self.lm_head.weight.numel() if non_embedding else 0)
 
     def run(self, blocks, x, layer, rope, cache):
         """Apply `blocks` in order; `layer` counts applied blocks so each gets its own KV cache entry."""
@@ -414,12 +390,9 @@ class RecursiveGPT(nn.Module):
         return x, layer
 
     def forward(self, idx, targets=None, pos=None, cache=None, capture=None):
-        """idx (B, T) token ids -> (logits (B, T, V), loss or None).
-
-        pos (T,) and cache (a KVCache) are for incremental decoding. capture, a dict, is filled with
-        what probe.py studies: "states" (name, h), "blocks" (name, input, output) and "routers"
-        (name, w_write, w_read). Neither changes the result.
-        """
+        """idx (B, T) token ids -> (logits (B, T, V), loss or None). pos (T,) and cache (a KVCache) are for
+        incremental decoding. capture, a dict, is filled with what probe.py studies: "states" (name, h),
+        "blocks" (name, input, output) and "routers" (name, w_write, w_read). Neither changes the result."""
         cfg = self.config
         if idx.size(1) > cfg.block_size:
             raise ValueError(f"idx has {idx.size(1)} positions but block_size is {cfg.block_size}; "
@@ -436,45 +409,34 @@ class RecursiveGPT(nn.Module):
         note("states", "h_emb", h_emb)
         x, layer = self.run(self.prelude, h_emb, 0, rope, cache)            # f_pre(h_emb)
         note("blocks", "prelude", h_emb, x)
-        h = x
+        h, first = x, 0  # first: the router of loop step 0
         if cfg.scheme == "mesh":
             # Eq. 2: the buffer, B slots the shape of the state; slot 0 holds h_emb, the others start at zero.
-            # [choice] slot0="scaled": h_emb as the prelude sees it, scaled by sqrt(D) (Appendix B);
-            # "unscaled": wte(idx) itself. Measured (README, K = 4, 3 seeds): unscaled +0.019, worse in every seed.
+            # [choice] slot0: h_emb as the prelude sees it, scaled by sqrt(D) (Appendix B), or wte(idx) itself.
             slot0 = h_emb if cfg.slot0 == "scaled" else tok
             mem = torch.stack([slot0] + [torch.zeros_like(h_emb)] * (cfg.slots - 1), dim=2)  # (B, T, S, D)
-            # The transitional cycle [choice: the paper's cycle "processes the prelude output"].
-            # cycle="routed": route on the prelude output x, write it into the buffer, read h(0).
-            # cycle="direct": h(0) = x, and x goes into slot 1 (no router, so K pairs, not Table 5's K+1).
-            # Measured (README, K = 4, 3 seeds): direct -0.013 val loss, better in every seed; routed is kept
-            # because the paper's router count has the cycle's pair.
+            # [choice] The transitional cycle, which "processes the prelude output": cycle="routed" routes on the
+            # prelude output x, writes it, reads h(0) (Table 5's K+1 router pairs); "direct" sets h(0) = x and
+            # puts x in slot 1 (K pairs). Both [choice]s measured: results/README.md, MeSH's [choice]s.
             if cfg.cycle == "routed":
                 w_write, w_read = self.routers[0](x)                        # Eq. 3: (B, T, S) each
                 mem = buffer_write(mem, w_write, x)
-                h = buffer_read(mem, w_read)
+                h, first = buffer_read(mem, w_read), 1
                 note("routers", "cycle", w_write, w_read)
-                step_routers = self.routers[1:]
             else:
                 mem[:, :, 1] = x                                            # h(0) = x, as set above
-                step_routers = self.routers
         h0 = h
         for t, c in enumerate(self.schedule):
             note("states", f"h{t}", h)
             h_m, layer = self.run(self.cores[c], h, layer, rope, cache)     # Eq. 4: h_m = f_t(h(t))
             note("blocks", f"step{t}", h, h_m)
-            if cfg.scheme == "base":
-                h = h_m
-            elif cfg.scheme == "residual":
-                h = h_m + h
-            elif cfg.scheme == "anchor":
-                h = h_m + h0
-            elif cfg.scheme == "anchor_emb":
-                h = h_m + h_emb
-            else:  # mesh: route on h(t) (Eq. 3), write h_m, read h(t+1) (Eq. 5)
-                w_write, w_read = step_routers[t](h)
+            if cfg.scheme == "mesh":  # route on h(t) (Eq. 3), write h_m, read h(t+1) (Eq. 5)
+                w_write, w_read = self.routers[first + t](h)
                 mem = buffer_write(mem, w_write, h_m)
                 h = buffer_read(mem, w_read)
                 note("routers", f"step{t}", w_write, w_read)
+            else:  # the scheme's update rule, from the table at the top
+                h = SCHEMES[cfg.scheme](h_m, h, h0, h_emb)
         note("states", f"h{cfg.n_steps}", h)
         out, layer = self.run(self.coda, h, layer, rope, cache)            # f_coda(h(K))
         note("states", "out", out)
@@ -491,9 +453,8 @@ class RecursiveGPT(nn.Module):
     def evaluate(self, batches, autocast=nullcontext()):
         """The mean loss of each (inputs, targets) batch, in evaluation mode (no dropout): train.py's
         evaluation every eval_interval, and table1.py's of the final checkpoints."""
-        training = self.training
+        training, losses = self.training, []
         self.eval()
-        losses = []
         for x, y in batches:
             with autocast:
                 losses.append(self(x, y)[1].float().item())
@@ -501,25 +462,19 @@ class RecursiveGPT(nn.Module):
         return losses
 
     def configure_optimizer(self, weight_decay, lr, betas=(0.9, 0.95), device_type="cpu"):
-        """AdamW with weight decay on matrices (Linear weights, embeddings, router weights) only:
-        biases and LayerNorm parameters (1-d) are never decayed. Fused (one kernel over all parameters)
-        on CUDA and CPU."""
+        """AdamW with weight decay on matrices (Linear weights, embeddings, router weights) only, never on
+        biases and LayerNorms (1-d); fused (one kernel over all parameters) on CUDA and CPU."""
         params = [p for p in self.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
+        groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
+                  dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
         return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=device_type in ("cuda", "cpu"))
-
-    # ---- generation --------------------------------------------------------
 
     @torch.inference_mode()  # like no_grad, and also skips autograd's version counters
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Append max_new_tokens sampled tokens to idx (B, T). temperature 0 is greedy.
-
-        With use_cache (the default) the prompt is prefilled once and each new token is one
-        position through the network. Positions are absolute, so once the sequence outgrows
-        block_size the last block_size tokens are re-prefilled at every step: the result is the
-        same as full recompute (use_cache=False) either way."""
+        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy. With use_cache the
+        prompt is prefilled once and each new token is one position through the network; positions are
+        absolute, so past block_size the last block_size tokens are prefilled again at every step. Either way
+        the result is full recompute's (use_cache=False)."""
         if not temperature >= 0 or top_k is not None and top_k < 1:  # (not >= also refuses nan)
             raise ValueError(f"temperature={temperature} must be 0 (greedy) or more and top_k={top_k} "
                              f"at least 1 (or None for no limit)")
@@ -553,11 +508,10 @@ def sample(logits, temperature=1.0, top_k=None):
 
 
 class KVCache:
-    """Keys and values of every applied block (so `4+8R2+4` caches 24 layers, not 16), for max_len
-    positions, preallocated so shapes never change while decoding. MeSH's buffer and routers act per
-    position, so they need no cache: only attention looks at other positions. The model calls seek(pos)
-    once per forward; each block then writes its keys/values at those positions and attends through
-    attn_mask."""
+    """Keys and values of every applied block (`4+8R2+4` caches 24 layers, not 16) for max_len positions,
+    preallocated so shapes never change while decoding. MeSH's buffer and routers act per position, so only
+    attention needs a cache. The model calls seek(pos) once per forward; each block then writes its keys and
+    values at those positions and attends through attn_mask."""
 
     def __init__(self, model, batch_size, max_len):
         cfg, device = model.config, model.lm_head.weight.device
@@ -585,47 +539,35 @@ class KVCache:
 # Summary (the paper's Table 5), on the meta device: no weights are allocated
 
 def summary(cfg):
+    """The layout, block by block, and the parameter counts of the paper's Table 5: nothing is allocated."""
     with torch.device("meta"):
         model = RecursiveGPT(cfg)
         vanilla = RecursiveGPT(Config(**{**cfg.to_dict(), "layout": str(cfg.shape.depth), "scheme": "base"}))
-    s = cfg.shape
-    lines = [f"layout {cfg.layout}, scheme {cfg.scheme}" + (f", {cfg.slots} slots" if cfg.scheme == "mesh" else "")]
-    first = 0
-
-    def span(n):
-        nonlocal first
+    s, first, spans = cfg.shape, 0, []
+    for n in (s.prelude, *s.cores, s.coda):  # the unique blocks in order: prelude, each core, coda
+        spans.append(f"blocks {first}-{first + n - 1}" if n else "(none)")
         first += n
-        return f"blocks {first - n}-{first - 1}" if n else "(none)"
-
-    lines.append(f"  prelude  {span(s.prelude)}")
-    core_spans = [span(n) for n in s.cores]
-    for t, c in enumerate(s.schedule):
-        shared = " (shared)" if s.schedule.index(c) != t else ""
-        lines.append(f"  step {t:<3} core {c}: {core_spans[c]}{shared}")
-    lines.append(f"  coda     {span(s.coda)}")
+    lines = [f"layout {cfg.layout}, scheme {cfg.scheme}" + (f", {cfg.slots} slots" if cfg.scheme == "mesh" else ""),
+             f"  prelude  {spans[0]}"]
+    lines += [f"  step {t:<3} core {c}: {spans[1 + c]}{' (shared)' if s.schedule.index(c) != t else ''}"
+              for t, c in enumerate(s.schedule)]
     ne, vne = model.num_params(), vanilla.num_params()
     routers = sum(p.numel() for n, p in model.named_parameters() if n.startswith("routers."))
-    lines += [
-        f"compute depth {s.depth}, unique layers {s.unique}",
-        f"total params          {model.num_params(False):>15,}",
-        f"non-embedding params  {ne:>15,}  ({100 * ne / vne:.2f}% of vanilla {s.depth}-layer: {vne:,})",
-        f"router params         {routers:>15,}",
-    ]
+    lines += [f"  coda     {spans[-1]}", f"compute depth {s.depth}, unique layers {s.unique}",
+              f"total params          {model.num_params(False):>15,}",
+              f"non-embedding params  {ne:>15,}  ({100 * ne / vne:.2f}% of vanilla {s.depth}-layer: {vne:,})",
+              f"router params         {routers:>15,}"]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="Print a model's layout and parameter counts (no weights allocated).")
     ap.add_argument("--model", default="classroom", help=f"preset: {', '.join(PRESETS)}")
-    ap.add_argument("--layout")
-    ap.add_argument("--scheme")
-    ap.add_argument("--n_slots", type=int)
-    ap.add_argument("--vocab_size", type=int)
-    ap.add_argument("--block_size", type=int)
+    for name, kind in (("layout", str), ("scheme", str), ("n_slots", int), ("vocab_size", int), ("block_size", int)):
+        ap.add_argument(f"--{name}", type=kind)
     a = ap.parse_args()
     try:
-        config = Config.from_preset(a.model, layout=a.layout, scheme=a.scheme, n_slots=a.n_slots,
-                                    vocab_size=a.vocab_size, block_size=a.block_size)
+        config = Config.from_preset(a.model, **{k: v for k, v in vars(a).items() if k != "model"})
     except ValueError as e:
         ap.exit(2, f"mesh.py: error: {e}\n")
     print(summary(config))

@@ -1,14 +1,14 @@
 """
-The files around a run, kept safe: who owns OUT_DIR, how a file is written so that a crash never leaves
-half of one, what a dead process left behind, and the run's log.
+The files around a run, kept safe: who owns OUT_DIR, writes that a crash never leaves half done, the
+leftovers of killed writers, and the run's log.
 
-    runfiles.own(out_dir)                               # this process's until it ends; a second run is refused
-    runfiles.atomic_write(path, lambda f: f.write(b"..."))   # the old file or the new one, never half
-    runfiles.remove_dead_temporaries(out_dir)           # the .tmp files of writers that were killed
-    log = runfiles.RunLog(out_dir, fresh=True)          # log.jsonl; an old run's is replaced at log.commit()
+    runfiles.own(out_dir)                                     # a second run there is refused while this one lives
+    runfiles.atomic_write(path, lambda f: f.write(data))      # the old file or the new one, never half of one
+    runfiles.remove_dead_temporaries(out_dir)                 # the .tmp files of writers that were killed
+    log = runfiles.RunLog(out_dir, fresh=True)                # log.jsonl; an old run's is replaced at commit()
 
-Every temporary file or folder is named .NAME-PID-HEX.tmp beside its destination, so that the one
-cleaner can tell a dead writer's leftovers (removed) from a live one's (never touched).
+Every temporary file or folder is named .NAME-PID-HEX.tmp beside its destination: the one cleaner tells a
+dead writer's leftovers (removed) from a live one's (never touched) by the pid.
 """
 
 import errno
@@ -22,23 +22,21 @@ import uuid
 from configurator import UsageError
 
 TEMPORARY = re.compile(r"^\..+-(\d+)-[0-9a-f]+\.tmp$")  # .NAME-PID-HEX.tmp
-_owned = {}   # real path of an owned folder -> the descriptor holding its lock (None: no lock could be taken)
-_logs = []    # the RunLogs of this process, closed by release()
+_owned, _logs = {}, []  # this process's folder locks (real path -> descriptor or None) and open RunLogs
 
 
 def temporary_name(path):
-    """A fresh temporary name beside `path`, carrying this process's pid (see remove_dead_temporaries)."""
+    """A fresh temporary name beside path, carrying this process's pid."""
     folder, name = os.path.split(os.path.abspath(path))
     return os.path.join(folder, f".{name}-{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
 
 
 def atomic_write(path, write, mode="wb"):
-    """write(f) into a temporary file beside `path`, fsync, then os.replace: a crash at any moment leaves the
-    previous file or the new one. A write that fails (a full disk) removes its temporary file and raises
-    OSError with the reason in words (why_write_failed); the previous file is unchanged."""
+    """write(f) into a temporary file beside path, fsync, then os.replace: a crash at any moment leaves the
+    previous file or the new one. A failed write (a full disk) removes its temporary file and raises OSError,
+    the reason in words as its strerror (why_write_failed); the previous file is unchanged."""
     tmp = temporary_name(path)
-    try:
-        # opened exclusively ("x"); not mkstemp, whose file is private (0600) where a plain write is not
+    try:  # "x": created afresh, with the mode a plain write gets (not mkstemp's private 0600)
         with open(tmp, mode.replace("w", "x"), **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
@@ -53,13 +51,12 @@ def atomic_write(path, write, mode="wb"):
 
 
 def write_json(path, obj):
-    """obj as JSON at path, atomically."""
     atomic_write(path, lambda f: json.dump(obj, f, indent=1, ensure_ascii=False), mode="w")
 
 
 def why_write_failed(error, folder):
-    """In words, why writing into folder failed with `error`: a full disk is said so, with the bytes left,
-    whatever the writer made of ENOSPC (torch's zip writer raises a RuntimeError, numpy a short write)."""
+    """Why writing into folder failed, in words: a full disk is said so, with the bytes left, whatever the
+    writer made of ENOSPC (torch's zip writer raises a RuntimeError, numpy a short write)."""
     try:
         free = shutil.disk_usage(folder).free
     except OSError:
@@ -70,29 +67,29 @@ def why_write_failed(error, folder):
 
 
 def process_alive(pid):
-    """Whether process `pid` still runs on this machine: temporaries carry their writer's pid, so that a
-    cleanup removes those of dead processes and never a live one's."""
-    if sys.platform == "win32":  # os.kill(pid, 0) would send CTRL_C_EVENT there
+    """Whether process pid still runs on this machine."""
+    if sys.platform == "win32":  # there os.kill(pid, 0) would send CTRL_C_EVENT
         import ctypes
-        handle = ctypes.windll.kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        kernel = ctypes.windll.kernel32
+        handle = kernel.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
         if not handle:
-            return ctypes.GetLastError() == 5  # ERROR_ACCESS_DENIED: alive, but another user's
+            return ctypes.GetLastError() == 5  # ERROR_ACCESS_DENIED: alive, another user's
         code = ctypes.c_ulong()
-        ctypes.windll.kernel32.GetExitCodeProcess(handle, ctypes.byref(code))
-        ctypes.windll.kernel32.CloseHandle(handle)
+        kernel.GetExitCodeProcess(handle, ctypes.byref(code))
+        kernel.CloseHandle(handle)
         return code.value == 259  # STILL_ACTIVE
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # alive, but another user's
+    except PermissionError:  # alive, another user's
         return True
     return True
 
 
 def remove_dead_temporaries(folder):
-    """Remove the temporary files and folders (.NAME-PID-HEX.tmp) in folder whose writer is dead (or is this
-    process: none of its writes is under way when it calls this)."""
+    """Remove the temporaries in folder (files and folders named .NAME-PID-HEX.tmp) whose writer is dead, or
+    is this process (none of whose writes is under way when it calls this)."""
     for name in os.listdir(folder):
         m = TEMPORARY.match(name)
         if m and (int(m[1]) == os.getpid() or not process_alive(int(m[1]))):
@@ -101,23 +98,25 @@ def remove_dead_temporaries(folder):
 
 
 def own(folder, flag="--out_dir"):
-    """Lock folder for this process (an exclusive lock on the folder itself: no file is created, and the
-    system drops the lock when the process ends, kill -9 included), or say that another run holds it. Where
-    no lock can be taken (a file system without flock, or Windows), say so in one line and go on."""
+    """Lock folder for this process: an exclusive flock on the folder itself, so no file is created and the
+    system drops the lock when the process ends, kill -9 included. Held by another run: a UsageError. Where
+    no lock can be taken (a file system without flock, or Windows): a one-line note, and go on."""
     key = os.path.realpath(folder)
     if key in _owned:
         return
+    _owned[key] = None
     try:
         import fcntl
-    except ImportError:  # Windows: no flock
-        print(f"note: cannot lock {flag}={folder} on this system; make sure no other run uses it", flush=True)
-        _owned[key] = None
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError) as e:  # no fcntl (Windows), or a folder that cannot be opened so
+        print(f"note: cannot lock {flag}={folder} ({getattr(e, 'strerror', None) or 'no flock on this system'}); "
+              f"make sure no other run uses it", flush=True)
         return
-    fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        del _owned[key]
         raise UsageError(f"another run is using {flag}={folder} (it holds the folder's lock); wait for it "
                          f"to end, or choose another {flag}") from None
     except OSError as e:  # a file system without flock on folders (some NFS setups): go on, unprotected
@@ -129,26 +128,23 @@ def release():
     """Close this process's run logs (an uncommitted one is removed) and give up the folders it owns."""
     while _logs:
         _logs.pop().close()
-    for fd in _owned.values():
-        if fd is not None:
-            os.close(fd)
+    for fd in filter(None, _owned.values()):
+        os.close(fd)
     _owned.clear()
 
 
 def check_writable(path, flag):
-    """Raise UsageError now, not after a long run, when the output file `path` of --flag cannot be written.
-    Creates nothing."""
-    folder = os.path.dirname(os.path.abspath(path))
+    """Raise UsageError now, not after a long run, when --flag's output file path cannot be written."""
     if os.path.isdir(path):
         raise UsageError(f"--{flag}={path} is a folder; give a file name")
-    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+    if not os.access(path if os.path.exists(path) else os.path.dirname(os.path.abspath(path)), os.W_OK):
         raise UsageError(f"cannot write --{flag}={path}: no such folder or no permission")
 
 
 class RunLog:
     """OUT_DIR/log.jsonl, one JSON record a line. A resumed run appends. A fresh run over an old one
-    (--overwrite) writes into a temporary file until commit(), called when it saves its first checkpoint:
-    until then the old log.jsonl still matches the old checkpoint, and a run that saves nothing leaves it."""
+    (--overwrite) writes into a temporary file until commit(), at its first checkpoint: until then the old
+    log.jsonl still matches the old checkpoint, and a run that saves nothing leaves it as it was."""
 
     def __init__(self, out_dir, fresh):
         self.path = os.path.join(out_dir, "log.jsonl")
@@ -170,5 +166,5 @@ class RunLog:
 
     def close(self):
         self.file.close()
-        if self.pending:  # saved nothing: the old run stays as it was
+        if self.pending:
             os.remove(self.pending)

@@ -38,12 +38,11 @@ import checkpoint
 from configurator import closest
 from data.loader import checkpoint_dataset, load_split, random_windows
 from machine import machine_name
-from mesh import Config, RecursiveGPT
+from mesh import SCHEMES, Config, RecursiveGPT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
-VARIANTS = {"vanilla": "base", "base": "base", "residual": "residual", "anchor": "anchor",  # name -> scheme,
-            "anchor_emb": "anchor_emb", "mesh": "mesh"}                                  # in table order
+VARIANTS = {"vanilla": "base", **{s: s for s in SCHEMES}}  # name -> scheme, in table order: every scheme of mesh.py
 CHOICES = {"mesh_direct": dict(cycle="direct"), "mesh_base_init": dict(router_init="base"),  # mesh with one of
            "mesh_unscaled": dict(slot0="unscaled")}                                      # mesh.py's [choice]s
 SCHEME = {**VARIANTS, **{name: "mesh" for name in CHOICES}}                              # every name -> scheme

@@ -26,11 +26,24 @@ from mesh import Config, KVCache, Layout, RecursiveGPT, parse_layout
 ROOT = Path(__file__).resolve().parent
 V = 67  # small vocabulary, not a power of two on purpose
 
-# (scheme, layout): every scheme on a looped layout, base also on a vanilla one and mesh also on
-# mixed shared / unshared steps (two cores).
-CASES = [("base", "4"), ("base", "1+2R2+1"), ("residual", "1+2R2+1"), ("anchor", "1+2R2+1"),
-         ("anchor_emb", "1+2R2+1"), ("mesh", "1+2R2+1"), ("mesh", "1+1+1R2+1")]
+# (scheme, layout): every scheme of mesh.SCHEMES on a looped layout, base also on a vanilla one and mesh also
+# on mixed shared / unshared steps (two cores).
+CASES = [("base", "4")] + [(s, "1+2R2+1") for s in mesh.SCHEMES] + [("mesh", "1+1+1R2+1")]
 IDS = [f"{s}-{l}" for s, l in CASES]
+
+# Each scheme's update rule (the paper's Section 3) written again here, apart from mesh.SCHEMES, for the
+# independent implementation below; MeSH's is its buffer (Eq. 2-5), written there slot by slot.
+REFERENCE = {"base": lambda h_m, h, h0, h_emb: h_m,
+             "residual": lambda h_m, h, h0, h_emb: h_m + h,
+             "anchor": lambda h_m, h, h0, h_emb: h_m + h0,
+             "anchor_emb": lambda h_m, h, h0, h_emb: h_m + h_emb}
+
+
+def reference_rule(scheme):
+    if scheme not in REFERENCE:
+        pytest.fail(f"scheme {scheme!r} of mesh.SCHEMES has no reference formula: add its update rule to REFERENCE "
+                    f"in test_mesh.py (written from its equation, not copied from mesh.py)")
+    return REFERENCE[scheme]
 
 
 def small(scheme="mesh", layout="1+2R2+1", **kw):
@@ -103,7 +116,7 @@ def test_pythia_1_4b_recursive_counts():
     assert sum(p.numel() for n, p in model.named_parameters() if n.startswith("routers.")) == router
     assert meta_params(m) - meta_params(base) == router
     # residual / anchor schemes add no parameters
-    for scheme in ("residual", "anchor", "anchor_emb"):
+    for scheme in (s for s in mesh.SCHEMES if s not in ("base", "mesh")):
         assert meta_params(Config.from_preset("pythia-1.4b", layout="4+8R2+4", scheme=scheme)) == 805_736_448
 
 
@@ -184,10 +197,11 @@ def test_grad_checkpoint_same_gradients(monkeypatch):
         _, loss = model(tokens(), targets=tokens(seed=2))
         loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
-    assert calls == model.applied_blocks()  # none without grad_checkpoint, every applied block with it
+    applied = [*model.prelude, *(b for c in model.schedule for b in model.cores[c]), *model.coda]
+    assert calls == applied  # none without grad_checkpoint, every applied block with it
     with torch.no_grad():
         model.eval()(tokens())
-    assert len(calls) == len(model.applied_blocks())  # not in evaluation
+    assert len(calls) == len(applied)  # not in evaluation
     for n in grads[0]:
         assert grads[1][n] is not None, n
         assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6, rtol=1e-5), n
@@ -335,7 +349,7 @@ def reference_forward(model, idx):
         if cfg.scheme == "mesh":
             slots, h = write_read(slots, h_m, *route(h, first + t))
         else:
-            h = {"base": h_m, "residual": h_m + h, "anchor": h_m + h0, "anchor_emb": h_m + h_emb}[cfg.scheme]
+            h = reference_rule(cfg.scheme)(h_m, h, h0, h_emb)
     out = blocks(h, [f"coda.{i}" for i in range(s.coda)])
     return linear(norm(out, "ln_f"), "lm_head", bias=False)
 
@@ -392,14 +406,8 @@ def test_scheme_update_rules(scheme, layout):
         _, h_in, h_m = cap["blocks"][t + 1]
         h, nxt = states[f"h{t}"], states[f"h{t + 1}"]
         assert torch.equal(h_in, h)
-        if scheme == "base":
-            expect = h_m
-        elif scheme == "residual":
-            expect = h_m + h
-        elif scheme == "anchor":
-            expect = h_m + states["h0"]
-        elif scheme == "anchor_emb":
-            expect = h_m + h_emb
+        if scheme != "mesh":
+            expect = reference_rule(scheme)(h_m, h, states["h0"], h_emb)
         else:  # Eq. 5 and the read
             ww, wr = routers[t + 1]
             mem = [m + ww[..., b:b + 1] * h_m for b, m in enumerate(mem)]
@@ -449,7 +457,7 @@ def test_shared_core_runs_n_times_counted_once():
         model(tokens())
     assert calls == {**{f"prelude.{i}": 1 for i in range(2)}, **{f"cores.0.{i}": 3 for i in range(4)},
                      **{f"coda.{i}": 1 for i in range(2)}}
-    applied = model.applied_blocks()
+    applied = [*model.prelude, *(b for c in model.schedule for b in model.cores[c]), *model.coda]
     assert len(applied) == cfg.shape.depth == 16 and len({id(b) for b in applied}) == cfg.shape.unique == 8
     D = cfg.n_embd
     assert model.num_params() == vanilla_formula(8, D)  # 8 unique blocks, each counted once

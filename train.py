@@ -37,7 +37,7 @@ import runfiles
 from configurator import UsageError, check_ranges
 from data.loader import check_fits, dataset_folder, dataset_record, load_split, random_windows, sequential_windows
 from data.tokenizer import Tokenizer
-from mesh import PRESETS, Config, RecursiveGPT
+from mesh import PRESETS, SCHEMES, Config, RecursiveGPT  # noqa: F401 (SCHEMES: listed by --help)
 
 
 @dataclass
@@ -46,7 +46,7 @@ class TrainConfig:
     # model
     model: str = "classroom"            # a preset of mesh.PRESETS
     layout: str | None = None           # e.g. 2+4R2+2, 4+8R2+4, 12
-    scheme: str | None = None           # base, residual, anchor, anchor_emb, mesh
+    scheme: str | None = None           # how the state passes between loop steps: {SCHEMES}
     n_slots: int | None = None          # mesh buffer slots; None means K+3
     cycle: str | None = None            # mesh transitional cycle: routed (default) or direct
     router_init: str | None = None      # mesh routers at init: uniform (default) or base
@@ -94,12 +94,13 @@ class TrainConfig:
     gpu_memory: float = 80.0            # GiB per GPU
     debug: bool = False                 # show Python tracebacks for errors
 
-    def __post_init__(self):  # every number has a range, checked before anything is written
+    def __post_init__(self):  # every setting is checked before anything is read or written
         check_ranges(self, RANGES)
         if self.data_order not in ("random", "sequential"):
             raise UsageError(f"--data_order={self.data_order} is not random or sequential")
         if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
             raise UsageError(f"--min_lr={self.min_lr} is above --lr={self.lr}; the cosine decays from lr to min_lr")
+        model_config(self, vocab_size=None)  # the model settings, by mesh.Config's own checks
 
 
 RANGES = [  # (settings, the test each must pass, the range in words); None (unset) passes
@@ -111,7 +112,7 @@ RANGES = [  # (settings, the test each must pass, the range in words); None (uns
     ("gpu_memory", lambda v: v > 0, "a finite number of GiB above 0"),
     ("min_lr weight_decay", lambda v: v >= 0, "a finite number, 0 or more"),
     ("grad_clip", lambda v: v >= 0, "a finite number, 0 or more (0 disables clipping)"),
-    ("beta1 beta2 dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("beta1 beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
 ]
 
 
@@ -156,7 +157,7 @@ def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
     for code, (split, data) in enumerate(splits.items(), start=1):
         n = -(-tc.eval_iters // world) * world
         keys = range(rank, n, world)
-        batches = [get_batch(data, tc, model.config.block_size, (code, 0, k % tc.eval_iters), device) for k in keys]
+        batches = (get_batch(data, tc, model.config.block_size, (code, 0, k % tc.eval_iters), device) for k in keys)
         losses = [loss for k, loss in zip(keys, model.evaluate(batches, autocast)) if k < tc.eval_iters]
         total = torch.tensor([sum(losses), len(losses)], device=device, dtype=torch.float64)
         if world > 1:
@@ -189,31 +190,31 @@ def train(given):
     if given.get("fsdp"):  # FSDP2: weights, gradients and AdamW state sharded over the processes; the same calls
         import fsdp as spread
         spread.check_launch(distributed)
-    resume = None
+    ckpt = None  # the checkpoint a resumed run continues from
     if given.get("init_from") == "resume":
+        import resume  # continuing a run: which checkpoint, every check it must pass, its random state
         out_dir = given.get("out_dir", TrainConfig.out_dir)
         if master and os.path.isdir(out_dir):  # before reading: a live run may be saving
             runfiles.own(out_dir)
-        resume = spread.load_resume(out_dir)
+        ckpt = resume.load(out_dir, sharded=bool(given.get("fsdp")))
     # a resume keeps the run's settings, but how this launch spreads the model (--fsdp) is its own
-    saved = {k: v for k, v in (resume or {}).get("train_config", {}).items() if k != "fsdp"}
+    fields = TrainConfig.__dataclass_fields__
+    saved = {k: v for k, v in (ckpt or {}).get("train_config", {}).items() if k in fields and k != "fsdp"}
     tc = TrainConfig(**{**dataclasses.asdict(TrainConfig()), **saved, **given})
     as_given = {k: getattr(tc, k) for k in ("dtype", "compile", "lr", "min_lr")}  # saved unresolved: see below
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
         import plan
-        print(plan.plan(tc, resume["model"].config if resume else model_config(tc, vocab_size=None)))
+        print(plan.plan(tc, ckpt["model"].config if ckpt else model_config(tc, vocab_size=None)))
         return 0
-    if resume:  # every reason it cannot continue with these flags (its model, its data, its optimizer)
-        data_dir = checkpoint.check_resumable(resume, tc, given)
-        if resume["iter_num"] >= tc.max_iters:  # a finished run: leave it as it is
-            print(f"{resume['path']} is at iter {resume['iter_num']}, already --max_iters={tc.max_iters}: nothing "
+    if ckpt:  # every reason it cannot continue with these flags (its model, its data, its optimizer)
+        data_dir = resume.check(ckpt, tc, given)
+        if ckpt["iter_num"] >= tc.max_iters:  # a finished run: leave it as it is
+            print(f"{ckpt['path']} is at iter {ckpt['iter_num']}, already --max_iters={tc.max_iters}: nothing "
                   f"to do (raise --max_iters to train further, and --lr_decay_iters to stretch the cosine: past "
                   f"it the learning rate stays at min_lr)")
             return 0
-    elif tc.init_from == "scratch":
-        model_config(tc, vocab_size=1)  # a bad model config is reported before data/ or OUT_DIR is touched
-        if master:
-            checkpoint.check_fresh(tc.out_dir, tc.overwrite)
+    elif tc.init_from == "scratch" and master:
+        checkpoint.check_fresh(tc.out_dir, tc.overwrite)
     if tc.grad_accum % world:
         raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size {world}; "
                          f"use a multiple of {world}")
@@ -228,7 +229,7 @@ def train(given):
     torch.manual_seed(tc.seed + rank)
 
     # ---- data: a folder made by data/prepare.py (made here on first use, by rank 0) or an indexed dataset
-    if not resume:
+    if not ckpt:
         tc.dataset = machine.from_rank0(lambda: prepared(tc), distributed, master)
         data_dir = dataset_folder(tc.data_root, tc.dataset)
     tokenizer = Tokenizer.load(data_dir)
@@ -238,8 +239,8 @@ def train(given):
     # ---- model and optimizer: from scratch, from the run's checkpoint, or a Hugging Face GPT-NeoX import
     if tc.init_from == "scratch":
         model = RecursiveGPT(model_config(tc, vocab))
-    elif resume:
-        model = resume["model"]  # its config was checked against the flags given
+    elif ckpt:
+        model = ckpt["model"]  # its config was checked against the flags given
     elif tc.init_from.startswith("hf:"):
         import hf
         model = hf.for_training(tc.init_from[3:], tc, given, tokenizer, master)
@@ -252,17 +253,17 @@ def train(given):
     tc.warmup_iters = max(1, tc.lr_decay_iters // 100) if tc.warmup_iters is None else tc.warmup_iters
     model.grad_checkpoint = tc.grad_checkpoint
     # raw_model: the uncompiled module, saved and sampled; model: what trains (compiled; in DDP, or sharded)
-    raw_model, model = spread.wrap(model, device, tc, scratch=resume is None)
+    raw_model, model = spread.wrap(model, device, tc, scratch=ckpt is None)
     optimizer = raw_model.configure_optimizer(tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), device_type)
     iter_num, best_val, saved_iter = 0, float("inf"), None  # saved_iter: the checkpoint this run stands behind
-    if resume:
-        spread.load(resume, raw_model, optimizer)  # AdamW's state (FSDP: the weights too, each rank its shards)
-        iter_num, best_val, saved_iter = resume["iter_num"], resume["best_val_loss"], resume["iter_num"]
-        checkpoint.restore_rng(resume, tc.seed, rank, world, device_type)
+    if ckpt:
+        spread.load(ckpt, raw_model, optimizer)  # AdamW's state (FSDP: the weights too, each rank its shards)
+        iter_num, best_val, saved_iter = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["iter_num"]
+        resume.restore_rng(ckpt, tc.seed, rank, world, device_type)
     cfg, tokens_per_step = raw_model.config, tc.batch_size * tc.grad_accum * raw_model.config.block_size
 
     # ---- everything is checked: now the run takes OUT_DIR (its lock, the leftovers of killed writes, its log)
-    log = checkpoint.start_run(tc.out_dir, fresh=resume is None, overwrite=tc.overwrite) if master else None
+    log = checkpoint.start_run(tc.out_dir, fresh=ckpt is None, overwrite=tc.overwrite) if master else None
     if master:
         print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: {raw_model.num_params():,} non-embedding "
               f"params, compute depth {cfg.shape.depth}; dataset {tc.dataset} ({len(train_data):,} train tokens, "

@@ -26,6 +26,7 @@ checks the header, that the file sizes agree with it, and that the sequences til
 slices of a few MB; anything else is a DataError naming the file.
 """
 import array
+import functools
 import os
 
 import numpy as np
@@ -163,3 +164,21 @@ def train_sequences(n):
     Pythia's data (146,432,000 sequences) keeps its last 1,464,320 for validation, past the 250B tokens
     (about 122M sequences) that the paper's runs read."""
     return n - max(1, n // 100)
+
+
+def split_tokens(prefix, split):
+    """The train or val tokens of the indexed dataset PREFIX (train all but the last 1% of its sequences, val
+    those), a memory-mapped 1-d array, and the path of its .bin. The dataset is checked once per process
+    however many splits are read from it (while its two files stay as they are)."""
+    stamp = tuple((st.st_size, st.st_mtime_ns) for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
+    ds = _checked(os.path.abspath(prefix), stamp)
+    if len(ds) < 2:
+        raise DataError(f"{ds.prefix} has {len(ds)} sequence(s): it needs 2 or more, the last 1% (at least "
+                        f"one) being held out for validation")
+    cut = ds.token_offset(train_sequences(len(ds)))
+    return (ds.tokens[:cut] if split == "train" else ds.tokens[cut:]), ds.prefix + ".bin"
+
+
+@functools.lru_cache(maxsize=4)
+def _checked(prefix, stamp):
+    return IndexedDataset(prefix)

@@ -12,7 +12,6 @@ and either train.bin + val.bin (flat token ids) or an indexed dataset, Megatron 
 document.bin + document.idx (indexed.py). A checkpoint keeps dataset_record(folder), so that a
 dataset changed since it was trained is refused by name (checkpoint_dataset).
 """
-import functools
 import json
 import os
 
@@ -125,37 +124,19 @@ def _difference(key, then, now):
     return f"{key} {short(then)} then, {short(now)} now"
 
 
-def open_indexed(prefix):
-    """IndexedDataset(prefix), checked once per process however many splits are read from it (while its two
-    files stay as they are)."""
-    stamp = tuple((st.st_size, st.st_mtime_ns) for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
-    return _open_indexed(os.path.abspath(prefix), stamp)
-
-
-@functools.lru_cache(maxsize=4)
-def _open_indexed(prefix, stamp):
-    from data.indexed import IndexedDataset
-    return IndexedDataset(prefix)
-
-
 def load_split(data_dir, split):
     """The train or val tokens of a prepared dataset, memory-mapped (read-only), as one 1-d array, checked
     against its meta.json first: size, token count, and every token id below the vocabulary size (for a
     split over SCAN_BYTES, the ids of SCAN_PIECES evenly spread pieces, its first and last included). An
     indexed dataset's (format 'indexed') are its sequences back to back: train all but the last 1% of them,
-    val those (indexed.py train_sequences); its index is checked against its .bin when opened."""
+    val those (indexed.py); its index is checked against its .bin when opened."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
     meta = read_meta(os.path.join(data_dir, "meta.json"))
     fix = f"prepare the dataset again: python data/prepare.py --dataset {os.path.basename(os.path.normpath(data_dir))}"
-    if meta.get("format") == "indexed":
-        from data.indexed import train_sequences
-        ds = open_indexed(os.path.join(data_dir, meta["prefix"]))
-        if len(ds) < 2:
-            raise DataError(f"{ds.prefix} has {len(ds)} sequence(s): it needs 2 or more, the last 1% (at least "
-                            f"one) being held out for validation")
-        cut = ds.token_offset(train_sequences(len(ds)))
-        data, path = (ds.tokens[:cut] if split == "train" else ds.tokens[cut:]), ds.prefix + ".bin"
+    if meta.get("format") == "indexed":  # the Pile's format: indexed.py
+        from data.indexed import split_tokens
+        data, path = split_tokens(os.path.join(data_dir, meta["prefix"]), split)
     else:
         path = os.path.join(data_dir, f"{split}.bin")
         if not os.path.isfile(path):

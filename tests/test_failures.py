@@ -83,7 +83,7 @@ BAD_SETTINGS = [  # (flags, environment, words of the one-line error)
     (["--weight_decay=nan"], {}, "--weight_decay=nan must be a finite number, 0 or more"),
     (["--beta1=1"], {}, "--beta1=1.0 must be in [0, 1)"),
     (["--beta2=-0.5"], {}, "--beta2=-0.5 must be in [0, 1)"),
-    (["--dropout=1"], {}, "--dropout=1.0 must be in [0, 1)"),
+    (["--dropout=1"], {}, "dropout=1.0 must be in [0, 1)"),  # mesh.Config's own check
     (["--warmup_iters=-1"], {}, "--warmup_iters=-1 must be 0 or more"),
     (["--lr_decay_iters=0"], {}, "--lr_decay_iters=0 must be at least 1"),
     (["--seed=-1"], {}, "--seed=-1 must be 0 or more"),

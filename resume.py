@@ -1,0 +1,106 @@
+"""
+Continuing a run (train.py --init_from=resume): which checkpoint it continues from, every check it must
+pass first, and the random state it had. train.py loads this file only when it resumes.
+
+    ckpt = resume.load("out", sharded=False)     # the newer of ckpt.pt and a sharded checkpoint
+    data_dir = resume.check(ckpt, tc, given)     # any reason it cannot continue: one line, nothing touched
+
+A resume continues bit for bit: the same data (a step's batches depend on the step alone), the same
+random state, the same AdamW moments. Either format resumes in either mode: a sharded checkpoint
+loads whole into one process or DDP, ckpt.pt is cut into shards under FSDP.
+"""
+
+import dataclasses
+import os
+
+import torch
+
+import checkpoint
+from checkpoint import CheckpointError
+from configurator import UsageError
+from data.loader import checkpoint_dataset
+from mesh import Config, RecursiveGPT
+
+
+def load(out_dir, sharded):
+    """The run in OUT_DIR as the dict a resume continues from: the checkpoint's entries, "model" its model and
+    "path" its file. The newer of ckpt.pt and a sharded checkpoint (the sharded one on a tie: a consolidated
+    ckpt.pt is its copy). sharded (an FSDP launch): a sharded checkpoint gives its plain data and a model of
+    its config, whose shards fsdp.load reads, each rank its own; otherwise it is read whole here."""
+    meta, full = checkpoint.read_pointer(out_dir), _iter_of_full(out_dir)
+    if meta is None and full is None:
+        raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
+                         f"start with --init_from=scratch or point --out_dir at a run")
+    if meta is None or full is not None and full > meta["iter_num"]:
+        model, ckpt = checkpoint.load(out_dir)
+        return {**ckpt, "model": model, "path": os.path.join(out_dir, checkpoint.CKPT)}
+    import fsdp
+    if not sharded:
+        return fsdp.load_whole(out_dir, meta)
+    return {**meta, "rng": fsdp.rng_from_json(meta["rng"]), "model": RecursiveGPT(Config.from_dict(meta["model_config"])),
+            "path": os.path.join(out_dir, checkpoint.POINTER)}
+
+
+def _iter_of_full(out_dir):
+    """iter_num of OUT_DIR/ckpt.pt without reading its tensors (memory-mapped), or None."""
+    path = os.path.join(out_dir, checkpoint.CKPT)
+    if not os.path.isfile(path):
+        return None
+    try:
+        return torch.load(path, mmap=True, weights_only=True, map_location="cpu")["iter_num"]
+    except Exception:
+        return -1  # corrupt: checkpoint.load will say so, unless the sharded checkpoint is taken
+
+
+def check(ckpt, tc, given):
+    """Every reason the run in ckpt (load's dict) cannot continue as train.py was asked: something it needs is
+    missing or damaged, a model setting given contradicts it, its AdamW state does not fit its model, or its
+    dataset has changed since. Raises CheckpointError or UsageError; returns the dataset's folder."""
+    path, problem = ckpt["path"], None
+    kinds = {"iter_num": int, "best_val_loss": float, "rng": dict, **({} if "folder" in ckpt else {"optimizer": dict})}
+    missing = [k for k, kind in kinds.items() if not isinstance(ckpt.get(k), kind)]
+    if missing:
+        problem = f"no valid {', '.join(missing)}"
+    elif not torch.is_tensor(ckpt["rng"].get("torch")) or ckpt["rng"]["torch"].dtype != torch.uint8:
+        problem = "no torch RNG state"
+    elif "folder" not in ckpt:  # a whole checkpoint: wrong optimizer shapes would crash inside fused AdamW
+        problem = _optimizer_mismatch(ckpt["optimizer"], ckpt["model"].configure_optimizer(0.0, 1e-3))
+    if problem:
+        raise CheckpointError(f"{path} cannot be resumed: {problem}; it is damaged or was not written by "
+                              f"train.py (sample.py can still use its weights)")
+    saved = {"model": ckpt["train_config"].get("model"), **ckpt["model"].config.to_dict()}
+    conflicts = [f"{k}: checkpoint {saved[k]!r} vs given {given[k]!r}" for k in saved
+                 if k in given and given[k] != saved[k]]
+    if conflicts:
+        raise UsageError("the checkpoint's model differs from the flags given: " + "; ".join(conflicts))
+    return checkpoint_dataset(dataclasses.asdict(tc), ckpt.get("data"))
+
+
+def _optimizer_mismatch(saved, optimizer):
+    """What in a saved optimizer state_dict does not fit `optimizer`'s parameters, or None."""
+    groups, state = saved.get("param_groups"), saved.get("state")
+    if not isinstance(groups, list) or not isinstance(state, dict):
+        return "the optimizer state has no param_groups or state"
+    ours = optimizer.param_groups
+    if len(groups) != len(ours) or any(len(g.get("params", ())) != len(o["params"]) for g, o in zip(groups, ours)):
+        return "the optimizer's parameter groups differ from the model's"
+    params = {i: p for g, o in zip(groups, ours) for i, p in zip(g["params"], o["params"])}
+    for i, entry in state.items():
+        if i not in params or not isinstance(entry, dict):
+            return f"optimizer state for an unknown parameter {i!r}"
+        for k, v in entry.items():
+            if torch.is_tensor(v) and v.dim() > 0 and v.shape != params[i].shape:
+                return (f"the optimizer's {k} of parameter {i} has shape {tuple(v.shape)}, the parameter "
+                        f"{tuple(params[i].shape)}")
+    return None
+
+
+def restore_rng(ckpt, seed, rank, world, device_type):
+    """The random state the run had when it saved: rank 0's saved state; every other rank its own seed for
+    this step (so that their dropout masks differ)."""
+    if rank == 0:
+        torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+        if "cuda" in ckpt["rng"] and device_type == "cuda":
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
+    else:
+        torch.manual_seed(seed + rank + world * ckpt["iter_num"])
