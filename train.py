@@ -11,11 +11,11 @@ settings; processes, device and dtype; data; model and optimizer; the loop; a cl
 batches of step `it` depend on the step alone (get_batch), never on the number of processes, so a
 resumed run sees exactly the data it would have seen.
 
-Each safety net is one call into a support module, which a first reading can skip: runfiles.py owns
-OUT_DIR and writes files atomically; checkpoint.py saves, loads and checks what a resume needs;
-guards.py makes errors one line, Ctrl-C / SIGTERM / a lost torchrun a clean stop with a checkpoint,
-and refuses to save a model that blew up; ddp.py and fsdp.py hold the model whole on every process or
-sharded over them (--fsdp=true), with the same calls.
+Each safety net is one call into a support module, which a first reading can skip: runfiles.py (who
+owns OUT_DIR, atomic writes, the log), checkpoint.py (save and load), resume.py (continuing a run, every
+check first), guards.py (errors as one line; Ctrl-C, SIGTERM or a lost torchrun as a clean stop with a
+checkpoint; no checkpoint of a model that blew up), ddp.py and fsdp.py (the model whole on every
+process, or sharded over them with --fsdp=true: the same calls).
 """
 
 import dataclasses
@@ -123,12 +123,10 @@ def model_config(tc, vocab_size):
 
 
 def get_batch(data, tc, block_size, key, device):
-    """tc.batch_size windows of block_size + 1 tokens, as (inputs, targets) (B, T) each. `key` alone decides
-    which: (0, step, micro-batch) for training, (split code, 0, k) for evaluation. --data_order=random: windows
-    at random starts, from a generator seeded by (seed, *key). --data_order=sequential (training only): the
-    train tokens cut into consecutive windows, read in order; micro-batch m of step it is windows
-    (it * grad_accum + m) * batch_size onwards (with Pythia's data, block_size 2048 and a global batch of
-    1024, step it is Pythia's sequences it*1024 ... it*1024 + 1023)."""
+    """(inputs, targets), (B, T) each, from tc.batch_size windows of block_size + 1 tokens. key alone decides
+    which: (0, step, micro-batch) for training, (split code, 0, k) for evaluation. Random order: windows at
+    random starts seeded by (seed, *key); sequential (training): micro-batch m of step it is the consecutive
+    windows (it * grad_accum + m) * batch_size onwards (data/README.md: with Pythia's data, Pythia's steps)."""
     if tc.data_order == "sequential" and key[0] == 0:
         _, it, m = key
         rows = sequential_windows(data, block_size + 1, (it * tc.grad_accum + m) * tc.batch_size, tc.batch_size)
@@ -150,9 +148,9 @@ def get_lr(it, tc):
 
 
 def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
-    """{split: mean loss} over eval_iters fixed batches of each split (the same at every evaluation), shared
-    out over the processes. Every rank runs as many forwards as the others (under FSDP each one gathers
-    weights with all): the last round is padded with batches whose losses are dropped."""
+    """{split: mean loss} over eval_iters fixed batches of each split (the same at every evaluation), shared out
+    over the processes; each runs as many forwards as the others (FSDP gathers weights with all of them), the
+    last round padded with batches whose losses are dropped."""
     out = {}
     for code, (split, data) in enumerate(splits.items(), start=1):
         n = -(-tc.eval_iters // world) * world
@@ -286,7 +284,7 @@ def train(given):
                 f"{path} (iter {saved_iter}) is the last good checkpoint (resume with --init_from=resume and a lower --lr)")
 
     # ---- the loop: evaluate and save, learning rate, micro-batches with gradient accumulation, clip, step, log
-    stop = guards.Stop(master, distributed)  # Ctrl-C, SIGTERM, SIGHUP or a lost torchrun: finish the step, save
+    stop = guards.Stop(rank, distributed)  # Ctrl-C, SIGTERM, SIGHUP or a lost torchrun: finish the step, save
     local = tc.grad_accum // world  # this process's micro-batches of each step: m = rank, rank + world, ...
     resumed_at, steps = iter_num, min(tc.max_iters, sequential_steps(len(train_data), tc, cfg.block_size))
     flops, peak = cfg.flops_per_token() * tokens_per_step, machine.peak_bf16_flops(device, tc.dtype)

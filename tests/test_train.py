@@ -22,6 +22,7 @@ import torch
 import checkpoint
 import machine
 import mesh
+import probe
 import sample
 import train
 from configurator import UsageError, parse_flags
@@ -109,6 +110,17 @@ def test_resume_is_bit_exact(data_root, tmp_path):
     vals = losses(tmp_path / "b", "val_loss")
     assert [i for i, _ in vals] == [0, 5, 10]  # the resume does not evaluate iter 5 again
     assert b["best_val_loss"] == a["best_val_loss"] == min(v for _, v in vals)
+
+
+def test_checkpoint_layout_is_plain_data_and_tensors(data_root, tmp_path):
+    """ckpt.pt holds exactly these entries (the format every version of train.py writes and resumes): configs,
+    iteration, best val loss and the data record as plain data, model, optimizer and RNG states as tensors."""
+    assert run(["--max_iters=1", "--eval_interval=1"], data_root, tmp_path / "o") == 0
+    ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert sorted(ckpt) == ["best_val_loss", "data", "iter_num", "model", "model_config", "optimizer", "rng",
+                            "train_config"]
+    assert json.loads(json.dumps([ckpt[k] for k in ("model_config", "train_config", "data", "iter_num")]))
+    assert sorted(ckpt["rng"]) == ["torch"] and ckpt["train_config"]["dtype"] == "auto"  # saved as given
 
 
 def test_get_batch_windows_reach_the_last_token():
@@ -619,6 +631,8 @@ def test_dataset_given_as_a_path(seq_root, data_root, tmp_path, capsys):
     assert "792 train tokens, sequential order" in capsys.readouterr().out  # 99 sequences of 8
     assert sample.main([f"--out_dir={out}", "--start=abc", "--max_new_tokens=5"]) == 0
     assert capsys.readouterr().out.startswith("abc")
+    probed = probe.main([f"--out_dir={out}", "--num_samples=2"])  # probe.py reads the indexed validation split
+    assert probed[0]["seq_len"] == 7 and probed[0]["num_samples"] == 2 and "step1" in probed[0]["effort"]
     flat = [f for f in TINY if not f.startswith("--dataset")]
     assert train.main([*flat, f"--dataset={data_root}/tiny", f"--out_dir={tmp_path / 'flat'}", "--max_iters=1"]) == 0
     assert f"dataset {data_root}/tiny (" in capsys.readouterr().out  # a prepared folder, also given by its path
