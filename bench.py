@@ -36,14 +36,14 @@ Timing: rounds interleave the variants (one step each, order rotated), medians o
 busy machine slows all variants alike; the table reports how many CPUs other processes kept busy
 meanwhile (Linux /proc/stat minus this process's own CPU time). Decoding is timed the same way once
 the training models are freed: 3 rounds, each decoding with and without the cache for every variant;
-the speedup is paired per round.
+the speedup is paired per round. Where the system has no /proc and no resource module (Windows), the
+table says which of these it could not measure.
 """
 
 import dataclasses
 import json
 import multiprocessing as mp
 import os
-import resource
 import sys
 import time
 from collections import Counter
@@ -184,14 +184,19 @@ def setup(bc):
 
 def memory_mb(device, peak):
     """This process's memory in MB, peak or current: the CUDA allocator's, else the resident set (VmHWM / VmRSS;
-    without /proc, ru_maxrss, which is always the peak)."""
+    without /proc, ru_maxrss, which is always the peak); None where neither can be read (Windows)."""
     if device.startswith("cuda"):
         return (torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated)(device) / 2**20
     try:  # not ru_maxrss: Linux carries the parent's resident set at fork over into it
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:" if peak else "VmRSS:")) / 2**10
     except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+        pass
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
 
 
 def peak_memory(cfg, bc, conn):
@@ -214,7 +219,7 @@ def peak_memory(cfg, bc, conn):
         train_step(model, opt, x[0], x[1], autocast)
     sync(device)
     peak = memory_mb(device, peak=True)
-    conn.send((peak, peak - built))
+    conn.send((peak, None if peak is None else peak - built))
 
 
 def in_fresh_process(fn, *args):
@@ -263,9 +268,9 @@ def decode_speeds(models, device, bc, reps=3):
 
 
 def cpu_seconds():
-    """(CPU seconds all processes have spent busy, of which this process and its finished children)."""
-    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-              for f in ("ru_utime", "ru_stime"))
+    """(CPU seconds all processes have spent busy, or None without Linux's /proc/stat; of which this process and
+    its finished children)."""
+    own = sum(os.times()[:4])  # user and system time, this process's and its children's
     try:
         with open("/proc/stat") as f:  # cpu user nice system idle iowait irq softirq ... in clock ticks
             ticks = [int(v) for v in f.readline().split()[1:8]]
@@ -386,7 +391,13 @@ def table(rows, info):
                  f"{r['dtype']}{', compiled' if r['compile'] else ''}; batch {r['batch_size']} x {r['block_size']} "
                  f"tokens, D={r['n_embd']}, V={r['vocab_size']}; peak {info['peak_flops'] / 1e9:,.1f} GFLOP/s "
                  f"({info['peak_source']})")
-    others = info["other_processes_cpus"]
+    others, missing = info["other_processes_cpus"], []
+    if all(r.get("peak_mb") is None for r in rows):
+        missing.append("peak memory (no /proc/self/status, no resource module)")
+    if others is None:
+        missing.append("how busy other processes kept the CPUs (no /proc/stat)")
+    if missing:
+        lines.append(f"Not measured on this system: {'; '.join(missing)}.")
     if others is not None:
         lines.append(f"Other processes kept {others:.2f} of the {info['cpus']} CPUs busy during the timed steps.")
         if not info["device"].startswith("cuda") and others > 0.1 * info["cpus"]:

@@ -45,6 +45,9 @@ def save(obj, path):
 def load(out_dir, device="cpu"):
     """Load OUT_DIR/ckpt.pt (weights_only: loading never runs code) -> (model, checkpoint dict)."""
     path = os.path.join(out_dir, CKPT)
+    if not os.path.isfile(path) and os.path.isfile(os.path.join(out_dir, POINTER)):
+        raise CheckpointError(f"{out_dir} holds a sharded checkpoint ({POINTER}) but no {CKPT}; write one from it "
+                              f"with: python fsdp.py {shlex.quote(out_dir)}")
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}; train one with: "
                               f"python train.py {shlex.quote('--out_dir=' + out_dir)}")

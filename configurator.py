@@ -80,8 +80,9 @@ def _parse_value(field, text):
             return value
         except (TypeError, ValueError):
             pass
-    type_name = " | ".join(getattr(k, "__name__", str(k)) for k in kinds)
-    raise UsageError(f"--{field.name}={text} is not a valid {type_name}")
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "text"}
+    raise UsageError(f"--{field.name}={text} is not {words.get(kind, kind.__name__)}"
+                     + (" (or None)" if type(None) in kinds else ""))
 
 
 def help_text(cls, prog):
@@ -127,10 +128,15 @@ def parse_flags(cls, argv, prog):
             put(key, value, "the command line")
         else:
             try:
-                with open(arg) as f:
-                    values = json.load(f)
-            except (OSError, json.JSONDecodeError) as e:
-                raise UsageError(f"cannot read config file {arg!r}: {e}") from None
+                with open(arg, encoding="utf-8") as f:
+                    text = f.read()
+                values = json.loads(text)
+            except OSError as e:
+                raise UsageError(f"cannot read config file {arg!r}: {e.strerror}") from None
+            except json.JSONDecodeError as e:
+                comma = " (a comma after the last setting?)" if text[:e.pos].rstrip().endswith(",") else ""
+                raise UsageError(f"config file {arg!r} is not valid JSON: {e.msg} at line {e.lineno}, column "
+                                 f"{e.colno}{comma}") from None
             if not isinstance(values, dict):
                 raise UsageError(f"config file {arg!r} must hold a JSON object of settings")
             for key, value in values.items():

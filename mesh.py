@@ -95,7 +95,8 @@ def parse_layout(text):
     for seg in segments[1:-1]:
         m = re.fullmatch(r"(\d+)(?:R(\d+))?", seg)
         if not m:
-            raise ValueError(f"{bad} (segment {seg!r} is not 'C' or 'CRN')")
+            upper = f": the R of CRN is upper case, {seg.upper()!r}" if re.fullmatch(r"\d+r\d+", seg) else ""
+            raise ValueError(f"{bad} (segment {seg!r} is not 'C' or 'CRN'{upper})")
         size, repeats = int(m[1]), int(m[2] or 1)
         if size < 1 or repeats < 1:
             raise ValueError(f"{bad} (segment {seg!r} needs at least one block and one step)")

@@ -173,8 +173,8 @@ def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device):
     model, ckpt = checkpoint.load(out_dir, device)
     cfg = model.config
     idx = validation_windows(ckpt, cfg.block_size, num_samples, seed).to(device)
-    result = {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "num_samples": num_samples,
-              "seq_len": cfg.block_size, "seed": seed}
+    result = {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"], "layout": cfg.layout,
+              "scheme": cfg.scheme, "num_samples": num_samples, "seq_len": cfg.block_size, "seed": seed}
     result.update(probe(model, idx, sigma_frac))
     return result
 
@@ -187,7 +187,8 @@ def fmt(v, spec=".2f"):
 
 
 def report(r):
-    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, {r['num_samples']} x {r['seq_len']} tokens =="]
+    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, {r['num_samples']} x {r['seq_len']} tokens "
+             f"of {r['dataset']} =="]
     lines.append("effort (relative update, mean +- std):  " +
                  "  ".join(f"{k} {m:.3f}+-{s:.3f}" for k, (m, s) in r["effort"].items()))
     labels, matrix = r["cka"]["labels"], r["cka"]["matrix"]

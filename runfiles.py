@@ -59,7 +59,7 @@ def why_write_failed(error, folder):
     writer made of ENOSPC (torch's zip writer raises a RuntimeError, numpy a short write)."""
     try:
         free = shutil.disk_usage(folder).free
-    except OSError:
+    except (OSError, AttributeError):  # AttributeError: a POSIX system without os.statvfs
         free = None
     if getattr(error, "errno", None) == errno.ENOSPC or (free is not None and free < 1 << 20):
         return f"the disk is full ({free:,} bytes free)" if free is not None else "the disk is full"
@@ -97,7 +97,7 @@ def remove_dead_temporaries(folder):
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
 
 
-def own(folder, flag="--out_dir"):
+def own(folder, flag="--out_dir", note=True):
     """Lock folder for this process: an exclusive flock on the folder itself, so no file is created and the
     system drops the lock when the process ends, kill -9 included. Held by another run: a UsageError. Where
     no lock can be taken (a file system without flock, or Windows): a one-line note, and go on."""
@@ -109,8 +109,9 @@ def own(folder, flag="--out_dir"):
         import fcntl
         fd = os.open(folder, os.O_RDONLY)
     except (ImportError, OSError) as e:  # no fcntl (Windows), or a folder that cannot be opened so
-        print(f"note: cannot lock {flag}={folder} ({getattr(e, 'strerror', None) or 'no flock on this system'}); "
-              f"make sure no other run uses it", flush=True)
+        if note:
+            print(f"note: cannot lock {flag}={folder} ({getattr(e, 'strerror', None) or 'no flock on this system'}); "
+                  f"make sure no other run uses it", flush=True)
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -120,8 +121,18 @@ def own(folder, flag="--out_dir"):
         raise UsageError(f"another run is using {flag}={folder} (it holds the folder's lock); wait for it "
                          f"to end, or choose another {flag}") from None
     except OSError as e:  # a file system without flock on folders (some NFS setups): go on, unprotected
-        print(f"note: cannot lock {flag}={folder} ({e.strerror}); make sure no other run uses it", flush=True)
+        if note:
+            print(f"note: cannot lock {flag}={folder} ({e.strerror}); make sure no other run uses it", flush=True)
     _owned[key] = fd
+
+
+def check_free(folder, flag="--out_dir"):
+    """Raise UsageError if another process owns folder now (see own); this one keeps no lock."""
+    if os.path.realpath(folder) not in _owned:
+        own(folder, flag, note=False)
+        fd = _owned.pop(os.path.realpath(folder))
+        if fd is not None:
+            os.close(fd)
 
 
 def release():

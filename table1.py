@@ -20,8 +20,11 @@ Runs go through `python train.py` (one at a time, or --jobs at once) into ROOT/N
 result.json exists is skipped, so an interrupted table resumes where it stopped. The final validation
 loss is measured here, not taken from train.py's log: each final checkpoint is evaluated on the same
 fixed EVAL_BATCHES batches of the validation split (identical batches for every variant). Results go to
-RESULTS/table1.json and RESULTS/table1.md; probe.py's figures of the base and mesh runs (seed 0) to
-RESULTS/table1_probe/.
+RESULTS/table1.json and RESULTS/table1.md, which name the dataset the runs trained on (offline,
+train.py falls back on the pydoc text: the table says so, and refuses runs of different datasets);
+the validation loss of every variant against the iteration (mean over seeds, their spread shaded) to
+RESULTS/table1_curves.png; probe.py's figures of the base and mesh runs (seed 0) to
+RESULTS/table1_probe/. Figures need matplotlib (pip install matplotlib).
 """
 
 import argparse
@@ -35,7 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import checkpoint
-from configurator import closest
+import runfiles
+from configurator import UsageError, closest
 from data.loader import checkpoint_dataset, load_split, random_windows
 from machine import machine_name
 from mesh import SCHEMES, Config, RecursiveGPT
@@ -46,6 +50,8 @@ VARIANTS = {"vanilla": "base", **{s: s for s in SCHEMES}}  # name -> scheme, in 
 CHOICES = {"mesh_direct": dict(cycle="direct"), "mesh_base_init": dict(router_init="base"),  # mesh with one of
            "mesh_unscaled": dict(slot0="unscaled")}                                      # mesh.py's [choice]s
 SCHEME = {**VARIANTS, **{name: "mesh" for name in CHOICES}}                              # every name -> scheme
+DATASETS = {"shakespeare_char": "Tiny Shakespeare (characters)",  # what the table's first line calls a dataset
+            "pydoc": "Python's pydoc text (characters; Tiny Shakespeare could not be downloaded)"}
 MODEL = dict(n_embd=128, n_head=4, block_size=64)
 TRAIN = dict(dataset="shakespeare_char", batch_size=16, lr=1e-3, eval_iters=20, sample_tokens=0, **MODEL)
 EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 targets in random windows: the same for every
@@ -82,10 +88,12 @@ def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
     return list(unique.values())
 
 
-def train_command(run, out_dir, max_iters):
+def train_command(run, out_dir, max_iters, device="cpu", data_root="data"):
+    """train.py's command line for a run. --overwrite=true: an interrupted or shorter run of ours there is
+    replaced, by train.py's own rules (at its first checkpoint, never while another run owns the folder)."""
     flags = dict(out_dir=out_dir, **TRAIN, max_iters=max_iters, eval_interval=max(1, max_iters // 4),
                  layout=run["layout"], scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
-                 **CHOICES.get(run["variant"], {}))
+                 **CHOICES.get(run["variant"], {}), device=device, data_root=data_root, overwrite="true")
     return [sys.executable, os.path.join(HERE, "train.py")] + [f"--{k}={v}" for k, v in flags.items() if v is not None]
 
 
@@ -113,40 +121,68 @@ def eval_batches(ckpt, model):
     return torch.from_numpy(random_windows(val, T + 1, n, EVAL_SEED)).view(EVAL_BATCHES, -1, T + 1)
 
 
-def run_one(run, root, max_iters, env=None):
+def val_curve(log_path):
+    """[[iter, val loss], ...] of every evaluation train.py logged."""
+    with open(log_path, encoding="utf-8") as f:
+        return [[r["iter"], r["val_loss"]] for r in map(json.loads, f) if "val_loss" in r]
+
+
+def run_one(run, root, max_iters, env=None, device="cpu", data_root="data"):
     out_dir = os.path.join(root, run["name"])
     result_path = os.path.join(out_dir, "result.json")
     if os.path.isfile(result_path):
         with open(result_path) as f:
             result = json.load(f)
         if result["max_iters"] == max_iters:
+            if "dataset" not in result:  # written before results named their data: from the checkpoint
+                ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True)
+                result.update(dataset=ckpt["train_config"]["dataset"], data_sha256=ckpt.get("data", {}).get("sha256"),
+                              val_curve=val_curve(os.path.join(out_dir, "log.jsonl")))
+                runfiles.write_json(result_path, result)
             print(f"{run['name']}: done (val loss {result['val_loss']:.4f})")
             return result
     os.makedirs(out_dir, exist_ok=True)
-    for stale in ("log.jsonl", "ckpt.pt"):  # an interrupted or shorter run of ours: start it over
-        if os.path.exists(os.path.join(out_dir, stale)):
-            os.remove(os.path.join(out_dir, stale))
-    cmd = train_command(run, out_dir, max_iters)
+    runfiles.check_free(out_dir, flag=f"--root run {run['name']}")  # a live run there: touch nothing of it
+    cmd = train_command(run, out_dir, max_iters, device, data_root)
     print(f"{run['name']}: training ({' '.join(cmd[2:])})", flush=True)
-    with open(os.path.join(out_dir, "train.out"), "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode  # here, where out_dir is
+    out = runfiles.temporary_name(os.path.join(out_dir, "train.out"))  # train.out only once it has trained
+    with open(out, "w", encoding="utf-8") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    with open(out, encoding="utf-8") as f:
+        tail = f.read()[-2000:]
+    if rc and "another run is using" in tail:  # one started there meanwhile: its train.out is its own
+        os.remove(out)
+        raise UsageError(f"{tail.strip().splitlines()[-1].partition('error: ')[2]} ({run['name']})")
+    os.replace(out, os.path.join(out_dir, "train.out"))
     if rc:
-        with open(os.path.join(out_dir, "train.out")) as f:
-            tail = f.read()[-2000:]
-        sys.exit(f"{tail}\ntable1.py: error: {run['name']} failed (exit {rc}); full output in {out_dir}/train.out")
+        raise UsageError(f"{run['name']} failed (exit {rc}); its last words: {tail.strip().splitlines()[-1]} (full "
+                         f"output in {out_dir}/train.out)")
     model, ckpt = checkpoint.load(out_dir)
     result = dict(run, max_iters=max_iters, iter_num=ckpt.get("iter_num"), n_slots=model.config.slots
                   if run["scheme"] == "mesh" else None, params=model.num_params(),
                   val_loss=val_loss(model, eval_batches(ckpt, model)), eval_batches=EVAL_BATCHES,
-                  ms_per_iter=ms_per_iter(os.path.join(out_dir, "log.jsonl")), out_dir=out_dir)
-    with open(result_path, "w") as f:
-        json.dump(result, f, indent=1)
+                  ms_per_iter=ms_per_iter(os.path.join(out_dir, "log.jsonl")), out_dir=out_dir,
+                  dataset=ckpt["train_config"]["dataset"], data_sha256=ckpt.get("data", {}).get("sha256"),
+                  val_curve=val_curve(os.path.join(out_dir, "log.jsonl")))
+    runfiles.write_json(result_path, result)
     print(f"{run['name']}: val loss {result['val_loss']:.4f}, {ms(result['ms_per_iter'])} ms/iter")
     return result
 
 
 # -----------------------------------------------------------------------------
 # Aggregation and the Markdown tables (pure: tested in test_probe.py)
+
+def trained_on(results):
+    """The name of the one dataset all the runs trained on; runs of different datasets are refused by name."""
+    seen = {}
+    for r in results:
+        seen.setdefault((r["dataset"], r.get("data_sha256")), []).append(r["name"])
+    if len(seen) > 1:
+        raise UsageError("the runs trained on different data, which one table cannot compare: " + "; ".join(
+            f"{', '.join(names)} on {name!r} (sha256 {(sha or '?')[:12]})" for (name, sha), names in seen.items())
+            + "; train them again on one dataset (delete their result.json) or use another --root")
+    return next(iter(seen))[0]
+
 
 def vanilla_params():
     with torch.device("meta"):  # counts only, no weights
@@ -208,9 +244,9 @@ def pm(mean, std, spec=".4f", sign=""):
     return f"{mean:{sign}{spec}}" + ("" if std is None else f" ± {std:{spec}}")
 
 
-def markdown(rows, ablation, max_iters, machine, layout=LOOP_LAYOUT):
+def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT):
     refs = ["base", "vanilla"] + (["mesh"] if any(r.get("vs_mesh") is not None for r in rows) else [])
-    lines = [f"Tiny Shakespeare (characters), compute depth 12, width {MODEL['n_embd']}, {MODEL['n_head']} heads, "
+    lines = [f"{DATASETS.get(dataset, f'Dataset {dataset!r}')}, compute depth 12, width {MODEL['n_embd']}, {MODEL['n_head']} heads, "
              f"context {MODEL['block_size']}, batch {TRAIN['batch_size']}, {max_iters} iterations, peak LR {TRAIN['lr']}. "
              f"Machine: {machine}.", "",
              "| variant | layout | K | non-emb params | % of vanilla | val loss (mean ± std, seeds) | "
@@ -237,6 +273,36 @@ def markdown(rows, ablation, max_iters, machine, layout=LOOP_LAYOUT):
     return "\n".join(lines) + "\n"
 
 
+def write_curves(results, rows, layouts, path, dataset):
+    """A figure of validation loss against iteration, one panel per layout, one line per variant: the mean
+    over its seeds of train.py's evaluations, the seeds' spread (min to max) shaded. Returns the path, or
+    None without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("table1.py: matplotlib is not installed, so no figures (pip install matplotlib)")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, axes = plt.subplots(1, len(layouts), figsize=(5 * len(layouts), 3.8), squeeze=False, layout="constrained")
+    for ax, layout in zip(axes[0], layouts):
+        for row in (r for r in rows if r["layout"] in (layout, DEPTH_LAYOUT)):
+            curves = [r["val_curve"] for r in results if r["seed"] in row["seeds"] and r["name"] ==
+                      run_name(row["variant"], layout, r["seed"])]
+            n = min(len(c) for c in curves)
+            iters, losses = np.array(curves[0][:n])[:, 0], np.array([[v for _, v in c[:n]] for c in curves])
+            line, = ax.plot(iters, losses.mean(0), marker=".", label=f"{row['variant']} ({len(curves)} seeds)")
+            ax.fill_between(iters, losses.min(0), losses.max(0), color=line.get_color(), alpha=0.2)
+        ax.set(title=f"{layout} against vanilla {DEPTH_LAYOUT}", xlabel="iteration", ylabel="validation loss")
+        ax.set_ylim(top=min(ax.get_ylim()[1], 3.0))
+        ax.legend(fontsize=8)
+    fig.suptitle(DATASETS.get(dataset, dataset), fontsize=9)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def machine(jobs=1):
     cpu = machine_name("cpu")
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -252,8 +318,12 @@ def main(argv=None):
     ap.add_argument("--max_iters", type=int, default=1200)
     ap.add_argument("--only", default=",".join([*VARIANTS, "ablation"]), help="comma-separated subset of: "
                     + ", ".join([*SCHEME, "ablation"]) + f" (default: all but {', '.join(CHOICES)})")
-    ap.add_argument("--root", default="runs/table1", help="one folder per run in here")
-    ap.add_argument("--results", default="results", help="table1.json, table1.md and the probe figures go here")
+    ap.add_argument("--root", default="runs/table1", help="one folder per run in here (default: %(default)s)")
+    ap.add_argument("--results", default="runs/table1", help="table1.json, table1.md and the figures go here "
+                                                             "(default: %(default)s)")
+    ap.add_argument("--device", default="cpu", help="train.py's --device for every run (default: %(default)s; mps "
+                                                    "or cuda: with --jobs=1)")
+    ap.add_argument("--data_root", default="data", help="train.py's --data_root: where the dataset is, or is made")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores/jobs threads")
     ap.add_argument("--dry_run", action="store_true", help="print the train.py commands and stop")
     a = ap.parse_args(argv)
@@ -283,25 +353,29 @@ def main(argv=None):
                 layouts)
     if a.dry_run:
         for run in runs:
-            print(" ".join(train_command(run, os.path.join(a.root, run["name"]), a.max_iters)[1:]))
+            print(" ".join(train_command(run, os.path.join(a.root, run["name"]), a.max_iters, a.device, a.data_root)[1:]))
         return
     if not os.path.isfile(os.path.join(HERE, "train.py")):
         ap.exit(2, "table1.py: error: train.py not found next to table1.py\n")
     threads = max(1, (os.cpu_count() or 1) // a.jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    with ThreadPoolExecutor(a.jobs) as pool:  # each run is its own process; threads only wait on them
-        results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env), runs))
+    try:
+        with ThreadPoolExecutor(a.jobs) as pool:  # each run is its own process; threads only wait on them
+            results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device, a.data_root), runs))
+        dataset = trained_on(results)
+    except (UsageError, OSError) as e:  # the runs done so far keep their result.json: a rerun skips them
+        ap.exit(2, f"table1.py: error: {e}\n")
     rows = aggregate(results, vanilla_params(), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
     os.makedirs(a.results, exist_ok=True)
-    md = markdown(rows, abl, a.max_iters, machine(a.jobs), layouts[0])
-    with open(os.path.join(a.results, "table1.json"), "w") as f:
-        json.dump(dict(settings=dict(TRAIN, max_iters=a.max_iters, seeds=seeds, eval_batches=EVAL_BATCHES,
-                                     eval_seed=EVAL_SEED), machine=machine(a.jobs), table=rows, ablation=abl,
-                       runs=results), f, indent=1)
-    with open(os.path.join(a.results, "table1.md"), "w") as f:
-        f.write(md)
-    print(md + f"wrote {a.results}/table1.json and {a.results}/table1.md")
+    md = markdown(rows, abl, a.max_iters, machine(a.jobs), dataset, layouts[0])
+    runfiles.write_json(os.path.join(a.results, "table1.json"), dict(
+        settings=dict(TRAIN, dataset=dataset, data_root=a.data_root, device=a.device, max_iters=a.max_iters,
+                      seeds=seeds, eval_batches=EVAL_BATCHES, eval_seed=EVAL_SEED),
+        machine=machine(a.jobs), table=rows, ablation=abl, runs=results))
+    runfiles.atomic_write(os.path.join(a.results, "table1.md"), lambda f: f.write(md), mode="w")
+    curves = write_curves(results, rows, layouts, os.path.join(a.results, "table1_curves.png"), dataset)
+    print(md + f"wrote {a.results}/table1.json, {a.results}/table1.md" + (f" and {curves}" if curves else ""))
     for layout in layouts:  # probe.py's figures of base and mesh, seed 0, per layout
         names = [run_name(v, layout, 0) for v in ("base", "mesh")]
         figures = [os.path.join(a.root, n) for n in names if any(r["name"] == n for r in results)]

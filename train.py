@@ -184,10 +184,6 @@ def train(given):
     # ---- settings: the defaults, when resuming the run's own, then the flags given
     distributed, rank, world = machine.process_group()  # torchrun sets RANK and WORLD_SIZE
     master = rank == 0
-    spread = ddp  # the whole model on every process: one process, or DDP under torchrun
-    if given.get("fsdp"):  # FSDP2: weights, gradients and AdamW state sharded over the processes; the same calls
-        import fsdp as spread
-        spread.check_launch(distributed)
     ckpt = None  # the checkpoint a resumed run continues from
     if given.get("init_from") == "resume":
         import resume  # continuing a run: which checkpoint, every check it must pass, its random state
@@ -204,6 +200,10 @@ def train(given):
         import plan
         print(plan.plan(tc, ckpt["model"].config if ckpt else model_config(tc, vocab_size=None)))
         return 0
+    spread = ddp  # the whole model on every process: one process, or DDP under torchrun
+    if tc.fsdp:  # FSDP2: weights, gradients and AdamW state sharded over the processes; the same calls
+        import fsdp as spread
+        spread.check_launch(distributed)
     if ckpt:  # every reason it cannot continue with these flags (its model, its data, its optimizer)
         data_dir = resume.check(ckpt, tc, given)
         if ckpt["iter_num"] >= tc.max_iters:  # a finished run: leave it as it is

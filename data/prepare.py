@@ -59,6 +59,7 @@ from data.tokenizer import Tokenizer  # noqa: E402
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
+OFFLINE = ".shakespeare_char.offline"  # in OUT_ROOT: why the default dataset fell back on pydoc (ensure_dataset)
 PROGRESS_BYTES = 64 << 20  # one progress line per 64 MiB read
 
 
@@ -221,8 +222,15 @@ def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2
 
 
 def tokenizer_kind(tokenizer):
-    """--tokenizer: 'char', 'gpt2', or a path (a tokenizer.json or a model folder holding one) -> 'bpe'."""
-    return tokenizer if tokenizer in (None, "char", "gpt2") else "bpe"
+    """--tokenizer: 'char', 'gpt2', or a path (a tokenizer.json or a model folder holding one) -> 'bpe'. A path
+    that is not there is refused: nothing is downloaded, so 'pythia-160m' must be a folder on this machine."""
+    if tokenizer in (None, "char", "gpt2"):
+        return tokenizer
+    if not os.path.exists(tokenizer):
+        raise DataError(f"--tokenizer {tokenizer}: there is no such file or folder here; give char, gpt2, or the path "
+                        f"of a tokenizer.json or of a downloaded Hugging Face model folder holding one (nothing is "
+                        f"downloaded)")
+    return "bpe"
 
 
 def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT,
@@ -294,6 +302,8 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
         if created_root and not os.path.isdir(final):
             with contextlib.suppress(OSError):
                 os.rmdir(out_root)  # we made it: leave no empty folder behind either
+    if dataset == "shakespeare_char" and os.path.exists(os.path.join(out_root, OFFLINE)):
+        os.remove(os.path.join(out_root, OFFLINE))  # downloaded after all: no more falling back
     n, seconds = meta['train_tokens'] + meta['val_tokens'], time.perf_counter() - started
     log(f"prepare: {dataset}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
         f"vocab {meta['vocab_size']}, {meta['dtype']} -> {final} ({seconds:.1f} s, {n / seconds:,.0f} tokens/s, "
@@ -303,8 +313,9 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
 
 def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
     """Return the name of the dataset folder to train on, preparing a named dataset if needed (one already
-    prepared is found as dataset_folder finds it; a path is an indexed dataset's). Offline, shakespeare_char falls back to the 'pydoc'
-    corpus so training still runs."""
+    prepared is found as dataset_folder finds it; a path is an indexed dataset's). Offline, shakespeare_char
+    falls back on the 'pydoc' corpus so that training still runs, and remembers it (OFFLINE): later runs
+    train on pydoc at once, saying why, until python data/prepare.py --dataset shakespeare_char succeeds."""
     if dataset_folder(out_root, dataset):
         return dataset
     if is_path(dataset):
@@ -314,6 +325,12 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
     if dataset not in DATASETS:
         raise DataError(f"dataset {dataset!r} was never prepared (no {dataset}/meta.json in {out_root}); "
                            f"prepare it with: python data/prepare.py --dataset {dataset} --input FILE")
+    offline = os.path.join(out_root, OFFLINE)  # a failed download of Tiny Shakespeare, remembered
+    if dataset == "shakespeare_char" and os.path.isfile(offline):
+        with open(offline, encoding="utf-8") as f:
+            log(f"prepare: training on the offline 'pydoc' corpus: {f.read().strip()}; python data/prepare.py "
+                f"--dataset shakespeare_char tries the download again")
+        return ensure_dataset("pydoc", out_root, log)
     try:
         prepare(dataset, out_root=out_root, log=log)
     except DownloadError as e:
@@ -321,7 +338,10 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
             raise
         log(f"prepare: Tiny Shakespeare could not be downloaded ({e.reason}); "
             "training on the offline 'pydoc' corpus instead")
-        return ensure_dataset("pydoc", out_root, log)
+        fallback = ensure_dataset("pydoc", out_root, log)  # (makes out_root)
+        runfiles.atomic_write(offline, lambda f: f.write(f"Tiny Shakespeare could not be downloaded on "
+                                                         f"{time.strftime('%Y-%m-%d %H:%M')} ({e.reason})"), mode="w")
+        return fallback
     return dataset
 
 

@@ -153,8 +153,19 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
     assert ensure_dataset("shakespeare_char", out_root=str(tmp_path), log=logs.append) == "pydoc"
     notes = [m for m in logs if "could not be downloaded" in m]
     assert len(notes) == 1 and "'pydoc'" in notes[0] and "\n" not in notes[0]
-    assert sorted(os.listdir(tmp_path)) == ["pydoc"]
+    assert sorted(os.listdir(tmp_path)) == [".shakespeare_char.offline", "pydoc"]
     assert ensure_dataset("pydoc", out_root=str(tmp_path), log=logs.append) == "pydoc"  # already there
+    # the next run falls back at once, saying why, without trying the download again
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **kw: pytest.fail("downloaded again"))
+    logs.clear()
+    assert ensure_dataset("shakespeare_char", out_root=str(tmp_path), log=logs.append) == "pydoc"
+    assert len(logs) == 1 and logs[0].startswith("prepare: training on the offline 'pydoc' corpus: Tiny Shakespeare "
+                                                 "could not be downloaded on ") and logs[0].endswith(
+        "; python data/prepare.py --dataset shakespeare_char tries the download again")
+    monkeypatch.undo()  # the explicit prepare tries, and once it succeeds nothing falls back any more
+    prepare("shakespeare_char", input=write(tmp_path / "s.txt", TEXT), out_root=str(tmp_path), log=quiet)
+    assert ensure_dataset("shakespeare_char", out_root=str(tmp_path), log=quiet) == "shakespeare_char"
+    assert not (tmp_path / ".shakespeare_char.offline").exists()
     # no fallback for GPT-2 Shakespeare (without tiktoken's files the vocabulary fails first)
     with pytest.raises(DataError, match="could not download|GPT-2 vocabulary"):
         ensure_dataset("shakespeare", out_root=str(tmp_path), log=quiet)
@@ -204,6 +215,10 @@ def test_uint32_vocab(tmp_path):
 def test_cli(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "data/prepare.py", *a, "--out_root", str(tmp_path)],
                                     cwd=REPO, capture_output=True, text=True)
+    r = run("--dataset", "x", "--input", write(tmp_path / "in.txt", TEXT), "--tokenizer", "pythia-160m")
+    assert r.returncode == 2 and r.stderr.splitlines() == [  # a name, not a folder on this machine: nothing downloads
+        "prepare.py: error: --tokenizer pythia-160m: there is no such file or folder here; give char, gpt2, or the path "
+        "of a tokenizer.json or of a downloaded Hugging Face model folder holding one (nothing is downloaded)"]
     r = run("--dataset", "x", "--input", str(tmp_path / "missing.txt"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.splitlines() == [f"prepare.py: error: input file {tmp_path / 'missing.txt'} does not exist"]

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import bench
+import configurator
 import plan
 import train
 from mesh import Config, RecursiveGPT
@@ -76,3 +77,19 @@ def test_plan_prints_the_table_and_allocates_nothing(tmp_path, capsys):
 def test_plan_bad_input_is_one_line(capsys):
     assert train.main(["--plan=true", "--plan_gpus=0"]) == 2
     assert "--plan_gpus=0 must be at least 1" in capsys.readouterr().err
+
+
+def test_every_shipped_config_fits_8_gpus_of_80_gib_as_it_is_set():
+    """Each config/ file's own choice (DDP or --fsdp, with or without --grad_checkpoint) fits its plan on one
+    node of 8 x 80 GiB, and one that DDP cannot fit sets fsdp: 6.9B does."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
+    sharded = []
+    for name in sorted(os.listdir(folder)):
+        tc = train.TrainConfig(**configurator.parse_flags(train.TrainConfig, [os.path.join(folder, name)], "train.py"))
+        cfg = train.model_config(tc, vocab_size=None)
+        own = plan.memory(cfg, tc.batch_size, 8, tc.fsdp, tc.grad_checkpoint, 4 if tc.dtype == "float32" else 2)
+        ddp = plan.memory(cfg, tc.batch_size, 8, False, tc.grad_checkpoint, 4 if tc.dtype == "float32" else 2)
+        assert own["total"] <= 80 * plan.GiB, name
+        assert tc.fsdp == (ddp["total"] > 80 * plan.GiB), name
+        sharded += [name] if tc.fsdp else []
+    assert sharded == ["pythia-6.9b_mesh.json"]

@@ -149,7 +149,7 @@ def test_probe_end_to_end_writes_the_documented_json(tmp_path, capsys, monkeypat
     assert "CKA (RBF, sigma = 0.8 x median distance)" in printed
     assert not (tmp_path / "png").exists()
     results = json.loads(out.read_text())
-    assert [r["out_dir"] for r in results] == runs
+    assert [r["out_dir"] for r in results] == runs and {r["dataset"] for r in results} == {"tiny_char"}
     base, mesh, vanilla = results
     for r, labels, blocks in ((base, ["h_emb", "h0", "h1", "h2", "out"], ["prelude", "step0", "step1", "coda"]),
                               (mesh, ["h_emb", "h0", "h1", "h2", "out"], ["prelude", "step0", "step1", "coda"]),
@@ -223,7 +223,7 @@ def test_table1_plan_shares_the_default_buffer_run_and_passes_identical_settings
     assert cmds["mesh_B3_s0"] == ["--out_dir=runs/mesh_B3_s0", "--dataset=shakespeare_char", "--batch_size=16",
                                   "--lr=0.001", "--eval_iters=20", "--sample_tokens=0", "--n_embd=128", "--n_head=4",
                                   "--block_size=64", "--max_iters=1200", "--eval_interval=300", "--layout=2+4R2+2", "--scheme=mesh",
-                                  "--n_slots=3", "--seed=0"]
+                                  "--n_slots=3", "--seed=0", "--device=cpu", "--data_root=data", "--overwrite=true"]
     strip = lambda cmd: [c for c in cmd if not c.startswith(("--out_dir", "--layout", "--scheme", "--n_slots"))]
     assert all(strip(cmds[n]) == strip(cmds["vanilla_s0"]) for n in names if n.endswith("_s0"))
 
@@ -276,12 +276,25 @@ def test_table1_aggregates_seeds_and_writes_the_markdown_table():
     assert rows[1]["seeds"] == [0, 1] and rows[1]["share"] == pytest.approx(1_590_302 / vanilla)
     abl = table1.ablation_rows(results)
     assert [r["n_slots"] for r in abl] == [3, 5]
-    md = table1.markdown(rows, abl, 1200, "test cpu")
+    md = table1.markdown(rows, abl, 1200, "test cpu", "shakespeare_char")
     assert "| vanilla | `12` | - | 2,379,520 | 100.0% | 1.5200 ± 0.0200 (3) | - | - | 100 |" in md
     # paired with vanilla seed by seed: 1.40 - 1.50 and 1.44 - 1.52; no base runs to pair with
     assert "| mesh | `2+4R2+2` | 2 | 1,590,302 | 66.8% | 1.4200 ± 0.0283 (2) | - | -0.0900 ± 0.0141 | 90 |" in md
     assert "| 3 | 1,588,750 | 1.4700 | 85 |" in md and "| 5 | 1,590,302 | 1.4000 | 90 |" in md
-    assert "Machine: test cpu." in md and "1200 iterations" in md
+    assert "Machine: test cpu." in md and "1200 iterations" in md and md.startswith("Tiny Shakespeare (characters), ")
+    offline = table1.markdown(rows, abl, 1200, "test cpu", "pydoc")  # the fallback says so: not Tiny Shakespeare
+    assert offline.startswith("Python's pydoc text (characters; Tiny Shakespeare could not be downloaded), ")
+
+
+def test_table1_names_the_one_dataset_its_runs_trained_on():
+    runs = [dict(fake_result("vanilla", s, 1.5, 1, 1.0), dataset="pydoc", data_sha256="ab" * 32) for s in (0, 1)]
+    assert table1.trained_on(runs) == "pydoc"
+    runs[1].update(dataset="shakespeare_char", data_sha256="cd" * 32)
+    with pytest.raises(table1.UsageError) as e:
+        table1.trained_on(runs)
+    assert str(e.value) == ("the runs trained on different data, which one table cannot compare: vanilla_s0 on "
+                            "'pydoc' (sha256 abababababab); vanilla_s1 on 'shakespeare_char' (sha256 cdcdcdcdcdcd); "
+                            "train them again on one dataset (delete their result.json) or use another --root")
 
 
 def test_table1_depth_sweep_names_runs_by_layout_and_pairs_seeds():
@@ -323,12 +336,12 @@ def test_table1_choices_change_one_mesh_setting_and_pair_with_mesh():
     direct = rows[3]
     assert direct["vs_mesh"] == pytest.approx(0.02) and direct["vs_mesh_std"] == pytest.approx(0.0141, abs=1e-4)
     assert direct["vs_base"] == pytest.approx(-0.025) and rows[2]["vs_mesh"] is None  # mesh: the reference
-    md = table1.markdown(rows, [], 1200, "test cpu")
+    md = table1.markdown(rows, [], 1200, "test cpu", "shakespeare_char")
     assert "| val loss (mean ± std, seeds) | - base | - vanilla | - mesh | ms/iter |" in md
     assert "| mesh_direct | `2+2R4+2` | 4 | 1 | 100.0% | 1.5850 ± 0.0354 (2) | -0.0250 ± 0.0212 | +0.0850 ± 0.0354 " \
            "| +0.0200 ± 0.0141 | 1 |" in md
     assert "mesh_direct: cycle=direct; mesh_base_init: router_init=base; mesh_unscaled: slot0=unscaled." in md
-    assert "- mesh" not in table1.markdown(rows[:3], [], 1200, "test cpu")  # no choices, no column
+    assert "- mesh" not in table1.markdown(rows[:3], [], 1200, "test cpu", "shakespeare_char")  # no choices, no column
 
 
 def test_table1_bad_flags_are_one_line(capsys):
@@ -341,3 +354,6 @@ def test_table1_bad_flags_are_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         table1.main(["--jobs=0"])
     assert e.value.code == 2 and capsys.readouterr().err == "table1.py: error: --jobs=0 must be at least 1\n"
+    with pytest.raises(SystemExit) as e:  # its tables go under runs/, never over the committed results/
+        table1.main(["--help"])
+    assert e.value.code == 0 and "the figures go here (default: runs/table1)" in " ".join(capsys.readouterr().out.split())

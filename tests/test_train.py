@@ -269,7 +269,9 @@ def test_two_processes_stop_together_on_a_dataset_error(data_root, tmp_path):
 
 BAD_TRAIN_INPUT = [  # (flags, words the one-line error must contain)
     (["--max_iter=5"], "did you mean --max_iters"),
-    (["--max_iters=ten"], "--max_iters=ten is not a valid int"),
+    (["--max_iters=ten"], "--max_iters=ten is not an integer"),
+    (["--lr=abc"], "--lr=abc is not a number (or None)"),
+    (["--layout=2+4r2+2"], "(segment '4r2' is not 'C' or 'CRN': the R of CRN is upper case, '4R2')"),
     (["--layout=4+xR2+4"], "segment 'xR2'"),
     (["--scheme=mesj"], "did you mean 'mesh'"),
     (["--model=pythia-14b"], "did you mean 'pythia-1.4b'"),
@@ -282,7 +284,7 @@ BAD_TRAIN_INPUT = [  # (flags, words the one-line error must contain)
     (["--device=cuda"], "not available on this machine"),
     (["--init_from=resume"], "no checkpoint in"),
     (["--init_from=gpt2"], "not one of scratch, resume, hf:PATH"),
-    (["--compile=maybe"], "--compile=maybe is not a valid bool"),
+    (["--compile=maybe"], "--compile=maybe is not true or false (or None)"),
     (["--eval_interval=0"], "--eval_interval=0 must be at least 1"),
     (["--log_interval=0"], "--log_interval=0 must be at least 1"),
     (["--batch_size=0"], "--batch_size=0 must be at least 1"),
@@ -381,6 +383,12 @@ def test_bad_sample_input(data_root, tmp_path, capsys):
         assert sample.main([f"--out_dir={out}", flag]) == 2
         err = capsys.readouterr().err
         assert err.startswith("sample.py: error: ") and err.count("\n") == 1 and message in err, err
+    (tmp_path / "sharded").mkdir()
+    (tmp_path / "sharded" / "ckpt-sharded.json").write_text("{}")  # an FSDP run's folder: no ckpt.pt yet
+    assert sample.main([f"--out_dir={tmp_path / 'sharded'}"]) == 2
+    assert capsys.readouterr().err == (f"sample.py: error: {tmp_path / 'sharded'} holds a sharded checkpoint "
+                                       f"(ckpt-sharded.json) but no ckpt.pt; write one from it with: python fsdp.py "
+                                       f"{tmp_path / 'sharded'}\n")
     data = (out / "ckpt.pt").read_bytes()
     (out / "ckpt.pt").write_bytes(data[: len(data) // 2])  # truncated
     assert sample.main([f"--out_dir={out}"]) == 2
@@ -520,6 +528,11 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
     cfg.write_text('{"max_iterz": 7}')
     with pytest.raises(UsageError, match="did you mean --max_iters"):
         parse_flags(train.TrainConfig, [str(cfg)], "train.py")
+    cfg.write_text('{\n  "max_iters": 7,\n}\n')  # a trailing comma: said so, with where
+    with pytest.raises(UsageError) as e:
+        parse_flags(train.TrainConfig, [str(cfg)], "train.py")
+    assert str(e.value) == (f"config file {str(cfg)!r} is not valid JSON: Expecting property name enclosed in double "
+                            f"quotes at line 3, column 1 (a comma after the last setting?)")
     given = parse_flags(train.TrainConfig, ["--cycle=direct", "--router_init=base", "--slot0=unscaled"], "train.py")
     choices = train.model_config(train.TrainConfig(**given), vocab_size=65)  # MeSH's [choice]s reach the model
     assert (choices.cycle, choices.router_init, choices.slot0) == ("direct", "base", "unscaled")
