@@ -31,7 +31,9 @@ peak sees the same load as the steps (median over rounds); on GPUs, the chip's d
 from machine.peak_bf16_flops (a measured matmul in --dtype where the chip is not listed or runs float32).
 Memory: each variant runs 3 train steps in a fresh process (one at a time): on CPU its peak
 resident set while stepping (VmHWM), on CUDA the allocator's peak; "step MB" is that peak minus
-the memory held after building the model and optimizer, i.e. what a train step itself adds.
+the memory held after building the model and optimizer, i.e. what a train step itself adds; "plan MB"
+is plan.py's estimate of the peak for the same shape (tensors only: on CPU the resident set also
+holds the process itself, some 300 MB).
 Timing: rounds interleave the variants (one step each, order rotated), medians over rounds, so a
 busy machine slows all variants alike; the table reports how many CPUs other processes kept busy
 meanwhile (Linux /proc/stat minus this process's own CPU time). Decoding is timed the same way once
@@ -53,6 +55,7 @@ from statistics import median
 import torch
 from torch._dynamo.utils import counters
 
+import plan
 from configurator import UsageError, closest, parse_flags, report
 import machine
 from machine import machine_name, peak_bf16_flops, resolve_device, resolve_dtype
@@ -347,6 +350,8 @@ def run(bc):
         if cuda:  # the child shares this GPU: hand it what the parent's allocator holds but no longer uses
             torch.cuda.empty_cache()
         row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
+        row["plan_mb"] = plan.memory(cfg, B, 1, False, bc.grad_checkpoint, 2 if bc.dtype == "bfloat16" else 4,
+                                     ddp=False)["total"] / 2**20  # train.py --plan=true's estimate of peak_mb
         row["memory"] = "CUDA allocator peak" if cuda else "peak resident set of a fresh process"
         rows.append(row)
         del models[name]  # the last reference: decoding below runs with no training model or optimizer left
@@ -377,7 +382,7 @@ def table(rows, info):
             ("tok/s", "tokens_per_s", ",.0f"), ("GFLOP/s", "flops_per_s", ".1f"), ("% of peak", "peak_fraction", ".1f"),
             ("% matmul", "matmul_share", ".0f"), ("matmul % of peak", "matmul_peak_fraction", ".0f"),
             ("% attention", "attention_share", ".0f"), (mem, "peak_mb", ".0f"),
-            ("step MB", "step_mb", ".1f"), ("decode tok/s, cache", "decode_tok_s_cache", ".0f"),
+            ("step MB", "step_mb", ".1f"), ("plan MB", "plan_mb", ".0f"), ("decode tok/s, cache", "decode_tok_s_cache", ".0f"),
             ("no cache", "decode_tok_s_no_cache", ".0f"), ("speedup", "decode_speedup", ".2f"),
             ("recompiles", "recompiles", "d")]
     cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]

@@ -73,42 +73,100 @@ def load(out_dir, device="cpu"):
     return model.to(device), ckpt
 
 
+POINTER_FIELDS = {"model_config": dict, "train_config": dict, "iter_num": int, "best_val_loss": float, "rng": dict,
+                  "folder": str}  # and, written since they were added: "data", "saved_at" and "checksums"
+
+
 def read_pointer(out_dir):
-    """The parsed OUT_DIR/ckpt-sharded.json of a sharded checkpoint, or None when there is none."""
+    """The parsed OUT_DIR/ckpt-sharded.json of a sharded checkpoint, or None when there is none. Everything in it
+    is checked before it is used: every field and its type, and that the folder it names is a shards-<iter>
+    folder inside OUT_DIR (never a path elsewhere, which a resume would read and a save would delete)."""
     path = os.path.join(out_dir, POINTER)
     if not os.path.isfile(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
+        if not isinstance(meta, dict):
+            raise TypeError("not a JSON object")
+        for key, kind in POINTER_FIELDS.items():
+            if not isinstance(meta.get(key), kind) or isinstance(meta[key], bool):
+                raise TypeError(f"{key} is {meta.get(key)!r:.40}, not a {kind.__name__}")
+        if not SHARDS.match(meta["folder"]):
+            raise ValueError(f"folder {meta['folder']!r:.60} is not a shards-<iter> folder of this one")
+        if not all(isinstance(v, list) and all(isinstance(b, int) and 0 <= b < 256 for b in v)
+                   for v in meta["rng"].values()) or "torch" not in meta["rng"]:
+            raise ValueError("rng is not a list of bytes for torch (and cuda)")
+        for key, kind in (("data", dict), ("saved_at", float), ("checksums", dict)):
+            if key in meta and not isinstance(meta[key], kind):
+                raise TypeError(f"{key} is not a {kind.__name__}")
         Config.from_dict(meta["model_config"])
-        meta["iter_num"], meta["train_config"], meta["folder"]  # noqa: B018 (present)
         return meta
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); delete it (and its shards folder) "
+    except (ValueError, TypeError) as e:  # (json's errors are ValueErrors)
+        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); move it away (and its shards folder) "
                               f"or point --out_dir at another run") from None
 
 
+def run_files(out_dir):
+    """The files that make OUT_DIR a run, whatever its format: ckpt.pt, ckpt-sharded.json, shards-<iter>/."""
+    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
+    return [os.path.join(out_dir, n) for n in sorted(names) if n in (CKPT, POINTER) or SHARDS.match(n)]
+
+
+def saved(ckpt):
+    """When a checkpoint (a ckpt.pt dict or a sharded one's pointer) was saved, as a key to compare: (saved_at,
+    iter_num); checkpoints written before they recorded saved_at count as saved at time 0."""
+    return float(ckpt.get("saved_at", 0.0)), int(ckpt["iter_num"])
+
+
+def saved_full(out_dir):
+    """saved() of OUT_DIR/ckpt.pt, read without its tensors (memory-mapped); None without one, and the earliest
+    possible for a corrupt one (load() will say so, unless the sharded checkpoint is taken)."""
+    path = os.path.join(out_dir, CKPT)
+    if not os.path.isfile(path):
+        return None
+    try:
+        return saved(torch.load(path, mmap=True, weights_only=True, map_location="cpu"))
+    except Exception:
+        return -1.0, -1
+
+
 def check_fresh(out_dir, overwrite):
-    """A scratch run into out_dir: refused where a run is (unless --overwrite), and a live one first of all."""
+    """A scratch run into out_dir: refused where a run is, in either format (unless --overwrite), and where a
+    live one is first of all."""
     if os.path.isdir(out_dir):
         runfiles.own(out_dir)
-    path = os.path.join(out_dir, CKPT)
-    if os.path.exists(path) and not overwrite:
-        raise UsageError(f"{path} exists; continue it with --init_from=resume, or start over "
-                         f"with --overwrite=true, or choose another --out_dir")
+    found = [p for p in run_files(out_dir) if not SHARDS.match(os.path.basename(p))]
+    if found and not overwrite:
+        raise UsageError(f"{' and '.join(found)} exist{'s' if len(found) == 1 else ''}; continue it with "
+                         f"--init_from=resume, or start over with --overwrite=true, or choose another --out_dir")
 
 
-def start_run(out_dir, fresh, overwrite):
+def start_run(out_dir, fresh, overwrite, keep, resumed_at):
     """The run takes OUT_DIR, everything being checked: its lock, the leftovers of killed writes removed, and
-    its log (runfiles.RunLog) returned."""
+    its log (runfiles.RunLog) returned. keep: this run's checkpoint (CKPT, or POINTER under FSDP). A fresh run
+    over an old one (--overwrite) replaces all of it at its first checkpoint, when log.commit() puts its log in
+    place and removes the old run's checkpoints (replace_old_run). A resumed run's log drops what the killed
+    run logged past resumed_at."""
     os.makedirs(out_dir, exist_ok=True)
     runfiles.own(out_dir)
     if fresh:
         check_fresh(out_dir, overwrite)  # again: another run may have finished there in the meantime
     runfiles.remove_dead_temporaries(out_dir)
-    remove_unfinished_shards(out_dir)
-    return runfiles.RunLog(out_dir, fresh)
+    if not (fresh and overwrite):  # (an old run being replaced may have a damaged pointer: replace_old_run)
+        remove_unfinished_shards(out_dir)
+    replace = (lambda: replace_old_run(out_dir, keep)) if fresh else None
+    return runfiles.RunLog(out_dir, fresh, replace, None if fresh else resumed_at)
+
+
+def replace_old_run(out_dir, keep):
+    """After a fresh run's first checkpoint (keep: its format's file), the rest of the old run goes: the other
+    format's checkpoint, and every shards folder that the (new) pointer does not name."""
+    named = read_pointer(out_dir)["folder"] if keep == POINTER else None
+    for path in run_files(out_dir):
+        name = os.path.basename(path)
+        if name == (POINTER if keep == CKPT else CKPT) or SHARDS.match(name) and name != named:
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
 
 
 def remove_unfinished_shards(out_dir):

@@ -57,32 +57,48 @@ def _kinds(field):
     return typing.get_args(field.type) if isinstance(field.type, types.UnionType) else (field.type,)
 
 
-def _parse_value(field, text):
-    """Turn the text of --key=value into the field's type (int, float, bool, str, or X | None)."""
+LARGEST = 2**63 - 1  # no integer setting may be larger (a seed included: torch takes 64 bits)
+WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "text"}
+
+
+def _parse_value(field, text, where=None):
+    """The value of a setting in the field's type (int, float, bool, str, or X | None): from the text of
+    --key=value, or (where: a config file's name) a JSON value, which must already be of that type, so that
+    "100" for an integer or an object for a path is refused rather than converted."""
     kinds = _kinds(field)
-    if type(None) in kinds and str(text).lower() in ("none", "null", ""):
-        return None
     kind = next(k for k in kinds if k is not type(None))
-    if kind is bool:
-        if isinstance(text, bool):
-            return text
-        if str(text).lower() in ("1", "true", "yes", "on"):
-            return True
-        if str(text).lower() in ("0", "false", "no", "off"):
-            return False
+    if where is not None:  # JSON: null, or a value of the field's own type (an integer also for a float)
+        ok = text is None and type(None) in kinds or kind is float and type(text) in (int, float) or \
+            type(text) is kind or kind is int and type(text) is float and text.is_integer()
+        if not ok:
+            raise UsageError(f"config file {where!r}: {field.name} is {json.dumps(text)[:40]} "
+                             f"({JSON_NAMES.get(type(text), type(text).__name__)}), not {WORDS[kind]}"
+                             + (" or null" if type(None) in kinds else ""))
+        value = None if text is None else kind(text)
+        if kind is float and value is not None and not math.isfinite(value):
+            raise UsageError(f"config file {where!r}: {field.name} is {text}, not a finite number")
+    elif type(None) in kinds and text.lower() in ("none", "null", ""):
+        return None
+    elif kind is bool and text.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        value = text.lower() in ("1", "true", "yes", "on")
     else:
         try:
-            if isinstance(text, bool):
-                raise ValueError
-            value = kind(text)
-            if kind is int and isinstance(text, float) and value != text:
-                raise ValueError
-            return value
-        except (TypeError, ValueError):
-            pass
-    words = {int: "an integer", float: "a number", bool: "true or false", str: "text"}
-    raise UsageError(f"--{field.name}={text} is not {words.get(kind, kind.__name__)}"
-                     + (" (or None)" if type(None) in kinds else ""))
+            value = kind(text) if kind is not bool else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise UsageError(f"--{field.name}={text} is not {WORDS[kind]}" + (" (or None)" if type(None) in kinds else ""))
+    if kind is int and value is not None and abs(value) > LARGEST:
+        digits = str(abs(value))
+        shown = digits if len(digits) < 24 else f"{digits[:6]}...({len(digits)} digits)"
+        shown = f"{'-' if value < 0 else ''}{shown}"
+        raise UsageError((f"config file {where!r}: {field.name} is {shown}" if where else f"--{field.name}={shown}")
+                         + ", too large: an integer setting is at most 2**63 - 1")
+    return value
+
+
+JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "true or false", dict: "an object",
+              list: "a list", type(None): "null"}
 
 
 def help_text(cls, prog):
@@ -108,11 +124,11 @@ def parse_flags(cls, argv, prog):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     given = {}
 
-    def put(key, value, where):
+    def put(key, value, where, file=None):
         if key not in fields:
             raise UsageError(f"unknown setting {key!r} in {where}{closest(key, fields, flag=True)}; "
                              f"see python {prog} --help")
-        given[key] = _parse_value(fields[key], value)
+        given[key] = _parse_value(fields[key], value, file)
 
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -140,5 +156,5 @@ def parse_flags(cls, argv, prog):
             if not isinstance(values, dict):
                 raise UsageError(f"config file {arg!r} must hold a JSON object of settings")
             for key, value in values.items():
-                put(key, value, arg)
+                put(key, value, arg, arg)
     return given

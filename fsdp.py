@@ -30,6 +30,7 @@ import pickle
 import shutil
 import sys
 import warnings
+import zlib
 from contextlib import nullcontext
 
 import torch
@@ -148,11 +149,19 @@ def save(out_dir, model, optimizer, master, data):
     try:  # collective; returns once every shard is written (and fsynced)
         dcp.save(tensors(model, optimizer), checkpoint_id=path)
     except CheckpointException as e:  # every rank gets it: stop cleanly, the pointer still names the last good one
-        raise CheckpointError(f"writing the sharded checkpoint {path} failed ({cause(e)}); "
+        why = cause(e) if "disk is full" not in (full := runfiles.why_write_failed(e, out_dir)) else full
+        raise CheckpointError(f"writing the sharded checkpoint {path} failed ({why}); "
                               f"{os.path.join(out_dir, POINTER)} still names the last good one") from None
+    # a CRC-32 of every file of the folder, each rank computing its share: checked before any read (verify)
+    crcs = [None] * dist.get_world_size()
+    dist.all_gather_object(crcs, {name: crc32(os.path.join(path, name)) for name in share(path)})
     if master:
-        old = checkpoint.read_pointer(out_dir)
-        runfiles.write_json(os.path.join(out_dir, POINTER), {**data, "folder": folder})
+        try:
+            old = checkpoint.read_pointer(out_dir)
+        except CheckpointError:  # a damaged pointer of a run this one replaces (--overwrite): its folders go later
+            old = None
+        checksums = {name: crc for part in crcs for name, crc in part.items()}
+        runfiles.write_json(os.path.join(out_dir, POINTER), {**data, "folder": folder, "checksums": checksums})
         if old and old["folder"] != folder:
             shutil.rmtree(os.path.join(out_dir, old["folder"]), ignore_errors=True)
     dist.barrier()
@@ -203,8 +212,48 @@ def cause(e):
 
 
 def failed(path, e):
-    return CheckpointError(f"the sharded checkpoint {path} is incomplete or corrupt ({cause(e)}); delete "
-                           f"{POINTER} to fall back on ckpt.pt, or point --out_dir at another run")
+    """The sharded checkpoint in folder path cannot be read: say so, and what is left (without losing anything)."""
+    out_dir = os.path.dirname(path)
+    other = (f"move {POINTER} away to resume from {checkpoint.CKPT}, the other checkpoint there, or "
+             if os.path.isfile(os.path.join(out_dir, checkpoint.CKPT)) else "")
+    return CheckpointError(f"the sharded checkpoint {path} is incomplete or corrupt ({e if isinstance(e, str) else cause(e)}); "
+                           f"{other}point --out_dir at another run")
+
+
+def crc32(path):
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def share(path, rank=None, world=None):
+    """The files of the shards folder path that this rank checksums: every world-th, from its rank on."""
+    rank = dist.get_rank() if rank is None else rank
+    world = dist.get_world_size() if world is None else world
+    return sorted(os.listdir(path))[rank::world]
+
+
+def verify(out_dir, meta, no_dist=False):
+    """Every file of the sharded checkpoint against the CRC-32 its pointer records, before anything is read
+    (each rank its share; no_dist: this process all of them); a mismatch is one CheckpointError on every rank.
+    Sharded checkpoints written before checksums were recorded are read unchecked."""
+    path = os.path.join(out_dir, meta["folder"])
+    if "checksums" not in meta:
+        return
+    names = share(path, 0, 1) if no_dist else share(path)
+    problem = next((f"{name} is not one of its files" if name not in meta["checksums"] else
+                    f"{name} fails its CRC-32 check" for name in names if not os.path.isfile(os.path.join(path, name))
+                    or meta["checksums"].get(name) != crc32(os.path.join(path, name))), None)
+    missing = [n for n in meta["checksums"] if not os.path.isfile(os.path.join(path, n))]
+    problem = problem or (f"{missing[0]} is missing" if missing else None)
+    if not no_dist:  # one rank's finding is every rank's
+        found = [None] * dist.get_world_size()
+        dist.all_gather_object(found, problem)
+        problem = next((p for p in found if p), None)
+    if problem:
+        raise failed(path, problem)
 
 
 def stored_keys(out_dir, meta):
@@ -234,6 +283,7 @@ def dcp_load(state, out_dir, meta, no_dist=False):
 
 def load_sharded(out_dir, meta, model, optimizer):
     """Into a sharded model and its optimizer, in place: each rank reads only its own shards."""
+    verify(out_dir, meta)
     names = dict(model.named_parameters())
     for p in names.values():  # AdamW's state, made empty in the parameters' sharding, then read into
         optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
@@ -246,6 +296,7 @@ def load_sharded(out_dir, meta, model, optimizer):
 def load_whole(out_dir, meta):
     """A sharded checkpoint in one process, as the dict a resume continues from (resume.load's: ckpt.pt's
     entries, "model" the model): for DDP and single-process resumes and for consolidation."""
+    verify(out_dir, meta, no_dist=True)
     model = RecursiveGPT(Config.from_dict(meta["model_config"]))
     tc = meta["train_config"]
     optimizer = model.configure_optimizer(tc["weight_decay"], tc["lr"] or 0.0, (tc["beta1"], tc["beta2"]))
@@ -255,7 +306,7 @@ def load_whole(out_dir, meta):
                                   "exp_avg_sq": torch.zeros_like(p)}
     with torch.no_grad():  # under torchrun too, each process reads the whole checkpoint by itself
         dcp_load(tensors(model, optimizer), out_dir, meta, no_dist=True)
-    ckpt = {k: v for k, v in meta.items() if k not in ("folder", "rng")}
+    ckpt = {k: v for k, v in meta.items() if k not in ("folder", "rng", "checksums")}
     return {**ckpt, "model": model, "optimizer": optimizer.state_dict(), "rng": rng_from_json(meta["rng"]),
             "path": os.path.join(out_dir, POINTER)}
 
@@ -270,11 +321,20 @@ def rng_from_json(rng):
 
 def consolidate(out_dir):
     """OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (written atomically), the file sample.py, probe.py,
-    table1.py and lm_eval_mesh.py read. Needs the whole model and its AdamW state in this machine's memory."""
+    table1.py and lm_eval_mesh.py read. Needs the whole model and its AdamW state in this machine's memory.
+    It owns OUT_DIR while it writes (never beside a live run), and never replaces a ckpt.pt saved later."""
+    if os.path.isdir(out_dir):
+        runfiles.own(out_dir, flag="OUT_DIR")
     meta = checkpoint.read_pointer(out_dir)
     if meta is None:
         raise CheckpointError(f"no sharded checkpoint in {out_dir} (no {POINTER}); train one with "
                               f"torchrun ... train.py --fsdp=true --out_dir={out_dir}")
+    path = os.path.join(out_dir, checkpoint.CKPT)
+    if os.path.isfile(path):
+        full = checkpoint.saved_full(out_dir)
+        if full > checkpoint.saved(meta):
+            raise CheckpointError(f"{path} (iter {full[1]}) was saved after the sharded checkpoint (iter "
+                                  f"{meta['iter_num']}), which would replace it; it needs no consolidation")
     ckpt = load_whole(out_dir, meta)
     del ckpt["path"]
     checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()}, os.path.join(out_dir, checkpoint.CKPT))
@@ -287,8 +347,10 @@ def main(argv):
         return 2
     try:
         it = consolidate(argv[0])
-    except (CheckpointError, OSError) as e:
+    except (ValueError, OSError) as e:  # CheckpointError, UsageError (a live run owns OUT_DIR), ...
         return report("fsdp.py", e)
+    finally:
+        runfiles.release()
     print(f"wrote {os.path.join(argv[0], 'ckpt.pt')} (iter {it}) from {os.path.join(argv[0], POINTER)}")
     return 0
 

@@ -9,7 +9,9 @@ that blew up. train.py reaches each by one call; sample.py, probe.py and bench.p
 
 import math
 import os
+import re
 import signal
+import sys
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,7 @@ import machine
 import runfiles
 from configurator import parse_flags, report
 
+LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|timed out|Socket Timeout")  # a collective's
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
 
 
@@ -38,6 +41,17 @@ def command(prog, settings, fn, argv):
         if given.get("debug"):
             raise
         return report(prog, e)
+    except KeyboardInterrupt:  # a second Ctrl-C, while the first one's checkpoint was being written
+        if given.get("debug"):
+            raise
+        print(f"\n{prog}: interrupted again, so stopped at once: a checkpoint being written was dropped, the "
+              f"one before it is as it was", file=sys.stderr)
+        return 130
+    except RuntimeError as e:  # another process of the job is gone: one line here, not gloo's 50-line traceback
+        if given.get("debug") or not LOST_PEER.search(str(e)) or not (dist.is_available() and dist.is_initialized()):
+            raise
+        first = re.sub(r"^\[[^\]]*\]\s*", "", str(e).strip().splitlines()[0])[:120]  # without gloo's source line
+        return report(prog, f"another process of this torchrun job stopped ({first}); its own output says why", code=1)
     finally:
         Stop.restore()
         runfiles.release()

@@ -17,6 +17,7 @@ import torch
 
 from checkpoint import CheckpointError
 from configurator import UsageError
+from data.loader import plain_name
 from mesh import Config, RecursiveGPT
 
 
@@ -28,8 +29,12 @@ def from_hf_neox(path):
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             hf = json.load(f)
         D, H, L = hf["hidden_size"], hf["num_attention_heads"], hf["num_hidden_layers"]
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{where}: no GPT-NeoX config.json there ({type(e).__name__}: {e})") from None
+    for field in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "max_position_embeddings",
+                  "intermediate_size"):  # of the right JSON type before anything is computed from them
+        if field in hf and (not isinstance(hf[field], int) or isinstance(hf[field], bool)):
+            raise CheckpointError(f"{where}: config.json's {field} is {json.dumps(hf[field])[:40]}, not an integer")
     rope = hf.get("rope_parameters") or {}  # transformers >= 5 moved rotary_pct / rotary_emb_base here
     for field, found, ours in [("model_type", hf.get("model_type"), "gpt_neox"),
                                ("intermediate_size", hf.get("intermediate_size", 4 * D), 4 * D),
@@ -46,7 +51,7 @@ def from_hf_neox(path):
                      rotary_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)),
                      rotary_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
                      parallel_residual=hf.get("use_parallel_residual", True))
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise CheckpointError(f"{where}: {e}") from None
     try:  # optional: a pytorch_model.bin needs only torch
         from safetensors.torch import load_file
@@ -54,9 +59,16 @@ def from_hf_neox(path):
         load_file = None
     for name in ("model.safetensors", "pytorch_model.bin") if load_file else ("pytorch_model.bin",):
         files = [name] if os.path.isfile(os.path.join(path, name)) else []
-        if os.path.isfile(os.path.join(path, name + ".index.json")):  # sharded: the index names the shards
-            with open(os.path.join(path, name + ".index.json"), encoding="utf-8") as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
+        index = os.path.join(path, name + ".index.json")
+        if os.path.isfile(index):  # sharded: the index names the shards, files of this folder only
+            try:
+                with open(index, encoding="utf-8") as f:
+                    files = sorted(set(json.load(f)["weight_map"].values()))
+                outside = next((f for f in files if not plain_name(f)), None)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise CheckpointError(f"{where}: {index} is not a weight index ({type(e).__name__}: {e})") from None
+            if outside is not None:
+                raise CheckpointError(f"{where}: {index} names {outside!r:.60}, not a file of {path}")
         if files:
             break
     else:
@@ -64,8 +76,14 @@ def from_hf_neox(path):
                               f"or pytorch_model.bin, or a sharded *.index.json")
     sd = {}
     for file in (os.path.join(path, f) for f in files):  # a .bin loads with weights_only: never runs code
-        sd.update(load_file(file) if file.endswith(".safetensors") else
-                  torch.load(file, map_location="cpu", weights_only=True))
+        try:
+            sd.update(load_file(file) if file.endswith(".safetensors") else
+                      torch.load(file, map_location="cpu", weights_only=True))
+        except Exception as e:  # not a weights file, or a pickle that would run code (weights_only refuses it)
+            first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+            why = "it holds objects other than tensors" if type(e).__name__ == "UnpicklingError" else first
+            raise CheckpointError(f"{where}: {file} is not a file of weights nanoMeSH reads ({why}; loading never "
+                                  f"runs code)") from None
     # Tied embeddings: our lm_head is untied, as Pythia's, so it starts as a copy of wte and trains apart.
     head = ("gpt_neox.embed_in.weight" if hf.get("tie_word_embeddings") else
             "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")  # on disk / in memory

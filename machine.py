@@ -49,6 +49,16 @@ def start(name, distributed):
     return device
 
 
+def launch(world):
+    """How this job was started, as a command to start it again: python, or torchrun with its process count."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world == 1 and "RANK" not in os.environ:
+        return "python"
+    if local == world:
+        return f"torchrun --standalone --nproc_per_node={world}"
+    return f"torchrun --nnodes={world // local} --nproc_per_node={local} (and this job's rendezvous flags)"
+
+
 def stop():
     """End this process's process group, if it started one."""
     if dist.is_available() and dist.is_initialized():

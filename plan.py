@@ -81,15 +81,16 @@ def param_counts(cfg):
     return total, total - sum(blocks), max(blocks, default=0)
 
 
-def memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes):
-    """{weights, gradients, optimizer, working, activations, total} in bytes per GPU (see the module doc)."""
+def memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes, ddp=True):
+    """{weights, gradients, optimizer, working, activations, total} in bytes per GPU (see the module doc);
+    ddp=False: one process without DDP (bench.py), so without the all-reduce buckets."""
     P, root, block = param_counts(cfg)
     share = n if fsdp else 1
     out = dict(weights=4 * P / share, gradients=4 * P / share, optimizer=8 * P / share)
     if fsdp:
         out["working"] = 4 * root + 4 * cfg.vocab_size * cfg.n_embd + 2 * compute_bytes * block
     else:
-        out["working"] = 4 * P + (2 * P if compute_bytes == 2 else 0)
+        out["working"] = 4 * P * ddp + (2 * P if compute_bytes == 2 else 0)
     out["activations"] = activation_bytes(cfg, batch_size, grad_checkpoint, compute_bytes)
     out["total"] = sum(out.values())
     return out

@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import warnings
 
 import numpy as np
@@ -169,9 +170,31 @@ def nan_to_none(rows):
     return [[None if isinstance(v, float) and math.isnan(v) else v for v in row] for row in rows]
 
 
+def physical_memory():
+    """This machine's memory in bytes, or None where it cannot be told."""
+    try:
+        if sys.platform == "win32":
+            import ctypes
+
+            class Status(ctypes.Structure):
+                _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong)] + \
+                           [(n, ctypes.c_ulonglong) for n in ("total", "free", "pt", "pf", "vt", "vf", "ve")]
+            status = Status(length=ctypes.sizeof(Status))
+            ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
+            return status.total
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device):
     model, ckpt = checkpoint.load(out_dir, device)
     cfg = model.config
+    states = cfg.n_steps + 3  # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
+    need, total = num_samples * 8 * (cfg.block_size + 2 * (TOP_K * states + states ** 2)), physical_memory()
+    if total and need > total / 2:
+        raise UsageError(f"--num_samples={num_samples}: its windows and measures need about {need / 2**30:,.1f} "
+                         f"GiB, more than half of this machine's {total / 2**30:,.1f} GiB; use fewer")
     idx = validation_windows(ckpt, cfg.block_size, num_samples, seed).to(device)
     result = {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"], "layout": cfg.layout,
               "scheme": cfg.scheme, "num_samples": num_samples, "seq_len": cfg.block_size, "seed": seed}

@@ -24,14 +24,15 @@ from mesh import Config, RecursiveGPT
 
 def load(out_dir, sharded):
     """The run in OUT_DIR as the dict a resume continues from: the checkpoint's entries, "model" its model and
-    "path" its file. The newer of ckpt.pt and a sharded checkpoint (the sharded one on a tie: a consolidated
-    ckpt.pt is its copy). sharded (an FSDP launch): a sharded checkpoint gives its plain data and a model of
-    its config, whose shards fsdp.load reads, each rank its own; otherwise it is read whole here."""
-    meta, full = checkpoint.read_pointer(out_dir), _iter_of_full(out_dir)
+    "path" its file. The later saved of ckpt.pt and a sharded checkpoint (checkpoints record when they were
+    saved; before they did, the later iteration; the sharded one on a tie: a consolidated ckpt.pt is its copy).
+    sharded (an FSDP launch): a sharded checkpoint gives its plain data and a model of its config, whose shards
+    fsdp.load reads, each rank its own; otherwise it is read whole here."""
+    meta, full = checkpoint.read_pointer(out_dir), checkpoint.saved_full(out_dir)
     if meta is None and full is None:
         raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
                          f"start with --init_from=scratch or point --out_dir at a run")
-    if meta is None or full is not None and full > meta["iter_num"]:
+    if meta is None or full is not None and full > checkpoint.saved(meta):
         model, ckpt = checkpoint.load(out_dir)
         return {**ckpt, "model": model, "path": os.path.join(out_dir, checkpoint.CKPT)}
     import fsdp
@@ -39,17 +40,6 @@ def load(out_dir, sharded):
         return fsdp.load_whole(out_dir, meta)
     return {**meta, "rng": fsdp.rng_from_json(meta["rng"]), "model": RecursiveGPT(Config.from_dict(meta["model_config"])),
             "path": os.path.join(out_dir, checkpoint.POINTER)}
-
-
-def _iter_of_full(out_dir):
-    """iter_num of OUT_DIR/ckpt.pt without reading its tensors (memory-mapped), or None."""
-    path = os.path.join(out_dir, checkpoint.CKPT)
-    if not os.path.isfile(path):
-        return None
-    try:
-        return torch.load(path, mmap=True, weights_only=True, map_location="cpu")["iter_num"]
-    except Exception:
-        return -1  # corrupt: checkpoint.load will say so, unless the sharded checkpoint is taken
 
 
 def check(ckpt, tc, given):
@@ -73,6 +63,13 @@ def check(ckpt, tc, given):
                  if k in given and given[k] != saved[k]]
     if conflicts:
         raise UsageError("the checkpoint's model differs from the flags given: " + "; ".join(conflicts))
+    old, it = ckpt["train_config"], ckpt["iter_num"]
+    was, now = old.get("batch_size", 0) * old.get("grad_accum", 0), tc.batch_size * tc.grad_accum
+    if tc.data_order == "sequential" and old.get("data_order") == "sequential" and was != now:  # windows it x G on
+        raise UsageError(f"--data_order=sequential: this run has read windows 0-{it * was - 1} ({it} steps of "
+                         f"{was}); with {now} windows a step it would go on at window {it * now}, not "
+                         f"{it * was}; resume with the run's own --batch_size={old['batch_size']} "
+                         f"--grad_accum={old['grad_accum']} (or as many windows a step in all)")
     return checkpoint_dataset(dataclasses.asdict(tc), ckpt.get("data"))
 
 

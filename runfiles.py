@@ -97,7 +97,7 @@ def remove_dead_temporaries(folder):
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
 
 
-def own(folder, flag="--out_dir", note=True):
+def own(folder, flag="--out_dir", note=True, shown=None):
     """Lock folder for this process: an exclusive flock on the folder itself, so no file is created and the
     system drops the lock when the process ends, kill -9 included. Held by another run: a UsageError. Where
     no lock can be taken (a file system without flock, or Windows): a one-line note, and go on."""
@@ -118,21 +118,26 @@ def own(folder, flag="--out_dir", note=True):
     except BlockingIOError:
         os.close(fd)
         del _owned[key]
-        raise UsageError(f"another run is using {flag}={folder} (it holds the folder's lock); wait for it "
-                         f"to end, or choose another {flag}") from None
+        raise UsageError(f"another run is using {shown or f'{flag}={folder}'} (it holds the folder's lock); wait for "
+                         f"it to end, or choose another {flag}") from None
     except OSError as e:  # a file system without flock on folders (some NFS setups): go on, unprotected
         if note:
             print(f"note: cannot lock {flag}={folder} ({e.strerror}); make sure no other run uses it", flush=True)
     _owned[key] = fd
 
 
-def check_free(folder, flag="--out_dir"):
+def disown(folder):
+    """Give up the lock own() took on folder."""
+    fd = _owned.pop(os.path.realpath(folder), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def check_free(folder, flag="--out_dir", shown=None):
     """Raise UsageError if another process owns folder now (see own); this one keeps no lock."""
     if os.path.realpath(folder) not in _owned:
-        own(folder, flag, note=False)
-        fd = _owned.pop(os.path.realpath(folder))
-        if fd is not None:
-            os.close(fd)
+        own(folder, flag, note=False, shown=shown)
+        disown(folder)
 
 
 def release():
@@ -157,9 +162,16 @@ class RunLog:
     (--overwrite) writes into a temporary file until commit(), at its first checkpoint: until then the old
     log.jsonl still matches the old checkpoint, and a run that saves nothing leaves it as it was."""
 
-    def __init__(self, out_dir, fresh):
-        self.path = os.path.join(out_dir, "log.jsonl")
+    def __init__(self, out_dir, fresh, on_commit=None, resumed_at=None):
+        """on_commit: called at the first commit (a fresh run's: the old run's files go). resumed_at: a resumed
+        run's iteration; records past it (the killed run's last steps, which this run does again) are dropped,
+        so that a plot of the log is one curve."""
+        self.path, self.on_commit = os.path.join(out_dir, "log.jsonl"), on_commit
         self.pending = temporary_name(self.path) if fresh and os.path.exists(self.path) else None
+        if resumed_at is not None and os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                kept = [line for line in f if line.strip() and json.loads(line).get("iter", 0) <= resumed_at]
+            atomic_write(self.path, lambda f: f.writelines(kept), mode="w")
         self.file = open(self.pending or self.path, "w" if fresh else "a", encoding="utf-8")
         _logs.append(self)
 
@@ -170,10 +182,14 @@ class RunLog:
         self.file.flush()
 
     def commit(self):
+        """The run has saved a checkpoint: a fresh run's log takes the old one's place (and on_commit runs)."""
         if self.pending:  # closed first: Windows cannot replace a file that is open
             self.file.close()
             os.replace(self.pending, self.path)
             self.pending, self.file = None, open(self.path, "a", encoding="utf-8")
+        if self.on_commit:
+            self.on_commit, done = None, self.on_commit
+            done()
 
     def close(self):
         self.file.close()

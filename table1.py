@@ -142,7 +142,7 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data"):
             print(f"{run['name']}: done (val loss {result['val_loss']:.4f})")
             return result
     os.makedirs(out_dir, exist_ok=True)
-    runfiles.check_free(out_dir, flag=f"--root run {run['name']}")  # a live run there: touch nothing of it
+    runfiles.check_free(out_dir, flag="--root", shown=out_dir)  # a live run there: touch nothing of it
     cmd = train_command(run, out_dir, max_iters, device, data_root)
     print(f"{run['name']}: training ({' '.join(cmd[2:])})", flush=True)
     out = runfiles.temporary_name(os.path.join(out_dir, "train.out"))  # train.out only once it has trained
@@ -295,7 +295,9 @@ def write_curves(results, rows, layouts, path, dataset):
             line, = ax.plot(iters, losses.mean(0), marker=".", label=f"{row['variant']} ({len(curves)} seeds)")
             ax.fill_between(iters, losses.min(0), losses.max(0), color=line.get_color(), alpha=0.2)
         ax.set(title=f"{layout} against vanilla {DEPTH_LAYOUT}", xlabel="iteration", ylabel="validation loss")
-        ax.set_ylim(top=min(ax.get_ylim()[1], 3.0))
+        later = [v for line in ax.get_lines() for v in line.get_ydata()[1:]]  # past the untrained start
+        if later:
+            ax.set_ylim(min(later) - 0.05 * (max(later) - min(later)), max(later) + 0.1 * (max(later) - min(later)))
         ax.legend(fontsize=8)
     fig.suptitle(DATASETS.get(dataset, dataset), fontsize=9)
     fig.savefig(path, dpi=120)

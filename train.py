@@ -261,7 +261,7 @@ def train(given):
     cfg, tokens_per_step = raw_model.config, tc.batch_size * tc.grad_accum * raw_model.config.block_size
 
     # ---- everything is checked: now the run takes OUT_DIR (its lock, the leftovers of killed writes, its log)
-    log = checkpoint.start_run(tc.out_dir, fresh=ckpt is None, overwrite=tc.overwrite) if master else None
+    log = checkpoint.start_run(tc.out_dir, ckpt is None, tc.overwrite, spread.CHECKPOINT, iter_num) if master else None
     if master:
         print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: {raw_model.num_params():,} non-embedding "
               f"params, compute depth {cfg.shape.depth}; dataset {tc.dataset} ({len(train_data):,} train tokens, "
@@ -273,10 +273,11 @@ def train(given):
         rng = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if device_type == "cuda" else {})}
         spread.save(tc.out_dir, raw_model, optimizer, master, {
             "model_config": cfg.to_dict(), "train_config": {**dataclasses.asdict(tc), **as_given},
-            "iter_num": iter_num, "best_val_loss": best_val, "rng": rng, "data": dataset_record(data_dir)})
+            "iter_num": iter_num, "best_val_loss": best_val, "rng": rng, "data": dataset_record(data_dir),
+            "saved_at": time.time()})
         saved_iter = iter_num
         if master:
-            log.commit()  # --overwrite: with the first checkpoint, the new run's log takes the old one's place
+            log.commit()  # --overwrite: the new run replaces the old one with its first checkpoint
 
     def last_good():
         path = os.path.join(tc.out_dir, spread.CHECKPOINT)
@@ -339,8 +340,8 @@ def train(given):
         if stopping:
             save()
             if master:
-                print(f"stopped at iter {iter_num}; checkpoint saved. Continue with "
-                      f"python train.py --init_from=resume {shlex.quote('--out_dir=' + tc.out_dir)}")
+                print(f"stopped at iter {iter_num}; checkpoint saved. Continue with {machine.launch(world)} train.py "
+                      f"--init_from=resume {shlex.quote('--out_dir=' + tc.out_dir)}{' --fsdp=true' * tc.fsdp}")
             return 130
 
     # ---- a closing sample from the trained model (every rank decodes the same tokens: FSDP gathers weights)

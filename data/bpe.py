@@ -18,10 +18,11 @@ How the file maps onto tiktoken (tiktoken.Encoding: a regex, then merges by rank
 - Normalizer: none or NFC (GPT-NeoX's), applied by us before tiktoken.
 - Added tokens (<|endoftext|>, GPT-NeoX's runs of 2-24 spaces, ...): split off first, leftmost-
   longest as `tokenizers` does, those with normalized=false before normalization, the others after.
-A file outside these shapes (another model type or pre-tokenizer, a merge that makes a token
-twice, added tokens with lstrip/rstrip/single_word) runs through the `tokenizers` package instead,
-when it is installed; otherwise it is refused by name. Post-processing (added BOS/EOS) is never
-applied: datasets and prompts are plain text.
+A BPE file outside these shapes (another pre-tokenizer, a merge that makes a token twice, added
+tokens with lstrip/rstrip/single_word) runs through the `tokenizers` package instead, when it is
+installed; otherwise it is refused by name. A damaged file (two tokens on one id, a merge of unknown
+tokens, an added token without an id, another model type) is refused by check(), naming the field.
+Post-processing (added BOS/EOS) is never applied: datasets and prompts are plain text.
 """
 import hashlib
 import json
@@ -67,6 +68,44 @@ def read_tokenizer_json(path):
     return file, spec
 
 
+MAX_ID = 1 << 24  # ids of a tokenizer this project runs are below 16,777,216 (GPT-NeoX's: 50,277)
+
+
+def check(spec, file):
+    """What decides the ids, checked before anything is built from it (a DataError naming the field): a BPE
+    model whose vocab maps token strings to distinct ids in [0, MAX_ID), merges that are pairs of tokens of
+    the vocabulary making one, and added tokens each a string on an id of its own (or its vocabulary entry's)."""
+    bad = f"{file} is not a tokenizer nanoMeSH can run:"
+    model = spec["model"]
+    if not isinstance(model, dict) or model.get("type") != "BPE":
+        raise DataError(f"{bad} model.type is {model.get('type') if isinstance(model, dict) else model!r:.40}, not "
+                        f"'BPE' (byte-level BPE tokenizers such as GPT-NeoX's only)")
+    vocab, by_id = model.get("vocab"), {}
+    if not isinstance(vocab, dict):
+        raise DataError(f"{bad} model.vocab is not a mapping of tokens to ids")
+    for token, i in vocab.items():
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < MAX_ID:
+            raise DataError(f"{bad} model.vocab gives {token!r:.40} the id {i!r:.40}, not an integer from 0 to "
+                            f"{MAX_ID - 1:,}")
+        if i in by_id:
+            raise DataError(f"{bad} model.vocab gives {by_id[i]!r:.40} and {token!r:.40} the same id {i}")
+        by_id[i] = token
+    for merge in model.get("merges") or []:
+        pair = merge.split(" ") if isinstance(merge, str) else merge
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(t, str) and t for t in pair):
+            raise DataError(f"{bad} model.merges holds {merge!r:.60}, not a pair of tokens")
+        unknown = next((t for t in (*pair, "".join(pair)) if t not in vocab), None)
+        if unknown is not None:
+            raise DataError(f"{bad} the merge {merge!r:.60} uses or makes {unknown!r:.40}, which model.vocab lacks")
+    for t in spec.get("added_tokens") or []:
+        content, i = (t.get("content"), t.get("id")) if isinstance(t, dict) else (None, None)
+        if not isinstance(content, str) or not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < MAX_ID:
+            raise DataError(f"{bad} added_tokens holds {t!r:.60}, not a content string with an id from 0 to "
+                            f"{MAX_ID - 1:,}")
+        if by_id.setdefault(i, content) != content:
+            raise DataError(f"{bad} the added token {content!r:.40} has id {i}, which is {by_id[i]!r:.40}'s")
+
+
 def fingerprint(spec):
     """sha256 of what decides the ids (model, added tokens, normalizer, pre-tokenizer, decoder): equal for
     two copies of one tokenizer whatever their formatting or padding settings."""
@@ -76,9 +115,7 @@ def fingerprint(spec):
 
 def _why_not_tiktoken(spec):
     """The reason tiktoken cannot reproduce this tokenizer exactly, or None."""
-    model, pre, norm = spec["model"], spec.get("pre_tokenizer"), spec.get("normalizer")
-    if model.get("type") != "BPE":
-        return f"model type {model.get('type')!r} is not BPE"
+    model, pre, norm = spec["model"], spec.get("pre_tokenizer"), spec.get("normalizer")  # a BPE model (check)
     for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(key):
             return f"BPE {key}={model[key]!r}"
@@ -101,6 +138,7 @@ class ByteLevelBPE:
 
     def __init__(self, path):
         self.file, spec = read_tokenizer_json(path)
+        check(spec, self.file)
         self.fingerprint = fingerprint(spec)
         added = spec.get("added_tokens") or []
         self.added = {t["content"]: t["id"] for t in added}
@@ -117,7 +155,11 @@ class ByteLevelBPE:
             except ImportError:
                 raise DataError(f"{self.file} cannot be run exactly by tiktoken ({why}); "
                                          f"pip install tokenizers to use it") from None
-            self._hf = HFTokenizer.from_file(self.file)
+            try:
+                self._hf = HFTokenizer.from_file(self.file)
+            except Exception as e:  # the tokenizers package's own refusal: one line too
+                raise DataError(f"{self.file} cannot be run by tiktoken ({why}) nor by the tokenizers package "
+                                f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})") from None
         self.backend = "tokenizers" if self._hf else "tiktoken"
 
     def _build_tiktoken(self, spec, vocab, added):
@@ -140,7 +182,7 @@ class ByteLevelBPE:
         for merge in spec["model"].get("merges") or []:
             left, right = merge.split(" ") if isinstance(merge, str) else merge
             if any(t not in vocab_bytes for t in (left, right, left + right)):
-                return f"merge {left!r} + {right!r} makes or uses a token not in the vocabulary"
+                return f"merge {left!r} + {right!r} makes or uses an added token"
             made = to_bytes(left + right)
             if made in ranks:
                 return f"two merges make the token {left + right!r}"

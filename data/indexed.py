@@ -44,9 +44,14 @@ CHECK_SLICE = 1 << 20  # sequences checked at a time: bounded memory for any ind
 
 def indexed_prefix(path):
     """PATH/document, PATH/document.idx, PATH/document.bin or a folder holding document.{bin,idx} ->
-    the prefix PATH/document; None when there is no such pair."""
+    the prefix PATH/document; None when there is no such pair. A pair that is there but not of regular files
+    (a FIFO, a device) is a DataError, not 'missing'."""
     for prefix in (os.path.join(path, "document"), path, path[:-4] if path.endswith((".idx", ".bin")) else None):
-        if prefix and os.path.isfile(prefix + ".idx") and os.path.isfile(prefix + ".bin"):
+        if prefix and all(os.path.exists(prefix + ext) for ext in (".idx", ".bin")):
+            odd = next((prefix + ext for ext in (".idx", ".bin") if not os.path.isfile(prefix + ext)), None)
+            if odd:
+                raise DataError(f"{odd} is not a regular file (a folder, a FIFO or a device?); give the files of "
+                                f"an indexed dataset")
             return prefix
     return None
 

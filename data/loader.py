@@ -25,8 +25,17 @@ SCAN_PIECES = 256     # pieces of SCAN_PIECE_BYTES (the first and the last inclu
 SCAN_PIECE_BYTES = 1 << 20
 
 
-def dtype_for_vocab(vocab_size):
-    return "uint16" if vocab_size <= 65535 else "uint32"
+def dtype_for_vocab(vocab_size, indexed=False):
+    """The token dtype of a dataset: uint16 for a vocabulary of up to 65,535, else uint32, or in the indexed
+    format (which has no uint32) Megatron's int32."""
+    return "uint16" if vocab_size <= 65535 else "int32" if indexed else "uint32"
+
+
+def plain_name(value):
+    """A file name of the folder itself (no path): what meta.json may name, so that nothing read from it
+    reaches outside the dataset's folder."""
+    return isinstance(value, str) and value not in ("", ".", "..") and os.path.basename(value) == value and \
+        "\\" not in value
 
 
 def read_meta(path):
@@ -40,11 +49,17 @@ def read_meta(path):
             raise ValueError(f"vocab_size {meta['vocab_size']!r} is not a positive integer")
         if meta["tokenizer"] == "char" and len(str(meta.get("chars") or "")) != meta["vocab_size"]:
             raise ValueError(f"its {meta['vocab_size']} characters are missing")
-        if meta["dtype"] != dtype_for_vocab(meta["vocab_size"]):
+        indexed = meta.get("format") == "indexed"  # any integer dtype of the index that holds every id
+        dtype = np.dtype(meta["dtype"]) if indexed else None
+        if not (np.issubdtype(dtype, np.integer) and np.iinfo(dtype).max >= meta["vocab_size"] - 1 if indexed
+                else meta["dtype"] == dtype_for_vocab(meta["vocab_size"])):
             raise ValueError(f"dtype {meta['dtype']!r} does not hold a vocabulary of {meta['vocab_size']}, "
-                             f"{dtype_for_vocab(meta['vocab_size'])} does")
+                             f"{dtype_for_vocab(meta['vocab_size'], indexed)} does")
+        for key in ("tokenizer_file", "prefix"):
+            if key in meta and not plain_name(meta[key]):
+                raise ValueError(f"{key} {meta[key]!r:.60} is not a file name of the dataset's own folder")
         return meta
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, TypeError) as e:  # TypeError: np.dtype of something that is not a dtype
         raise DataError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again with "
                         f"python data/prepare.py") from None
 
@@ -139,6 +154,8 @@ def load_split(data_dir, split):
         data, path = split_tokens(os.path.join(data_dir, meta["prefix"]), split)
     else:
         path = os.path.join(data_dir, f"{split}.bin")
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise DataError(f"{path} is not a regular file (a folder, a FIFO or a device?); {fix}")
         if not os.path.isfile(path):
             raise DataError(f"{path} is missing; {fix}")
         size, item, expected = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize, meta.get(f"{split}_tokens")
@@ -152,9 +169,12 @@ def load_split(data_dir, split):
     piece = max(1, SCAN_PIECE_BYTES // data.itemsize)
     starts = range(0, len(data), piece) if data.nbytes <= SCAN_BYTES else \
         np.linspace(0, max(0, len(data) - piece), SCAN_PIECES).astype(np.int64)
-    top = max((int(data[s:s + piece].max()) for s in starts if len(data[s:s + piece])), default=0)
-    if top >= meta["vocab_size"]:
-        raise DataError(f"{path} holds token id {top}, outside the vocabulary of {meta['vocab_size']}; {fix}")
+    pieces = [data[s:s + piece] for s in starts if len(data[s:s + piece])]
+    top = max((int(p.max()) for p in pieces), default=0)
+    low = min((int(p.min()) for p in pieces), default=0) if np.issubdtype(data.dtype, np.signedinteger) else 0
+    if top >= meta["vocab_size"] or low < 0:
+        raise DataError(f"{path} holds token id {top if low >= 0 else low}, outside the vocabulary of "
+                        f"{meta['vocab_size']}; {fix}")
     return data
 
 

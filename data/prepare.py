@@ -50,7 +50,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script (python data/prepare.py): the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import runfiles  # noqa: E402
-from configurator import closest, report  # noqa: E402
+from configurator import UsageError, closest, report  # noqa: E402
 from data import DataError  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
 from data.loader import DEFAULT_ROOT, dataset_folder, dtype_for_vocab, is_path  # noqa: E402
@@ -186,7 +186,7 @@ def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2
         for text in _read_chunks(source, label, chunk_bytes, log, "scanning", sha):
             chars.update(text)
         tok = Tokenizer("char", sorted(chars))
-    dtype = dtype_for_vocab(tok.vocab_size)
+    dtype = dtype_for_vocab(tok.vocab_size, indexed=fmt == "indexed")
     n = 0
     all_path = os.path.join(stage, "document.bin" if fmt == "indexed" else "train.bin")
     with open(all_path, "wb") as f:  # all tokens; for flat, the val tail is moved out below
@@ -272,8 +272,14 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
 
     final = os.path.join(out_root, dataset)
     started = time.perf_counter()
-    created_root = not os.path.isdir(out_root)
+    created_root, created = not os.path.isdir(out_root), not os.path.isdir(final)
     os.makedirs(out_root, exist_ok=True)
+    os.makedirs(final, exist_ok=True)
+    try:  # one prepare of a dataset at a time: two would mix their files
+        runfiles.own(final, flag="--dataset", note=False)
+    except UsageError:
+        raise DataError(f"another data/prepare.py is writing dataset {dataset!r} in {out_root} (it holds "
+                        f"{final}'s lock); wait for it to end") from None
     runfiles.remove_dead_temporaries(out_root)  # the staging folders of killed prepares
     stage = runfiles.temporary_name(final)
     os.mkdir(stage)
@@ -299,9 +305,11 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
                            f"the dataset was not written") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-        if created_root and not os.path.isdir(final):
-            with contextlib.suppress(OSError):
-                os.rmdir(out_root)  # we made it: leave no empty folder behind either
+        runfiles.disown(final)
+        for made, folder in ((created, final), (created_root, out_root)):  # left empty: we made it, it goes
+            if made:
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
     if dataset == "shakespeare_char" and os.path.exists(os.path.join(out_root, OFFLINE)):
         os.remove(os.path.join(out_root, OFFLINE))  # downloaded after all: no more falling back
     n, seconds = meta['train_tokens'] + meta['val_tokens'], time.perf_counter() - started

@@ -212,6 +212,18 @@ def test_uint32_vocab(tmp_path):
     assert Tokenizer.from_meta(meta).decode(np.concatenate([train, val])) == text
 
 
+def test_indexed_format_holds_a_vocabulary_over_65535(tmp_path):
+    """The indexed format has no uint32: a larger vocabulary is stored as Megatron's int32, and reads back."""
+    text = "".join(chr(c) for c in range(0x100, 0x100 + 70_000) if not 0xD800 <= c < 0xE000) * 2
+    d = prepare("wide", input=write(tmp_path / "wide.txt", text), out_root=str(tmp_path), log=quiet, format="indexed",
+                seq_len=997)
+    meta = json.load(open(os.path.join(d, "meta.json"), encoding="utf-8"))
+    assert meta["dtype"] == "int32" and meta["vocab_size"] > 65535
+    train, val = load_split(d, "train"), load_split(d, "val")
+    assert train.dtype == np.int32 and len(train) + len(val) == len(text)
+    assert Tokenizer.load(d).decode(np.concatenate([train, val])) == text
+
+
 def test_cli(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "data/prepare.py", *a, "--out_root", str(tmp_path)],
                                     cwd=REPO, capture_output=True, text=True)

@@ -298,6 +298,7 @@ def test_workers_stop_with_a_checkpoint_when_torchrun_is_killed(data_root, tmp_p
         kill_strays(str(out))
     text = "".join(seen)
     assert "the torchrun launcher (pid" in text and "checkpoint saved" in text, text[-3000:]
+    assert f"Continue with torchrun --standalone --nproc_per_node=2 train.py --init_from=resume --out_dir={out}\n" in text
     stopped = int(text.split("stopped at iter ")[1].split(";")[0])
     _, ckpt = checkpoint.load(str(out))
     assert ckpt["iter_num"] == stopped >= 3
@@ -569,3 +570,325 @@ def test_clear_words(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
     assert configurator.report("prepare.py", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) == 2
     assert capsys.readouterr().err == ("prepare.py: error: No space left on device; check the disk (free space, "
                                        "permissions) and try again\n")
+
+
+# -----------------------------------------------------------------------------
+# A folder holding a run, whatever its format, is the run's
+
+def fake_sharded(folder):
+    """A sharded checkpoint's files (a pointer and a shards folder), as far as ownership rules look."""
+    folder.mkdir(exist_ok=True)
+    (folder / "ckpt-sharded.json").write_text("{}")
+    (folder / "shards-00000002").mkdir()
+    (folder / "shards-00000002" / "__0_0.distcp").write_bytes(b"shard")
+
+
+def test_a_sharded_run_is_refused_and_replaced_whole(data_root, tmp_path, capsys):  # noqa: F811
+    """A scratch run into a folder of a sharded run is refused; --overwrite replaces all of it at its first
+    checkpoint (the old pointer and shards go, however damaged), so a resume continues the new run."""
+    out = tmp_path / "run"
+    fake_sharded(out)
+    before = snapshot(out)
+    assert run(["--max_iters=2"], data_root, out) == 2
+    assert one_line(capsys) == (f"train.py: error: {out / 'ckpt-sharded.json'} exists; continue it with "
+                                f"--init_from=resume, or start over with --overwrite=true, or choose another --out_dir\n")
+    assert snapshot(out) == before
+    assert run(["--max_iters=2", "--eval_interval=2", "--overwrite=true"], data_root, out) == 0
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl"]
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=3"]) == 0
+
+
+def test_a_second_table1_on_a_live_root_touches_nothing(tmp_path):  # noqa: F811
+    """table1.py beside a live run of its --root (here its folder's lock, held by this process) stops before it
+    deletes, truncates or trains anything there."""
+    live = tmp_path / "root" / "vanilla_s0"
+    live.mkdir(parents=True)
+    for name in ("log.jsonl", "ckpt.pt", "train.out"):
+        (live / name).write_text(f"the live run's {name}")
+    before = snapshot(live)
+    runfiles.own(str(live))
+    try:
+        r = subprocess.run(python(os.path.join(ROOT, "table1.py"), "--only=vanilla", "--seeds=0", "--max_iters=2",
+                                  f"--root={tmp_path / 'root'}", f"--results={tmp_path / 'res'}"),
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    finally:
+        runfiles.release()
+    assert r.returncode == 2 and r.stderr == (f"table1.py: error: another run is using {live} (it holds the folder's "
+                                              f"lock); wait for it to end, or choose another --root\n")
+    assert snapshot(live) == before and not (tmp_path / "res").exists()
+
+
+def test_two_prepares_of_one_dataset_never_mix(tmp_path):
+    """While one data/prepare.py writes a dataset (here: its folder's lock, held by this process), a second one
+    of the same name stops in one line and writes nothing."""
+    (tmp_path / "a.txt").write_text(TEXT)
+    (tmp_path / "data" / "tiny").mkdir(parents=True)
+    runfiles.own(str(tmp_path / "data" / "tiny"))
+    try:
+        r = subprocess.run(python(os.path.join(ROOT, "data", "prepare.py"), "--dataset", "tiny", "--input",
+                                  str(tmp_path / "a.txt"), "--out_root", str(tmp_path / "data")),
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        runfiles.release()
+    assert r.returncode == 2 and r.stderr == (f"prepare.py: error: another data/prepare.py is writing dataset 'tiny' "
+                                              f"in {tmp_path / 'data'} (it holds {tmp_path / 'data' / 'tiny'}'s lock); "
+                                              f"wait for it to end\n")
+    assert os.listdir(tmp_path / "data") == ["tiny"] and os.listdir(tmp_path / "data" / "tiny") == []
+
+
+# -----------------------------------------------------------------------------
+# Nothing read from a file that names a path reaches outside its own folder
+
+def test_a_crafted_pointer_can_neither_read_nor_delete_elsewhere(finished, tmp_path, capsys):  # noqa: F811
+    victim = tmp_path / "other_run" / "shards-00000001"
+    victim.mkdir(parents=True)
+    (victim / "__0_0.distcp").write_bytes(b"someone else's")
+    good = json.loads(json.dumps(dict(model_config=torch.load(finished / "ckpt.pt", weights_only=True)["model_config"],
+                                      train_config={}, iter_num=9, best_val_loss=1.0, rng={"torch": [0] * 8})))
+    for folder in (str(victim), "../other_run/shards-00000001"):
+        out = copy_of(finished, tmp_path, f"run{len(folder)}")
+        (out / "ckpt-sharded.json").write_text(json.dumps({**good, "folder": folder}))
+        assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=12"]) == 2
+        err = one_line(capsys)
+        assert err.startswith(f"train.py: error: {out / 'ckpt-sharded.json'} is corrupt (ValueError: folder ") and \
+            "is not a shards-<iter> folder of this one)" in err
+        assert (victim / "__0_0.distcp").read_bytes() == b"someone else's"
+
+
+PATHS_IN_META = [("tokenizer_file", "../../secret.json"), ("tokenizer_file", "/etc/passwd"), ("prefix", "../document")]
+
+
+@pytest.mark.parametrize("key, value", PATHS_IN_META, ids=[f"{k}={v}" for k, v in PATHS_IN_META])
+def test_meta_json_names_only_its_own_files(key, value, data_root, tmp_path, capsys):  # noqa: F811
+    data = copy_of(data_root, tmp_path, "data")
+    edit_meta(**{key: value})(data / "tiny")
+    assert run(["--max_iters=1"], str(data), tmp_path / "out") == 2
+    assert f"meta.json is damaged (ValueError: {key} {value!r} is not a file name of the dataset's own folder)" in \
+        one_line(capsys)
+
+
+# -----------------------------------------------------------------------------
+# A damaged or foreign file, a value out of its type's reach: one line naming the file and the field, exit 2
+
+def byte_bpe():
+    """A hand-written byte-level BPE tokenizer.json: the 256 bytes, one merge ('a' + 'b'), <|endoftext|>."""
+    from data.bpe import bytes_to_unicode
+    vocab = {c: b for b, c in bytes_to_unicode().items()}
+    vocab["ab"] = 256
+    return {"model": {"type": "BPE", "vocab": vocab, "merges": ["a b"]},
+            "added_tokens": [{"id": 257, "content": "<|endoftext|>", "special": True}],
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False}, "decoder": {"type": "ByteLevel"}}
+
+
+def tokenizer_case(change):
+    def case(tmp, finished):
+        spec = byte_bpe()
+        change(spec)
+        (tmp / "tokenizer.json").write_text(json.dumps(spec))
+        (tmp / "in.txt").write_text(TEXT)
+        return "prepare", ["--dataset", "bpe", "--input", str(tmp / "in.txt"), "--tokenizer", str(tmp / "tokenizer.json"),
+                           "--out_root", str(tmp / "data")]
+    return case
+
+
+def config_case(text):
+    def case(tmp, finished):
+        (tmp / "c.json").write_text(text)
+        return "train", [str(tmp / "c.json"), f"--out_dir={tmp / 'out'}"]
+    return case
+
+
+def pointer_case(change):
+    def case(tmp, finished):
+        out = shutil.copytree(finished, tmp / "run")
+        meta = dict(model_config=torch.load(out / "ckpt.pt", weights_only=True)["model_config"], train_config={},
+                    iter_num=9, best_val_loss=1.0, rng={"torch": [0] * 8}, folder="shards-00000009")
+        change(meta)
+        (out / "ckpt-sharded.json").write_text(json.dumps(meta))
+        return "train", ["--init_from=resume", f"--out_dir={out}", "--max_iters=12"]
+    return case
+
+
+def hf_case(config=None, files=()):
+    def case(tmp, finished):
+        path = tmp / "pythia"
+        path.mkdir()
+        hf = {**dict(model_type="gpt_neox", hidden_size=32, num_attention_heads=2, num_hidden_layers=1, vocab_size=32,
+                     max_position_embeddings=16, intermediate_size=128), **(config or {})}
+        (path / "config.json").write_text(json.dumps(hf))
+        for name, content in files:
+            if name.endswith(".bin") and content is None:
+                torch.save({"gpt_neox.embed_in.weight": Exploit()}, path / name)  # unpickling it would run code
+            else:
+                (path / name).write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+        return "hf", [str(path)]
+    return case
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch EXPLOITED",))
+
+
+BAD_FILES = [  # (name, case(tmp, finished) -> (tool, args), words of the one-line error)
+    ("config: 1e999 for an integer", config_case('{"max_iters": 1e999}'),
+     "c.json': max_iters is Infinity (a number), not an integer"),
+    ("config: a 400-digit integer", config_case('{"max_iters": 1' + "0" * 400 + '}'),
+     "c.json': max_iters is 100000...(401 digits), too large: an integer setting is at most 2**63 - 1"),
+    ("config: an object for a path", config_case('{"out_dir": {"a": 1}}'), "c.json': out_dir is {\"a\": 1} (an object), not text"),
+    ("config: a string for an integer", config_case('{"max_iters": "100"}'), "c.json': max_iters is \"100\" (a string), not an integer"),
+    ("config: a float lr of 1e999", config_case('{"lr": 1e999}'), "c.json': lr is inf, not a finite number"),
+    ("--seed above 2**64", lambda tmp, f: ("train", ["--seed=18446744073709551617", f"--out_dir={tmp / 'o'}"]),
+     "--seed=18446744073709551617, too large: an integer setting is at most 2**63 - 1"),
+    ("--gpu_memory=inf", lambda tmp, f: ("train", ["--plan=true", "--gpu_memory=inf"]),
+     "--gpu_memory=inf must be a finite number of GiB above 0"),
+    ("pointer without rng", pointer_case(lambda m: m.pop("rng")), "is corrupt (TypeError: rng is None, not a dict)"),
+    ("pointer with settings as text", pointer_case(lambda m: m.update(train_config="lr=1")),
+     "is corrupt (TypeError: train_config is 'lr=1', not a dict)"),
+    ("pointer with a string iteration", pointer_case(lambda m: m.update(iter_num="9")),
+     "is corrupt (TypeError: iter_num is '9', not a int)"),
+    ("tokenizer: two tokens on one id", tokenizer_case(lambda s: s["model"]["vocab"].update(ab=5)),
+     "tokenizer.json is not a tokenizer nanoMeSH can run: model.vocab gives 'ą' and 'ab' the same id 5"),
+    ("tokenizer: a 3-part merge", tokenizer_case(lambda s: s["model"].update(merges=["a b c"])),
+     "model.merges holds 'a b c', not a pair of tokens"),
+    ("tokenizer: a merge of unknown tokens", tokenizer_case(lambda s: s["model"].update(merges=["a zz"])),
+     "the merge 'a zz' uses or makes 'zz', which model.vocab lacks"),
+    ("tokenizer: an added token without id", tokenizer_case(lambda s: s["added_tokens"][0].pop("id")),
+     "added_tokens holds {'content': '<|endoftext|>', 'special': True}, not a content string with an id from 0"),
+    ("tokenizer: not BPE", tokenizer_case(lambda s: s["model"].update(type="WordPiece")),
+     "model.type is 'WordPiece', not 'BPE' (byte-level BPE tokenizers such as GPT-NeoX's only)"),
+    ("tokenizer: an id of 2,000,000,000", tokenizer_case(lambda s: s["model"]["vocab"].update(ab=2_000_000_000)),
+     "model.vocab gives 'ab' the id 2000000000, not an integer from 0 to 16,777,215"),
+    ("hf: a code-executing pytorch_model.bin", hf_case(files=[("pytorch_model.bin", None)]),
+     "pytorch_model.bin is not a file of weights nanoMeSH reads (it holds objects other than tensors; loading never "
+     "runs code)"),
+    ("hf: a string hidden_size", hf_case(config=dict(hidden_size="32")), "config.json's hidden_size is \"32\", not an integer"),
+    ("hf: an index naming a file elsewhere", hf_case(files=[("pytorch_model.bin.index.json",
+                                                             {"weight_map": {"x": "../elsewhere.bin"}})]),
+     "pytorch_model.bin.index.json names '../elsewhere.bin', not a file of"),
+    ("probe: more samples than memory", lambda tmp, f: ("probe", [f"--out_dir={f}", "--num_samples=1000000000000"]),
+     "--num_samples=1000000000000: its windows and measures need about"),
+]
+try:
+    import safetensors  # noqa: F401
+    BAD_FILES.append(("hf: random bytes as model.safetensors", hf_case(files=[("model.safetensors", os.urandom(64))]),
+                      "model.safetensors is not a file of weights nanoMeSH reads ("))
+except ImportError:  # without safetensors, model.safetensors is never read
+    pass
+
+
+@pytest.mark.parametrize("name, case, message", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_bad_files_and_values_are_one_line(name, case, message, finished, tmp_path, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    tool, args = case(tmp_path, finished)
+    before = snapshot(tmp_path, finished)
+    if tool == "train":
+        code = train.main(args)
+    elif tool == "prepare":
+        import data.prepare
+        code = data.prepare.main(args)
+    elif tool == "probe":
+        with pytest.raises(SystemExit) as e:
+            probe.main(args)
+        code = e.value.code
+    else:  # what train.py --init_from=hf:PATH and lm_eval_mesh.py read it with
+        import hf
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            hf.load_hf(args[0])
+        code, err = 2, f"hf.py: error: {e.value}\n"
+    err = err if tool == "hf" else one_line(capsys, f"{tool}.py")
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert snapshot(tmp_path, finished) == before and not (tmp_path / "EXPLOITED").exists()
+
+
+def test_int32_indexed_data_trains_and_a_negative_id_is_refused(tmp_path, capsys):
+    """Megatron writes int32 token ids; those datasets train, and an id below 0 is refused like one too large."""
+    from data.indexed import write_indexed
+    from data.prepare import describe_indexed
+    rng = np.random.default_rng(0)
+    (tmp_path / "pile").mkdir()
+    write_indexed(str(tmp_path / "pile" / "document"), [rng.integers(0, 100, 40) for _ in range(30)], np.int32)
+    (tmp_path / "tok.json").write_text(json.dumps(byte_bpe()))
+    describe_indexed(str(tmp_path / "pile" / "document"), str(tmp_path / "tok.json"), log=lambda *a: None)
+    flags = [*TINY[:-1], f"--dataset={tmp_path}/pile/document", "--max_iters=2", "--eval_interval=2"]
+    assert train.main([*flags, f"--out_dir={tmp_path / 'o'}"]) == 0
+    ids = np.memmap(tmp_path / "pile" / "document.bin", dtype=np.int32, mode="r+")
+    ids[5] = -3
+    ids.flush()
+    assert train.main([*flags, f"--out_dir={tmp_path / 'o2'}"]) == 2
+    assert "document.bin holds token id -3, outside the vocabulary of 258" in one_line(capsys)
+
+
+# -----------------------------------------------------------------------------
+# Clearer words
+
+def test_a_second_ctrl_c_while_saving_is_one_line(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """Ctrl-C in a step asks for a checkpoint; a second one while it is written stops at once, in one line, and
+    leaves the checkpoint before it as it was (the one being written is dropped, its temporary file too)."""
+    out = tmp_path / "run"
+    get_batch, save = train.get_batch, torch.save
+
+    def ctrl_c(data, tc, T, key, device):
+        if key == (0, 2, 0):
+            os.kill(os.getpid(), signal.SIGINT)
+        return get_batch(data, tc, T, key, device)
+
+    def interrupted_save(obj, f):
+        if obj["iter_num"] == 3:  # the save the first Ctrl-C asked for, its temporary file open
+            os.kill(os.getpid(), signal.SIGINT)
+        return save(obj, f)
+
+    monkeypatch.setattr(train, "get_batch", ctrl_c)
+    monkeypatch.setattr(checkpoint.torch, "save", interrupted_save)
+    assert run(["--max_iters=10", "--eval_interval=2"], data_root, out) == 130
+    err = capsys.readouterr().err
+    assert err == ("\ntrain.py: interrupted again, so stopped at once: a checkpoint being written was dropped, the one "
+                   "before it is as it was\n")
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 2
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+
+
+def test_sighup_saves_as_sigterm_does(data_root, tmp_path):  # noqa: F811
+    out = tmp_path / "hup"
+    p = subprocess.Popen(train_cmd(data_root, out, "--max_iters=100000", "--eval_interval=100000"), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    wait_for_line(p, "iter 3:", seen)
+    p.send_signal(signal.SIGHUP)
+    stdout, _ = p.communicate(timeout=60)
+    assert p.returncode == 130 and "SIGHUP: finishing this step, then saving a checkpoint" in stdout
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] >= 3
+
+
+def test_the_log_of_a_resumed_run_is_one_curve(data_root, tmp_path, monkeypatch):  # noqa: F811
+    """A run killed after logging past its last checkpoint (here: iters 5 and 6 logged, the checkpoint at 4) and
+    resumed from that checkpoint logs those steps again, once: log.jsonl keeps the new ones only."""
+    out = tmp_path / "run"
+    forward, calls = mesh.RecursiveGPT.forward, []
+
+    def poisoned(self, idx, targets=None, **kw):
+        logits, loss = forward(self, idx, targets, **kw)
+        if self.training:
+            calls.append(1)
+            loss = loss * float("nan") if len(calls) == 7 else loss  # iter 6's micro-batch
+        return logits, loss
+
+    monkeypatch.setattr(mesh.RecursiveGPT, "forward", poisoned)
+    assert run(["--max_iters=10", "--eval_interval=4"], data_root, out) == 1
+    monkeypatch.undo()
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=8"]) == 0
+    with open(out / "log.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["iter"] for r in records if "loss" in r] == list(range(1, 9))
+    assert [r["iter"] for r in records if "val_loss" in r] == [0, 4, 8]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+@pytest.mark.parametrize("what", ["a FIFO", "/dev/zero"])
+def test_a_bin_that_is_not_a_file_is_called_so(what, data_root, tmp_path, capsys):  # noqa: F811
+    data = copy_of(data_root, tmp_path, "data")
+    os.remove(data / "tiny" / "val.bin")
+    os.mkfifo(data / "tiny" / "val.bin") if what == "a FIFO" else os.symlink("/dev/zero", data / "tiny" / "val.bin")
+    assert run(["--max_iters=1"], str(data), tmp_path / "out") == 2
+    assert (f"{data / 'tiny' / 'val.bin'} is not a regular file (a folder, a FIFO or a device?); prepare the dataset "
+            f"again") in one_line(capsys)

@@ -7,18 +7,23 @@ checkpoints resume exactly in either mode, consolidate to a ckpt.pt that samples
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 import checkpoint
 import fsdp
+import runfiles
 import sample
 import train
 import test_train
-from test_train import ROOT, TINY, losses, run
+from data.prepare import prepare
+from test_train import ROOT, TEXT, TINY, losses, run, snapshot
 
 data_root = test_train.data_root  # the tiny prepared dataset (a pytest fixture)
 
@@ -99,7 +104,13 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "shards-00000000 is incomplete or corrupt" in err
     assert fsdp.main([str(out)]) == 2 and not (out / "ckpt.pt").exists()
+    assert "move ckpt-sharded.json away" not in err  # no ckpt.pt to fall back on: not advised
+    shutil.copyfile(shards[1], shards[0])  # back, but another rank's bytes: its CRC-32 tells
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
+    assert "shards-00000000 is incomplete or corrupt (__0_0.distcp fails its CRC-32 check)" in capsys.readouterr().err
     (out / "shards-00000000" / ".metadata").write_bytes(b"\x80\x04cos\nsystem\n.")  # a pickle that would run code
+    meta["checksums"] = {name: fsdp.crc32(out / "shards-00000000" / name) for name in meta["checksums"]}
+    (out / fsdp.POINTER).write_text(json.dumps(meta))  # its checksums forged too: the unpickler still refuses it
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     assert "os.system is not allowed" in capsys.readouterr().err
 
@@ -130,3 +141,102 @@ def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path)
     assert pickle.loads(payload) is os.system
     with pytest.raises(pickle.UnpicklingError, match="os.system is not allowed in checkpoint metadata"):
         fsdp.metadata_reader(str(tmp_path)).Unpickler(io.BytesIO(payload)).load()
+
+
+@pytest.fixture(scope="module")
+def sharded(data_root, tmp_path_factory):
+    """A 2-process FSDP run, its checkpoint sharded at iters 0 and 2; tests copy it before changing anything."""
+    out = tmp_path_factory.mktemp("sharded") / "run"
+    r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def test_a_sharded_run_owns_its_folder(sharded, data_root, tmp_path):
+    """A scratch FSDP run into a sharded run's folder is refused without --overwrite; with it, the old shards are
+    replaced whole."""
+    out = shutil.copytree(sharded, tmp_path / "run")
+    before = snapshot(out)
+    r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=2")
+    assert r.returncode != 0 and f"train.py: error: {out / fsdp.POINTER} exists; continue it with --init_from=resume" \
+        in r.stderr, r.stderr[-3000:]
+    assert snapshot(out) == before
+
+
+def test_the_sharded_checkpoint_records_its_data(sharded, data_root, tmp_path, capsys):
+    out = shutil.copytree(sharded, tmp_path / "run")
+    meta = json.loads((out / fsdp.POINTER).read_text())
+    with open(os.path.join(data_root, "tiny", "meta.json")) as f:
+        assert meta["data"]["sha256"] == json.load(f)["sha256"] and isinstance(meta["saved_at"], float)
+    data = shutil.copytree(data_root, tmp_path / "data")
+    (tmp_path / "new.txt").write_text(TEXT.replace("king", "gink"))
+    prepare("tiny", input=str(tmp_path / "new.txt"), out_root=str(data), log=lambda *a: None)
+    meta["train_config"]["data_root"] = str(data)
+    (out / fsdp.POINTER).write_text(json.dumps(meta))
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2  # loads it whole: refused
+    assert "is not the data the checkpoint was trained on: sha256" in capsys.readouterr().err
+
+
+def test_consolidation_owns_the_folder_and_never_goes_back(sharded, tmp_path, capsys):
+    out = shutil.copytree(sharded, tmp_path / "run")
+    runfiles.own(str(out))  # a live run there
+    try:
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "fsdp.py"), str(out)], capture_output=True, text=True,
+                           timeout=120)
+    finally:
+        runfiles.release()
+    assert r.returncode == 2 and r.stderr == (f"fsdp.py: error: another run is using OUT_DIR={out} (it holds the "
+                                              f"folder's lock); wait for it to end, or choose another OUT_DIR\n")
+    assert not (out / "ckpt.pt").exists()
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 0  # a later ckpt.pt (DDP)
+    before = snapshot(out)
+    assert fsdp.main([str(out)]) == 2
+    assert capsys.readouterr().err == (f"fsdp.py: error: {out / 'ckpt.pt'} (iter 4) was saved after the sharded "
+                                       f"checkpoint (iter 2), which would replace it; it needs no consolidation\n")
+    assert snapshot(out) == before
+
+
+def test_a_full_disk_during_a_sharded_save_says_so(data_root, tmp_path):
+    """On a small real file system (a tmpfs, where this machine lets us mount one), the sharded save's failure
+    is named as what it is."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={disk / 'run'}", *COMMON, "--max_iters=2")
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    assert r.returncode != 0 and "writing the sharded checkpoint" in r.stderr and "the disk is full (" in r.stderr, \
+        r.stderr[-3000:]
+
+
+def test_the_survivor_of_a_killed_rank_says_so_in_one_line(data_root, tmp_path):
+    """kill -9 of one rank of an FSDP job: the other rank's error is one line, not gloo's traceback."""
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
+           "--redirects=3", os.path.join(ROOT, "train.py"), "--fsdp=true", *TINY, f"--data_root={data_root}",
+           f"--out_dir={tmp_path / 'run'}", *COMMON, "--max_iters=100000", "--eval_interval=100000"]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not any('"iter": 3' in f.read_text() for f in tmp_path.glob("run/log.jsonl")):
+            time.sleep(0.2)
+        rank1 = next(pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if worker(pid, tmp_path, 1))
+        os.kill(rank1, signal.SIGKILL)
+        p.communicate(timeout=120)
+    finally:
+        p.kill()
+    lines = [line.split("]: ", 1)[-1] for line in next(logs.rglob("attempt_0/0/stderr.log")).read_text().splitlines()]
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: another process of this torchrun job stopped ("), \
+        "\n".join(lines)[-3000:]
+
+
+def worker(pid, tmp_path, rank):
+    """Whether process pid is rank `rank` of the job writing into tmp_path/run."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f, open(f"/proc/{pid}/environ", "rb") as g:
+            return str(tmp_path / "run").encode() in f.read() and f"\0RANK={rank}\0".encode() in b"\0" + g.read()
+    except OSError:  # gone, or another user's
+        return False

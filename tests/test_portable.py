@@ -70,7 +70,7 @@ def test_the_environment_really_lacks_them(laptop):
 
 def test_train_and_sample(laptop):
     run, folder = laptop
-    r = run("train.py", *TINY, "--data_root=data", "--out_dir=out", "--max_iters=3", "--eval_interval=3",
+    r = run("train.py", *TINY, f"--data_root={folder / 'data'}", "--out_dir=out", "--max_iters=3", "--eval_interval=3",
             "--sample_tokens=10")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Tiny Shakespeare could not be downloaded" in r.stderr and "---- sample ----" in r.stdout
@@ -85,7 +85,7 @@ def test_table1_offline_names_the_data_it_trained_on(laptop):
     """Two runs, offline: train.py falls back on the pydoc text, and the table and its JSON say so."""
     run, folder = laptop
     r = run("table1.py", "--only=vanilla,base", "--seeds=0", "--max_iters=2", "--root=runs", "--results=res",
-            "--data_root=data")
+            f"--data_root={folder / 'data'}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     md = (folder / "res" / "table1.md").read_text()
     assert md.startswith("Python's pydoc text (characters; Tiny Shakespeare could not be downloaded), compute depth 12")

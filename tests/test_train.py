@@ -118,7 +118,7 @@ def test_checkpoint_layout_is_plain_data_and_tensors(data_root, tmp_path):
     assert run(["--max_iters=1", "--eval_interval=1"], data_root, tmp_path / "o") == 0
     ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     assert sorted(ckpt) == ["best_val_loss", "data", "iter_num", "model", "model_config", "optimizer", "rng",
-                            "train_config"]
+                            "saved_at", "train_config"]  # saved_at: when (which of two formats is the later)
     assert json.loads(json.dumps([ckpt[k] for k in ("model_config", "train_config", "data", "iter_num")]))
     assert sorted(ckpt["rng"]) == ["torch"] and ckpt["train_config"]["dtype"] == "auto"  # saved as given
 
@@ -635,6 +635,22 @@ def test_sequential_stops_when_the_data_runs_out(seq_root, tmp_path, monkeypatch
     steps = read_spy(tmp_path / "spy.jsonl")
     assert steps[12] == {0: (0, [96, 97]), 1: (0, [98, 0]), 2: (0, [1, 2]), 3: (0, [3, 4])}  # the second pass begins
     assert sorted(steps) == [12, 13] and "ran out" not in capsys.readouterr().out
+
+
+def test_sequential_order_never_skips_data_when_the_batch_changes(seq_root, tmp_path, capsys):
+    """3 steps of 2 x 4 windows read windows 0-23; at 16 windows a step the next step would begin at window 48:
+    refused, with the numbers, rather than leaving 24-47 unread."""
+    flags = [*SEQ_TINY, f"--data_root={seq_root}", "--dataset=seq", f"--out_dir={tmp_path / 'run'}"]
+    assert train.main([*flags, "--max_iters=3"]) == 0
+    before = snapshot(tmp_path)
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'run'}", "--max_iters=5", "--batch_size=4"]) == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: --data_order=sequential: this run has read windows 0-23 (3 steps of 8); with 16 windows a "
+        "step it would go on at window 48, not 24; resume with the run's own --batch_size=2 --grad_accum=4 (or as "
+        "many windows a step in all)\n")
+    assert snapshot(tmp_path) == before
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'run'}", "--max_iters=4", "--batch_size=4",
+                       "--grad_accum=2"]) == 0  # 8 windows a step again: it goes on at window 24
 
 
 def test_dataset_given_as_a_path(seq_root, data_root, tmp_path, capsys):
