@@ -347,8 +347,8 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
         log(f"prepare: Tiny Shakespeare could not be downloaded ({e.reason}); "
             "training on the offline 'pydoc' corpus instead")
         fallback = ensure_dataset("pydoc", out_root, log)  # (makes out_root)
-        runfiles.atomic_write(offline, lambda f: f.write(f"Tiny Shakespeare could not be downloaded on "
-                                                         f"{time.strftime('%Y-%m-%d %H:%M')} ({e.reason})"), mode="w")
+        why = f"Tiny Shakespeare could not be downloaded on {time.strftime('%Y-%m-%d %H:%M')} ({e.reason})"
+        runfiles.atomic_write(offline, lambda f: f.write(why), mode="w")
         return fallback
     return dataset
 

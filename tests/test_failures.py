@@ -34,7 +34,7 @@ import sample
 import train
 from data import DataError
 from data.prepare import prepare
-from test_train import ROOT, TEXT, TINY, data_root, run, snapshot  # noqa: F401 (data_root is a fixture)
+from test_train import ROOT, TEXT, TINY, data_root, poison_micro_batch, run, snapshot  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -864,16 +864,7 @@ def test_the_log_of_a_resumed_run_is_one_curve(data_root, tmp_path, monkeypatch)
     """A run killed after logging past its last checkpoint (here: iters 5 and 6 logged, the checkpoint at 4) and
     resumed from that checkpoint logs those steps again, once: log.jsonl keeps the new ones only."""
     out = tmp_path / "run"
-    forward, calls = mesh.RecursiveGPT.forward, []
-
-    def poisoned(self, idx, targets=None, **kw):
-        logits, loss = forward(self, idx, targets, **kw)
-        if self.training:
-            calls.append(1)
-            loss = loss * float("nan") if len(calls) == 7 else loss  # iter 6's micro-batch
-        return logits, loss
-
-    monkeypatch.setattr(mesh.RecursiveGPT, "forward", poisoned)
+    poison_micro_batch(monkeypatch, 7)  # iter 6's
     assert run(["--max_iters=10", "--eval_interval=4"], data_root, out) == 1
     monkeypatch.undo()
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=8"]) == 0

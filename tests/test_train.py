@@ -440,19 +440,22 @@ def test_ms_per_iter_leaves_evaluation_out(data_root, tmp_path, monkeypatch):
     assert logged == [(i, 1000.0) for i in (2, 4, 6, 8, 9)]
 
 
-def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(data_root, tmp_path, capsys, monkeypatch):
-    out = tmp_path / "nan"
+def poison_micro_batch(monkeypatch, n):
+    """From now on the loss of the n-th training micro-batch (1-based) is NaN."""
     forward, calls = mesh.RecursiveGPT.forward, []
 
     def poisoned(self, idx, targets=None, **kw):
         logits, loss = forward(self, idx, targets, **kw)
         if self.training:
             calls.append(1)
-            if len(calls) == 7:  # the 7th training micro-batch: iter 6 (0-based)
-                loss = loss * float("nan")
+            loss = loss * float("nan") if len(calls) == n else loss
         return logits, loss
-
     monkeypatch.setattr(mesh.RecursiveGPT, "forward", poisoned)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(data_root, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "nan"
+    poison_micro_batch(monkeypatch, 7)  # the 7th training micro-batch: iter 6 (0-based)
     assert run(["--max_iters=10", "--eval_interval=4"], data_root, out) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "loss is nan at iter 6" in err
