@@ -35,6 +35,7 @@ import checkpoint
 from configurator import UsageError
 from data.loader import checkpoint_dataset, load_split, random_windows
 from machine import resolve_device
+import runfiles
 from runfiles import check_writable
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance between distinct
@@ -342,8 +343,7 @@ def main(argv=None):
         print(report(results[-1]))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1, allow_nan=False)
+        runfiles.atomic_write(a.json, lambda f: json.dump(results, f, indent=1, allow_nan=False), mode="w")
         print(f"wrote {a.json}")
     if a.png:
         for path in write_pngs(results, a.png):

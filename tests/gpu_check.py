@@ -6,8 +6,8 @@ The one GPU check: on a machine with one CUDA GPU, from a fresh checkout and wit
     python tests/gpu_check.py --tiny            # the same steps at a tiny shape, on any machine (the test suite's)
 
 1. the CUDA tier of the test suite (tests/test_cuda.py; without CUDA it skips, with the reason);
-2. bench.py at pythia-160m width (vanilla 12, base and mesh 2+4R2+2) and at pythia-410m width (vanilla 24,
-   base and mesh 4+8R2+4): bf16, compiled, context 2048, each config's micro-batch (16 and 8); ms/step,
+2. bench.py at pythia-160m width (vanilla 12, base and mesh 2+4R2+2) and at pythia-410m width (base and
+   mesh 4+8R2+4): bf16, compiled, context 2048, each config's micro-batch (16 and 8); ms/step,
    tokens/s, MFU against the chip's bf16 peak, and peak memory beside train.py --plan=true's estimate;
 3. where mesh's MFU at 410m width is under 40%, where its train step's time goes (torch.profiler's top
    operators). The report ends with the targets: mesh at most 1.05x base's step time at 160m width, MFU at
@@ -26,12 +26,15 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 SHAPES = {  # name -> bench.py flags (the Pythia configs' widths and micro-batches, context 2048)
-    "pythia-160m": ["--model=pythia-160m", "--layout=2+4R2+2", "--block_size=2048", "--batch_size=16"],
-    "pythia-410m": ["--model=pythia-410m", "--layout=4+8R2+4", "--block_size=2048", "--batch_size=8"],
+    "pythia-160m": ["--model=pythia-160m", "--layout=2+4R2+2", "--block_size=2048", "--batch_size=16",
+                    "--schemes=vanilla,base,mesh"],
+    "pythia-410m": ["--model=pythia-410m", "--layout=4+8R2+4", "--block_size=2048", "--batch_size=8",
+                    "--schemes=base,mesh"],
 }
 FULL = ["--dtype=bfloat16", "--compile=true", "--iters=10", "--warmup=3", "--decode=false"]
 TINY = {"tiny": ["--n_embd=64", "--n_head=2", "--block_size=32", "--batch_size=2", "--vocab_size=64",
-                 "--layout=1+1R2+1", "--iters=2", "--warmup=1", "--decode=false", "--threads=1"]}
+                 "--layout=1+1R2+1", "--schemes=vanilla,base,mesh", "--iters=2", "--warmup=1", "--decode=false",
+                 "--threads=1"]}
 
 
 def run(cmd, timeout):
@@ -54,7 +57,7 @@ def bench_rows(name, flags, timeout):
     """bench.py's JSON rows (variants, then the machine) for one shape."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.jsonl")
-        r, seconds = run([sys.executable, "bench.py", *flags, "--schemes=vanilla,base,mesh", f"--json={out}"], timeout)
+        r, seconds = run([sys.executable, "bench.py", *flags, f"--json={out}"], timeout)
         if r.returncode:
             raise SystemExit(f"gpu_check.py: error: bench.py at {name} failed (exit {r.returncode}): "
                              f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''}")
@@ -64,7 +67,7 @@ def bench_rows(name, flags, timeout):
 
 
 def bench_table(name, flags, rows, info, seconds):
-    lines = [f"### {name} width: `python bench.py {' '.join(flags)} --schemes=vanilla,base,mesh`", "",
+    lines = [f"### {name} width: `python bench.py {' '.join(flags)}`", "",
              "| variant | layout | ms/step | vs base | tokens/s | MFU | peak memory | plan's estimate | peak / plan |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:

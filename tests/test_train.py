@@ -123,6 +123,19 @@ def test_checkpoint_layout_is_plain_data_and_tensors(data_root, tmp_path):
     assert sorted(ckpt["rng"]) == ["torch"] and ckpt["train_config"]["dtype"] == "auto"  # saved as given
 
 
+def test_a_checkpoint_of_an_earlier_version_resumes(data_root, tmp_path):
+    """Before checkpoints recorded saved_at (and a sharded one its data and checksums) they held the rest: such a
+    ckpt.pt resumes as it always did, onto the same losses as a run never stopped."""
+    common = ["--lr_decay_iters=4", "--eval_interval=2"]
+    assert run([*common, "--max_iters=4"], data_root, tmp_path / "a") == 0
+    assert run([*common, "--max_iters=2"], data_root, tmp_path / "b") == 0
+    ckpt = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)
+    del ckpt["saved_at"]
+    torch.save(ckpt, tmp_path / "b" / "ckpt.pt")
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'b'}", "--max_iters=4"]) == 0
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+
+
 def test_get_batch_windows_reach_the_last_token():
     """Windows of T+1 tokens start anywhere from 0 to len - T - 1: on T+1 tokens the one window is all of them."""
     tc = train.TrainConfig(batch_size=3)
