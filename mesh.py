@@ -1,17 +1,13 @@
 """
-nanoMeSH: the whole model in one file.
+nanoMeSH: the whole model in one file. MeSH (Memory-as-State-Highways for Recursive Transformers, Yu et
+al., arXiv 2510.07739) on a GPT-NeoX / Pythia backbone: a prelude, one weight-shared core run several
+times (the loop steps), a coda. How the state travels from step to step is the "scheme" (Section 3,
+Table 1), one entry each in SCHEMES; MeSH's is a B-slot memory buffer with per-step write and read
+routers (Eq. 2-5, in RecursiveGPT.forward).
 
-MeSH (Memory-as-State-Highways for Recursive Transformers, Yu et al., arXiv 2510.07739) on a
-GPT-NeoX / Pythia backbone. A recursive transformer runs a prelude, then one weight-shared core
-several times (the loop steps), then a coda. How the hidden state travels from step to step is
-the "scheme" (the paper's Section 3 and Table 1), one entry each in SCHEMES below; MeSH's is a
-B-slot memory buffer with per-step write/read routers (Eq. 2-5, in RecursiveGPT.forward).
-
-Read top to bottom: schemes, presets and layouts, Config, the GPT-NeoX Block, the Router and
-buffer, the model (its forward is the paper's Eq. 2-5), init, optimizer, KV cache and generation,
-and a summary command that prints the paper's Table 5 numbers without allocating weights:
-
-    python mesh.py --model pythia-1.4b --layout 4+8R2+4 --scheme mesh
+Read top to bottom: schemes, presets and layouts, Config, the GPT-NeoX Block, the Router and buffer,
+the model, init, optimizer, KV cache and generation, and a summary of the paper's Table 5 numbers
+that allocates no weights:  python mesh.py --model pythia-1.4b --layout 4+8R2+4 --scheme mesh
 """
 
 import argparse
@@ -537,7 +533,6 @@ class KVCache:
 
 
 # -----------------------------------------------------------------------------
-# Summary (the paper's Table 5), on the meta device: no weights are allocated
 
 def summary(cfg):
     """The layout, block by block, and the parameter counts of the paper's Table 5: nothing is allocated."""

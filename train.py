@@ -6,16 +6,13 @@ Train a nanoMeSH model, from a 2-core laptop CPU to multi-node torchrun DDP (FSD
     python train.py --init_from=resume --out_dir=out  # continue exactly where a run stopped
     torchrun --standalone --nproc_per_node=8 train.py config/pythia-160m_mesh.json
 
-Every setting is a field of TrainConfig (`python train.py --help`). train() reads top to bottom: the
-settings; processes, device and dtype; data; model and optimizer; the loop; a closing sample. The
-batches of step `it` depend on the step alone (get_batch), never on the number of processes, so a
-resumed run sees exactly the data it would have seen.
-
-Each safety net is one call into a support module, which a first reading can skip: runfiles.py (who
-owns OUT_DIR, atomic writes, the log), checkpoint.py (save and load), resume.py (continuing a run, every
-check first), guards.py (errors as one line; Ctrl-C, SIGTERM or a lost torchrun as a clean stop with a
-checkpoint; no checkpoint of a model that blew up), ddp.py and fsdp.py (the model whole on every
-process, or sharded over them with --fsdp=true: the same calls).
+Every setting is a field of TrainConfig (`python train.py --help`). train() reads top to bottom:
+settings; device and dtype; data; model and optimizer; the loop; a closing sample. A step's batches
+depend on the step alone (get_batch), never on the number of processes, so a resume sees the data
+it would have seen. Each safety net is one call into a support module that a first reading can
+skip: runfiles.py (OUT_DIR's lock, atomic writes, the log), checkpoint.py, resume.py (every check
+first), guards.py (errors as one line; Ctrl-C, SIGTERM or a lost torchrun as a clean stop; no
+checkpoint of a blown-up model), ddp.py and fsdp.py (the model whole or sharded: the same calls).
 """
 
 import dataclasses
@@ -172,8 +169,7 @@ def sequential_steps(n_tokens, tc, block_size):
 
 
 def prepared(tc):
-    """--dataset, prepared first if it is not there yet: the name to train on (offline, shakespeare_char
-    falls back on the pydoc text)."""
+    """--dataset, prepared first if it is not there yet (offline, shakespeare_char falls back on pydoc's text)."""
     if dataset_folder(tc.data_root, tc.dataset):
         return tc.dataset
     from data.prepare import ensure_dataset  # the write side, loaded only when there is a dataset to make

@@ -145,10 +145,11 @@ def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path)
 
 @pytest.fixture(scope="module")
 def sharded(data_root, tmp_path_factory):
-    """A 2-process FSDP run, its checkpoint sharded at iters 0 and 2; tests copy it before changing anything."""
+    """A 2-process FSDP run, its checkpoint sharded at iters 0 and 2, ending with a sample (both ranks decode, as
+    each gathers the weights with the other); tests copy it before changing anything."""
     out = tmp_path_factory.mktemp("sharded") / "run"
-    r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=2")
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=2", "--sample_tokens=8")
+    assert r.returncode == 0 and r.stdout.count("---- sample ----") == 1, r.stdout[-3000:] + r.stderr[-3000:]
     return out
 
 
