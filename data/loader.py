@@ -76,8 +76,8 @@ def dataset_folder(root, name):
     default), so train/sample/probe/lm_eval run from anywhere. A path (is_path) to an indexed dataset
     gives the folder holding it, which must hold its meta.json too (data/prepare.py --indexed writes it); a path
     to a prepared folder gives that folder."""
-    from data.indexed import indexed_prefix
-    if is_path(name):
+    if is_path(name):  # an indexed dataset (indexed.py) or a prepared folder, by its path
+        from data.indexed import indexed_prefix
         bases = [name] if os.path.isabs(name) else [name, os.path.join(os.path.dirname(DEFAULT_ROOT), name)]
         prefix = next((p for p in map(indexed_prefix, bases) if p), None)
         if prefix is None:  # a prepared folder of either format, given by its path
