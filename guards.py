@@ -41,10 +41,10 @@ def command(prog, settings, fn, argv):
         if given.get("debug"):
             raise
         return report(prog, e)
-    except KeyboardInterrupt:  # a second Ctrl-C, while the first one's checkpoint was being written
+    except KeyboardInterrupt:  # a Ctrl-C before training, or a second one while the first one's checkpoint is saved
         if given.get("debug"):
             raise
-        print(f"\n{prog}: interrupted again, so stopped at once: a checkpoint being written was dropped, the "
+        print(f"\n{prog}: interrupted, so stopped at once: a checkpoint being written, if any, was dropped, the "
               f"one before it is as it was", file=sys.stderr)
         return 130
     except RuntimeError as e:  # another process of the job is gone: one line here, not gloo's 50-line traceback
