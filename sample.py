@@ -15,27 +15,26 @@ from dataclasses import dataclass
 
 import torch
 
-import checkpoint
-import guards
-from configurator import UsageError
+from support import checkpoint, guards
+from configurator import UsageError, setting
 from data.loader import checkpoint_dataset
 from data.tokenizer import Tokenizer
-from machine import resolve_device
+from support.machine import resolve_device
 
 
 @dataclass
 class SampleConfig:
     """Settings for sampling from OUT_DIR/ckpt.pt."""
-    out_dir: str = "out"
-    start: str = "\n"            # the prompt, or FILE:path to read it from a file
-    num_samples: int = 1
-    max_new_tokens: int = 300
-    temperature: float = 0.8     # 0 is greedy
-    top_k: int | None = 200
-    seed: int = 1337
-    device: str = "auto"
-    compile: bool = False        # torch.compile the forward: pays off for long generations (warm-up first)
-    debug: bool = False
+    out_dir: str = setting("out", "the run's folder, holding its checkpoint")
+    start: str = setting("\n", "the prompt, or FILE:path to read it from a file")
+    num_samples: int = setting(1, "samples to draw")
+    max_new_tokens: int = setting(300, "tokens to add to the prompt")
+    temperature: float = setting(0.8, "sampling temperature; 0 is greedy")
+    top_k: int | None = setting(200, "sample among the k likeliest tokens; None: all")
+    seed: int = setting(1337, "the sampling's random seed")
+    device: str = setting("auto", "auto: cuda, then mps, then cpu")
+    compile: bool = setting(False, "torch.compile the forward: pays off for long generations")
+    debug: bool = setting(False, "show Python tracebacks for errors")
 
     def __post_init__(self):
         if self.num_samples < 1 or self.max_new_tokens < 0:

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import bench
+from tools import bench
 import mesh
 from mesh import Config, KVCache, Layout, RecursiveGPT, parse_layout
 

@@ -26,70 +26,68 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-import checkpoint
-import ddp
-import machine
-import guards
-import runfiles
-from configurator import UsageError, check_ranges
-from data.loader import check_fits, dataset_folder, dataset_record, load_split, random_windows, sequential_windows
+from configurator import UsageError, check_ranges, setting
+from data.loader import (check_fits, dataset_folder, dataset_record, load_split, random_windows,
+                         sequential_windows)
 from data.tokenizer import Tokenizer
-from mesh import PRESETS, SCHEMES, Config, RecursiveGPT  # noqa: F401 (SCHEMES: listed by --help)
+from mesh import PRESETS, SCHEMES, Config, RecursiveGPT
+from support import checkpoint, ddp, guards, machine, runfiles
 
 
 @dataclass
 class TrainConfig:
     """Settings of one training run; model fields left at None take the preset's value."""
     # model
-    model: str = "classroom"            # a preset of mesh.PRESETS
-    layout: str | None = None           # e.g. 2+4R2+2, 4+8R2+4, 12
-    scheme: str | None = None           # how the state passes between loop steps: {SCHEMES}
-    n_slots: int | None = None          # mesh buffer slots; None means K+3
-    cycle: str | None = None            # mesh transitional cycle: routed (default) or direct
-    router_init: str | None = None      # mesh routers at init: uniform (default) or base
-    slot0: str | None = None            # mesh slot 0: the scaled (default) or unscaled embedding
-    n_embd: int | None = None
-    n_head: int | None = None
-    block_size: int | None = None
-    dropout: float | None = None
+    model: str = setting("classroom", "a preset of mesh.PRESETS (listed below)")
+    layout: str | None = setting(None, "blocks: P+CRN+Q as 2+4R2+2 or 4+8R2+4; 12 is vanilla")
+    scheme: str | None = setting(None, "how the state passes between loop steps (listed below)")
+    n_slots: int | None = setting(None, "mesh buffer slots; None means K+3")
+    cycle: str | None = setting(None, "mesh transitional cycle: routed (default) or direct")
+    router_init: str | None = setting(None, "mesh routers at init: uniform (default) or base")
+    slot0: str | None = setting(None, "mesh slot 0: the scaled (default) or unscaled embedding")
+    n_embd: int | None = setting(None, "width D")
+    n_head: int | None = setting(None, "attention heads")
+    block_size: int | None = setting(None, "context length T")
+    dropout: float | None = setting(None, "dropout on attention and residual branches")
     # data and output
-    dataset: str = "shakespeare_char"   # a folder of DATA_ROOT made by data/prepare.py, or PATH/document (indexed)
-    data_root: str = "data"
-    data_order: str = "random"          # random windows, or sequential: the data once, in order (the paper's)
-    epochs: int = 1                     # sequential: passes over the data allowed before the run stops
-    out_dir: str = "out"
-    overwrite: bool = False             # allow a scratch run to replace an existing OUT_DIR/ckpt.pt
-    init_from: str = "scratch"          # scratch, resume, or hf:PATH (a Hugging Face GPT-NeoX folder)
-    # optimisation (the paper's Appendix B: AdamW (0.9, 0.95), wd 0.01 on matrices, clip 1.0,
-    # 1% linear warmup, cosine to 10% of peak)
-    batch_size: int = 16                # micro-batch per process
-    grad_accum: int = 1                 # micro-batches per optimizer step, summed over all processes
-    max_iters: int = 1000
-    lr: float | None = None             # peak; None means the preset's (Pythia) value
-    min_lr: float | None = None         # None means 10% of lr
-    warmup_iters: int | None = None     # None means 1% of lr_decay_iters
-    lr_decay_iters: int | None = None   # length of the cosine; None means max_iters
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0              # 0 disables
+    dataset: str = setting("shakespeare_char", "a folder of data_root made by data/prepare.py, "
+                           "or PATH/document (indexed)")
+    data_root: str = setting("data", "the folder holding the datasets")
+    data_order: str = setting("random", "random windows, or sequential: the data once, in order")
+    epochs: int = setting(1, "sequential: passes over the data allowed before the run stops")
+    out_dir: str = setting("out", "the run's folder: ckpt.pt, log.jsonl")
+    overwrite: bool = setting(False, "let a scratch run replace the run in out_dir")
+    init_from: str = setting("scratch", "scratch, resume, or hf:PATH (a GPT-NeoX folder)")
+    # optimisation (Appendix B: AdamW (0.9, 0.95), wd 0.01 on matrices, clip 1.0, 1% linear
+    # warmup, cosine to 10% of peak)
+    batch_size: int = setting(16, "micro-batch per process")
+    grad_accum: int = setting(1, "micro-batches per optimizer step, over all processes")
+    max_iters: int = setting(1000, "optimizer steps")
+    lr: float | None = setting(None, "peak learning rate; None means the preset's")
+    min_lr: float | None = setting(None, "the cosine's floor; None means 10% of lr")
+    warmup_iters: int | None = setting(None, "linear warmup; None means 1% of lr_decay_iters")
+    lr_decay_iters: int | None = setting(None, "length of the cosine; None means max_iters")
+    weight_decay: float = setting(0.01, "AdamW's, on matrices only")
+    beta1: float = setting(0.9, "AdamW's first-moment decay")
+    beta2: float = setting(0.95, "AdamW's second-moment decay")
+    grad_clip: float = setting(1.0, "clip the gradient's norm to this; 0 disables")
     # evaluation, logging, sampling
-    eval_interval: int = 250            # also the checkpoint interval
-    eval_iters: int = 20
-    log_interval: int = 50
-    sample_tokens: int = 300            # printed from the trained model at the end; 0 to skip
+    eval_interval: int = setting(250, "evaluate and save a checkpoint every this many steps")
+    eval_iters: int = setting(20, "batches per split at each evaluation")
+    log_interval: int = setting(50, "print the loss every this many steps")
+    sample_tokens: int = setting(300, "tokens sampled from the trained model at the end; 0 skips")
     # system
-    device: str = "auto"                # auto: cuda, then mps, then cpu
-    dtype: str = "auto"                 # auto: bfloat16 autocast on GPUs that support it, else float32
-    compile: bool | None = None         # None: on for CUDA only
-    grad_checkpoint: bool = False       # recompute activations in backward to save memory
-    fsdp: bool = False                  # shard weights, gradients and AdamW state over the processes (FSDP2)
-    seed: int = 1337
-    # memory plan (plan.py): print per-GPU memory under DDP and FSDP, then exit without training
-    plan: bool = False
-    plan_gpus: int | None = None        # processes to plan for; None: WORLD_SIZE under torchrun, else 8
-    gpu_memory: float = 80.0            # GiB per GPU
-    debug: bool = False                 # show Python tracebacks for errors
+    device: str = setting("auto", "auto: cuda, then mps, then cpu")
+    dtype: str = setting("auto", "auto: bfloat16 autocast on GPUs that support it, else float32")
+    compile: bool | None = setting(None, "torch.compile the model; None: on for CUDA only")
+    grad_checkpoint: bool = setting(False, "recompute activations in backward to save memory")
+    fsdp: bool = setting(False, "shard weights, gradients and AdamW state (FSDP2)")
+    seed: int = setting(1337, "the data order and the initial weights")
+    # memory plan (support/plan.py)
+    plan: bool = setting(False, "print per-GPU memory under DDP and FSDP, then exit")
+    plan_gpus: int | None = setting(None, "processes to plan for; None: WORLD_SIZE, else 8")
+    gpu_memory: float = setting(80.0, "GiB per GPU, for the plan")
+    debug: bool = setting(False, "show Python tracebacks for errors")
 
     def __post_init__(self):  # every setting is checked before anything is read or written
         check_ranges(self, RANGES)
@@ -182,7 +180,7 @@ def train(given):
     master = rank == 0
     ckpt = None  # the checkpoint a resumed run continues from
     if given.get("init_from") == "resume":
-        import resume  # continuing a run: which checkpoint, every check it must pass, its random state
+        from support import resume  # continuing a run: which checkpoint, every check it must pass, its random state
         out_dir = given.get("out_dir", TrainConfig.out_dir)
         if master and os.path.isdir(out_dir):  # before reading: a live run may be saving
             runfiles.own(out_dir)
@@ -193,12 +191,12 @@ def train(given):
     tc = TrainConfig(**{**dataclasses.asdict(TrainConfig()), **saved, **given})
     as_given = {k: getattr(tc, k) for k in ("dtype", "compile", "lr", "min_lr")}  # saved unresolved: see below
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
-        import plan
+        from support import plan
         print(plan.plan(tc, ckpt["model"].config if ckpt else model_config(tc, vocab_size=None)))
         return 0
     spread = ddp  # the whole model on every process: one process, or DDP under torchrun
     if tc.fsdp:  # FSDP2: weights, gradients and AdamW state sharded over the processes; the same calls
-        import fsdp as spread
+        from support import fsdp as spread
         spread.check_launch(distributed)
     if ckpt:  # every reason it cannot continue with these flags (its model, its data, its optimizer)
         data_dir = resume.check(ckpt, tc, given)
@@ -236,7 +234,7 @@ def train(given):
     elif ckpt:
         model = ckpt["model"]  # its config was checked against the flags given
     elif tc.init_from.startswith("hf:"):
-        import hf
+        from support import hf
         model = hf.for_training(tc.init_from[3:], tc, given, tokenizer, master)
     else:
         raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, hf:PATH")
@@ -352,7 +350,8 @@ def train(given):
 
 def main(argv):
     """python train.py's entry: train() inside the guards (one-line errors and exit codes, locks released)."""
-    return guards.command("train.py", TrainConfig, train, argv)
+    notes = f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}"
+    return guards.command("train.py", TrainConfig, train, argv, notes)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ import numpy as np
 
 if __package__ in (None, ""):  # run as a script (python data/prepare.py): the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runfiles  # noqa: E402
+from support import runfiles  # noqa: E402
 from configurator import UsageError, closest, report  # noqa: E402
 from data import DataError  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402

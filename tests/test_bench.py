@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-import bench
+from tools import bench
 from mesh import Config, RecursiveGPT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
@@ -28,7 +28,7 @@ DECODE = {"decode_tok_s_cache", "decode_tok_s_no_cache", "decode_speedup"}
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "tools/bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def test_tiny_run_end_to_end(tmp_path):
@@ -201,14 +201,14 @@ def test_json_that_fails_later_is_not_created(tmp_path, capsys):
 
 
 def test_the_gpu_check_runs_here_in_its_tiny_mode(tmp_path):
-    """tests/gpu_check.py --tiny: the GPU check's every step (the CUDA tier, which skips here; bench.py; the
+    """tools/gpu_check.py --tiny: the GPU check's every step (the CUDA tier, which skips here; bench.py; the
     profile; the report) at a tiny shape, so that the command a GPU runs cannot rot where none is."""
     report = tmp_path / "gpu.md"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu_check.py"), "--tiny", f"--report={report}"],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--tiny", f"--report={report}"],
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0 and f"wrote {report}: the CUDA tier passed\n" in r.stdout, r.stdout + r.stderr[-3000:]
     text = report.read_text()
-    for section in ("# GPU check: ", "## The CUDA tier", "## Speed and memory", "### tiny width: `python bench.py ",
+    for section in ("# GPU check: ", "## The CUDA tier", "## Speed and memory", "### tiny width: `python tools/bench.py ",
                     "### Where mesh's train step spends its time (tiny width)", "## Targets"):
         assert section in text, section
     if not torch.cuda.is_available():

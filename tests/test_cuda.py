@@ -1,6 +1,6 @@
 """
 The CUDA tier: what only a GPU can show (CUDA kernels, bf16 autocast as CUDA does it, NCCL, compiled
-kernels from Triton). Every test here skips, with the reason, where CUDA is missing; tests/gpu_check.py
+kernels from Triton). Every test here skips, with the reason, where CUDA is missing; tools/gpu_check.py
 runs this tier first on a machine that has it.
 
     python -m pytest -q tests/test_cuda.py -rs
@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-import bench
+from tools import bench
 import mesh
 import train
 from test_mesh import CASES, IDS, build, small, tokens
@@ -124,7 +124,7 @@ def test_train_py_logs_an_mfu_below_100_percent(data_root, tmp_path, capsys):  #
 
 
 def machine_peak():
-    import machine
+    from support import machine
     return machine.peak_bf16_flops("cuda:0", "bfloat16")
 
 
@@ -138,7 +138,7 @@ def test_torchrun_on_one_gpu_with_nccl_and_a_checkpoint_sample_py_reads(fsdp, da
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"device cuda:0 bfloat16, 1 process(es){' (FSDP)' if fsdp else ''}" in r.stdout
     if fsdp:  # the sharded checkpoint, consolidated for sample.py
-        r = subprocess.run([sys.executable, os.path.join(ROOT, "fsdp.py"), str(out)], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "consolidate.py"), str(out)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={out}", "--start=Then",
                         "--max_new_tokens=10", "--device=cuda"], capture_output=True, text=True, timeout=300)

@@ -45,7 +45,7 @@ def test_train_py_trains_it_and_lists_it(student):
 
 
 def test_table1_takes_it(student):
-    r = student("table1.py", "--only=half", "--seeds=0", "--max_iters=1", "--root=runs", "--results=res")
+    r = student("tools/table1.py", "--only=half", "--seeds=0", "--max_iters=1", "--root=runs", "--results=res")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "| half | `2+4R2+2` | 2 | 1,586,432 |" in r.stdout  # the base scheme's parameters: no routers
 

@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
+from support import checkpoint
 import configurator
 import data.loader as loader
-import guards
+from support import guards
 import mesh
-import probe
-import runfiles
+from tools import probe
+from support import runfiles
 import sample
 import train
 from data import DataError
@@ -608,7 +608,7 @@ def test_a_second_table1_on_a_live_root_touches_nothing(tmp_path):  # noqa: F811
     before = snapshot(live)
     runfiles.own(str(live))
     try:
-        r = subprocess.run(python(os.path.join(ROOT, "table1.py"), "--only=vanilla", "--seeds=0", "--max_iters=2",
+        r = subprocess.run(python(os.path.join(ROOT, "tools", "table1.py"), "--only=vanilla", "--seeds=0", "--max_iters=2",
                                   f"--root={tmp_path / 'root'}", f"--results={tmp_path / 'res'}"),
                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
     finally:
@@ -792,7 +792,7 @@ def test_bad_files_and_values_are_one_line(name, case, message, finished, tmp_pa
             probe.main(args)
         code = e.value.code
     else:  # what train.py --init_from=hf:PATH and lm_eval_mesh.py read it with
-        import hf
+        from support import hf
         with pytest.raises(checkpoint.CheckpointError) as e:
             hf.load_hf(args[0])
         code, err = 2, f"hf.py: error: {e.value}\n"

@@ -16,9 +16,7 @@ import time
 import pytest
 import torch
 
-import checkpoint
-import fsdp
-import runfiles
+from support import checkpoint, fsdp, runfiles
 import sample
 import train
 import test_train
@@ -182,7 +180,7 @@ def test_consolidation_owns_the_folder_and_never_goes_back(sharded, tmp_path, ca
     out = shutil.copytree(sharded, tmp_path / "run")
     runfiles.own(str(out))  # a live run there
     try:
-        r = subprocess.run([sys.executable, os.path.join(ROOT, "fsdp.py"), str(out)], capture_output=True, text=True,
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "consolidate.py"), str(out)], capture_output=True, text=True,
                            timeout=120)
     finally:
         runfiles.release()

@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checkpoint import CheckpointError
-from checkpoint import load as load_checkpoint
-from checkpoint import save as save_checkpoint
-from hf import load_hf
+from support.checkpoint import CheckpointError
+from support.checkpoint import load as load_checkpoint
+from support.checkpoint import save as save_checkpoint
+from support.hf import load_hf
 from mesh import Config, RecursiveGPT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
@@ -133,7 +133,7 @@ def mesh_lm(tmp_path_factory):
     """A MeshLM over a small random MeSH checkpoint trained (nominally) on a character dataset."""
     pytest.importorskip("lm_eval", reason="lm_eval is not installed: pip install lm_eval")
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # everything below is local
-    import lm_eval_mesh
+    from tools import lm_eval_mesh
     root = tmp_path_factory.mktemp("lm_eval")
     os.makedirs(root / "data" / "tiny")
     with open(root / "data" / "tiny" / "meta.json", "w") as f:
@@ -248,7 +248,7 @@ def test_cli_task_data_offline_is_one_line(mesh_lm):
     _, _, root = mesh_lm
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_CACHE": str(root / "empty_cache"), "HF_HOME": str(root / "empty_home")}
-    r = subprocess.run([sys.executable, "lm_eval_mesh.py", "--model_args", f"out_dir={root / 'out'}", "--tasks",
+    r = subprocess.run([sys.executable, "tools/lm_eval_mesh.py", "--model_args", f"out_dir={root / 'out'}", "--tasks",
                         "lambada_openai", "--device", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
     last = r.stderr.strip().splitlines()[-1]
@@ -260,7 +260,7 @@ def test_cli_without_lm_eval_is_one_line(tmp_path):
     """Run as a script where lm_eval cannot be imported: one line that says what to install, exit 2."""
     (tmp_path / "lm_eval").mkdir()
     (tmp_path / "lm_eval" / "__init__.py").write_text('raise ModuleNotFoundError("No module named lm_eval", name="lm_eval")')
-    r = subprocess.run([sys.executable, "lm_eval_mesh.py", "--tasks", "x"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "tools/lm_eval_mesh.py", "--tasks", "x"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
     assert (r.returncode, r.stderr) == (2, "lm_eval_mesh.py: error: lm_eval is not installed; pip install lm_eval\n")
 
@@ -302,7 +302,7 @@ def neox_with_tokenizer(tmp_path):
 def test_lm_eval_pretrained_folder_equals_transformers(tmp_path):
     """lm_eval_mesh with pretrained=PATH: the log-likelihoods of transformers' own model and tokenizer."""
     pytest.importorskip("lm_eval", reason="lm_eval is not installed: pip install lm_eval")
-    import lm_eval_mesh
+    from tools import lm_eval_mesh
     hf, tok, path = neox_with_tokenizer(tmp_path)
     lm = lm_eval_mesh.MeshLM(pretrained=path, batch_size=2)
     assert lm.eot_token_id == tok.token_to_id("<|endoftext|>") == 0

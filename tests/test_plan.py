@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import bench
+from tools import bench
 import configurator
-import plan
+from support import plan
 import train
 from mesh import Config, RecursiveGPT
 

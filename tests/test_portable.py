@@ -84,7 +84,7 @@ def test_train_and_sample(laptop):
 def test_table1_offline_names_the_data_it_trained_on(laptop):
     """Two runs, offline: train.py falls back on the pydoc text, and the table and its JSON say so."""
     run, folder = laptop
-    r = run("table1.py", "--only=vanilla,base", "--seeds=0", "--max_iters=2", "--root=runs", "--results=res",
+    r = run("tools/table1.py", "--only=vanilla,base", "--seeds=0", "--max_iters=2", "--root=runs", "--results=res",
             f"--data_root={folder / 'data'}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     md = (folder / "res" / "table1.md").read_text()
@@ -101,7 +101,7 @@ def test_table1_offline_names_the_data_it_trained_on(laptop):
 
 def test_bench_says_what_it_cannot_measure(laptop):
     run, _ = laptop
-    r = run("bench.py", "--schemes=base,mesh", "--iters=1", "--warmup=0", "--decode=false", "--n_embd=32",
+    r = run("tools/bench.py", "--schemes=base,mesh", "--iters=1", "--warmup=0", "--decode=false", "--n_embd=32",
             "--n_head=2", "--block_size=16", "--batch_size=2", "--layout=1+1R2+1", "--vocab_size=32")
     assert r.returncode == 0, r.stderr[-3000:]
     assert ("Not measured on this system: peak memory (no /proc/self/status, no resource module); how busy other "
@@ -109,10 +109,10 @@ def test_bench_says_what_it_cannot_measure(laptop):
     assert "peak RSS MB" not in r.stdout and "| mesh | 1+1R2+1 |" in r.stdout
 
 
-@pytest.mark.parametrize("script", ["train.py", "sample.py", "probe.py", "table1.py", "bench.py", "mesh.py",
-                                    "data/prepare.py", "fsdp.py"])
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "tools/probe.py", "tools/table1.py", "tools/bench.py", "mesh.py",
+                                    "data/prepare.py", "tools/consolidate.py"])
 def test_every_script_starts(script, laptop):
     run, _ = laptop
     r = run(script, "--help")
-    assert r.returncode == (2 if script == "fsdp.py" else 0), r.stderr[-3000:]  # fsdp.py: its usage line
+    assert r.returncode == (2 if script == "tools/consolidate.py" else 0), r.stderr[-3000:]  # fsdp.py: its usage line
     assert "usage:" in r.stdout + r.stderr and "Traceback" not in r.stderr

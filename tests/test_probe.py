@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-import probe
-import table1
-from checkpoint import save as save_checkpoint
+from tools import probe
+from tools import table1
+from support.checkpoint import save as save_checkpoint
 from data.loader import random_windows
 from mesh import SCHEMES, Config, RecursiveGPT
 

@@ -19,10 +19,9 @@ import time
 import pytest
 import torch
 
-import checkpoint
-import machine
+from support import checkpoint, machine
 import mesh
-import probe
+from tools import probe
 import sample
 import train
 from configurator import UsageError, parse_flags
@@ -400,7 +399,7 @@ def test_bad_sample_input(data_root, tmp_path, capsys):
     (tmp_path / "sharded" / "ckpt-sharded.json").write_text("{}")  # an FSDP run's folder: no ckpt.pt yet
     assert sample.main([f"--out_dir={tmp_path / 'sharded'}"]) == 2
     assert capsys.readouterr().err == (f"sample.py: error: {tmp_path / 'sharded'} holds a sharded checkpoint "
-                                       f"(ckpt-sharded.json) but no ckpt.pt; write one from it with: python fsdp.py "
+                                       f"(ckpt-sharded.json) but no ckpt.pt; write one from it with: python tools/consolidate.py "
                                        f"{tmp_path / 'sharded'}\n")
     data = (out / "ckpt.pt").read_bytes()
     (out / "ckpt.pt").write_bytes(data[: len(data) // 2])  # truncated

@@ -4,7 +4,7 @@ The lm-evaluation-harness model `mesh`: scores a nanoMeSH checkpoint (OUT_DIR/ck
 lm_eval is optional (pip install lm_eval); it has to import this file to know the model, so run it
 through this file, which is lm_eval's own command line with `--model mesh` filled in:
 
-    python lm_eval_mesh.py --model_args out_dir=out --device cuda --batch_size 16 \\
+    python tools/lm_eval_mesh.py --model_args out_dir=out --device cuda --batch_size 16 \\
         --tasks lambada_openai,piqa,hellaswag,winogrande,arc_easy,arc_challenge,sciq,mmlu_continuation
 
 (the paper's zero-shot suite; every other lm_eval flag works as usual: --num_fewshot, --limit,
@@ -12,7 +12,7 @@ through this file, which is lm_eval's own command line with `--model mesh` fille
 max_gen_toks (default 256); pretrained=PATH evaluates a Hugging Face GPT-NeoX folder (a Pythia
 download) instead, imported as hf.load_hf does, with the folder's own tokenizer.json:
 
-    python lm_eval_mesh.py --model_args pretrained=pythia-160m --tasks lambada_openai,piqa
+    python tools/lm_eval_mesh.py --model_args pretrained=pythia-160m --tasks lambada_openai,piqa
 
 From Python: `import lm_eval_mesh` registers the model, then `lm_eval.simple_evaluate(model="mesh", model_args="out_dir=out", tasks=[...])`.
 
@@ -23,16 +23,19 @@ meta.json). An empty context, and the first window of a rolling log-likelihood, 
 one prefix token: <|endoftext|> (GPT-2's, GPT-NeoX's), or for character models, which have no such token, a
 newline, which separates paragraphs in their training text [choice].
 """
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-import checkpoint
-from configurator import report
-from data.loader import checkpoint_dataset
-from data.tokenizer import Tokenizer
-from hf import load_hf
+if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support import checkpoint  # noqa: E402
+from configurator import report  # noqa: E402
+from data.loader import checkpoint_dataset  # noqa: E402
+from data.tokenizer import Tokenizer  # noqa: E402
+from support.hf import load_hf  # noqa: E402
 
 try:
     from lm_eval.api.model import TemplateLM

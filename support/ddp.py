@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import checkpoint
+from support import checkpoint
 
 NAME, CHECKPOINT = "", checkpoint.CKPT  # the startup line's word for it; the file a resume continues from
 

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from checkpoint import CheckpointError
+from support.checkpoint import CheckpointError
 from configurator import UsageError
 from data.loader import plain_name
 from mesh import Config, RecursiveGPT

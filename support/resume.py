@@ -15,8 +15,8 @@ import os
 
 import torch
 
-import checkpoint
-from checkpoint import CheckpointError
+from support import checkpoint
+from support.checkpoint import CheckpointError
 from configurator import UsageError
 from data.loader import checkpoint_dataset
 from mesh import Config, RecursiveGPT
@@ -35,7 +35,7 @@ def load(out_dir, sharded):
     if meta is None or full is not None and full > checkpoint.saved(meta):
         model, ckpt = checkpoint.load(out_dir)
         return {**ckpt, "model": model, "path": os.path.join(out_dir, checkpoint.CKPT)}
-    import fsdp
+    from support import fsdp
     if not sharded:
         return fsdp.load_whole(out_dir, meta)
     return {**meta, "rng": fsdp.rng_from_json(meta["rng"]), "model": RecursiveGPT(Config.from_dict(meta["model_config"])),

@@ -2,8 +2,8 @@
 The one GPU check: on a machine with one CUDA GPU, from a fresh checkout and with nothing to install
 (PyTorch with CUDA, Triton, numpy, tiktoken and pytest), in under 8 minutes:
 
-    python tests/gpu_check.py                   # writes gpu-<chip>.md, ready for results/
-    python tests/gpu_check.py --tiny            # the same steps at a tiny shape, on any machine (the test suite's)
+    python tools/gpu_check.py                   # writes gpu-<chip>.md, ready for results/
+    python tools/gpu_check.py --tiny            # the same steps at a tiny shape, on any machine (the test suite's)
 
 1. the CUDA tier of the test suite (tests/test_cuda.py; without CUDA it skips, with the reason);
 2. bench.py at pythia-160m width (vanilla 12, base and mesh 2+4R2+2) and at pythia-410m width (base and
@@ -57,7 +57,7 @@ def bench_rows(name, flags, timeout):
     """bench.py's JSON rows (variants, then the machine) for one shape."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.jsonl")
-        r, seconds = run([sys.executable, "bench.py", *flags, f"--json={out}"], timeout)
+        r, seconds = run([sys.executable, "tools/bench.py", *flags, f"--json={out}"], timeout)
         if r.returncode:
             raise SystemExit(f"gpu_check.py: error: bench.py at {name} failed (exit {r.returncode}): "
                              f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''}")
@@ -67,7 +67,7 @@ def bench_rows(name, flags, timeout):
 
 
 def bench_table(name, flags, rows, info, seconds):
-    lines = [f"### {name} width: `python bench.py {' '.join(flags)}`", "",
+    lines = [f"### {name} width: `python tools/bench.py {' '.join(flags)}`", "",
              "| variant | layout | ms/step | vs base | tokens/s | MFU | peak memory | plan's estimate | peak / plan |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -86,7 +86,7 @@ def profile(flags, device, steps=3):
     """The top operators of a mesh train step, by the device time they take (CPU time on a CPU)."""
     sys.path.insert(0, ROOT)
     import torch
-    import bench
+    from tools import bench
     from configurator import parse_flags
     bc = bench.BenchConfig(**parse_flags(bench.BenchConfig, [f for f in flags if not f.startswith(("--iters", "--warmup",
                                                                                                "--decode"))], "bench.py"))
@@ -149,7 +149,7 @@ def main(argv=None):
     prof = [f"### Where mesh's train step spends its time ({where[0][0]} width)", "", "```",
             profile(where[0][1], device), "```", ""] if where else []
     lines = [f"# GPU check: {chip}", "",
-             f"`python tests/gpu_check.py{' --tiny' if a.tiny else ''}`, {datetime.date.today()}, "
+             f"`python tools/gpu_check.py{' --tiny' if a.tiny else ''}`, {datetime.date.today()}, "
              f"{time.time() - started:.0f} s in all.", "", "## The CUDA tier", "", *tier, "", "## Speed and memory",
              "", *tables, *prof, "## Targets", "", *(["(--tiny: these are the full check's targets, for a GPU at Pythia "
                                                       "widths; here they only show that the report is whole.)", ""]

@@ -1,10 +1,10 @@
 """
 table1.py: the paper's Table 1 in a classroom: Tiny Shakespeare (characters) on a laptop CPU.
 
-    python table1.py                                  # the whole table, then the B ablation and probe figures
-    python table1.py --only=vanilla,mesh --seeds=0 --max_iters=200 --root=runs/quick --results=runs/quick
+    python tools/table1.py                                  # the whole table, then the B ablation and probe figures
+    python tools/table1.py --only=vanilla,mesh --seeds=0 --max_iters=200 --root=runs/quick --results=runs/quick
                                                       # a quick subset, away from the full table's runs and results
-    python table1.py --layouts=2+4R2+2,3+2R3+3,2+2R4+2,3+1R6+3 --only=vanilla,base,anchor,mesh \
+    python tools/table1.py --layouts=2+4R2+2,3+2R3+3,2+2R4+2,3+1R6+3 --only=vanilla,base,anchor,mesh \
         --results=results/depth_sweep                 # the same table at K = 2, 3, 4, 6 loop steps
 
 Every variant has the same compute depth (12 applied blocks), width 128, 4 heads, context 64,
@@ -37,14 +37,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-import checkpoint
-import runfiles
-from configurator import UsageError, closest
-from data.loader import checkpoint_dataset, load_split, random_windows
-from machine import machine_name
-from mesh import SCHEMES, Config, RecursiveGPT
+if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support import checkpoint, runfiles  # noqa: E402
+from configurator import UsageError, closest  # noqa: E402
+from data.loader import checkpoint_dataset, load_split, random_windows  # noqa: E402
+from support.machine import machine_name  # noqa: E402
+from mesh import SCHEMES, Config, RecursiveGPT  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
 VARIANTS = {"vanilla": "base", **{s: s for s in SCHEMES}}  # name -> scheme, in table order: every scheme of mesh.py
 CHOICES = {"mesh_direct": dict(cycle="direct"), "mesh_base_init": dict(router_init="base"),  # mesh with one of
@@ -94,7 +95,7 @@ def train_command(run, out_dir, max_iters, device="cpu", data_root="data"):
     flags = dict(out_dir=out_dir, **TRAIN, max_iters=max_iters, eval_interval=max(1, max_iters // 4),
                  layout=run["layout"], scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
                  **CHOICES.get(run["variant"], {}), device=device, data_root=data_root, overwrite="true")
-    return [sys.executable, os.path.join(HERE, "train.py")] + [f"--{k}={v}" for k, v in flags.items() if v is not None]
+    return [sys.executable, os.path.join(ROOT, "train.py")] + [f"--{k}={v}" for k, v in flags.items() if v is not None]
 
 
 # -----------------------------------------------------------------------------
@@ -357,8 +358,8 @@ def main(argv=None):
         for run in runs:
             print(" ".join(train_command(run, os.path.join(a.root, run["name"]), a.max_iters, a.device, a.data_root)[1:]))
         return
-    if not os.path.isfile(os.path.join(HERE, "train.py")):
-        ap.exit(2, "table1.py: error: train.py not found next to table1.py\n")
+    if not os.path.isfile(os.path.join(ROOT, "train.py")):
+        ap.exit(2, "table1.py: error: train.py not found in the project folder\n")
     threads = max(1, (os.cpu_count() or 1) // a.jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     try:
@@ -383,7 +384,7 @@ def main(argv=None):
         figures = [os.path.join(a.root, n) for n in names if any(r["name"] == n for r in results)]
         tag = "" if layout == LOOP_LAYOUT else f"_{layout}"
         if figures:  # probe.py as a command, as train.py is
-            subprocess.run([sys.executable, os.path.join(HERE, "probe.py"), *(f"--out_dir={d}" for d in figures),
+            subprocess.run([sys.executable, os.path.join(ROOT, "tools", "probe.py"), *(f"--out_dir={d}" for d in figures),
                             f"--json={a.results}/table1_probe{tag}.json", f"--png={a.results}/table1_probe{tag}"],
                            check=True)
 

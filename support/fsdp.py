@@ -1,10 +1,10 @@
 """
 Past one GPU's memory: train.py --fsdp=true shards weights, gradients and AdamW state over the
 processes with FSDP2 (torch.distributed.fsdp.fully_shard), and saves sharded checkpoints with
-torch.distributed.checkpoint (DCP). This file is also the consolidation command:
+torch.distributed.checkpoint (DCP); tools/consolidate.py turns one into a ckpt.pt:
 
     torchrun --standalone --nproc_per_node=8 train.py config/pythia-6.9b_mesh.json --fsdp=true
-    python fsdp.py OUT_DIR      # OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (sample.py, probe.py, ...)
+    python tools/consolidate.py OUT_DIR      # OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (sample.py, probe.py, ...)
 
 Units: one per unique block, plus the root (embedding, routers, final LayerNorm, head). A shared
 core's blocks run K times per forward; FSDP gathers their weights at each application (and again
@@ -36,9 +36,8 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-import checkpoint
-import runfiles
-from checkpoint import POINTER, CheckpointError
+from support import checkpoint, runfiles
+from support.checkpoint import POINTER, CheckpointError
 from configurator import UsageError, report
 from mesh import Config, RecursiveGPT
 
@@ -339,21 +338,3 @@ def consolidate(out_dir):
     del ckpt["path"]
     checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()}, os.path.join(out_dir, checkpoint.CKPT))
     return ckpt["iter_num"]
-
-
-def main(argv):
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python fsdp.py OUT_DIR   (writes OUT_DIR/ckpt.pt from its sharded checkpoint)", file=sys.stderr)
-        return 2
-    try:
-        it = consolidate(argv[0])
-    except (ValueError, OSError) as e:  # CheckpointError, UsageError (a live run owns OUT_DIR), ...
-        return report("fsdp.py", e)
-    finally:
-        runfiles.release()
-    print(f"wrote {os.path.join(argv[0], 'ckpt.pt')} (iter {it}) from {os.path.join(argv[0], POINTER)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

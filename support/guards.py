@@ -16,22 +16,21 @@ import sys
 import torch
 import torch.distributed as dist
 
-import machine
-import runfiles
+from support import machine, runfiles
 from configurator import parse_flags, report
 
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|timed out|Socket Timeout")  # a collective's
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
 
 
-def command(prog, settings, fn, argv):
+def command(prog, settings, fn, argv, notes=""):
     """fn(given) as a command, given the flags of argv parsed against the dataclass `settings`: its exit code.
     Bad input (the project's errors are ValueErrors; a file that cannot be used, an OSError) is one line on
     stderr and exit 2; a model that blew up (FloatingPointError) one line and exit 1; --debug=true shows the
     traceback instead. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
     given = {}
     try:
-        given = parse_flags(settings, argv, prog)
+        given = parse_flags(settings, argv, prog, notes)
         return fn(given)
     except FloatingPointError as e:
         if given.get("debug"):

@@ -1,7 +1,7 @@
 """
 probe.py: the MeSH paper's diagnostics (its Figures 3, 4 and 5, Section 3) for trained checkpoints.
 
-    python probe.py --out_dir=runs/base --out_dir=runs/mesh --num_samples=64 --json=probe.json --png=figs
+    python tools/probe.py --out_dir=runs/base --out_dir=runs/mesh --num_samples=64 --json=probe.json --png=figs
 
 For each checkpoint it draws N validation sequences (block_size tokens each, at positions from a
 fixed-seed generator, so every checkpoint of a dataset sees the same text), runs the model once with
@@ -31,12 +31,14 @@ import warnings
 import numpy as np
 import torch
 
-import checkpoint
-from configurator import UsageError
-from data.loader import checkpoint_dataset, load_split, random_windows
-from machine import resolve_device
-import runfiles
-from runfiles import check_writable
+if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support import checkpoint  # noqa: E402
+from configurator import UsageError  # noqa: E402
+from data.loader import checkpoint_dataset, load_split, random_windows  # noqa: E402
+from support.machine import resolve_device  # noqa: E402
+from support import runfiles  # noqa: E402
+from support.runfiles import check_writable  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance between distinct
 # tokens of the state. A bandwidth relative to the median makes CKA invariant to an isotropic scaling

@@ -1,10 +1,10 @@
 """
 Speed of every state-passing scheme, side by side, on whatever device this runs on.
 
-    python bench.py                                   # classroom preset, all six variants, ~2 min on 2 CPU cores
-    python bench.py --model=pythia-70m --layout=1+2R2+1 --block_size=256 --batch_size=8 --iters=5
-    python bench.py --compile=true --layout=1+1R2+1 --json=bench.jsonl
-    python bench.py --profile=true --decode=false     # also where a CPU train step's time goes
+    python tools/bench.py                                   # classroom preset, all six variants, ~2 min on 2 CPU cores
+    python tools/bench.py --model=pythia-70m --layout=1+2R2+1 --block_size=256 --batch_size=8 --iters=5
+    python tools/bench.py --compile=true --layout=1+1R2+1 --json=bench.jsonl
+    python tools/bench.py --profile=true --decode=false     # also where a CPU train step's time goes
 
 The variants share one compute depth: `vanilla` runs the layout's compute depth as one unshared
 stack, the others run --layout with their scheme. For each: train-step time (forward, backward,
@@ -55,14 +55,17 @@ from statistics import median
 import torch
 from torch._dynamo.utils import counters
 
-import plan
-from configurator import UsageError, closest, parse_flags, report
-import machine
-from machine import machine_name, peak_bf16_flops, resolve_device, resolve_dtype
-from mesh import SCHEMES, Config, RecursiveGPT
-from runfiles import check_writable
+if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support import plan  # noqa: E402
+from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
+from support import machine  # noqa: E402
+from support.machine import machine_name, peak_bf16_flops, resolve_device, resolve_dtype  # noqa: E402
+from mesh import PRESETS, SCHEMES, Config, RecursiveGPT  # noqa: E402
+from support.runfiles import check_writable  # noqa: E402
 
 VARIANTS = ("vanilla", *SCHEMES)  # vanilla: the layout's compute depth as one unshared stack
+NOTES = f"presets: {', '.join(PRESETS)}\nvariants: {', '.join(VARIANTS)}"
 PROMPT, NEW_TOKENS, DECODE_BLOCK = 56, 200, 256
 PROFILE_ROUNDS, PROFILE_STEPS = 3, 3
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
@@ -71,26 +74,31 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 @dataclass
 class BenchConfig:
     """Settings of a bench run; model fields left at None take the preset's value."""
-    model: str = "classroom"            # a preset of mesh.PRESETS
-    layout: str | None = None           # the recursive layout; vanilla runs its compute depth as one stack
-    n_embd: int | None = None
-    n_head: int | None = None
-    block_size: int | None = None       # training context T
-    vocab_size: int | None = None       # None: the preset's (65 characters for classroom, 50304 for Pythia)
-    n_slots: int | None = None          # mesh buffer slots; None means K+3
-    batch_size: int = 16
-    schemes: str = ",".join(VARIANTS)   # comma-separated variants to run
-    device: str = "auto"                # auto: cuda, then mps, then cpu
-    dtype: str = "auto"                 # auto: bfloat16 autocast on GPUs that support it, else float32
-    threads: int | None = None          # CPU threads for torch; None keeps torch's default (one per core)
-    compile: bool = False               # torch.compile every model (training and decoding)
-    grad_checkpoint: bool = False       # recompute block activations in backward (as train.py's flag)
-    iters: int = 20                     # timed rounds; a round times one train step of every variant
-    warmup: int = 3                     # untimed steps per variant first
-    decode: bool = True                 # also time decoding, with and without the KV cache
-    profile: bool = False               # also profile train steps (CPU): time share of matmuls and attention
-    json: str | None = None             # append JSON lines to this file
-    seed: int = 1337
+    model: str = setting("classroom", "a preset of mesh.PRESETS (listed below)")
+    layout: str | None = setting(
+        None, "the recursive layout; vanilla runs its compute depth as one stack")
+    n_embd: int | None = setting(None, "width D")
+    n_head: int | None = setting(None, "attention heads")
+    block_size: int | None = setting(None, "training context T")
+    vocab_size: int | None = setting(
+        None, "None: the preset's (65 characters for classroom, 50304 for Pythia)")
+    n_slots: int | None = setting(None, "mesh buffer slots; None means K+3")
+    batch_size: int = setting(16, "sequences per train step")
+    schemes: str = setting(",".join(VARIANTS), "comma-separated variants to run")
+    device: str = setting("auto", "auto: cuda, then mps, then cpu")
+    dtype: str = setting("auto", "auto: bfloat16 autocast on GPUs that support it, else float32")
+    threads: int | None = setting(
+        None, "CPU threads for torch; None keeps torch's default (one per core)")
+    compile: bool = setting(False, "torch.compile every model (training and decoding)")
+    grad_checkpoint: bool = setting(
+        False, "recompute block activations in backward (as train.py's flag)")
+    iters: int = setting(20, "timed rounds; a round times one train step of every variant")
+    warmup: int = setting(3, "untimed steps per variant first")
+    decode: bool = setting(True, "also time decoding, with and without the KV cache")
+    profile: bool = setting(
+        False, "also profile train steps (CPU): time share of matmuls and attention")
+    json: str | None = setting(None, "append JSON lines to this file")
+    seed: int = setting(1337, "the initial weights and the random batch")
 
 
 def variants(bc):
@@ -413,7 +421,7 @@ def table(rows, info):
 
 def main(argv):
     try:
-        bc = BenchConfig(**parse_flags(BenchConfig, argv, "bench.py"))
+        bc = BenchConfig(**parse_flags(BenchConfig, argv, "bench.py", NOTES))
         if min(bc.iters, bc.batch_size, 1 if bc.threads is None else bc.threads) < 1 or bc.warmup < 0:
             raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at least 0")
         if bc.profile and (device := resolve_device(bc.device)) != "cpu":
@@ -422,7 +430,7 @@ def main(argv):
         if bc.json:  # find out now, not after the whole run
             check_writable(bc.json, "json")
         rows, info = run(bc)
-        info["command"] = " ".join(["python bench.py", *argv])
+        info["command"] = " ".join(["python tools/bench.py", *argv])
     except (UsageError, ValueError) as e:
         return report("bench.py", e)
     print(table(rows, info))
