@@ -127,7 +127,8 @@ def help_text(cls, prog, notes=""):
     for f in dataclasses.fields(cls):
         default = f.default_factory() if callable(f.default_factory) else f.default
         shown = repr(default) if isinstance(default, str) and not default.isprintable() else default
-        lines.append(f"{f'  --{f.name}={shown}':<34} {f.metadata.get('help', '')}".rstrip())
+        flag, text = f"  --{f.name}={shown}", f.metadata.get("help", "")
+        lines.append(f"{flag:<34} {text}".rstrip() if len(flag) < 34 else f"{flag}\n{'':<34} {text}")
     return "\n".join(lines + ([""] + notes.splitlines() if notes else []))
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
-from tools import bench
 import mesh
 from mesh import Config, KVCache, Layout, RecursiveGPT, parse_layout
 
@@ -73,7 +73,7 @@ def vanilla_formula(L, D):
 
 def run_cli(*args):
     return subprocess.run([sys.executable, str(ROOT / "mesh.py"), *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+                          cwd=ROOT, timeout=3600)  # a guard against a hang, not a speed limit
 
 
 # -----------------------------------------------------------------------------
@@ -837,10 +837,11 @@ def test_compiled_equals_uncompiled_without_recompiles():
         torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=0, msg=name)
     prompt = idx[:1, :4]
     assert torch.equal(compiled.generate(prompt, 3, temperature=0), eager.generate(prompt, 3, temperature=0))
-    built = bench.graphs()  # bench's recompile count reads the same counter
+    graphs = lambda: counters["stats"]["unique_graphs"]  # noqa: E731 (tools/bench.py's count too)
+    built = graphs()
     compiled(idx, targets)[1].backward()
     assert torch.equal(compiled.generate(prompt, 12, temperature=0), eager.generate(prompt, 12, temperature=0))
-    assert bench.graphs() == built
+    assert graphs() == built
 
 
 def test_forward_refuses_sequences_longer_than_block_size():

@@ -33,7 +33,6 @@ temporary folder (.NAME-PID-HEX.tmp) and moved into place at the end, meta.json 
 error never leaves a half-written dataset; the staging folders of killed prepares are removed
 by the next one. load_split checks the .bin files against meta.json before they are used.
 """
-import argparse
 import contextlib
 import hashlib
 import http.client
@@ -44,13 +43,14 @@ import shutil
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 
 import numpy as np
 
 if __package__ in (None, ""):  # run as a script (python data/prepare.py): the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import runfiles  # noqa: E402
-from configurator import UsageError, closest, report  # noqa: E402
+from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from data import DataError  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
 from data.loader import DEFAULT_ROOT, dataset_folder, dtype_for_vocab, is_path  # noqa: E402
@@ -388,24 +388,27 @@ def describe_indexed(path, tokenizer, log=_stderr):
     return folder
 
 
+@dataclass
+class PrepareConfig:
+    """Tokenize a text dataset into NAME/train.bin, val.bin and meta.json (or document.bin/.idx)."""
+    dataset: str | None = setting(None, "the output folder's name (known names below)")
+    input: str | None = setting(None, "a local text file (UTF-8) to use instead of downloading")
+    url: str | None = setting(None, "the download address (default: the canonical Tiny Shakespeare)")
+    tokenizer: str | None = setting(None, "char, gpt2, or a tokenizer.json (or a model folder "
+                                    "holding one); default: the dataset's, or char")
+    out_root: str = setting(DEFAULT_ROOT, "where NAME/ is written")
+    format: str = setting("flat", "flat (train.bin + val.bin) or indexed (document.bin + .idx)")
+    seq_len: int = setting(2049, "tokens per sequence of --format=indexed (Pythia's)")
+    num_proc: int = setting(1, "processes that tokenize (the same output as one)")
+    indexed: str | None = setting(None, "instead of tokenizing: write meta.json beside the indexed "
+                                  "dataset PATH (PATH.idx + PATH.bin), with --tokenizer")
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Tokenize a text dataset into train.bin/val.bin/meta.json "
-                                            "(or document.bin/document.idx/meta.json).")
-    p.add_argument("--dataset", help=f"output folder name; known: {', '.join(sorted(DATASETS))}")
-    p.add_argument("--input", help="local text file (UTF-8) to use instead of downloading")
-    p.add_argument("--url", help="download address (default: the canonical Tiny Shakespeare)")
-    p.add_argument("--tokenizer", help="char, gpt2, or a tokenizer.json / Hugging Face model folder holding one "
-                                       "(a byte-level BPE such as Pythia's); default: the dataset's, or char")
-    p.add_argument("--out_root", default=DEFAULT_ROOT, help="where NAME/ is written (default: %(default)s)")
-    p.add_argument("--format", default="flat", help="flat (train.bin + val.bin) or indexed (Megatron / GPT-NeoX "
-                                                    "document.bin + document.idx, sequences of --seq_len tokens)")
-    p.add_argument("--seq_len", type=int, default=2049, help="tokens per sequence of --format=indexed "
-                                                             "(default %(default)s, Pythia's)")
-    p.add_argument("--num_proc", type=int, default=1, help="processes that tokenize (same output as one)")
-    p.add_argument("--indexed", metavar="PATH", help="instead of tokenizing: write meta.json beside the existing "
-                                                     "indexed dataset PATH (PATH.idx + PATH.bin), with --tokenizer")
-    args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        args = PrepareConfig(**parse_flags(PrepareConfig, argv, "data/prepare.py",
+                                           f"known datasets: {', '.join(sorted(DATASETS))}"))
         if args.indexed:
             if args.dataset or args.input or args.url:
                 raise DataError("--indexed describes an existing dataset: drop --dataset, --input and --url")
@@ -415,7 +418,7 @@ def main(argv=None):
             raise DataError("--dataset NAME is required (or --indexed PATH)")
         prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer, out_root=args.out_root,
                 format=args.format, seq_len=args.seq_len, num_proc=args.num_proc)
-    except (DataError, OSError) as e:  # OSError: e.g. an --out_root that is a file
+    except (UsageError, DataError, OSError) as e:  # OSError: e.g. an --out_root that is a file
         return report("prepare.py", e)
     return 0
 

@@ -47,7 +47,7 @@ def load(out_dir, device="cpu"):
     path = os.path.join(out_dir, CKPT)
     if not os.path.isfile(path) and os.path.isfile(os.path.join(out_dir, POINTER)):
         raise CheckpointError(f"{out_dir} holds a sharded checkpoint ({POINTER}) but no {CKPT}; write one from it "
-                              f"with: python tools/consolidate.py {shlex.quote(out_dir)}")
+                              f"with: python tools/consolidate.py {shlex.quote('--out_dir=' + out_dir)}")
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}; train one with: "
                               f"python train.py {shlex.quote('--out_dir=' + out_dir)}")

@@ -4,7 +4,7 @@ processes with FSDP2 (torch.distributed.fsdp.fully_shard), and saves sharded che
 torch.distributed.checkpoint (DCP); tools/consolidate.py turns one into a ckpt.pt:
 
     torchrun --standalone --nproc_per_node=8 train.py config/pythia-6.9b_mesh.json --fsdp=true
-    python tools/consolidate.py OUT_DIR      # OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (sample.py, probe.py, ...)
+    python tools/consolidate.py --out_dir=OUT_DIR   # OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (sample.py, probe.py, ...)
 
 Units: one per unique block, plus the root (embedding, routers, final LayerNorm, head). A shared
 core's blocks run K times per forward; FSDP gathers their weights at each application (and again
@@ -28,7 +28,6 @@ same calls, otherwise: wrap, sync, save, load (and check_launch, here only).
 import os
 import pickle
 import shutil
-import sys
 import warnings
 import zlib
 from contextlib import nullcontext
@@ -38,7 +37,7 @@ import torch.distributed as dist
 
 from support import checkpoint, runfiles
 from support.checkpoint import POINTER, CheckpointError
-from configurator import UsageError, report
+from configurator import UsageError
 from mesh import Config, RecursiveGPT
 
 NAME, CHECKPOINT = " (FSDP)", POINTER  # the startup line's word for it; the file a resume continues from

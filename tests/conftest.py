@@ -1,11 +1,93 @@
-"""pytest setup shared by every test file: one thread per process.
+"""
+What the test modules share: one thread per process, the project folder, a tiny prepared dataset
+and the tiny training flags, and the helpers that run, read and compare runs.
 
-The tests use tiny models, for which thread start-up costs more than the maths, and
-several test processes (torchrun, kill -9 children) share the 2 CI cores."""
+The tests use tiny models, for which thread start-up costs more than the maths, and several test
+processes (torchrun, kill -9 children) share the CI machine's 2 cores.
+"""
+import hashlib
+import json
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the subprocesses the tests start
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+HANG = 3600  # seconds: the tests' guard against a hung subprocess, never a speed limit
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
+TEXT = "".join(f"{w} the {v} of {n}.\n" for n in range(400) for w, v in [("Then", "king"), ("So", "queen")])
+TINY = ["--n_embd=32", "--n_head=2", "--block_size=16", "--batch_size=4", "--layout=1+1R2+1",
+        "--eval_iters=2", "--log_interval=1", "--sample_tokens=0", "--dataset=tiny"]
+BPE_CORPUS = ["".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300)),
+              "naïve café — “quoted” 日本語 😀\n" * 40 + "a line with no newline at the end é",
+              "def f(x):\n        return x  +  1\n"]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    """A data root holding `tiny`, TEXT prepared as characters."""
+    from data.prepare import prepare
+    root = tmp_path_factory.mktemp("data")
+    src = root / "tiny.txt"
+    src.write_text(TEXT)
+    prepare("tiny", input=str(src), out_root=str(root), log=lambda *a: None)
+    return str(root)
+
+
+def run(args, data_root, out_dir):
+    """train.py's main on the tiny dataset with the TINY flags, then args: its exit code."""
+    import train
+    return train.main([*TINY, f"--data_root={data_root}", f"--out_dir={out_dir}", *args])
+
+
+def losses(out_dir, key="loss"):
+    """(iter, value) of every log.jsonl record with `key`: training losses, or with key="val_loss"
+    evaluations."""
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [(r["iter"], r[key]) for r in map(json.loads, f) if key in r]
+
+
+def snapshot(*folders):
+    """Every file under the folders with its content hash: equal snapshots mean nothing changed."""
+    found = {}
+    for folder in folders:
+        for dirpath, _, files in os.walk(folder):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                with open(path, "rb") as f:
+                    found[path] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def poison_micro_batch(monkeypatch, n):
+    """From now on the loss of the n-th training micro-batch (1-based) is NaN."""
+    import mesh
+    forward, calls = mesh.RecursiveGPT.forward, []
+
+    def poisoned(self, idx, targets=None, **kw):
+        logits, loss = forward(self, idx, targets, **kw)
+        if self.training:
+            calls.append(1)
+            loss = loss * float("nan") if len(calls) == n else loss
+        return logits, loss
+    monkeypatch.setattr(mesh.RecursiveGPT, "forward", poisoned)
+
+
+def train_bpe(path, add_space_runs=True):
+    """A small byte-level BPE tokenizer.json shaped like GPT-NeoX's: NFC, ByteLevel without a prefix
+    space, <|endoftext|> special, runs of 2-8 spaces as added tokens."""
+    tk = pytest.importorskip("tokenizers", reason="tokenizers is not installed: pip install tokenizers")
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.normalizer = tk.normalizers.NFC()
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    tok.train_from_iterator(BPE_CORPUS * 20, tk.trainers.BpeTrainer(
+        vocab_size=500, special_tokens=["<|endoftext|>", "<|padding|>"], show_progress=False,
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet()))
+    if add_space_runs:
+        tok.add_tokens([tk.AddedToken(" " * n, normalized=True) for n in range(2, 9)])
+    tok.save(str(path))
+    return tok

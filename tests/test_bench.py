@@ -17,8 +17,8 @@ import torch
 
 from tools import bench
 from mesh import Config, RecursiveGPT
+from conftest import HANG, ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TINY = dict(layout="1+1R2+1", n_embd=32, n_head=2, block_size=16)
 FLAGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--batch_size=2", "--iters=3", "--warmup=1", "--threads=1"]
 KEYS = {"kind", "variant", "scheme", "layout", "compute_depth", "non_embedding_params", "n_slots", "batch_size",
@@ -28,7 +28,7 @@ DECODE = {"decode_tok_s_cache", "decode_tok_s_no_cache", "decode_speedup"}
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "tools/bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "tools/bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=HANG)
 
 
 def test_tiny_run_end_to_end(tmp_path):
@@ -205,7 +205,7 @@ def test_the_gpu_check_runs_here_in_its_tiny_mode(tmp_path):
     profile; the report) at a tiny shape, so that the command a GPU runs cannot rot where none is."""
     report = tmp_path / "gpu.md"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--tiny", f"--report={report}"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+                       capture_output=True, text=True, cwd=ROOT, timeout=HANG)
     assert r.returncode == 0 and f"wrote {report}: the CUDA tier passed\n" in r.stdout, r.stdout + r.stderr[-3000:]
     text = report.read_text()
     for section in ("# GPU check: ", "## The CUDA tier", "## Speed and memory", "### tiny width: `python tools/bench.py ",

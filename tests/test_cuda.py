@@ -21,7 +21,7 @@ from tools import bench
 import mesh
 import train
 from test_mesh import CASES, IDS, build, small, tokens
-from test_train import ROOT, TINY, data_root, losses  # noqa: F401 (data_root is a fixture)
+from conftest import ROOT, TINY, losses
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 CUDA_TINY = [f for f in TINY if not f.startswith("--batch_size")] + ["--batch_size=8", "--device=cuda"]
@@ -138,7 +138,7 @@ def test_torchrun_on_one_gpu_with_nccl_and_a_checkpoint_sample_py_reads(fsdp, da
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"device cuda:0 bfloat16, 1 process(es){' (FSDP)' if fsdp else ''}" in r.stdout
     if fsdp:  # the sharded checkpoint, consolidated for sample.py
-        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "consolidate.py"), str(out)], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "consolidate.py"), f"--out_dir={out}"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={out}", "--start=Then",
                         "--max_new_tokens=10", "--device=cuda"], capture_output=True, text=True, timeout=300)

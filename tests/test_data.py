@@ -22,6 +22,7 @@ from data import DataError
 from data.loader import load_split
 from data.prepare import ensure_dataset, prepare
 from data.tokenizer import Tokenizer
+from conftest import train_bpe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TEXT = "".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300))
@@ -389,24 +390,6 @@ def test_num_proc_output_equals_one_process(tmp_path, tok, request):
 BPE_TEXTS = ["Hello  world!<|endoftext|>naïve   café\n\n\n  e\u0301 x",  # NFC: e + combining accent is é
              "def f(x):\n        return x  +  1\n\n\tdone   \n", "日本語's 😀😀 123456 don't — “quoted”",
              " \n \n  " + " " * 30 + "end", "<|endoftext|><|endoftext|>", "x<|endoftext|>\u0301", ""]
-
-
-def train_bpe(path, add_space_runs=True):
-    """A small byte-level BPE tokenizer.json shaped like GPT-NeoX's: NFC, ByteLevel without a prefix space,
-    <|endoftext|> special, runs of 2-8 spaces as added tokens."""
-    tk = pytest.importorskip("tokenizers", reason="tokenizers is not installed: pip install tokenizers")
-    tok = tk.Tokenizer(tk.models.BPE())
-    tok.normalizer = tk.normalizers.NFC()
-    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tk.decoders.ByteLevel()
-    corpus = [TEXT, UNICODE, "def f(x):\n        return x  +  1\n"] * 20
-    tok.train_from_iterator(corpus, tk.trainers.BpeTrainer(
-        vocab_size=500, special_tokens=["<|endoftext|>", "<|padding|>"], show_progress=False,
-        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet()))
-    if add_space_runs:
-        tok.add_tokens([tk.AddedToken(" " * n, normalized=True) for n in range(2, 9)])
-    tok.save(str(path))
-    return tok
 
 
 def test_bpe_equals_tokenizers(tmp_path):

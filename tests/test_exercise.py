@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 import pytest
+from conftest import HANG, ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 ANCHOR_EMB = '    "anchor_emb": lambda h_m, h, h0, h_emb: h_m + h_emb,'
 HALF = '    "half": lambda h_m, h, h0, h_emb: h_m + (h + h_emb) / 2,  # h(t+1) = f_t(h(t)) + (h(t) + h_emb) / 2'
 
@@ -29,7 +29,7 @@ def student(tmp_path_factory):
     (copy / "mesh.py").write_text(source.replace(line, f"{line}\n{HALF}", 1))  # the student's one edit
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NANOMESH_SHAKESPEARE_URL": (copy / "nowhere.txt").as_uri()}
 
-    def run(*args, timeout=300):
+    def run(*args, timeout=HANG):
         return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=copy, env=env,
                               timeout=timeout)
     return run

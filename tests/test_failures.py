@@ -34,7 +34,7 @@ import sample
 import train
 from data import DataError
 from data.prepare import prepare
-from test_train import ROOT, TEXT, TINY, data_root, poison_micro_batch, run, snapshot  # noqa: F401 (a fixture)
+from conftest import ROOT, TEXT, TINY, poison_micro_batch, run, snapshot
 
 
 @pytest.fixture(scope="module")

@@ -16,19 +16,18 @@ import time
 import pytest
 import torch
 
+from tools import consolidate
 from support import checkpoint, fsdp, runfiles
 import sample
 import train
-import test_train
 from data.prepare import prepare
-from test_train import ROOT, TEXT, TINY, losses, run, snapshot
+from conftest import HANG, ROOT, TEXT, TINY, losses, run, snapshot
 
-data_root = test_train.data_root  # the tiny prepared dataset (a pytest fixture)
 
 COMMON = ["--grad_accum=4", "--eval_interval=2", "--eval_iters=3", "--lr=3e-3", "--lr_decay_iters=8"]
 
 
-def torchrun(*args, timeout=180, nproc=2):
+def torchrun(*args, timeout=HANG, nproc=2):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            os.path.join(ROOT, "train.py"), "--fsdp=true", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
@@ -54,7 +53,7 @@ def test_fsdp_equals_one_process_and_resumes_across_modes(data_root, tmp_path, c
         assert f"{nproc} process(es) (FSDP)" in r.stdout
     assert sorted(os.listdir(mix)) == ["ckpt-sharded.json", "ckpt.pt", "log.jsonl", "shards-00000006"]
     # the consolidated ckpt.pt is the sharded checkpoint, whole; sample.py reads it
-    assert fsdp.main([str(mix)]) == 0
+    assert consolidate.main([f"--out_dir={mix}"]) == 0
     model, ckpt = checkpoint.load(str(mix))
     assert ckpt["iter_num"] == 6 and set(ckpt["optimizer"]["state"]) == set(range(len(list(model.parameters()))))
     capsys.readouterr()
@@ -91,7 +90,7 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     (out / "shards-00000001" / "__0_0.distcp").write_bytes(b"half")
     shards = sorted((out / "shards-00000000").glob("*.distcp"))
     shards[0].write_bytes(shards[0].read_bytes()[:100])  # truncated
-    r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=4", timeout=120)
+    r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=4", timeout=HANG)
     assert r.returncode != 0 and r.stderr.count("train.py: error: the sharded checkpoint") == 2, r.stderr[-3000:]
     assert "shards-00000000 is incomplete or corrupt" in r.stderr  # not the unfinished shards-00000001
     checkpoint.remove_unfinished_shards(str(out))  # what a start does
@@ -101,7 +100,7 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "shards-00000000 is incomplete or corrupt" in err
-    assert fsdp.main([str(out)]) == 2 and not (out / "ckpt.pt").exists()
+    assert consolidate.main([f"--out_dir={out}"]) == 2 and not (out / "ckpt.pt").exists()
     assert "move ckpt-sharded.json away" not in err  # no ckpt.pt to fall back on: not advised
     shutil.copyfile(shards[1], shards[0])  # back, but another rank's bytes: its CRC-32 tells
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
@@ -180,17 +179,17 @@ def test_consolidation_owns_the_folder_and_never_goes_back(sharded, tmp_path, ca
     out = shutil.copytree(sharded, tmp_path / "run")
     runfiles.own(str(out))  # a live run there
     try:
-        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "consolidate.py"), str(out)], capture_output=True, text=True,
-                           timeout=120)
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "consolidate.py"), f"--out_dir={out}"], capture_output=True, text=True,
+                           timeout=HANG)
     finally:
         runfiles.release()
-    assert r.returncode == 2 and r.stderr == (f"fsdp.py: error: another run is using OUT_DIR={out} (it holds the "
+    assert r.returncode == 2 and r.stderr == (f"consolidate.py: error: another run is using OUT_DIR={out} (it holds the "
                                               f"folder's lock); wait for it to end, or choose another OUT_DIR\n")
     assert not (out / "ckpt.pt").exists()
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 0  # a later ckpt.pt (DDP)
     before = snapshot(out)
-    assert fsdp.main([str(out)]) == 2
-    assert capsys.readouterr().err == (f"fsdp.py: error: {out / 'ckpt.pt'} (iter 4) was saved after the sharded "
+    assert consolidate.main([f"--out_dir={out}"]) == 2
+    assert capsys.readouterr().err == (f"consolidate.py: error: {out / 'ckpt.pt'} (iter 4) was saved after the sharded "
                                        f"checkpoint (iter 2), which would replace it; it needs no consolidation\n")
     assert snapshot(out) == before
 
@@ -224,7 +223,7 @@ def test_the_survivor_of_a_killed_rank_says_so_in_one_line(data_root, tmp_path):
             time.sleep(0.2)
         rank1 = next(pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if worker(pid, tmp_path, 1))
         os.kill(rank1, signal.SIGKILL)
-        p.communicate(timeout=120)
+        p.communicate(timeout=HANG)
     finally:
         p.kill()
     lines = [line.split("]: ", 1)[-1] for line in next(logs.rglob("attempt_0/0/stderr.log")).read_text().splitlines()]

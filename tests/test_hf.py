@@ -20,9 +20,9 @@ from support.checkpoint import CheckpointError
 from support.checkpoint import load as load_checkpoint
 from support.checkpoint import save as save_checkpoint
 from support.hf import load_hf
+from conftest import HANG, ROOT, train_bpe
 from mesh import Config, RecursiveGPT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 
 # -----------------------------------------------------------------------------
 # GPT-NeoX import: logits of a random (perturbed) HF model equal ours after conversion
@@ -250,7 +250,7 @@ def test_cli_task_data_offline_is_one_line(mesh_lm):
            "HF_DATASETS_CACHE": str(root / "empty_cache"), "HF_HOME": str(root / "empty_home")}
     r = subprocess.run([sys.executable, "tools/lm_eval_mesh.py", "--model_args", f"out_dir={root / 'out'}", "--tasks",
                         "lambada_openai", "--device", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=HANG)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert last.startswith("lm_eval_mesh.py: error: ") and "run once online" in last, last
@@ -261,7 +261,7 @@ def test_cli_without_lm_eval_is_one_line(tmp_path):
     (tmp_path / "lm_eval").mkdir()
     (tmp_path / "lm_eval" / "__init__.py").write_text('raise ModuleNotFoundError("No module named lm_eval", name="lm_eval")')
     r = subprocess.run([sys.executable, "tools/lm_eval_mesh.py", "--tasks", "x"], cwd=ROOT, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=HANG)
     assert (r.returncode, r.stderr) == (2, "lm_eval_mesh.py: error: lm_eval is not installed; pip install lm_eval\n")
 
 
@@ -292,7 +292,6 @@ def test_train_continues_an_imported_model(tmp_path):
 
 def neox_with_tokenizer(tmp_path):
     """A tiny random GPTNeoXForCausalLM saved with a tiny GPT-NeoX-shaped tokenizer (tokenizer.json) beside it."""
-    from test_data import train_bpe
     tok = train_bpe(tmp_path / "tokenizer.json")
     hf, path = hf_neox(tmp_path, True, vocab_size=tok.get_vocab_size())
     os.replace(tmp_path / "tokenizer.json", os.path.join(path, "tokenizer.json"))

@@ -7,7 +7,6 @@ nothing, and crashes (kill -9, NaN, Ctrl-C) never lose the last good checkpoint.
 """
 
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -28,35 +27,11 @@ from configurator import UsageError, parse_flags
 from data.loader import load_split
 from data.prepare import prepare
 from data.tokenizer import Tokenizer
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
-TEXT = "".join(f"{w} the {v} of {n}.\n" for n in range(400) for w, v in [("Then", "king"), ("So", "queen")])
-TINY = ["--n_embd=32", "--n_head=2", "--block_size=16", "--batch_size=4", "--layout=1+1R2+1",
-        "--eval_iters=2", "--log_interval=1", "--sample_tokens=0", "--dataset=tiny"]
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    src = root / "tiny.txt"
-    src.write_text(TEXT)
-    prepare("tiny", input=str(src), out_root=str(root), log=lambda *a: None)
-    return str(root)
-
-
-def run(args, data_root, out_dir):
-    return train.main([*TINY, f"--data_root={data_root}", f"--out_dir={out_dir}", *args])
-
+from conftest import HANG, ROOT, TINY, losses, poison_micro_batch, run, snapshot
 
 def cli(script, args, data_root, out_dir, **kw):
     cmd = [sys.executable, os.path.join(ROOT, script), *TINY, f"--data_root={data_root}", f"--out_dir={out_dir}", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, **kw)
-
-
-def losses(out_dir, key="loss"):
-    """(iter, value) of every log.jsonl record with `key`: training losses, or with key="val_loss" evaluations."""
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [(r["iter"], r[key]) for r in map(json.loads, f) if key in r]
 
 
 def tiny_run(data_root, *flags):
@@ -68,18 +43,6 @@ def tiny_run(data_root, *flags):
     torch.manual_seed(tc.seed)
     model = mesh.RecursiveGPT(train.model_config(tc, Tokenizer.load(folder).vocab_size))
     return tc, model, load_split(folder, "train"), load_split(folder, "val")
-
-
-def snapshot(*folders):
-    """Every file under the folders with its content hash: equal snapshots mean nothing changed."""
-    found = {}
-    for folder in folders:
-        for dirpath, _, files in os.walk(folder):
-            for name in files:
-                path = os.path.join(dirpath, name)
-                with open(path, "rb") as f:
-                    found[path] = hashlib.sha256(f.read()).hexdigest()
-    return found
 
 
 @pytest.mark.parametrize("scheme", mesh.SCHEMES)
@@ -273,7 +236,7 @@ def test_two_processes_stop_together_on_a_dataset_error(data_root, tmp_path):
                 os.path.join(ROOT, "train.py"), f"--data_root={data_root}", "--dataset=never_made", "--grad_accum=2",
                 f"--out_dir={tmp_path / 'out'}"]
     r = subprocess.run(torchrun, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                       timeout=120)
+                       timeout=HANG)
     assert r.returncode != 0 and r.stderr.count("train.py: error: ") == 2, r.stderr[-2000:]
     assert r.stderr.count("python data/prepare.py --dataset never_made") == 2
     assert not (tmp_path / "out").exists()
@@ -400,7 +363,7 @@ def test_bad_sample_input(data_root, tmp_path, capsys):
     assert sample.main([f"--out_dir={tmp_path / 'sharded'}"]) == 2
     assert capsys.readouterr().err == (f"sample.py: error: {tmp_path / 'sharded'} holds a sharded checkpoint "
                                        f"(ckpt-sharded.json) but no ckpt.pt; write one from it with: python tools/consolidate.py "
-                                       f"{tmp_path / 'sharded'}\n")
+                                       f"--out_dir={tmp_path / 'sharded'}\n")
     data = (out / "ckpt.pt").read_bytes()
     (out / "ckpt.pt").write_bytes(data[: len(data) // 2])  # truncated
     assert sample.main([f"--out_dir={out}"]) == 2
@@ -452,19 +415,6 @@ def test_ms_per_iter_leaves_evaluation_out(data_root, tmp_path, monkeypatch):
     assert logged == [(i, 1000.0) for i in (2, 4, 6, 8, 9)]
 
 
-def poison_micro_batch(monkeypatch, n):
-    """From now on the loss of the n-th training micro-batch (1-based) is NaN."""
-    forward, calls = mesh.RecursiveGPT.forward, []
-
-    def poisoned(self, idx, targets=None, **kw):
-        logits, loss = forward(self, idx, targets, **kw)
-        if self.training:
-            calls.append(1)
-            loss = loss * float("nan") if len(calls) == n else loss
-        return logits, loss
-    monkeypatch.setattr(mesh.RecursiveGPT, "forward", poisoned)
-
-
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(data_root, tmp_path, capsys, monkeypatch):
     out = tmp_path / "nan"
     poison_micro_batch(monkeypatch, 7)  # the 7th training micro-batch: iter 6 (0-based)
@@ -484,7 +434,7 @@ def test_ctrl_c_saves_and_resumes(data_root, tmp_path):
         if line.startswith("iter 3:"):
             break
     p.send_signal(signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=60)
+    stdout, stderr = p.communicate(timeout=HANG)
     assert p.returncode == 130, stderr
     assert "checkpoint saved" in stdout
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
@@ -623,7 +573,7 @@ def test_sequential_order_1_vs_2_processes_and_resume(seq_root, tmp_path, monkey
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                 str(tmp_path / "spy.py"), *flags, f"--out_dir={tmp_path / 'two'}", "--max_iters=2"]
     r = subprocess.run(torchrun, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                       timeout=300)
+                       timeout=HANG)
     assert r.returncode == 0, r.stderr[-2000:]
     spy_in_process(monkeypatch, str(tmp_path / "two.jsonl"))  # resumed by one process
     assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'two'}", "--max_iters=4"]) == 0

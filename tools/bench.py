@@ -421,7 +421,7 @@ def table(rows, info):
 
 def main(argv):
     try:
-        bc = BenchConfig(**parse_flags(BenchConfig, argv, "bench.py", NOTES))
+        bc = BenchConfig(**parse_flags(BenchConfig, argv, "tools/bench.py", NOTES))
         if min(bc.iters, bc.batch_size, 1 if bc.threads is None else bc.threads) < 1 or bc.warmup < 0:
             raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at least 0")
         if bc.profile and (device := resolve_device(bc.device)) != "cpu":

@@ -2,7 +2,7 @@
 The consolidation command: a sharded checkpoint (train.py --fsdp=true) -> one ckpt.pt, the file
 sample.py, tools/probe.py, tools/table1.py and tools/lm_eval_mesh.py read.
 
-    python tools/consolidate.py OUT_DIR     # OUT_DIR/ckpt-sharded.json and its shards -> OUT_DIR/ckpt.pt
+    python tools/consolidate.py --out_dir=OUT_DIR    # OUT_DIR/ckpt-sharded.json and its shards -> OUT_DIR/ckpt.pt
 
 It needs the whole model and its AdamW state in this machine's memory; it owns OUT_DIR while it
 works, and refuses to replace a ckpt.pt saved after the sharded checkpoint.
@@ -10,25 +10,34 @@ works, and refuses to replace a ckpt.pt saved after the sharded checkpoint.
 
 import os
 import sys
+from dataclasses import dataclass
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import report  # noqa: E402
+from configurator import UsageError, parse_flags, report, setting  # noqa: E402
 from support import fsdp, runfiles  # noqa: E402
 from support.checkpoint import POINTER  # noqa: E402
 
+PROG = "tools/consolidate.py"
+
+
+@dataclass
+class ConsolidateConfig:
+    """Write OUT_DIR/ckpt.pt from OUT_DIR's sharded checkpoint (train.py --fsdp=true)."""
+    out_dir: str | None = setting(None, "the run's folder, holding ckpt-sharded.json")
+
 
 def main(argv):
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python tools/consolidate.py OUT_DIR   (writes OUT_DIR/ckpt.pt from its sharded checkpoint)", file=sys.stderr)
-        return 2
     try:
-        it = fsdp.consolidate(argv[0])
+        out_dir = ConsolidateConfig(**parse_flags(ConsolidateConfig, argv, PROG)).out_dir
+        if not out_dir:
+            raise UsageError(f"name the run: python {PROG} --out_dir=OUT_DIR")
+        it = fsdp.consolidate(out_dir)
     except (ValueError, OSError) as e:  # CheckpointError, UsageError (a live run owns OUT_DIR), ...
         return report("consolidate.py", e)
     finally:
         runfiles.release()
-    print(f"wrote {os.path.join(argv[0], 'ckpt.pt')} (iter {it}) from {os.path.join(argv[0], POINTER)}")
+    print(f"wrote {os.path.join(out_dir, 'ckpt.pt')} (iter {it}) from {os.path.join(out_dir, POINTER)}")
     return 0
 
 

@@ -21,12 +21,12 @@ optional dependency), PNG figures with the checkpoints side by side (--png). All
 computed in float64. std is over the N sequences (population std, ddof=0).
 """
 
-import argparse
 import json
 import math
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,7 +34,8 @@ import torch
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import checkpoint  # noqa: E402
-from configurator import UsageError  # noqa: E402
+from configurator import UsageError, parse_flags, setting  # noqa: E402
+from configurator import report as error_line  # noqa: E402
 from data.loader import checkpoint_dataset, load_split, random_windows  # noqa: E402
 from support.machine import resolve_device  # noqa: E402
 from support import runfiles  # noqa: E402
@@ -313,39 +314,47 @@ def write_pngs(results, folder):
     return paths
 
 
+@dataclass
+class ProbeConfig:
+    """MeSH diagnostics (the paper's Fig. 3-5) for trained checkpoints."""
+    out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)")
+    num_samples: int = setting(64, "validation sequences per checkpoint")
+    seed: int = setting(0, "seed of the sequence positions")
+    sigma_frac: float = setting(SIGMA_FRAC, "RBF bandwidth / the median distance")
+    device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
+    json: str | None = setting(None, "write the numbers here")
+    png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="MeSH diagnostics (paper Fig. 3-5) for trained checkpoints.")
-    ap.error = lambda msg: ap.exit(2, f"probe.py: error: {msg}\n")  # one line, no usage dump
-    ap.add_argument("--out_dir", action="append", required=True, help="checkpoint folder (repeat to compare)")
-    ap.add_argument("--num_samples", type=int, default=64, help="validation sequences per checkpoint")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the sequence positions")
-    ap.add_argument("--sigma_frac", type=float, default=SIGMA_FRAC, help="RBF bandwidth / median distance")
-    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto")
-    ap.add_argument("--json", help="write the numbers here")
-    ap.add_argument("--png", help="write PNG figures into this folder (needs matplotlib)")
-    a = ap.parse_args(argv)
-    if a.num_samples < 1:
-        ap.error(f"--num_samples={a.num_samples} must be at least 1")
-    if not a.sigma_frac > 0:
-        ap.error(f"--sigma_frac={a.sigma_frac} must be positive")
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        device = resolve_device(a.device)
-        if a.json:  # find out now, not after the probing
-            check_writable(a.json, "json")
-        if a.png and os.path.exists(a.png) and not os.path.isdir(a.png):
-            raise UsageError(f"--png={a.png} is a file; give a folder for the figures")
-    except UsageError as e:
-        ap.error(str(e))
+        return command(argv)
+    except ValueError as e:  # the project's errors: a missing or damaged checkpoint, a changed dataset
+        raise SystemExit(error_line("probe.py", e))
+
+
+def command(argv):
+    a = ProbeConfig(**parse_flags(ProbeConfig, argv, "tools/probe.py"))
+    if not a.out_dir:
+        raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
+    if a.num_samples < 1:
+        raise UsageError(f"--num_samples={a.num_samples} must be at least 1")
+    if not 0 < a.sigma_frac < math.inf:
+        raise UsageError(f"--sigma_frac={a.sigma_frac} must be a positive finite number")
+    device = resolve_device(a.device)
+    if a.json:  # find out now, not after the probing
+        check_writable(a.json, "json")
+    if a.png and os.path.exists(a.png) and not os.path.isdir(a.png):
+        raise UsageError(f"--png={a.png} is a file; give a folder for the figures")
     results = []
     for out_dir in a.out_dir:
-        try:
-            results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device))
-        except ValueError as e:  # the project's errors: a missing or damaged checkpoint, a changed dataset, ...
-            ap.exit(2, f"probe.py: error: {e}\n")
+        results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device))
         print(report(results[-1]))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        runfiles.atomic_write(a.json, lambda f: json.dump(results, f, indent=1, allow_nan=False), mode="w")
+        runfiles.atomic_write(a.json, lambda f: json.dump(results, f, indent=1, allow_nan=False),
+                              mode="w")
         print(f"wrote {a.json}")
     if a.png:
         for path in write_pngs(results, a.png):

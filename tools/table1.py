@@ -27,20 +27,20 @@ RESULTS/table1_curves.png; probe.py's figures of the base and mesh runs (seed 0)
 RESULTS/table1_probe/. Figures need matplotlib (pip install matplotlib).
 """
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import checkpoint, runfiles  # noqa: E402
-from configurator import UsageError, closest  # noqa: E402
+from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from data.loader import checkpoint_dataset, load_split, random_windows  # noqa: E402
 from support.machine import machine_name  # noqa: E402
 from mesh import SCHEMES, Config, RecursiveGPT  # noqa: E402
@@ -313,44 +313,59 @@ def machine(jobs=1):
             f"{threads} thread(s) each")
 
 
+@dataclass
+class Table1Config:
+    """Classroom Table 1: recursive schemes at equal compute depth (12 applied blocks)."""
+    layouts: str = setting(LOOP_LAYOUT, "comma-separated loop layouts, each of compute depth 12")
+    seeds: str = setting("0,1,2", "comma-separated seeds")
+    max_iters: int = setting(1200, "train.py's --max_iters for every run")
+    only: str = setting(",".join([*VARIANTS, "ablation"]),
+                        f"a comma-separated subset of the names below (default: all but "
+                        f"{', '.join(CHOICES)})")
+    root: str = setting("runs/table1", "one folder per run in here")
+    results: str = setting("runs/table1", "table1.json, table1.md and the figures go here")
+    device: str = setting("cpu", "train.py's --device for every run (mps or cuda: with --jobs=1)")
+    data_root: str = setting("data", "train.py's --data_root: where the dataset is, or is made")
+    jobs: int = setting(1, "runs at once, each with cores/jobs threads")
+    dry_run: bool = setting(False, "print the train.py commands and stop")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Classroom Table 1: recursive schemes at equal compute depth.")
-    ap.error = lambda msg: ap.exit(2, f"table1.py: error: {msg}\n")
-    ap.add_argument("--layouts", default=LOOP_LAYOUT, help="comma-separated loop layouts, each of compute depth 12")
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    ap.add_argument("--max_iters", type=int, default=1200)
-    ap.add_argument("--only", default=",".join([*VARIANTS, "ablation"]), help="comma-separated subset of: "
-                    + ", ".join([*SCHEME, "ablation"]) + f" (default: all but {', '.join(CHOICES)})")
-    ap.add_argument("--root", default="runs/table1", help="one folder per run in here (default: %(default)s)")
-    ap.add_argument("--results", default="runs/table1", help="table1.json, table1.md and the figures go here "
-                                                             "(default: %(default)s)")
-    ap.add_argument("--device", default="cpu", help="train.py's --device for every run (default: %(default)s; mps "
-                                                    "or cuda: with --jobs=1)")
-    ap.add_argument("--data_root", default="data", help="train.py's --data_root: where the dataset is, or is made")
-    ap.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores/jobs threads")
-    ap.add_argument("--dry_run", action="store_true", help="print the train.py commands and stop")
-    a = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return table1(argv)
+    except (UsageError, OSError) as e:  # the runs done so far keep their result.json: a rerun skips them
+        raise SystemExit(report("table1.py", e))
+
+
+def fail(message):
+    raise UsageError(message)
+
+
+def table1(argv):
+    a = Table1Config(**parse_flags(Table1Config, argv, "tools/table1.py",
+                                   f"names for --only: {', '.join([*SCHEME, 'ablation'])}"))
     try:
         seeds = [int(s) for s in a.seeds.split(",")]
     except ValueError:
-        ap.error(f"--seeds={a.seeds!r} must be comma-separated integers, e.g. --seeds=0,1,2")
+        fail(f"--seeds={a.seeds!r} must be comma-separated integers, e.g. --seeds=0,1,2")
     only = a.only.split(",")
     for name in only:
         if name not in [*SCHEME, "ablation"]:
-            ap.error(f"--only: unknown {name!r}{closest(name, [*SCHEME, 'ablation'])}; "
+            fail(f"--only: unknown {name!r}{closest(name, [*SCHEME, 'ablation'])}; "
                      f"expected some of {', '.join([*SCHEME, 'ablation'])}")
     if a.max_iters < 1:
-        ap.error(f"--max_iters={a.max_iters} must be at least 1")
+        fail(f"--max_iters={a.max_iters} must be at least 1")
     if a.jobs < 1:
-        ap.error(f"--jobs={a.jobs} must be at least 1")
+        fail(f"--jobs={a.jobs} must be at least 1")
     layouts = a.layouts.split(",")
     for layout in layouts:
         try:
             shape = Config(layout=layout).shape
         except ValueError as e:
-            ap.error(f"--layouts: {e}")
+            fail(f"--layouts: {e}")
         if shape.depth != 12 or not shape.schedule:
-            ap.error(f"--layouts: {layout!r} has compute depth {shape.depth} and {len(shape.schedule)} loop steps; the "
+            fail(f"--layouts: {layout!r} has compute depth {shape.depth} and {len(shape.schedule)} loop steps; the "
                      f"table compares loop layouts of compute depth 12 (such as 3+2R3+3) with vanilla 12")
     runs = plan([v for v in SCHEME if v in only], seeds, ablation_slots(layouts[0]) if "ablation" in only else (),
                 layouts)
@@ -359,15 +374,13 @@ def main(argv=None):
             print(" ".join(train_command(run, os.path.join(a.root, run["name"]), a.max_iters, a.device, a.data_root)[1:]))
         return
     if not os.path.isfile(os.path.join(ROOT, "train.py")):
-        ap.exit(2, "table1.py: error: train.py not found in the project folder\n")
+        fail("train.py not found in the project folder")
     threads = max(1, (os.cpu_count() or 1) // a.jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    try:
-        with ThreadPoolExecutor(a.jobs) as pool:  # each run is its own process; threads only wait on them
-            results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device, a.data_root), runs))
-        dataset = trained_on(results)
-    except (UsageError, OSError) as e:  # the runs done so far keep their result.json: a rerun skips them
-        ap.exit(2, f"table1.py: error: {e}\n")
+    with ThreadPoolExecutor(a.jobs) as pool:  # each run is its own process; threads only wait on them
+        results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device,
+                                                    a.data_root), runs))
+    dataset = trained_on(results)
     rows = aggregate(results, vanilla_params(), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
     os.makedirs(a.results, exist_ok=True)

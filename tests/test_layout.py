@@ -1,0 +1,137 @@
+"""
+The project's shape, held by the suite: the top level is the teaching path, the teaching files stay
+within their line budgets, mesh.py stands alone, tests share conftest.py rather than each other, and
+every command the README and results/ show names a script that exists and settings it takes.
+
+    python -m pytest tests/test_layout.py
+"""
+
+import ast
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HANG, ROOT
+
+TEACHING = ["mesh.py", "train.py", "sample.py", "configurator.py", "data/loader.py",
+            "data/tokenizer.py"]  # what a default run reads: the files a student opens
+TOP_LEVEL_PY = {"mesh.py", "train.py", "sample.py", "configurator.py", "test_mesh.py"}
+BUDGETS = {"mesh.py": 560, "train.py": 350, "README.md": 300}  # lines
+TEACHING_BUDGET, WIDTH = 1400, 100  # lines together; characters a line, at most
+
+
+def lines(name):
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def test_the_top_level_is_the_teaching_path():
+    found = {n for n in os.listdir(ROOT) if n.endswith(".py")}
+    assert found == TOP_LEVEL_PY, "a new .py belongs in support/ or tools/, not at the top"
+    for folder in ("support", "tools", "tests", "data", "config", "results"):
+        assert os.path.isdir(os.path.join(ROOT, folder)), folder
+
+
+@pytest.mark.parametrize("name", sorted(BUDGETS))
+def test_line_budgets(name):
+    assert len(lines(name)) <= BUDGETS[name], f"{name} is over {BUDGETS[name]} lines: make room"
+
+
+def test_the_teaching_files_together_and_their_width():
+    total = sum(len(lines(n)) for n in TEACHING)
+    assert total <= TEACHING_BUDGET, f"the teaching files have {total} lines, over {TEACHING_BUDGET}"
+    wide = [f"{n}:{i}" for n in TEACHING for i, line in enumerate(lines(n), 1) if len(line) > WIDTH]
+    assert not wide, f"lines over {WIDTH} characters: {', '.join(wide[:10])}"
+
+
+def test_mesh_py_can_be_copied_alone(tmp_path):
+    """Only torch and the standard library: a copy of mesh.py alone builds and runs a model."""
+    shutil.copy(os.path.join(ROOT, "mesh.py"), tmp_path)
+    code = ("import torch, mesh; cfg = mesh.Config(vocab_size=65, block_size=16, n_embd=32, n_head=2, "
+            "layout='1+1R2+1', scheme='mesh'); model = mesh.RecursiveGPT(cfg); "
+            "print(tuple(model(torch.zeros(1, 8, dtype=torch.long))[0].shape))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the project's
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       env=env, timeout=HANG)
+    assert r.returncode == 0 and r.stdout.strip() == "(1, 8, 65)", r.stderr[-2000:]
+
+
+def imported(path):
+    """The top-level names of every module the file imports."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_test_module_imports_another_and_the_model_tests_no_tool():
+    tests = ["test_mesh.py"] + [f"tests/{n}" for n in os.listdir(os.path.join(ROOT, "tests"))
+                                if n.endswith(".py")]
+    for path in tests:
+        found = imported(os.path.join(ROOT, path))
+        assert not {n for n in found if n.startswith("test_")}, f"{path} imports a test module"
+    assert not imported(os.path.join(ROOT, "test_mesh.py")) & {"tools", "support"}
+
+
+# -----------------------------------------------------------------------------
+# Every command shown in the README and results/ (the scripts and the settings they take)
+
+def settings_of(script):
+    """The dataclass a script parses its command line into, or None for a grammar not ours."""
+    sys.path.insert(0, ROOT)
+    import importlib
+    module, cls = {"train.py": ("train", "TrainConfig"), "sample.py": ("sample", "SampleConfig"),
+                   "tools/bench.py": ("tools.bench", "BenchConfig"),
+                   "tools/probe.py": ("tools.probe", "ProbeConfig"),
+                   "tools/table1.py": ("tools.table1", "Table1Config"),
+                   "tools/consolidate.py": ("tools.consolidate", "ConsolidateConfig"),
+                   "data/prepare.py": ("data.prepare", "PrepareConfig")}.get(script, (None, None))
+    return getattr(importlib.import_module(module), cls) if module else None
+
+
+def shown_commands():
+    """(file, command line) for every `python SCRIPT ...` line of a code block in the Markdown files."""
+    docs = ["README.md", "data/README.md"] + [os.path.join(d, n).replace(ROOT + os.sep, "")
+                                              for d, _, files in os.walk(os.path.join(ROOT, "results"))
+                                              for n in files if n.endswith(".md")]
+    found = []
+    for doc in docs:
+        text = open(os.path.join(ROOT, doc), encoding="utf-8").read().replace("\\\n", " ")
+        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", text, flags=re.S):
+            for line in block.splitlines():
+                line = line.split("  #")[0].strip()
+                for part in re.split(r"&&|;", line):
+                    m = re.search(r"(?:^|\s)(?:python|train\.py|torchrun .*?)\s*(\S+\.py)(.*)$", part.strip())
+                    if m and "pip " not in part and "pythia/utils" not in m[1]:
+                        found.append((doc, m[1], m[2]))
+    return found
+
+
+COMMANDS = shown_commands()
+
+
+@pytest.mark.parametrize("doc, script, args", COMMANDS, ids=[f"{d}:{s}" for d, s, _ in COMMANDS])
+def test_every_command_shown_names_a_script_and_its_settings(doc, script, args, monkeypatch):
+    assert os.path.isfile(os.path.join(ROOT, script)), f"{doc}: {script} does not exist"
+    settings = settings_of(script)
+    if settings is None:  # mesh.py's and the tools' own small grammars are tested with them
+        return
+    from configurator import parse_flags
+    words = []
+    for word in (w.strip("[]") for w in shlex.split(args)):
+        if "..." in word or "|" in word or "$" in word or re.fullmatch(r"[A-Z][A-Z_]*", word):
+            # a placeholder: drop it, and the flag it is the value of
+            words = words[:-1] if words and words[-1].startswith("--") and "=" not in words[-1] else words
+        elif word not in (">", "2>&1"):
+            words.append(word)
+    monkeypatch.chdir(ROOT)
+    parse_flags(settings, words, script)  # raises for a setting the script does not have
