@@ -1,0 +1,78 @@
+"""
+The one command grammar of every script (configurator.py): --key=value and --key value, a true/false
+setting alone for true, JSON config files, a did-you-mean for a typo, and --help describing every
+setting, without reading source text.
+
+    python -m pytest tests/test_cli.py
+"""
+
+import dataclasses
+import re
+import subprocess
+import sys
+
+import pytest
+
+import mesh
+import sample
+import train
+from configurator import UsageError, parse_flags
+from conftest import HANG, ROOT
+from data.prepare import PrepareConfig
+from tools.bench import BenchConfig
+from tools.consolidate import ConsolidateConfig
+from tools.probe import ProbeConfig
+from tools.table1 import Table1Config
+
+SETTINGS = [train.TrainConfig, sample.SampleConfig, BenchConfig, ProbeConfig, Table1Config,
+            PrepareConfig, ConsolidateConfig]
+
+
+def test_both_forms_and_a_flag_alone():
+    argv = ["--max_iters", "10", "--lr=3e-3", "--compile", "--overwrite", "false", "--layout",
+            "2+2R4+2", "--min_lr", "-1", "--fsdp"]
+    assert parse_flags(train.TrainConfig, argv, "train.py") == dict(
+        max_iters=10, lr=3e-3, compile=True, overwrite=False, layout="2+2R4+2", min_lr=-1.0, fsdp=True)
+    assert parse_flags(train.TrainConfig, ["--lr_decay_iters", "None"], "train.py") == {
+        "lr_decay_iters": None}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max_iters"], "flag '--max_iters' needs a value: --max_iters=VALUE or --max_iters VALUE"),
+    (["--max_iters", "--lr=1"], "flag '--max_iters' needs a value"),
+    (["--max_itrs", "5"], "unknown setting 'max_itrs' in the command line (did you mean --max_iters?)"),
+    (["--max_itrs"], "unknown setting 'max_itrs' in the command line (did you mean --max_iters?)"),
+    (["--max_iters", "ten"], "--max_iters=ten is not an integer"),
+    (["--compile=maybe"], "--compile=maybe is not true or false (or None)"),
+])
+def test_bad_flags_are_one_line(argv, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        parse_flags(train.TrainConfig, argv, "train.py")
+
+
+def test_a_repeated_flag_adds_to_a_list():
+    given = parse_flags(ProbeConfig, ["--out_dir", "a", "--out_dir=b"], "tools/probe.py")
+    assert given == {"out_dir": ["a", "b"]} and ProbeConfig().out_dir == []
+
+
+@pytest.mark.parametrize("cls", SETTINGS, ids=[c.__name__ for c in SETTINGS])
+def test_every_setting_has_a_description(cls):
+    missing = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("help")]
+    assert not missing, f"{cls.__name__}: no description for {missing}"
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "tools/bench.py", "tools/probe.py",
+                                    "tools/table1.py", "data/prepare.py", "tools/consolidate.py",
+                                    "mesh.py"])
+def test_help_lists_every_setting(script):
+    r = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=HANG)
+    assert r.returncode == 0 and r.stdout.startswith("usage: python "), r.stderr[-2000:]
+    if script in ("train.py", "tools/bench.py", "mesh.py"):
+        assert f"presets: {', '.join(mesh.PRESETS)}" in r.stdout
+    if script in ("train.py", "mesh.py"):
+        assert f"schemes: {', '.join(mesh.SCHEMES)}" in r.stdout
+    if script == "train.py":  # each setting on its line, with its description
+        for f in dataclasses.fields(train.TrainConfig):
+            line = next(x for x in r.stdout.splitlines() if x.startswith(f"  --{f.name}="))
+            assert line.rstrip().endswith(f.metadata["help"])
