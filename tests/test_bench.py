@@ -9,7 +9,6 @@ import contextlib
 import gc
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -218,19 +217,3 @@ def test_json_that_fails_later_is_not_created(tmp_path, capsys):
     out = tmp_path / "b.jsonl"
     assert bench.main([f"--json={out}", "--dtype=float16"]) == 2
     assert "--dtype=float16 is not supported" in capsys.readouterr().err and not out.exists()
-
-
-def test_the_gpu_check_runs_here_in_its_tiny_mode(tmp_path):
-    """tests/gpu_check.py --tiny: the GPU check's every step (the CUDA tier, which skips here; bench.py; the
-    profile; the report) at a tiny shape, so that the command a GPU runs cannot rot where none is."""
-    report = tmp_path / "gpu.md"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu_check.py"), "--tiny", f"--report={report}"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert r.returncode == 0 and f"wrote {report}: the CUDA tier passed\n" in r.stdout, r.stdout + r.stderr[-3000:]
-    text = report.read_text()
-    for section in ("# GPU check: ", "## The CUDA tier", "## Speed and memory", "### tiny width: `python bench.py ",
-                    "### Where mesh's train step spends its time (tiny width)", "## Targets"):
-        assert section in text, section
-    if not torch.cuda.is_available():
-        assert re.search(r"`python -m pytest tests/test_cuda.py`: \d+ skipped in ", text)
-    assert all(f"| {v} | `" in text for v in ("vanilla", "base", "mesh")) and "| mesh / base step time at tiny width" in text
