@@ -1,10 +1,10 @@
 """
-The one GPU check: on a machine with one CUDA GPU, from a fresh checkout and with nothing to install
-(PyTorch with CUDA, Triton, numpy, tiktoken, pytest), in one command of at most 10 minutes:
+The one GPU check: on a machine with one CUDA GPU, from a fresh checkout and with nothing to
+install (PyTorch with CUDA, Triton, numpy, tiktoken, pytest), in one command of at most 10 minutes:
 
-    python tests/gpu_check.py --out "$OUT"            # report.md and each part's log, all in $OUT
-    python tests/gpu_check.py --out DIR --only=tier   # one part again (its files replaced, the rest kept)
-    python tests/gpu_check.py --tiny --out DIR        # every part at a tiny shape, on any machine
+    python tests/gpu_check.py --out "$OUT"           # report.md and each part's log, all in $OUT
+    python tests/gpu_check.py --out DIR --only=tier  # one part again: its files, a report of it
+    python tests/gpu_check.py --tiny --out DIR       # every part at a tiny shape, on any machine
 
 Its parts, in the order the first call must bring them back:
 
@@ -13,8 +13,8 @@ Its parts, in the order the first call must bring them back:
 2. bench-410m: the same at pythia-410m width (4+8R2+4, micro-batch 8): mesh's MFU, target 40%.
 3. tier: the CUDA tier, tests/test_cuda.py (GPU against CPU, bf16, compiled kernels, NCCL, FSDP2),
    with CUBLAS_WORKSPACE_CONFIG=:4096:8 set before its process starts (deterministic cuBLAS).
-4. profile: torch.profiler's top operators of mesh's compiled step at 410m width, run only where its
-   MFU was not measured at 40% or more: the diagnosis of a missed target.
+4. profile: torch.profiler's top operators of mesh's compiled step at 410m width, run only where
+   its MFU was not measured at 40% or more: the diagnosis of a missed target.
 
 Why this order: the speed parts give numbers that only this machine can give and that every later
 decision needs; the tier names its failures test by test, so a part of it still tells; the profile
@@ -31,8 +31,8 @@ as overran: its process group gets SIGTERM, then SIGKILL GRACE seconds later, an
 its time and last lines; the check goes on with the next part. After every part the report so far
 is written (DIR/report.md) and the part's section printed, so that the output's last 12,000
 characters alone tell the story; a SIGTERM or Ctrl-C ends the running part's group and writes the
-report with what did not run. Exit status: 1 if any part failed or overran, else 0; 2 for bad input.
-DIR holds at most 7 files, flat: report.md, PART.log for each part, bench-*.jsonl (bench.py's rows).
+report with what did not run. Exit status: 1 if a part failed or overran, else 0; 2 for bad input.
+DIR holds at most 7 files, flat: report.md, PART.log of each part, bench-*.jsonl (bench.py's rows).
 
 For the suite's test of the check itself (tests/test_gpu_check.py): --fail=PART runs, in PART's
 place, a command that prints two lines and exits 1; --overrun=PART one that starts a child and
@@ -41,16 +41,18 @@ neither outlives the check).
 
 Time, traced (no GPU has run this yet; the report's warm-up and compile figures will replace the
 assumed ones). Compiles: 13 (against some 25 before), every other cost is small beside them:
-    bench-160m  31.7 TFLOP a step (0.969 GFLOP/token x 32,768 tokens): 134 ms at 30% of the H200's
-                measured 790 TFLOP/s; 2 x (3 warm-up + 10 timed + 1 compiled + 1 eager, at twice
-                the time) steps = 4 s; 2 compiles x 40 s (assumed, a 12-block step); start 10 s: 96 s
+    bench-160m  31.7 TFLOP a step (0.969 GFLOP/token x 32,768 tokens): 134 ms at 30% of the
+                H200's measured 790 TFLOP/s; 2 x (3 warm-up + 10 timed + 1 compiled + 1 eager, at
+                twice the time) steps = 4 s; 2 compiles x 40 s (assumed, a 12-block step); the
+                process's start 10 s: 96 s
     bench-410m  44.7 TFLOP a step (2.727 GFLOP/token x 16,384): 189 ms, 6 s of steps; 2 compiles
-                x 55 s (24 blocks; Triton kernels are shared between identical blocks); start: 128 s
-    tier        8 tiny compiles x 8 s (3 graphs each for base and mesh, train.py's 2), ~35 tests
-                on tiny models 20 s, 2 torchrun runs with sample.py and fsdp.py 50 s, pytest 8 s: 143 s
+                x 55 s (24 blocks; Triton kernels are shared by identical blocks); start: 128 s
+    tier        8 tiny compiles x 8 s (3 graphs each for base and mesh, train.py's 2); 21 tests
+                on tiny models 20 s; 2 torchrun runs with sample.py and fsdp.py 50 s; pytest 8 s:
+                142 s
     profile     mesh at 410m again, from inductor's on-disk cache that bench-410m filled (graph,
                 AOTAutograd): ~15 s, start 10 s, 5 steps: 27 s
-    total       ~394 s, under 8 minutes (480 s); of it 269 s are compiles, so it still fits if they
+    total       ~393 s, under 8 minutes (480 s); of it 269 s are compiles, so it still fits if they
                 take 1.3 times as long as assumed. RESERVE gives each part about 1.4x its trace.
 
 MFU: achieved FLOP/s over the chip's dense bf16 peak (spec sheet, machine.PEAK_BF16_FLOPS: 989
@@ -75,15 +77,18 @@ TESTS = os.path.join(ROOT, "tests")
 GRACE, TAIL = 3, 15  # seconds from SIGTERM to SIGKILL; last lines kept of a failed or overrun part
 FULL = ["--dtype=bfloat16", "--compile=true", "--iters=10", "--warmup=3", "--decode=false"]
 SHAPES = {  # part -> bench.py flags: the Pythia widths, their micro-batches, context 2048
-    "bench-160m": ["--model=pythia-160m", "--layout=2+4R2+2", "--block_size=2048", "--batch_size=16"],
-    "bench-410m": ["--model=pythia-410m", "--layout=4+8R2+4", "--block_size=2048", "--batch_size=8"],
+    "bench-160m": ["--model=pythia-160m", "--layout=2+4R2+2", "--block_size=2048",
+                   "--batch_size=16"],
+    "bench-410m": ["--model=pythia-410m", "--layout=4+8R2+4", "--block_size=2048",
+                   "--batch_size=8"],
 }
 TINY = ["--n_embd=64", "--n_head=2", "--block_size=32", "--batch_size=2", "--vocab_size=64",
         "--layout=1+1R2+1", "--iters=2", "--warmup=1", "--decode=false", "--threads=1"]
 RESERVE = {"bench-160m": 150, "bench-410m": 170, "tier": 160, "profile": 60}  # seconds of 540
 TINY_RESERVE = {"bench-160m": 30, "bench-410m": 30, "tier": 20, "profile": 20}  # of 100, on a CPU
 FAIL = "print('an injected failure (--fail)'); print('its last line'); raise SystemExit(1)"
-OVERRUN = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+OVERRUN = ("import os, signal, subprocess, sys, time; "
+           "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
            "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)']); "
            "print('an injected overrun (--overrun): pids', os.getpid(), c.pid, flush=True); "
@@ -105,14 +110,14 @@ class Outcome:
 
 
 def child(function, *args):
-    """A command that runs this file's `function(args)` in a fresh interpreter (a part's own process)."""
+    """A command running this file's `function(args)` in a fresh interpreter (a part's process)."""
     code = (f"import sys; sys.path[:0] = [{ROOT!r}, {TESTS!r}]; import gpu_check; "
             f"sys.exit(gpu_check.{function}(sys.argv[1:]))")
     return [sys.executable, "-c", code, *args]
 
 
 def compiled_line(graphs, seconds, what):
-    """The line a part's child prints about its compiles, which the report reads back (COMPILED)."""
+    """The line a part's child prints about its compiles; the report reads it back (COMPILED)."""
     print(f"compiled: {graphs} graphs in {seconds:.1f} s ({what})", flush=True)
 
 
@@ -129,14 +134,14 @@ class Part:
         raise NotImplementedError
 
     def files(self, out):
-        """The files of --out this part writes besides its log (removed before it runs: nothing stale)."""
+        """Files of --out it writes besides its log (removed before it runs: nothing stale)."""
         return []
 
     def env(self):
         return {}
 
     def section(self, out):
-        """(Markdown lines, compiles in a few words) from what the part left; raises where it left none."""
+        """(Markdown lines, its compiles in a few words) from what it left; raises if nothing."""
         raise NotImplementedError
 
     def needed(self, out):
@@ -152,7 +157,7 @@ class Bench(Part):
         return [*shape, "--schemes=base,mesh"]
 
     def files(self, out):
-        return [os.path.join(out, f"{self.name}.jsonl")]  # bench.py appends: a rerun starts it afresh
+        return [os.path.join(out, f"{self.name}.jsonl")]  # bench.py appends: a rerun starts afresh
 
     def command(self, out):
         return [sys.executable, "bench.py", *self.flags(), f"--json={self.files(out)[0]}"]
@@ -166,19 +171,22 @@ class Bench(Part):
         rows, info = self.rows(out)
         lines = [f"`python bench.py {' '.join(self.flags())}`", "",
                  "| variant | layout | ms/step | vs base | tokens/s | MFU | warm-up | peak as run "
-                 "| eager peak | plan | eager / plan |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| eager peak | plan | eager / plan |",
+                 "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
             eager = eager_mb(r)
             ratio = None if eager is None else eager / r["plan_mb"]
             lines.append(f"| {r['variant']} | `{r['layout']}` | {r['ms_per_step']:.1f} | "
                          f"{r.get('time_vs_base', 1.0):.3f} | {r['tokens_per_s']:,.0f} | "
-                         f"{100 * r['peak_fraction']:.2f}% | {warmup(r)} | {mb(r.get('peak_mb'))} | "
+                         f"{100 * r['peak_fraction']:.2f}% | {warmup(r)} | "
+                         f"{mb(r.get('peak_mb'))} | "
                          f"{mb(eager)} | {mb(r['plan_mb'])} | {shown(ratio, '.2f')} |")
         r = rows[0]
         lines += ["", f"{info['device_name']}, torch {info['torch']}, {r['dtype']}"
-                      f"{', compiled' if r['compile'] else ''}, batch {r['batch_size']} x {r['block_size']};"
-                      f" MFU against {info['peak_flops'] / 1e12:.4g} TFLOP/s ({info['peak_source']});"
-                      f" memory: {r['memory']} (on CUDA the eager peak is plan.py's like)."]
+                      f"{', compiled' if r['compile'] else ''}, batch {r['batch_size']} x "
+                      f"{r['block_size']}; MFU against {info['peak_flops'] / 1e12:.4g} TFLOP/s "
+                      f"({info['peak_source']}); memory: {r['memory']} (on CUDA the eager peak is "
+                      f"plan.py's like)."]
         return lines, "; ".join(f"{r['variant']} {warmup(r)}" for r in rows)
 
 
@@ -196,8 +204,8 @@ def warmup(row):
 
 
 def eager_mb(row):
-    """A variant's eager peak in MB, what the plan models: CUDA's allocator only (a CPU's resident set also
-    holds the process itself); a compiled run's eager step, or an uncompiled run's own peak."""
+    """A variant's eager peak in MB, what the plan models: CUDA's allocator only (a CPU's resident
+    set also holds the process itself): a compiled run's eager step, an uncompiled run's peak."""
     if not row["device"].startswith("cuda"):
         return None
     return row.get("eager_peak_mb") if row["compile"] else row.get("peak_mb")
@@ -210,30 +218,31 @@ class Tier(Part):
         return child("tier_main")
 
     def env(self):
-        return {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}  # read once by cuBLAS: set before the process
+        return {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}  # cuBLAS reads it once: set before the start
 
     def section(self, out):
         return tier_lines(read_log(out, self.name)), compiles(read_log(out, self.name))
 
 
 def tier_lines(log):
-    """The report's lines of the tier's pytest output: its summary, each failure, skip and slow test."""
+    """The report's lines of the tier's pytest output: summary, each failure, skip, slow test."""
     lines = log.splitlines()
     summary = next((line.strip("= ") for line in reversed(lines)
                     if re.search(r"\d+ (passed|skipped|failed|error)", line)), "no summary")
     named = [line for line in lines if line.startswith(("FAILED", "ERROR", "SKIPPED"))]
     slow = [line for line in lines if re.match(r"[0-9.]+s (call|setup|teardown) ", line)]
-    return [f"`python -m pytest tests/test_cuda.py`: {summary}.", "", *(f"- {line}" for line in named),
+    return [f"`python -m pytest tests/test_cuda.py`: {summary}.", "",
+            *(f"- {line}" for line in named),
             *(["", "Slowest:", "", *(f"- {line}" for line in slow)] if slow else [])]
 
 
 def tier_main(args):
-    """The tier's process: pytest, then how many graphs torch.compile built and dynamo's compile time."""
+    """The tier's process: pytest, then the graphs torch.compile built, dynamo's compile time."""
     import pytest
     rc = pytest.main(["-rfEs", "-p", "no:cacheprovider", "--durations=5", "tests/test_cuda.py"])
     from torch._dynamo.utils import compilation_time_metrics, counters
-    compiled_line(counters["stats"]["unique_graphs"],
-                  sum(compilation_time_metrics.get("_compile.compile_inner", [])), "torch._dynamo's compile")
+    seconds = sum(compilation_time_metrics.get("_compile.compile_inner", []))
+    compiled_line(counters["stats"]["unique_graphs"], seconds, "torch._dynamo's compile")
     return int(rc)
 
 
@@ -245,7 +254,8 @@ class Profile(Part):
 
     def section(self, out):
         log = read_log(out, self.name)
-        return ["```", *log.split("top operators:\n", 1)[-1].rstrip().splitlines(), "```"], compiles(log)
+        table = log.split("top operators:\n", 1)[-1].rstrip().splitlines()
+        return ["```", *table, "```"], compiles(log)
 
     def needed(self, out):
         if self.tiny:
@@ -255,12 +265,13 @@ class Profile(Part):
         except (OSError, ValueError, IndexError):
             return None  # not measured: the profile may show why
         mfu = {r["variant"]: r["peak_fraction"] for r in rows}.get("mesh", 0)
-        return f"mesh's MFU at 410m width is {100 * mfu:.1f}%, at least 40%" if mfu >= 0.40 else None
+        return None if mfu < 0.40 else f"mesh's MFU at 410m width is {100 * mfu:.1f}%, 40% or more"
 
 
 def profile_main(flags, steps=3):
-    """The profile's process: mesh built and (where the flags say) compiled as bench.py does, two warm-up
-    steps, then the top operators of `steps` steps by their own device time (CPU time on a CPU)."""
+    """The profile's process: mesh built and (where the flags say) compiled as bench.py does, two
+    warm-up steps, then the top operators of `steps` steps by their own device time (on a CPU, CPU
+    time)."""
     sys.path.insert(0, ROOT)
     import torch
     import bench
@@ -278,13 +289,14 @@ def profile_main(flags, steps=3):
     compiled_line(bench.graphs() - before, time.perf_counter() - t0, "2 warm-up steps")
     P = torch.profiler
     cuda = device.startswith("cuda")
-    with P.profile(activities=[P.ProfilerActivity.CPU] + [P.ProfilerActivity.CUDA] * cuda) as prof:
+    activities = [P.ProfilerActivity.CPU] + [P.ProfilerActivity.CUDA] * cuda
+    with P.profile(activities=activities) as prof:
         for _ in range(steps):
             bench.train_step(model, opt, x, y, autocast)
         bench.sync(device)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    print("top operators:\n" + prof.key_averages().table(sort_by=key, row_limit=12,
-                                                         max_name_column_width=60), flush=True)
+    table = prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=60)
+    print("top operators:\n" + table, flush=True)
     return 0
 
 
@@ -363,26 +375,28 @@ class Report:
         slug = re.sub(r"[^A-Za-z0-9]+", "-", chip).strip("-").lower()
         lines = [f"# GPU check: {chip}", "",
                  f"`{self.command}`, {datetime.date.today()}, {time.time() - self.started:.0f} s "
-                 f"{'in all' if self.done else 'so far'} "
-                 f"of a {self.a.budget:.0f} s budget; commit as `results/gpu-{slug}.md`.", "",
-                 "MFU: FLOPs per token as PaLM's appendix and nanoGPT's estimate_mfu count them (6 x the "
-                 "unrolled compute depth's matmul parameters, plus attention over the full T x T, causal "
-                 "masking not discounted), over the chip's dense bf16 peak.", "",
-                 "| part | status | time | deadline | compiles (warm-up, compilation included) | log |",
-                 "|---|---|---:|---:|---|---|"]
+                 f"{'in all' if self.done else 'so far'} of a {self.a.budget:.0f} s budget; "
+                 f"commit as `results/gpu-{slug}.md`.", "",
+                 "MFU: FLOPs per token as PaLM's appendix and nanoGPT's estimate_mfu count them "
+                 "(6 x the unrolled compute depth's matmul parameters, plus attention over the "
+                 "full T x T, causal masking not discounted), over the chip's dense bf16 peak.",
+                 "",
+                 "| part | status | time | deadline | compiles (warm-up, compilation included) "
+                 "| log |", "|---|---|---:|---:|---|---|"]
         for n in self.names:
             o = self.outcomes[n]
             status = o.status + (f": {o.note}" if o.note else "")
             ran = o.status in ("passed", "failed", "overran", "stopped")
-            lines.append(f"| {n} | {status} | {f'{o.seconds:.0f} s' if ran else '-'} | "
-                         f"{f'{o.deadline:.0f} s' if ran else '-'} | {self.sections.get(n, ([], '-'))[1]} | "
+            cells = [f"{o.seconds:.0f} s", f"{o.deadline:.0f} s"] if ran else ["-", "-"]
+            compiled = self.sections.get(n, ([], "-"))[1]
+            lines.append(f"| {n} | {status} | {' | '.join(cells)} | {compiled} | "
                          f"{f'`{n}.log`' if ran else '-'} |")
         for n in self.names:
             lines += ["", *self.part_lines(n)]
         lines += ["", "## Targets", ""]
         if self.a.tiny:
-            lines += ["(--tiny: the full check's targets, for a GPU at Pythia widths; here they only show "
-                      "that the report is whole.)", ""]
+            lines += ["(--tiny: the full check's targets, for a GPU at Pythia widths; here they "
+                      "only show that the report is whole.)", ""]
         lines += ["| target | measured | met |", "|---|---:|---|"]
         lines += [f"| {what} | {value} | {met} |" for what, value, met in self.targets()]
         return lines
@@ -391,35 +405,39 @@ class Report:
         o = self.outcomes[n]
         lines = [f"## {n}: {o.status}", "", *self.sections.get(n, ([], ""))[0]]
         if o.tail:
-            lines += ["" if n in self.sections else None, f"{o.note}, after {o.seconds:.0f} s; its last lines:",
-                      "", "```", *o.tail, "```"]
+            lines += ["" if n in self.sections else None,
+                      f"{o.note}, after {o.seconds:.0f} s; its last lines:", "",
+                      "```", *o.tail, "```"]
         elif n not in self.sections:
             lines.append(o.note or "-")
         return [line for line in lines if line is not None]
 
     def targets(self):
-        """(what, measured, met) of each target; what a part that did not pass could not measure says so."""
+        """(what, measured, met) of each target; one a part did not measure names the part."""
         out = []
         for name, width in (("bench-160m", "160m"), ("bench-410m", "410m")):
             if name not in self.sections:  # read back from its rows only where it passed
-                why = f"not measured: {name} {self.outcomes.get(name, Outcome('not selected')).status}"
-                out += [(f"{what} at {width} width", why, "-") for what in
-                        (("mesh / base step time (at most 1.05)",) if width == "160m" else
-                         ("mesh's MFU (at least 40%)",)) + ("eager peak memory / plan (within 25%)",)]
+                status = self.outcomes.get(name, Outcome("not selected")).status
+                why = f"not measured: {name} {status}"
+                first = ("mesh / base step time (at most 1.05)" if width == "160m" else
+                         "mesh's MFU (at least 40%)")
+                out += [(f"{what} at {width} width", why, "-")
+                        for what in (first, "eager peak memory / plan (within 25%)")]
                 continue
             by = {r["variant"]: r for r in Bench(name, self.a.tiny).rows(self.a.out)[0]}
             if width == "160m":
                 value = by["mesh"]["time_vs_base"]
-                out.append((f"mesh / base step time at {width} width (at most 1.05)", f"{value:.3f}",
-                            yes(value <= 1.05)))
+                out.append((f"mesh / base step time at {width} width (at most 1.05)",
+                            f"{value:.3f}", yes(value <= 1.05)))
             else:
                 value = by["mesh"]["peak_fraction"]
                 out.append((f"mesh's MFU at {width} width (at least 40%)", f"{100 * value:.2f}%",
                             yes(value >= 0.40)))
             for v, r in by.items():
                 ratio = None if eager_mb(r) is None else eager_mb(r) / r["plan_mb"]
+                met = "-" if ratio is None else yes(abs(ratio - 1) <= 0.25)
                 out.append((f"{v}'s eager peak memory / plan at {width} width (within 25%)",
-                            shown(ratio, ".2f"), "-" if ratio is None else yes(abs(ratio - 1) <= 0.25)))
+                            shown(ratio, ".2f"), met))
         tier = self.outcomes.get("tier", Outcome("not selected"))
         out.append(("the CUDA tier passes", tier.status, yes(tier.status == "passed")))
         return out
@@ -428,7 +446,7 @@ class Report:
         path = os.path.join(self.a.out, "report.md")
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             f.write("\n".join(self.lines()) + "\n")
-        os.replace(path + ".tmp", path)  # a check killed mid-write still leaves the last whole report
+        os.replace(path + ".tmp", path)  # killed mid-write, the check leaves the last whole one
 
 
 def yes(met):
@@ -443,16 +461,19 @@ def tail(out, name):
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description="The one GPU check: bench.py at Pythia widths, the CUDA tier "
-                                             "and a profile, each under a deadline, reported as it goes.")
+    ap = argparse.ArgumentParser(description="The one GPU check: bench.py at Pythia widths, the "
+                                 "CUDA tier and a profile, each under a deadline, reported as it "
+                                 "goes.")
     ap.error = lambda msg: ap.exit(2, f"gpu_check.py: error: {msg}\n")
-    ap.add_argument("--out", default="gpu-check", help="folder for every file the check writes "
-                                                      "(default: %(default)s)")
-    ap.add_argument("--budget", type=float, help="seconds for the whole check (default: 540; with --tiny 100)")
-    ap.add_argument("--tiny", action="store_true", help="tiny shapes, uncompiled, on whatever device there is")
+    ap.add_argument("--out", default="gpu-check",
+                    help="folder for every file the check writes (default: %(default)s)")
+    ap.add_argument("--budget", type=float,
+                    help="seconds for the whole check (default: 540; with --tiny 100)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny shapes, uncompiled, on whatever device there is")
     ap.add_argument("--only", help=f"comma-separated parts to run, of {', '.join(PARTS)}")
-    ap.add_argument("--fail", help="a part replaced by a command that fails (the suite's test of the check)")
-    ap.add_argument("--overrun", help="a part replaced by one that overruns (the suite's test of the check)")
+    ap.add_argument("--fail", help="parts replaced by a command that fails (the suite's test)")
+    ap.add_argument("--overrun", help="parts replaced by one that overruns (the suite's test)")
     a = ap.parse_args(argv)
     for flag in ("only", "fail", "overrun"):
         for name in (getattr(a, flag) or "").split(","):
@@ -487,30 +508,36 @@ def main(argv=None):
         raise Stopped()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # logs whole, no .pyc
+    # logs whole when a part is killed; no .pyc files written into the project
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    injected = {**dict.fromkeys((a.fail or "").split(","), FAIL),
+                **dict.fromkeys((a.overrun or "").split(","), OVERRUN)}
     try:
         for i, name in enumerate(names):
             part = PARTS[name](name, a.tiny)
-            why = part.needed({"out": a.out})
+            why = part.needed(a.out)
             if why:
                 report.outcomes[name] = Outcome("not needed", note=why)
             else:
-                cmd = ([sys.executable, "-c", FAIL] if name == a.fail else
-                       [sys.executable, "-c", OVERRUN] if name == a.overrun else part.command(a.out))
+                cmd = ([sys.executable, "-c", injected[name]] if name in injected else
+                       part.command(a.out))
                 for path in part.files(a.out):
                     if os.path.exists(path):
                         os.remove(path)
                 deadline = end - scale * sum(reserve[n] for n in names[i + 1:])
-                status, note, seconds = run_part(cmd, {**env, **part.env()}, os.path.join(a.out, f"{name}.log"),
+                log = os.path.join(a.out, f"{name}.log")
+                status, note, seconds = run_part(cmd, {**env, **part.env()}, log,
                                                  deadline - time.time())
-                report.outcomes[name] = o = Outcome(status, seconds, deadline - report.started, note,
-                                                    [] if status == "passed" else tail(a.out, name))
+                o = Outcome(status, seconds, deadline - report.started, note,
+                            [] if status == "passed" else tail(a.out, name))
+                report.outcomes[name] = o
                 if status in ("passed", "failed"):  # a failed tier still names its failures
                     try:
                         report.sections[name] = part.section(a.out)
                     except (OSError, ValueError, KeyError, IndexError) as e:
                         if status == "passed":  # it passed, but left no result
-                            o.status, o.note, o.tail = "failed", f"its result unreadable ({e!r})", tail(a.out, name)
+                            o.status, o.note = "failed", f"its result unreadable ({e!r})"
+                            o.tail = tail(a.out, name)
                 if status == "stopped":
                     raise Stopped()
             report.write()

@@ -23,11 +23,11 @@ POSIX = pytest.mark.skipif(os.name != "posix", reason="process groups and SIGTER
 
 
 def check(tmp_path, *args, timeout=300):
-    """Run the check from an empty folder (which must stay empty) -> (exit status, stdout, --out)."""
+    """Run the check from an empty folder, which must stay empty -> (exit status, stdout, out)."""
     here, out = tmp_path / "cwd", tmp_path / "out"
     here.mkdir()
-    r = subprocess.run([sys.executable, CHECK, "--tiny", f"--out={out}", *args], capture_output=True,
-                       text=True, cwd=here, timeout=timeout)
+    r = subprocess.run([sys.executable, CHECK, "--tiny", f"--out={out}", *args],
+                       capture_output=True, text=True, cwd=here, timeout=timeout)
     assert r.stderr == "" and list(here.iterdir()) == [], r.stderr[-3000:]
     return r.returncode, r.stdout, out
 
@@ -40,7 +40,7 @@ def pids(log):
 
 
 def running(pid):
-    """Whether pid is a live process (a zombie, ended but not yet reaped by its new parent, is not)."""
+    """Whether pid is a live process (a zombie, ended but not reaped by its new parent, is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -63,32 +63,38 @@ def assert_ended(pids):
 @POSIX
 def test_a_failed_and_an_overrun_part_leave_the_rest_of_the_report(tmp_path):
     rc, stdout, out = check(tmp_path, "--budget=100", "--fail=bench-160m", "--overrun=tier")
-    assert rc == 1 and stdout.endswith("wrote "f"{out / 'report.md'}: not passed: bench-160m, tier\n")
+    assert rc == 1
+    assert stdout.endswith(f"wrote {out / 'report.md'}: not passed: bench-160m, tier\n")
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["bench-160m.log", "bench-410m.jsonl", "bench-410m.log", "profile.log", "report.md",
-                     "tier.log"] and all((out / f).is_file() for f in files) and len(files) <= 8
+    assert files == ["bench-160m.log", "bench-410m.jsonl", "bench-410m.log", "profile.log",
+                     "report.md", "tier.log"]
+    assert all((out / f).is_file() for f in files) and len(files) <= 8
     report = (out / "report.md").read_text()
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:4] for line in report.splitlines()
             if line.startswith(tuple(f"| {n} | " for n in gpu_check.PARTS))}
     assert rows["bench-160m"][0] == "failed: exit 1" and rows["bench-410m"][0] == "passed"
     assert rows["tier"][0] == "overran: ended at its deadline, with its process group"
     assert rows["profile"][0] == "passed"
-    # the overrun ran to its deadline, the budget's end less the profile's reserve (20 of 100 s), then
-    # its process group had GRACE seconds; the parts' times are rounded to seconds
+    # the overrun ran to its deadline, the budget's end less the profile's reserve (20 of 100 s),
+    # then its process group had GRACE seconds; the parts' times are rounded to seconds
     assert rows["tier"][2] == "80 s"
     ended = sum(float(rows[n][1][:-2]) for n in ("bench-160m", "bench-410m", "tier"))
     assert 80 - 2 <= ended <= 80 + gpu_check.GRACE + 2, rows
     # the failed part's last lines, the overrun's, the other parts' results, the targets
-    assert re.search(r"exit 1, after \d+ s; its last lines:\n\n```\nan injected failure \(--fail\)\n"
-                     r"its last line\n```", report)
+    assert re.search(r"exit 1, after \d+ s; its last lines:\n\n```\n"
+                     r"an injected failure \(--fail\)\nits last line\n```", report)
     assert "## tier: overran" in report and "an injected overrun (--overrun): pids" in report
-    assert "| mesh | `1+1R2+1` |" in report and "\n```\n---" in report.split("## profile: passed")[1]
-    assert "| mesh / base step time (at most 1.05) at 160m width | not measured: bench-160m failed | - |" in report
-    assert re.search(r"\| mesh's MFU at 410m width \(at least 40%\) \| [0-9.]+% \| (yes|no) \|", report)
+    assert "| mesh | `1+1R2+1` |" in report
+    assert "\n```\n---" in report.split("## profile: passed")[1]  # the profiler's table
+    assert ("| mesh / base step time (at most 1.05) at 160m width | not measured: bench-160m "
+            "failed | - |") in report
+    assert re.search(r"\| mesh's MFU at 410m width \(at least 40%\) \| [0-9.]+% \| (yes|no) \|",
+                     report)
     assert "| the CUDA tier passes | overran | no |" in report
     # each part's section printed as it ended, in order
-    at = [stdout.index(f"## {n}: {s}") for n, s in (("bench-160m", "failed"), ("bench-410m", "passed"),
-                                                    ("tier", "overran"), ("profile", "passed"))]
+    ends = (("bench-160m", "failed"), ("bench-410m", "passed"), ("tier", "overran"),
+            ("profile", "passed"))
+    at = [stdout.index(f"## {name}: {status}") for name, status in ends]
     assert at == sorted(at)
     assert_ended(pids(out / "tier.log"))
 
@@ -96,8 +102,9 @@ def test_a_failed_and_an_overrun_part_leave_the_rest_of_the_report(tmp_path):
 @POSIX
 def test_a_stopped_check_ends_its_part_and_says_what_did_not_run(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, CHECK, "--tiny", f"--out={out}", "--overrun=bench-160m"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, CHECK, "--tiny", f"--out={out}",
+                             "--overrun=bench-160m"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     log, t0 = out / "bench-160m.log", time.time()
     while not (log.exists() and "pids" in log.read_text()) and time.time() - t0 < 60:
         time.sleep(0.1)
@@ -105,28 +112,31 @@ def test_a_stopped_check_ends_its_part_and_says_what_did_not_run(tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 1 and stderr == "", stderr
     report = (out / "report.md").read_text()
-    assert "| bench-160m | stopped: the check was stopped (SIGTERM or Ctrl-C) while it ran |" in report
+    assert "| bench-160m | stopped: the check was stopped (SIGTERM or Ctrl-C) while it ran |" \
+        in report
     for name in ("bench-410m", "tier", "profile"):
-        assert f"| {name} | not run: the check was stopped before it | - | - | - | - |" in report, name
+        row = f"| {name} | not run: the check was stopped before it | - | - | - | - |"
+        assert row in report, name
     assert sorted(p.name for p in out.iterdir()) == ["bench-160m.log", "report.md"]
     assert_ended(pids(log))
 
 
 def test_only_runs_the_parts_it_names(tmp_path):
-    """The tier alone (here every CUDA test skips, saying why), into an --out that keeps nothing else."""
+    """The tier alone (here every CUDA test skips, saying why), into an --out holding no more."""
     rc, stdout, out = check(tmp_path, "--only=tier")
     assert rc == 0 and sorted(p.name for p in out.iterdir()) == ["report.md", "tier.log"]
     report = (out / "report.md").read_text()
     assert re.search(r"`python -m pytest tests/test_cuda.py`: \d+ (passed|skipped)", report)
     assert "| tier | passed |" in report and "| bench-160m |" not in report
-    assert "| mesh / base step time (at most 1.05) at 160m width | not measured: bench-160m not selected" \
-        in report
+    assert ("| mesh / base step time (at most 1.05) at 160m width | not measured: bench-160m "
+            "not selected") in report
     if "skipped" in report:
         assert "- SKIPPED [" in report and ": no CUDA GPU on this machine" in report
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--only=bench"], "--only=bench is not a part; name one of bench-160m, bench-410m, tier, profile"),
+    (["--only=bench"], "--only=bench is not a part; name one of bench-160m, bench-410m, tier, "
+                       "profile"),
     (["--fail=tier,prof"], "--fail=prof is not a part"),
     (["--budget=0"], "--budget=0 must be a positive number of seconds"),
     (["--budget=soon"], "argument --budget: invalid float value: 'soon'"),
