@@ -333,7 +333,8 @@ def train(given):
                 log.write({"iter": iter_num, "loss": loss, "lr": lr, "ms": 1000 * dt,
                            **({"mfu": mfu} if peak else {})},
                           f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms/iter, "
-                          f"{tokens_per_step / dt:,.0f} tok/s, eta {dt * (tc.max_iters - iter_num) / 60:.1f} min"
+                          f"{tokens_per_step / dt:,.0f} tok/s, "
+                          f"eta {dt * (tc.max_iters - iter_num) / 60:.1f} min"
                           + (f", mfu {100 * mfu:.1f}%" if peak else ""))
         if stopping:
             save()

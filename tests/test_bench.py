@@ -126,20 +126,22 @@ def test_decoding_runs_after_the_training_models_are_freed(monkeypatch):
 
 
 def test_memory_without_a_second_compile():
-    """On CUDA bench.py measures memory in the timing process: train_step(eager=True) runs a compiled model's
-    own forward, building no graph, while the compiled call builds one; held_bytes is what the model and
-    AdamW keep between steps: 4 bytes a weight, 8 of AdamW moments, a 4-byte step count per tensor."""
+    """On CUDA bench.py measures memory in the timing process: train_step(eager=True) runs a
+    compiled model's own forward, building no graph, while the compiled call builds one;
+    held_bytes is what the model and AdamW keep between steps: 4 bytes a weight, 8 of AdamW
+    moments, a 4-byte step count per tensor."""
     torch._dynamo.reset()
-    model, opt = bench.build(Config(**{**Config().to_dict(), **TINY, "vocab_size": 64, "scheme": "mesh"}),
-                             bench.BenchConfig(), "cpu")
-    model.compile(backend="eager")  # dynamo alone: it counts the graphs without inductor's C++ builds
+    cfg = Config(**{**Config().to_dict(), **TINY, "vocab_size": 64, "scheme": "mesh"})
+    model, opt = bench.build(cfg, bench.BenchConfig(), "cpu")
+    model.compile(backend="eager")  # dynamo alone: it counts graphs without inductor's C++ builds
     x, y = torch.randint(64, (2, 2, 16))
     before, weights = bench.graphs(), [p.detach().clone() for p in model.parameters()]
     bench.train_step(model, opt, x, y, contextlib.nullcontext(), eager=True)
     assert bench.graphs() == before and not any(map(torch.equal, weights, model.parameters()))
     params = list(model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    assert bench.held_bytes(model, opt) == 12 * sum(p.numel() for p in params) + 4 * len(params) + buffers
+    held = 12 * sum(p.numel() for p in params) + 4 * len(params) + buffers
+    assert bench.held_bytes(model, opt) == held
     bench.train_step(model, opt, x, y, contextlib.nullcontext())
     assert bench.graphs() > before
 

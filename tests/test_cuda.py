@@ -1,14 +1,15 @@
 """
 The CUDA tier: what only a GPU can show (CUDA kernels, bf16 autocast as CUDA does it, NCCL, compiled
 kernels from Triton). Every test here skips, with the reason, where CUDA is missing; tests/gpu_check.py
-runs this tier first on a machine that has it.
+runs this tier on a machine that has it.
 
     CUBLAS_WORKSPACE_CONFIG=:4096:8 python -m pytest -q tests/test_cuda.py -rs
 
-cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, when this process first uses it, so the bit-for-bit resume
-test needs it set before the process starts (tests/gpu_check.py sets it for the tier); without it that
-test skips, saying so. The tests run in this file's order in one process: none changes a global
-setting that a later one depends on (deterministic algorithms are switched back off).
+cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, when this process first uses it, so the bit-for-bit
+resume test needs it set before the process starts (tests/gpu_check.py sets it for the tier);
+without it that test skips, saying so. The tests run in this file's order in one process: none
+changes a global setting that a later one depends on (deterministic algorithms are switched back
+off).
 
 Tolerances: float32 results on the GPU equal the CPU's to 1e-4 relative (||gpu - cpu|| / ||cpu||), the
 kernels differ in summation order (matmul in TF32 is off: PyTorch's default for float32 matmuls).
@@ -79,10 +80,10 @@ def test_kv_cache_decoding_equals_full_recompute_on_cuda(scheme, layout):
 
 @pytest.mark.parametrize("scheme", ["base", "mesh"])
 def test_compiled_trains_and_decodes_without_recompiles(scheme):
-    """torch.compile (inductor, Triton kernels): train steps and cached decoding build their graphs (3) once;
-    further steps and a longer decode build none. base and mesh are the loop's two code paths; residual,
-    anchor and anchor_emb are base plus one addition (mesh.SCHEMES), run on the GPU by the tests above, and
-    compiling them too would cost the GPU check 9 more graphs."""
+    """torch.compile (inductor, Triton kernels): train steps and cached decoding build their graphs
+    (3) once; further steps and a longer decode build none. base and mesh are the loop's two code
+    paths; residual, anchor and anchor_emb are base plus one addition (mesh.SCHEMES), run on the
+    GPU by the tests above, and compiling them too would cost the GPU check 9 more graphs."""
     torch._dynamo.reset()
     model = build(small(scheme, "1+2R2+1"), scramble=True).train().cuda()
     model.compile()
@@ -107,8 +108,8 @@ def test_train_py_on_cuda_bf16_compiled_resumes_bit_for_bit(data_root, tmp_path)
     """A short train.py run on the GPU (bf16 autocast, compiled, fused AdamW) and the same run stopped halfway and
     resumed: the same losses, bit for bit (deterministic kernels, as a resume's promise needs)."""
     if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
-        pytest.skip("deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG=:4096:8 set before this process starts "
-                    "(cuBLAS reads it once); tests/gpu_check.py sets it for the tier")
+        pytest.skip("deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG=:4096:8 set before this "
+                    "process starts (cuBLAS reads it once); tests/gpu_check.py sets it there")
     torch.use_deterministic_algorithms(True)
     try:
         flags = [*CUDA_TINY, f"--data_root={data_root}", "--dtype=bfloat16", "--compile=true", "--eval_interval=3",
@@ -124,8 +125,8 @@ def test_train_py_on_cuda_bf16_compiled_resumes_bit_for_bit(data_root, tmp_path)
 
 
 def test_train_py_logs_an_mfu_below_100_percent(data_root, tmp_path, capsys):  # noqa: F811
-    """log.jsonl holds each logged step's MFU at full precision (the tiny model's is far under 0.1%, which the
-    printed line rounds to 0.0%): above 0 and below 1, and the printed one is the same number, rounded."""
+    """log.jsonl holds each logged step's MFU at full precision (the tiny model's, far under 0.1%,
+    prints as 0.0%): above 0 and below 1; the printed one is it, rounded."""
     if machine_peak() is None:
         pytest.skip(f"{torch.cuda.get_device_name()} is not in machine.PEAK_BF16_FLOPS: no MFU is quoted for it")
     assert train.main([*CUDA_TINY, f"--data_root={data_root}", "--dtype=bfloat16", f"--out_dir={tmp_path / 'o'}",
