@@ -239,7 +239,8 @@ def tier_lines(log):
 def tier_main(args):
     """The tier's process: pytest, then the graphs torch.compile built, dynamo's compile time."""
     import pytest
-    rc = pytest.main(["-rfEs", "-p", "no:cacheprovider", "--durations=5", "tests/test_cuda.py"])
+    # -vv (pytest.ini's -q less two): each test named as it starts, so a hang's last line names it
+    rc = pytest.main(["-vv", "-rfEs", "-p", "no:cacheprovider", "--durations=5", "tests/test_cuda.py"])
     from torch._dynamo.utils import compilation_time_metrics, counters
     seconds = sum(compilation_time_metrics.get("_compile.compile_inner", []))
     compiled_line(counters["stats"]["unique_graphs"], seconds, "torch._dynamo's compile")
