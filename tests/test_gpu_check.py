@@ -6,6 +6,7 @@ the report, every file lands in --out, and nothing the check started outlives it
     python -m pytest -q tests/test_gpu_check.py
 """
 
+import json
 import os
 import re
 import signal
@@ -154,3 +155,43 @@ def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu_check.main([f"--out={tmp_path / 'f'}"])
     assert f"--out={tmp_path / 'f'} is a file; give a folder" in capsys.readouterr().err
+
+
+def test_a_gpu_runs_report_from_its_rows(tmp_path):
+    """What only a GPU run's rows hold, rendered as the full check would: compiled and eager peaks
+    beside the plan, the targets comparing eager with the plan, and the profile not needed once
+    mesh's MFU at 410m width is 40% or more."""
+    def row(variant, vs_base, mfu, eager):
+        return dict(variant=variant, layout="2+4R2+2", ms_per_step=100.0, time_vs_base=vs_base,
+                    tokens_per_s=327680.0, peak_fraction=mfu, warmup_s=41.5, warmup_graphs=2,
+                    peak_mb=9000.0, eager_peak_mb=eager, plan_mb=10000.0, compile=True,
+                    device="cuda", dtype="bfloat16", batch_size=16, block_size=2048,
+                    memory="CUDA allocator peak, in this process")
+    machine = dict(kind="machine", device_name="NVIDIA H200", torch="2.11.0", peak_flops=989e12,
+                   peak_source="spec sheet, dense bf16")
+    for name, mfu in (("bench-160m", 0.38), ("bench-410m", 0.45)):
+        rows = [row("base", 1.0, mfu, 12000.0), row("mesh", 1.02, mfu, 13000.0), machine]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a = gpu_check.parse([f"--out={tmp_path}"])
+    a.budget = 540
+    report = gpu_check.Report(a, list(gpu_check.PARTS), ["--out", "OUT"])
+    for name in ("bench-160m", "bench-410m"):
+        report.outcomes[name] = gpu_check.Outcome("passed", 90.0, 230.0)
+        report.sections[name] = gpu_check.Bench(name, False).section(str(tmp_path))
+    text = "\n".join(report.lines())
+    assert text.startswith("# GPU check: NVIDIA H200\n") and "`results/gpu-nvidia-h200.md`" in text
+    assert "| warm-up | compiled peak | eager peak | plan | eager / plan |" in text
+    assert ("| mesh | `2+4R2+2` | 100.0 | 1.020 | 327,680 | 45.00% | 41.5 s, 2 graphs | 9,000 MB "
+            "| 13,000 MB | 10,000 MB | 1.30 |") in text
+    assert ("| bench-410m | passed | 90 s | 230 s | base 41.5 s, 2 graphs; "
+            "mesh 41.5 s, 2 graphs |") in text
+    for target in ("| mesh / base step time at 160m width (at most 1.05) | 1.020 | yes |",
+                   "| mesh's MFU at 410m width (at least 40%) | 45.00% | yes |",
+                   "| base's eager peak memory / plan at 410m width (within 25%) | 1.20 | yes |",
+                   "| mesh's eager peak memory / plan at 160m width (within 25%) | 1.30 | no |",
+                   "| the CUDA tier passes | not run | no |"):
+        assert target in text, target
+    profile = gpu_check.Profile("profile", False)
+    assert profile.needed(str(tmp_path)) == "mesh's MFU at 410m width is 45.0%, 40% or more"
+    (tmp_path / "bench-410m.jsonl").unlink()
+    assert profile.needed(str(tmp_path)) is None  # not measured: the profile runs
