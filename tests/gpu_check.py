@@ -73,7 +73,8 @@ import time
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
-TESTS = os.path.join(ROOT, "tests")
+HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder, for the parts' imports
+BENCH, TIER = "bench.py", "tests/test_cuda.py"  # from the project folder, where every part runs
 GRACE, TAIL = 3, 15  # seconds from SIGTERM to SIGKILL; last lines kept of a failed or overrun part
 FULL = ["--dtype=bfloat16", "--compile=true", "--iters=10", "--warmup=3", "--decode=false"]
 SHAPES = {  # part -> bench.py flags: the Pythia widths, their micro-batches, context 2048
@@ -111,7 +112,7 @@ class Outcome:
 
 def child(function, *args):
     """A command running this file's `function(args)` in a fresh interpreter (a part's process)."""
-    code = (f"import sys; sys.path[:0] = [{ROOT!r}, {TESTS!r}]; import gpu_check; "
+    code = (f"import sys; sys.path[:0] = [{ROOT!r}, {HERE!r}]; import gpu_check; "
             f"sys.exit(gpu_check.{function}(sys.argv[1:]))")
     return [sys.executable, "-c", code, *args]
 
@@ -160,7 +161,7 @@ class Bench(Part):
         return [os.path.join(out, f"{self.name}.jsonl")]  # bench.py appends: a rerun starts afresh
 
     def command(self, out):
-        return [sys.executable, "bench.py", *self.flags(), f"--json={self.files(out)[0]}"]
+        return [sys.executable, BENCH, *self.flags(), f"--json={self.files(out)[0]}"]
 
     def rows(self, out):
         with open(os.path.join(out, f"{self.name}.jsonl"), encoding="utf-8") as f:
@@ -170,7 +171,7 @@ class Bench(Part):
     def section(self, out):
         rows, info = self.rows(out)
         as_run = "compiled peak" if rows[0]["compile"] else "peak"
-        lines = [f"`python bench.py {' '.join(self.flags())}`", "",
+        lines = [f"`python {BENCH} {' '.join(self.flags())}`", "",
                  f"| variant | layout | ms/step | vs base | tokens/s | MFU | warm-up | {as_run} "
                  "| eager peak | plan | eager / plan |",
                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -232,7 +233,7 @@ def tier_lines(log):
                     if re.search(r"\d+ (passed|skipped|failed|error)", line)), "no summary")
     named = [line for line in lines if line.startswith(("FAILED", "ERROR", "SKIPPED"))]
     slow = [line for line in lines if re.match(r"[0-9.]+s (call|setup|teardown) ", line)]
-    return [f"`python -m pytest tests/test_cuda.py`: {summary}.", "",
+    return [f"`python -m pytest {TIER}`: {summary}.", "",
             *(f"- {line}" for line in named),
             *(["", "Slowest:", "", *(f"- {line}" for line in slow)] if slow else [])]
 
@@ -241,8 +242,7 @@ def tier_main(args):
     """The tier's process: pytest, then the graphs torch.compile built, dynamo's compile time."""
     import pytest
     # -vv (pytest.ini's -q less two): each test named as it starts, so a hang's last line names it
-    rc = pytest.main(["-vv", "-rfEs", "-p", "no:cacheprovider", "--durations=5",
-                      "tests/test_cuda.py"])
+    rc = pytest.main(["-vv", "-rfEs", "-p", "no:cacheprovider", "--durations=5", TIER])
     from torch._dynamo.utils import compilation_time_metrics, counters
     seconds = sum(compilation_time_metrics.get("_compile.compile_inner", []))
     compiled_line(counters["stats"]["unique_graphs"], seconds, "torch._dynamo's compile")
@@ -275,7 +275,7 @@ def profile_main(flags, steps=3):
     """The profile's process: mesh built and (where the flags say) compiled as bench.py does, two
     warm-up steps, then the top operators of `steps` steps by their own device time (on a CPU, CPU
     time)."""
-    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.join(ROOT, os.path.dirname(BENCH)))
     import torch
     import bench
     from configurator import parse_flags
@@ -361,7 +361,7 @@ class Report:
 
     def __init__(self, a, names, argv):
         self.a, self.names, self.started = a, names, time.time()
-        self.command = " ".join(["python tests/gpu_check.py", *argv])
+        self.command = " ".join(["python", os.path.relpath(__file__, ROOT), *argv])
         self.outcomes = {n: Outcome("not run", note="not reached yet") for n in names}
         self.sections, self.done = {}, False
 
