@@ -22,14 +22,9 @@ from torch._dynamo.utils import counters
 
 import mesh
 from mesh import Config, KVCache, Layout, RecursiveGPT, parse_layout
+from tests.models import CASES, IDS, V, build, small, tokens
 
 ROOT = Path(__file__).resolve().parent
-V = 67  # small vocabulary, not a power of two on purpose
-
-# (scheme, layout): every scheme of mesh.SCHEMES on a looped layout, base also on a vanilla one and mesh also
-# on mixed shared / unshared steps (two cores).
-CASES = [("base", "4")] + [(s, "1+2R2+1") for s in mesh.SCHEMES] + [("mesh", "1+1+1R2+1")]
-IDS = [f"{s}-{l}" for s, l in CASES]
 
 # Each scheme's update rule (the paper's Section 3) written again here, apart from mesh.SCHEMES, for the
 # independent implementation below; MeSH's is its buffer (Eq. 2-5), written there slot by slot.
@@ -44,27 +39,6 @@ def reference_rule(scheme):
         pytest.fail(f"scheme {scheme!r} of mesh.SCHEMES has no reference formula: add its update rule to REFERENCE "
                     f"in test_mesh.py (written from its equation, not copied from mesh.py)")
     return REFERENCE[scheme]
-
-
-def small(scheme="mesh", layout="1+2R2+1", **kw):
-    return Config(**{**dict(vocab_size=V, block_size=32, n_embd=64, n_head=4, layout=layout, scheme=scheme), **kw})
-
-
-def build(cfg, seed=0, scramble=False):
-    """A model in eval mode. scramble: replace the (near-uniform) init with larger random weights, so
-    logits depend strongly on context and routers route unevenly: equalities then mean something."""
-    torch.manual_seed(seed)
-    model = RecursiveGPT(cfg).eval()
-    if scramble:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                noise = 0.1 * torch.randn_like(p)
-                p.copy_(1 + noise if ".ln_" in f".{name}" and name.endswith("weight") else noise)
-    return model
-
-
-def tokens(B=2, T=32, seed=1):
-    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
 def vanilla_formula(L, D):

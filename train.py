@@ -326,11 +326,14 @@ def train(given):
         iter_num += 1
         if iter_num % tc.log_interval == 0 or iter_num == tc.max_iters or stopping:
             dt, t0, timed_from = (time.time() - t0) / (iter_num - timed_from), time.time(), iter_num
-            mfu = f", mfu {100 * flops / dt / (peak * world):.1f}%" if peak else ""  # of all processes' peak
-            if master:
-                log.write({"iter": iter_num, "loss": loss, "lr": lr, "ms": 1000 * dt},
+            mfu = flops / dt / (peak * world) if peak else None  # of all processes' peak
+            if master:  # the log keeps MFU's full precision (a tiny model's prints as 0.0%)
+                log.write({"iter": iter_num, "loss": loss, "lr": lr, "ms": 1000 * dt,
+                           **({"mfu": mfu} if peak else {})},
                           f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms/iter, "
-                          f"{tokens_per_step / dt:,.0f} tok/s, eta {dt * (tc.max_iters - iter_num) / 60:.1f} min{mfu}")
+                          f"{tokens_per_step / dt:,.0f} tok/s, "
+                          f"eta {dt * (tc.max_iters - iter_num) / 60:.1f} min"
+                          + (f", mfu {100 * mfu:.1f}%" if peak else ""))
         if stopping:
             save()
             if master:

@@ -21,9 +21,13 @@ Bytes, with P the parameter count and n the number of processes:
     activations  see activation_bytes
     FSDP divides weights, gradients and optimizer by n; DDP keeps all of them on every GPU.
 
-The activation formula counts the tensors autograd saves for backward (measured with
-torch.autograd.graph.saved_tensors_hooks on this model) and is checked against the measured peak
-memory of train steps in test_plan.py.
+The activation formula counts the tensors eager PyTorch's autograd saves for backward (measured
+with torch.autograd.graph.saved_tensors_hooks on this model) and is checked against the measured
+peak memory of train steps in test_plan.py. It does not model torch.compile: inductor fuses
+elementwise operations and its partitioner recomputes cheap ones in backward instead of saving
+them, so a compiled step saves fewer activations and the plan is an upper bound for it. bench.py
+on CUDA measures a compiled step's peak and the same model's eager one; the GPU check holds the
+plan to the eager peak (like with like) and shows the compiled one beside it.
 """
 
 import os

@@ -29,11 +29,18 @@ model's count), D * V the lm_head, 12 L D T the attention scores and values over
 Peak: on CPU, a 2048 x 2048 fp32 matmul timed once per round between the train steps, so the
 peak sees the same load as the steps (median over rounds); on GPUs, the chip's dense bf16 peak
 from machine.peak_bf16_flops (a measured matmul in --dtype where the chip is not listed or runs float32).
-Memory: each variant runs 3 train steps in a fresh process (one at a time): on CPU its peak
-resident set while stepping (VmHWM), on CUDA the allocator's peak; "step MB" is that peak minus
-the memory held after building the model and optimizer, i.e. what a train step itself adds; "plan MB"
-is plan.py's estimate of the peak for the same shape (tensors only: on CPU the resident set also
-holds the process itself, some 300 MB).
+Memory: on CPU, each variant runs 3 train steps in a fresh process (one at a time) and its peak
+resident set while stepping (VmHWM) is read; on CUDA, after the timed rounds, one more train step
+in this process, with the allocator's peak reset before it, so nothing is compiled a second time
+(the allocator counts every tensor exactly; what other variants hold stays constant meanwhile).
+"step MB" is what a train step adds to what was held before it; the CUDA peak is that plus the
+variant's own weights, buffers and AdamW state. "plan MB" is plan.py's estimate of the peak for the
+same shape, of eager PyTorch's saved activations (tensors only: on CPU the resident set also holds
+the process itself, some 300 MB). With --compile on CUDA, "eager peak MB" is the same step through
+the model's uncompiled forward (model.forward, which bypasses the compiled call): the figure the
+plan models, beside the compiled one (inductor saves fewer activations and recomputes some).
+"warm-up s" is the warm-up steps' time, compilation included (with --compile, "graphs" the graphs
+built meanwhile).
 Timing: rounds interleave the variants (one step each, order rotated), medians over rounds, so a
 busy machine slows all variants alike; the table reports how many CPUs other processes kept busy
 meanwhile (Linux /proc/stat minus this process's own CPU time). Decoding is timed the same way once
@@ -174,9 +181,11 @@ def build(cfg, bc, device):
     return model, model.configure_optimizer(0.01, 1e-3, device_type=device.split(":")[0])
 
 
-def train_step(model, opt, x, y, autocast):
+def train_step(model, opt, x, y, autocast, eager=False):
+    """One AdamW step; eager=True runs a compiled model's original forward (model.forward skips the
+    compiled call that model(...) makes), so its memory can be measured without compiling again."""
     with autocast:
-        _, loss = model(x, y)
+        _, loss = (model.forward if eager else model)(x, y)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -231,6 +240,26 @@ def peak_memory(cfg, bc, conn):
     sync(device)
     peak = memory_mb(device, peak=True)
     conn.send((peak, None if peak is None else peak - built))
+
+
+def held_bytes(model, opt):
+    """Bytes a model and its optimizer hold between steps: weights, buffers and optimizer state."""
+    state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    tensors = [*model.parameters(), *model.buffers(), *state]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def cuda_peak_mb(model, opt, x, y, autocast, device, eager=False):
+    """On CUDA, in this process: (MB of the variant's peak, MB its train step adds). The step's
+    part is the allocator's peak during one step less what was allocated before it; the peak adds
+    held_bytes."""
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    train_step(model, opt, x, y, autocast, eager)
+    sync(device)
+    step = (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    return held_bytes(model, opt) / 2**20 + step, step
 
 
 def in_fresh_process(fn, *args):
@@ -300,10 +329,17 @@ def run(bc):
     x, y = torch.randint(cfg0.vocab_size, (2, B, T), device=device)
     models = {name: build(cfg, bc, device) for name, cfg in todo}
 
-    # ---- training: warm-up, then rounds that interleave the variants and the peak matmul
+    # ---- training: warm-up (with --compile, compilation: timed, its graphs counted), then rounds
+    # that interleave the variants and the peak matmul
+    warm = {}
     for name in models:
+        before = graphs()
+        sync(device)
+        t0 = time.perf_counter()
         for _ in range(bc.warmup):
             train_step(*models[name], x, y, autocast)
+        sync(device)
+        warm[name] = time.perf_counter() - t0, graphs() - before
     steps = {name: [] for name in models}
     recompiles = dict.fromkeys(models, 0)
     mm = torch.randn(2, 8192 if cuda else 2048, 8192 if cuda else 2048, device=device, dtype=dtype).unbind(0)
@@ -346,7 +382,8 @@ def run(bc):
                    non_embedding_params=models[name][0].num_params(), n_slots=cfg.slots if cfg.scheme == "mesh" else None,
                    n_embd=cfg.n_embd, n_head=cfg.n_head, vocab_size=cfg.vocab_size, block_size=T, batch_size=B,
                    device=device, dtype=bc.dtype, compile=bc.compile, ms_per_step=ms, tokens_per_s=B * T / ms * 1000,
-                   flops_per_token=fpt, flops_per_s=fpt * B * T / ms * 1000)
+                   flops_per_token=fpt, flops_per_s=fpt * B * T / ms * 1000,
+                   warmup_s=warm[name][0], warmup_graphs=warm[name][1] if bc.compile else None)
         row["peak_fraction"] = row["flops_per_s"] / peak
         if name in profiles:
             p = profiles[name]
@@ -355,12 +392,17 @@ def run(bc):
         for ref in ("vanilla", "base"):  # paired per round: both steps ran moments apart, under the same load
             if ref in steps:
                 row[f"time_vs_{ref}"] = median(a / b for a, b in zip(steps[name], steps[ref]))
-        if cuda:  # the child shares this GPU: hand it what the parent's allocator holds but no longer uses
-            torch.cuda.empty_cache()
-        row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
+        if cuda:  # here, so nothing compiles twice; where compiled, eager too (the plan's like)
+            row["peak_mb"], row["step_mb"] = cuda_peak_mb(*models[name], x, y, autocast, device)
+            if bc.compile:
+                eager = cuda_peak_mb(*models[name], x, y, autocast, device, eager=True)
+                row["eager_peak_mb"], row["eager_step_mb"] = eager
+        else:
+            row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
         row["plan_mb"] = plan.memory(cfg, B, 1, False, bc.grad_checkpoint, 2 if bc.dtype == "bfloat16" else 4,
                                      ddp=False)["total"] / 2**20  # train.py --plan=true's estimate of peak_mb
-        row["memory"] = "CUDA allocator peak" if cuda else "peak resident set of a fresh process"
+        row["memory"] = ("CUDA allocator peak, in this process" if cuda else
+                         "peak resident set of a fresh process")
         rows.append(row)
         del models[name]  # the last reference: decoding below runs with no training model or optimizer left
 
@@ -390,8 +432,10 @@ def table(rows, info):
             ("tok/s", "tokens_per_s", ",.0f"), ("GFLOP/s", "flops_per_s", ".1f"), ("% of peak", "peak_fraction", ".1f"),
             ("% matmul", "matmul_share", ".0f"), ("matmul % of peak", "matmul_peak_fraction", ".0f"),
             ("% attention", "attention_share", ".0f"), (mem, "peak_mb", ".0f"),
-            ("step MB", "step_mb", ".1f"), ("plan MB", "plan_mb", ".0f"), ("decode tok/s, cache", "decode_tok_s_cache", ".0f"),
+            ("step MB", "step_mb", ".1f"), ("eager peak MB", "eager_peak_mb", ".0f"),
+            ("plan MB", "plan_mb", ".0f"), ("decode tok/s, cache", "decode_tok_s_cache", ".0f"),
             ("no cache", "decode_tok_s_no_cache", ".0f"), ("speedup", "decode_speedup", ".2f"),
+            ("warm-up s", "warmup_s", ".1f"), ("graphs", "warmup_graphs", "d"),
             ("recompiles", "recompiles", "d")]
     cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]
     percent = ("peak_fraction", "matmul_share", "matmul_peak_fraction", "attention_share")

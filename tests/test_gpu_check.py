@@ -1,0 +1,197 @@
+"""
+The GPU check (tools/gpu_check.py) in its tiny mode, on any machine, so that the command a lent GPU
+runs cannot rot where there is none: a part made to fail and one made to overrun leave the rest of
+the report, every file lands in --out, and nothing the check started outlives it.
+
+    python -m pytest -q tests/test_gpu_check.py
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import HANG, ROOT
+from tools import gpu_check
+
+CHECK = os.path.join(ROOT, "tools", "gpu_check.py")
+POSIX = pytest.mark.skipif(os.name != "posix", reason="process groups and SIGTERM are POSIX's")
+
+
+def check(tmp_path, *args, timeout=HANG):
+    """Run the check from an empty folder, which must stay empty -> (exit status, stdout, out)."""
+    here, out = tmp_path / "cwd", tmp_path / "out"
+    here.mkdir()
+    r = subprocess.run([sys.executable, CHECK, "--tiny", f"--out={out}", *args],
+                       capture_output=True, text=True, cwd=here, timeout=timeout)
+    assert r.stderr == "" and list(here.iterdir()) == [], r.stderr[-3000:]
+    return r.returncode, r.stdout, out
+
+
+def pids(log):
+    """The two process ids the injected overrun prints: its own and its child's."""
+    found = re.search(r"an injected overrun \(--overrun\): pids (\d+) (\d+)", log.read_text())
+    assert found, log.read_text()
+    return [int(found.group(1)), int(found.group(2))]
+
+
+def running(pid):
+    """Whether pid is a live process (a zombie, ended but not reaped by its new parent, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def assert_ended(pids):
+    for _ in range(20):  # SIGKILL is delivered at once; the kernel may take a moment to tear down
+        if not any(map(running, pids)):
+            return
+        time.sleep(0.1)
+    assert not [p for p in pids if running(p)], pids
+
+
+@POSIX
+def test_a_failed_and_an_overrun_part_leave_the_rest_of_the_report(tmp_path):
+    rc, stdout, out = check(tmp_path, "--budget=100", "--fail=bench-160m", "--overrun=tier")
+    assert rc == 1
+    assert stdout.endswith(f"wrote {out / 'report.md'}: not passed: bench-160m, tier\n")
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["bench-160m.log", "bench-410m.jsonl", "bench-410m.log", "profile.log",
+                     "report.md", "tier.log"]
+    assert all((out / f).is_file() for f in files) and len(files) <= 8
+    report = (out / "report.md").read_text()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:4] for line in report.splitlines()
+            if line.startswith(tuple(f"| {n} | " for n in gpu_check.PARTS))}
+    assert rows["bench-160m"][0] == "failed: exit 1" and rows["bench-410m"][0] == "passed"
+    assert rows["tier"][0] == "overran: ended at its deadline, with its process group"
+    assert rows["profile"][0] == "passed"
+    # the overrun ran to its deadline, the budget's end less the profile's reserve (20 of 100 s),
+    # then its process group had GRACE seconds; the parts' times are rounded to seconds
+    assert rows["tier"][2] == "80 s"
+    ended = sum(float(rows[n][1][:-2]) for n in ("bench-160m", "bench-410m", "tier"))
+    assert 80 - 2 <= ended <= 80 + gpu_check.GRACE + 2, rows
+    # the failed part's last lines, the overrun's, the other parts' results, the targets
+    assert re.search(r"exit 1, after \d+ s; its last lines:\n\n```\n"
+                     r"an injected failure \(--fail\)\nits last line\n```", report)
+    assert "## tier: overran" in report and "an injected overrun (--overrun): pids" in report
+    assert "| mesh | `1+1R2+1` |" in report
+    assert "\n```\n---" in report.split("## profile: passed")[1]  # the profiler's table
+    assert ("| mesh / base step time (at most 1.05) at 160m width | not measured: bench-160m "
+            "failed | - |") in report
+    assert re.search(r"\| mesh's MFU at 410m width \(at least 40%\) \| [0-9.]+% \| (yes|no) \|",
+                     report)
+    assert "| the CUDA tier passes | overran | no |" in report
+    # each part's section printed as it ended, in order
+    ends = (("bench-160m", "failed"), ("bench-410m", "passed"), ("tier", "overran"),
+            ("profile", "passed"))
+    at = [stdout.index(f"## {name}: {status}") for name, status in ends]
+    assert at == sorted(at)
+    assert_ended(pids(out / "tier.log"))
+
+
+@POSIX
+def test_a_stopped_check_ends_its_part_and_says_what_did_not_run(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, CHECK, "--tiny", f"--out={out}",
+                             "--overrun=bench-160m"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log, t0 = out / "bench-160m.log", time.time()
+    while not (log.exists() and "pids" in log.read_text()) and time.time() - t0 < 60:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=HANG)
+    assert proc.returncode == 1 and stderr == "", stderr
+    report = (out / "report.md").read_text()
+    assert "| bench-160m | stopped: the check was stopped (SIGTERM or Ctrl-C) while it ran |" \
+        in report
+    for name in ("bench-410m", "tier", "profile"):
+        row = f"| {name} | not run: the check was stopped before it | - | - | - | - |"
+        assert row in report, name
+    assert sorted(p.name for p in out.iterdir()) == ["bench-160m.log", "report.md"]
+    assert_ended(pids(log))
+
+
+def test_only_runs_the_parts_it_names(tmp_path):
+    """The tier alone (here every CUDA test skips, saying why), into an --out holding no more."""
+    rc, stdout, out = check(tmp_path, "--only=tier")
+    assert rc == 0 and sorted(p.name for p in out.iterdir()) == ["report.md", "tier.log"]
+    report = (out / "report.md").read_text()
+    assert re.search(r"`python -m pytest tests/test_cuda.py`: \d+ (passed|skipped)", report)
+    assert "| tier | passed |" in report and "| bench-160m |" not in report
+    assert ("| mesh / base step time (at most 1.05) at 160m width | not measured: bench-160m "
+            "not selected") in report
+    if "skipped" in report:
+        assert "- SKIPPED [" in report and ": no CUDA GPU on this machine" in report
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--only=bench"], "--only=bench is not a part; name one of bench-160m, bench-410m, tier, "
+                       "profile"),
+    (["--fail=tier,prof"], "--fail=prof is not a part"),
+    (["--budget=0"], "--budget=0 must be a positive number of seconds"),
+    (["--budget=soon"], "argument --budget: invalid float value: 'soon'"),
+])
+def test_bad_input_is_one_line(args, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("gpu_check.py: error: ") and needle in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit):
+        gpu_check.main([f"--out={tmp_path / 'f'}"])
+    assert f"--out={tmp_path / 'f'} is a file; give a folder" in capsys.readouterr().err
+
+
+def test_a_gpu_runs_report_from_its_rows(tmp_path):
+    """What only a GPU run's rows hold, rendered as the full check would: compiled and eager peaks
+    beside the plan, the targets comparing eager with the plan, and the profile not needed once
+    mesh's MFU at 410m width is 40% or more."""
+    def row(variant, vs_base, mfu, eager):
+        return dict(variant=variant, layout="2+4R2+2", ms_per_step=100.0, time_vs_base=vs_base,
+                    tokens_per_s=327680.0, peak_fraction=mfu, warmup_s=41.5, warmup_graphs=2,
+                    peak_mb=9000.0, eager_peak_mb=eager, plan_mb=10000.0, compile=True,
+                    device="cuda", dtype="bfloat16", batch_size=16, block_size=2048,
+                    memory="CUDA allocator peak, in this process")
+    machine = dict(kind="machine", device_name="NVIDIA H200", torch="2.11.0", peak_flops=989e12,
+                   peak_source="spec sheet, dense bf16")
+    for name, mfu in (("bench-160m", 0.38), ("bench-410m", 0.45)):
+        rows = [row("base", 1.0, mfu, 12000.0), row("mesh", 1.02, mfu, 13000.0), machine]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a = gpu_check.parse([f"--out={tmp_path}"])
+    a.budget = 540
+    report = gpu_check.Report(a, list(gpu_check.PARTS), ["--out", "OUT"])
+    for name in ("bench-160m", "bench-410m"):
+        report.outcomes[name] = gpu_check.Outcome("passed", 90.0, 230.0)
+        report.sections[name] = gpu_check.Bench(name, False).section(str(tmp_path))
+    text = "\n".join(report.lines())
+    assert text.startswith("# GPU check: NVIDIA H200\n") and "`results/gpu-nvidia-h200.md`" in text
+    assert "| warm-up | compiled peak | eager peak | plan | eager / plan |" in text
+    assert ("| mesh | `2+4R2+2` | 100.0 | 1.020 | 327,680 | 45.00% | 41.5 s, 2 graphs | 9,000 MB "
+            "| 13,000 MB | 10,000 MB | 1.30 |") in text
+    assert ("| bench-410m | passed | 90 s | 230 s | base 41.5 s, 2 graphs; "
+            "mesh 41.5 s, 2 graphs |") in text
+    for target in ("| mesh / base step time at 160m width (at most 1.05) | 1.020 | yes |",
+                   "| mesh's MFU at 410m width (at least 40%) | 45.00% | yes |",
+                   "| base's eager peak memory / plan at 410m width (within 25%) | 1.20 | yes |",
+                   "| mesh's eager peak memory / plan at 160m width (within 25%) | 1.30 | no |",
+                   "| the CUDA tier passes | not run | no |"):
+        assert target in text, target
+    profile = gpu_check.Profile("profile", False)
+    assert profile.needed(str(tmp_path)) == "mesh's MFU at 410m width is 45.0%, 40% or more"
+    (tmp_path / "bench-410m.jsonl").unlink()
+    assert profile.needed(str(tmp_path)) is None  # not measured: the profile runs
