@@ -108,6 +108,7 @@ def test_summary():
     assert "router params                       0" in base
 
 
+@pytest.mark.slow
 def test_summary_cli():
     r = run_cli("--model", "pythia-1.4b", "--layout", "4+8R2+4", "--scheme", "mesh")
     assert r.returncode == 0, r.stderr
@@ -117,6 +118,7 @@ def test_summary_cli():
 
 @pytest.mark.parametrize("args, needle", [(("--model", "pythia-14b"), "pythia-1.4b"),
                                           (("--layout", "4+xR2+4"), "bad layout")])
+@pytest.mark.slow
 def test_cli_bad_input(args, needle):
     r = run_cli(*args)
     assert r.returncode == 2
@@ -794,6 +796,7 @@ def test_cache_under_bf16_autocast(scheme):
     assert KVCache(model, 2, 16).k.dtype == model.compute_dtype("cpu") == torch.float32
 
 
+@pytest.mark.slow
 def test_compiled_equals_uncompiled_without_recompiles():
     """torch.compile (Dynamo and AOT autograd; the aot_eager backend, so no C++ kernels to build here) traces
     the model: loss, gradients and cached greedy decoding equal the uncompiled model's, and another train

@@ -91,3 +91,25 @@ def train_bpe(path, add_space_runs=True):
         tok.add_tokens([tk.AddedToken(" " * n, normalized=True) for n in range(2, 9)])
     tok.save(str(path))
     return tok
+
+
+# -----------------------------------------------------------------------------
+# Two tiers: `python -m pytest` runs the fast tests (the model's equations and counts, configs,
+# data, a tiny train and its resume, bad input), `python -m pytest --all` everything (CI's).
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", help="run the slow tests too (CI runs this)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--all"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_report_header(config):
+    if not config.getoption("--all"):
+        return "the fast tier: tests marked slow are left out (python -m pytest --all runs them)"

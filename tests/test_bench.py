@@ -19,6 +19,8 @@ from conftest import HANG, ROOT
 from tools import bench
 from mesh import Config, RecursiveGPT
 
+pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
+
 TINY = dict(layout="1+1R2+1", n_embd=32, n_head=2, block_size=16)
 FLAGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--batch_size=2", "--iters=3", "--warmup=1", "--threads=1"]
 KEYS = {"kind", "variant", "scheme", "layout", "compute_depth", "non_embedding_params", "n_slots", "batch_size",

@@ -70,6 +70,7 @@ def test_char_prepare(tmp_path):
     assert sorted(os.listdir(d)) == ["meta.json", "train.bin", "val.bin"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [TEXT, UNICODE, "x" * 1000 + "é" * 500], ids=["ascii", "unicode", "one-line"])  # the last has no newline
 def test_char_chunked_equals_one_shot(tmp_path, text):
     src = write(tmp_path / "in.txt", text)
@@ -225,6 +226,7 @@ def test_indexed_format_holds_a_vocabulary_over_65535(tmp_path):
     assert Tokenizer.load(d).decode(np.concatenate([train, val])) == text
 
 
+@pytest.mark.slow
 def test_cli(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "data/prepare.py", *a, "--out_root", str(tmp_path)],
                                     cwd=REPO, capture_output=True, text=True)
@@ -370,6 +372,7 @@ def test_sequential_windows():
         loader.sequential_windows(data, 24, 0, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tok", ["char", "gpt2"])
 def test_num_proc_output_equals_one_process(tmp_path, tok, request):
     """Chunks (here ~300 bytes, so dozens of them) are encoded in 2 processes, in order: the same bytes."""
@@ -458,6 +461,7 @@ def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
         Tokenizer("bpe", path=str(tmp_path / "missing.json"))
 
 
+@pytest.mark.slow
 def test_describe_indexed(tmp_path):
     """--indexed PATH: meta.json (and the tokenizer's copy) beside a dataset made elsewhere, e.g. Pythia's Pile."""
     train_bpe(tmp_path / "tokenizer.json")

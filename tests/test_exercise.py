@@ -14,6 +14,8 @@ import sys
 import pytest
 from conftest import HANG, ROOT
 
+pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
+
 ANCHOR_EMB = '    "anchor_emb": lambda h_m, h, h0, h_emb: h_m + h_emb,'
 HALF = '    "half": lambda h_m, h, h0, h_emb: h_m + (h + h_emb) / 2,  # h(t+1) = f_t(h(t)) + (h(t) + h_emb) / 2'
 

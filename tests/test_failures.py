@@ -36,6 +36,8 @@ from data import DataError
 from data.prepare import prepare
 from conftest import ROOT, TEXT, TINY, poison_micro_batch, run, snapshot
 
+pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
+
 
 @pytest.fixture(scope="module")
 def finished(data_root, tmp_path_factory):  # noqa: F811

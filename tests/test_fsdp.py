@@ -23,6 +23,8 @@ import train
 from data.prepare import prepare
 from conftest import HANG, ROOT, TEXT, TINY, losses, run, snapshot
 
+pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
+
 
 COMMON = ["--grad_accum=4", "--eval_interval=2", "--eval_iters=3", "--lr=3e-3", "--lr_decay_iters=8"]
 

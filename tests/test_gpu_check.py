@@ -19,6 +19,8 @@ import pytest
 from conftest import HANG, ROOT
 from tools import gpu_check
 
+pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
+
 CHECK = os.path.join(ROOT, "tools", "gpu_check.py")
 POSIX = pytest.mark.skipif(os.name != "posix", reason="process groups and SIGTERM are POSIX's")
 

@@ -23,6 +23,8 @@ from support.hf import load_hf
 from conftest import HANG, ROOT, train_bpe
 from mesh import Config, RecursiveGPT
 
+pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
+
 
 # -----------------------------------------------------------------------------
 # GPT-NeoX import: logits of a random (perturbed) HF model equal ours after conversion

@@ -32,6 +32,7 @@ def measured_activations(case):
     return step_mb * 2**20 - 12 * plan.param_counts(cfg)[0], plan.activation_bytes(cfg, B, ckpt, compute_bytes=4)
 
 
+@pytest.mark.slow
 def test_activation_estimate_within_25_percent_of_measured_peak(monkeypatch):
     # glibc keeps freed mid-sized blocks in its heap, so the resident set's peak would also count memory
     # already freed; served by mmap, freed memory leaves the resident set and the peak is the tensors'.
@@ -62,6 +63,7 @@ def test_fsdp_shards_weights_gradients_and_optimizer_state():
     assert ddp["working"] == 6 * P  # all-reduce buckets and autocast's bf16 weight copies
 
 
+@pytest.mark.slow
 def test_plan_prints_the_table_and_allocates_nothing(tmp_path, capsys):
     out = tmp_path / "out"
     assert train.main([os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config/pythia-6.9b_mesh.json"),
@@ -79,6 +81,7 @@ def test_plan_bad_input_is_one_line(capsys):
     assert "--plan_gpus=0 must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_every_shipped_config_fits_8_gpus_of_80_gib_as_it_is_set():
     """Each config/ file's own choice (DDP or --fsdp, with or without --grad_checkpoint) fits its plan on one
     node of 8 x 80 GiB, and one that DDP cannot fit sets fsdp: 6.9B does."""

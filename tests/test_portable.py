@@ -15,6 +15,8 @@ import sys
 import pytest
 
 from conftest import HANG, ROOT
+
+pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
 WINDOWS_LIKE = '''
 import builtins, io, os, sys
 sys.modules["fcntl"] = sys.modules["resource"] = None  # import fcntl (or resource): ImportError

@@ -19,6 +19,8 @@ from support.checkpoint import save as save_checkpoint
 from data.loader import random_windows
 from mesh import SCHEMES, Config, RecursiveGPT
 
+pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
+
 # -----------------------------------------------------------------------------
 # Metrics
 

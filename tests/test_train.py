@@ -209,6 +209,7 @@ def test_resume_never_prepares_or_swaps_its_dataset(data_root, tmp_path, capsys,
     assert snapshot(tmp_path) == before and not os.path.exists(tmp_path / rel)
 
 
+@pytest.mark.slow
 def test_one_vs_two_processes_and_resume_1_2_1(data_root, tmp_path):
     """Batches depend only on (seed, step): 1 process and 2 processes (torchrun, gloo) see the same
     global batch, and a run resumed 1 -> 2 -> 1 processes continues the same loss curve."""
@@ -230,6 +231,7 @@ def test_one_vs_two_processes_and_resume_1_2_1(data_root, tmp_path):
     assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(one, mix))
 
 
+@pytest.mark.slow
 def test_two_processes_stop_together_on_a_dataset_error(data_root, tmp_path):
     """Rank 0 settles the dataset; when it cannot, every rank stops with its message (none waits forever)."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -330,6 +332,7 @@ def test_mfu_peak_by_exact_chip_name(name, peak, monkeypatch):
     assert machine.peak_bf16_flops("cuda:0", "float32") is None and machine.peak_bf16_flops("cpu", "bfloat16") is None
 
 
+@pytest.mark.slow
 def test_cli_errors_have_no_traceback(data_root, tmp_path):
     r = cli("train.py", ["--scheme=mesj"], data_root, tmp_path / "o")
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
@@ -425,6 +428,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(data_root, tmp_pat
     assert ckpt["iter_num"] == 4 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_and_resumes(data_root, tmp_path):
     out = tmp_path / "int"
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), *TINY, f"--data_root={data_root}", f"--out_dir={out}",
@@ -443,6 +447,7 @@ def test_ctrl_c_saves_and_resumes(data_root, tmp_path):
     assert losses(out)[-1][0] == ckpt["iter_num"] + 2
 
 
+@pytest.mark.slow
 def test_kill_9_during_checkpoint_write_never_corrupts(data_root, tmp_path):
     """Checkpoint every step, then kill -9 the trainer right as a checkpoint write starts (when its
     temporary file appears), a little later, and later still: ckpt.pt always loads, and resumes."""
@@ -561,6 +566,7 @@ def spy_in_process(monkeypatch, log):
     monkeypatch.setattr(train, "get_batch", spy)
 
 
+@pytest.mark.slow
 def test_sequential_order_1_vs_2_processes_and_resume(seq_root, tmp_path, monkeypatch):
     """Step it reads windows it*8 ... it*8+7 (batch 2 x grad_accum 4), micro-batch m the pair (it*4+m)*2 + {0, 1},
     whatever the number of processes: rank r reads micro-batches r, r+2. A resume continues with the next ones."""
@@ -586,6 +592,7 @@ def test_sequential_order_1_vs_2_processes_and_resume(seq_root, tmp_path, monkey
     assert [i for i, _ in two_losses] == [1, 2, 3, 4] and all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(one_losses, two_losses))
 
 
+@pytest.mark.slow
 def test_sequential_stops_when_the_data_runs_out(seq_root, tmp_path, monkeypatch, capsys):
     """99 train windows, 8 a step: 12 steps, then the run says so; --epochs=2 continues into a second pass."""
     flags = [*SEQ_TINY, f"--data_root={seq_root}", "--dataset=seq", f"--out_dir={tmp_path / 'run'}", "--eval_interval=100"]
@@ -602,6 +609,7 @@ def test_sequential_stops_when_the_data_runs_out(seq_root, tmp_path, monkeypatch
     assert sorted(steps) == [12, 13] and "ran out" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_sequential_order_never_skips_data_when_the_batch_changes(seq_root, tmp_path, capsys):
     """3 steps of 2 x 4 windows read windows 0-23; at 16 windows a step the next step would begin at window 48:
     refused, with the numbers, rather than leaving 24-47 unread."""
