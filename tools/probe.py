@@ -5,7 +5,7 @@ probe.py: the MeSH paper's diagnostics (its Figures 3, 4 and 5, Section 3) for t
 
 For each checkpoint it draws N validation sequences (block_size tokens each, at positions from a
 fixed-seed generator, so every checkpoint of a dataset sees the same text), runs the model once with
-state capture (`model(idx, capture=d)`, mesh.py) and measures, per sequence:
+state capture (`with capture(model) as cap: model(idx)`, below) and measures, per sequence:
 
 - effort (Fig. 3): the relative update 2 ||f(h) - h||_F / (||f(h)||_F + ||h||_F) of every block
   application (prelude, each loop step, coda); 0 means the block left its input alone.
@@ -27,6 +27,7 @@ import math
 import os
 import sys
 import warnings
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -109,6 +110,52 @@ def spectrum(X, k=TOP_K):
 
 
 # -----------------------------------------------------------------------------
+# State capture: what the model computes, recorded from outside its forward
+
+@contextmanager
+def capture(model):
+    """with capture(model) as cap: model(idx) records, without changing a value, what the
+    diagnostics study: "states" (name, h) for h_emb, h0 ... hK, out; "blocks" (name, input,
+    output) for the prelude, each loop step and the coda (when it has blocks); "routers" (name,
+    w_write, w_read) for the transitional cycle, then each step. forward applies each part
+    through model.run, wrapped here; forward hooks on the routers see their weights. Each
+    forward's record replaces the one before."""
+    cap = dict(states=[], blocks=[], routers=[])
+    K, run = model.config.n_steps, model.run
+
+    def run_part(blocks, x, *rest):
+        y, layer = run(blocks, x, *rest)
+        if blocks is model.prelude:  # the first part of a forward
+            for record in cap.values():
+                record.clear()
+            cap["states"].append(("h_emb", x))
+            cap["blocks"].append(("prelude", x, y))
+        elif blocks is model.coda:
+            cap["states"] += [(f"h{K}", x), ("out", y)]
+            if len(blocks):
+                cap["blocks"].append(("coda", x, y))
+        else:  # loop step t, on h(t)
+            t = len(cap["blocks"]) - 1
+            cap["states"].append((f"h{t}", x))
+            cap["blocks"].append((f"step{t}", x, y))
+        return y, layer
+
+    def note_router(name):
+        return lambda router, inputs, weights: cap["routers"].append((name, *weights))
+
+    names = ["cycle"] * (model.config.cycle == "routed") + [f"step{t}" for t in range(K)]
+    routers = getattr(model, "routers", [])  # mesh only
+    hooks = [r.register_forward_hook(note_router(n)) for r, n in zip(routers, names)]
+    model.run = run_part
+    try:
+        yield cap
+    finally:
+        del model.run
+        for hook in hooks:
+            hook.remove()
+
+
+# -----------------------------------------------------------------------------
 # Data: the checkpoint's own validation split
 
 def validation_windows(ckpt, length, n, seed):
@@ -136,8 +183,8 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
     effort, cka, spec = {}, [], {}
     routers = {}  # name -> sums over tokens of the slot weights and entropies, and the token count
     for chunk in idx.split(CHUNK):
-        cap = {}
-        model(chunk, capture=cap)
+        with capture(model) as cap:
+            model(chunk)
         for name, h, fh in cap["blocks"]:
             effort.setdefault(name, []).extend(relative_update(h, fh).tolist())
         labels = [name for name, _ in cap["states"]]
