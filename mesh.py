@@ -13,6 +13,7 @@ that allocates no weights:  python mesh.py --model pythia-1.4b --layout 4+8R2+4 
 import difflib
 import math
 import re
+import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
@@ -21,9 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-# How the state passes from loop step t to t+1: h(t+1) from the step's output h_m = f_t(h(t))
-# (Eq. 4), its input h = h(t), h0 = h(0) and h_emb. Every list of schemes in the project is this
-# one; a scheme of your own is one more line. MeSH's update is the buffer's, in forward.
+# h(t+1) from loop step t's output h_m = f_t(h(t)) (Eq. 4), its input h = h(t), h0 = h(0), h_emb:
+# the project's one list of schemes; one more line adds one. MeSH's is its buffer's (forward).
 SCHEMES = {
     "base": lambda h_m, h, h0, h_emb: h_m,                # h(t+1) = f_t(h(t))
     "residual": lambda h_m, h, h0, h_emb: h_m + h,        # h(t+1) = f_t(h(t)) + h(t)
@@ -31,9 +31,8 @@ SCHEMES = {
     "anchor_emb": lambda h_m, h, h0, h_emb: h_m + h_emb,  # f_t(h(t)) + h_emb (the paper's anchor*)
     "mesh": None,                                         # Eq. 2-5: write h_m, read h(t+1)
 }
-# MeSH's settings the paper leaves open; the first option is the default
 MESH_CHOICES = {"cycle": ("routed", "direct"), "router_init": ("uniform", "base"),
-                "slot0": ("scaled", "unscaled")}
+                "slot0": ("scaled", "unscaled")}  # left open by the paper; first = default
 
 # Pythia shapes (Biderman et al. 2023): width, heads, vanilla depth, peak LR, padded vocabulary.
 PRESETS = {
@@ -70,9 +69,6 @@ def one_of(kind, value, options):
 # -----------------------------------------------------------------------------
 # Layouts (the paper's notation, Section 4.1): "P+CRN+Q", "24", "4+8+8+4" (Appendix E.5)
 
-LAYOUT_FORM = "'+'-separated block counts such as '24', '4+8R2+4' or '4+8+8+4'"
-
-
 @dataclass(frozen=True)
 class Layout:
     prelude: int     # blocks in f_pre
@@ -80,19 +76,17 @@ class Layout:
     schedule: tuple  # for each loop step t, the index of the core it runs
     coda: int        # blocks in f_coda
 
-    @property
-    def depth(self):  # unrolled: a shared core counts once per loop step
-        return self.prelude + sum(self.cores[c] for c in self.schedule) + self.coda
-
+    depth = property(lambda self: self.prelude + sum(self.cores[c] for c in self.schedule)
+                     + self.coda)  # unrolled: a shared core counts once per loop step
     unique = property(lambda self: self.prelude + sum(self.cores) + self.coda)  # own parameters
 
 
 def parse_layout(text):
-    """'4+8R2+4' -> Layout(4, (8,), (0, 0), 4); '24' -> Layout(24, (), (), 0).
-
-    The first segment is the prelude, the last the coda; each middle segment is 'C' (one step
-    with its own C blocks) or 'CRN' (N steps sharing one core of C blocks)."""
-    bad = f"bad layout {text!r}: expected {LAYOUT_FORM}"
+    """'4+8R2+4' -> Layout(4, (8,), (0, 0), 4); '24' -> Layout(24, (), (), 0). The first segment
+    is the prelude, the last the coda; each middle one is 'C' (a step with its own C blocks) or
+    'CRN' (N steps sharing one core of C blocks)."""
+    bad = (f"bad layout {text!r}: expected '+'-separated block counts such as '24', '4+8R2+4' "
+           f"or '4+8+8+4'")
     segments = str(text).split("+")
     refuse(not all(segments), f"{bad} (empty segment)")
     if len(segments) == 1:
@@ -157,10 +151,9 @@ class Config:
                    f"scheme is {self.scheme!r}; drop it or use scheme 'mesh'")
         refuse(mesh and self.cycle == "direct" and self.slots < 2, f"cycle='direct' writes the "
                f"prelude output into slot 1, so it needs n_slots >= 2, not {self.slots}")
-        K = self.n_steps
-        refuse(mesh and self.router_init == "base" and self.slots < K + 2,
-               f"router_init='base' gives each of the {K} loop steps a slot after slots 0 and 1, "
-               f"so it needs n_slots >= K+2 = {K + 2}, not {self.slots}")
+        refuse(mesh and self.router_init == "base" and self.slots < self.n_steps + 2,
+               f"router_init='base' gives each of the {self.n_steps} loop steps a slot after "
+               f"slots 0 and 1, so it needs n_slots >= K+2 = {self.n_steps + 2}, not {self.slots}")
         for name in ("vocab_size", "block_size", "n_embd", "n_head"):
             value = getattr(self, name)
             refuse(value < 1, f"{name}={value} must be a positive integer")
@@ -178,14 +171,7 @@ class Config:
     n_steps = property(lambda self: len(self.shape.schedule))  # K
     slots = property(lambda self: self.n_steps + 3 if self.n_slots is None else self.n_slots)  # B
 
-    def flops_per_token(self):
-        """Training FLOPs per token (MFU's numerator; nanoGPT / PaLM): 6 x the unrolled
-        non-embedding params (a shared core once per step) + 6 D V (head) + 12 L D T (attention)"""
-        D, L = self.n_embd, self.shape.depth
-        return 6 * (L * (12 * D * D + 13 * D) + D * self.vocab_size) + 12 * L * D * self.block_size
-
-    def to_dict(self):
-        return asdict(self)  # plain data, saved with every checkpoint
+    to_dict = asdict  # plain data, saved with every checkpoint
 
     @classmethod
     def from_dict(cls, d):
@@ -208,23 +194,20 @@ class Config:
 # The GPT-NeoX block
 
 class Rotary(nn.Module):
-    """GPT-NeoX rotary embedding on the first rotary_dims of each head: one table for the whole
-    model, looked up once per forward and shared by every block."""
+    """GPT-NeoX rotary embedding of each head's first rotary_dims: one table for all blocks."""
 
     def __init__(self, cfg):
         super().__init__()
         rot = cfg.rotary_dims
         inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
-        positions = torch.arange(cfg.block_size, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)   # (L, rot/2)
-        freqs = torch.cat((freqs, freqs), dim=-1)  # (L, rot)
+        freqs = torch.outer(torch.arange(cfg.block_size, dtype=torch.float32), inv_freq)
+        freqs = torch.cat((freqs, freqs), dim=-1)  # (L, rot): each of the (L, rot/2) twice
         # derived from the config, so not saved (persistent=False)
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
     def forward(self, T, pos=None, dtype=torch.float32):
-        """(cos, sin), each (T, rotary_dims), for positions pos (T,), or 0..T-1 when pos is None,
-        in the dtype q and k are computed in (RecursiveGPT.compute_dtype)."""
+        """(cos, sin), each (T, rotary_dims), at positions pos (T,) or 0..T-1, in q's dtype."""
         cos, sin = (self.cos[:T], self.sin[:T]) if pos is None else (self.cos[pos], self.sin[pos])
         return cos.to(dtype), sin.to(dtype)
 
@@ -249,17 +232,16 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, cache=None, layer=0):
         B, T, C = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim)
-        qkv = qkv.permute(2, 0, 3, 1, 4)                # (3, B, H, T, hd)
-        q, k = apply_rotary(qkv[:2], *rope).unbind(0)  # q and k rotated at once: (B, H, T, hd) each
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = apply_rotary(qkv[:2], *rope).unbind(0)  # qkv (3, B, H, T, hd): q, k rotated at once
         v = qkv[2]
         drop = self.dropout if self.training else 0.0
         if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)  # (B, H, T, hd)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
         else:  # keys/values of all earlier positions come from the cache; the mask hides the rest
-            k, v = cache.update(layer, k, v)                                             # (B, H, L, hd)
+            k, v = cache.update(layer, k, v)  # (B, H, L, hd)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.attn_mask, dropout_p=drop)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # y (B, H, T, hd) -> (B, T, D)
 
 
 class MLP(nn.Module):
@@ -282,8 +264,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
         self.mlp = MLP(cfg)
-        # residual dropout on each branch's output; at p = 0 (Pythia's) an Identity, which
-        # costs nothing when decoding
+        # residual dropout on each branch's output; at p = 0 (Pythia's) an Identity: free to decode
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
     def forward(self, x, rope, cache=None, layer=0):
@@ -295,10 +276,12 @@ class Block(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# MeSH: routers and the memory buffer (Eq. 2-5)
+# MeSH: routers and the memory buffer (Eq. 2-5). [choice] Precision: autocast leaves the buffer's
+# elementwise ops alone, so under bf16 it and every state read from it stay float32, as the other
+# schemes' residual stream does.
 
 class Router(nn.Module):
-    """One router pair (Eq. 3): per token, softmax weights over the B slots to write and to read."""
+    """One router pair (Eq. 3): per token, softmax weights over the B slots to write, to read."""
 
     def __init__(self, n_embd, n_slots):
         super().__init__()
@@ -316,26 +299,19 @@ def buffer_write(mem, w_write, h):
 
 
 def buffer_read(mem, w_read):
-    """Eq. 5, the read: h = sum_b w_read_b * m_b. mem (B, T, S, D), w_read (B, T, S) -> (B, T, D)."""
+    """Eq. 5, the read: h = sum_b w_read_b m_b. mem (B, T, S, D), w_read (B, T, S) -> (B, T, D)."""
     return (w_read.unsqueeze(-1) * mem).sum(dim=-2)
-
-
-# [choice] Precision: the buffer ops are elementwise, which autocast leaves alone, so under bf16
-# autocast the buffer and every state read from it stay float32, like the other schemes' residual
-# stream.
 
 
 # -----------------------------------------------------------------------------
 # The model
 
 class RecursiveGPT(nn.Module):
-    """wte -> prelude -> loop steps over shared cores (state passed by `scheme`) -> coda -> ln_f
-    -> lm_head."""
+    """wte -> prelude -> loop steps over shared cores (state passed by `scheme`) -> coda -> head"""
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        shape = cfg.shape
+        self.config, shape = cfg, cfg.shape
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.rotary = Rotary(cfg)
         self.prelude = nn.ModuleList(Block(cfg) for _ in range(shape.prelude))
@@ -352,17 +328,12 @@ class RecursiveGPT(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module):
-        """All init, one place (Appendix B):
-        - Linear weights and embeddings: normal(0, 0.02); biases zero; LayerNorm weight 1, bias 0.
-        - Output projections of attention and MLP (`attn.proj`, `mlp.proj`): std
-          0.02 / sqrt(2 * N), N = compute depth (unrolled block count), so the residual stream's
-          variance does not grow with depth however often a shared core is reused.
-        - Routers [choice] (router_init="uniform"): like every Linear, weights normal(0, 0.02)
-          and zero bias, so each router starts near uniform (w ~ 1/B for every slot) and no slot
-          or step is favoured before training. router_init="base" starts MeSH as the base scheme
-          (Appendix D's reduction): the cycle writes and reads slot 1, loop step t slot t+2, each
-          with weight 0.9 (bias ln(9(B-1)) on that slot). Both measured: results/README.md.
-        """
+        """All init, one place (Appendix B): Linear weights and embeddings normal(0, 0.02), biases
+        0, LayerNorms 1 and 0; attn.proj and mlp.proj std 0.02 / sqrt(2 N), N the compute depth, so
+        the residual stream's variance does not grow however often a shared core is reused.
+        Routers [choice]: "uniform" as every Linear, so each starts near w = 1/B for every slot;
+        "base" starts MeSH as the base scheme (Appendix D): the cycle writes and reads slot 1, step
+        t slot t+2, each with weight 0.9 (bias ln(9(B-1))). Both measured: results/README.md."""
         cfg = self.config
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -374,12 +345,12 @@ class RecursiveGPT(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
         elif isinstance(module, (Attention, MLP)):  # visited after its Linears (post-order)
-            nn.init.normal_(module.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * cfg.shape.depth))
+            std = 0.02 / math.sqrt(2 * cfg.shape.depth)
+            nn.init.normal_(module.proj.weight, mean=0.0, std=std)
         elif module is self and cfg.scheme == "mesh" and cfg.router_init == "base":  # visited last
-            B, first = cfg.slots, 1 if cfg.cycle == "routed" else 2
+            bias, first = math.log(9 * (cfg.slots - 1)), 1 if cfg.cycle == "routed" else 2
             with torch.no_grad():
                 for i, router in enumerate(self.routers):
-                    bias = math.log(9 * (B - 1))
                     router.write.bias[first + i] = router.read.bias[first + i] = bias
 
     def compute_dtype(self, device_type):
@@ -403,40 +374,34 @@ class RecursiveGPT(nn.Module):
         return x, layer
 
     def forward(self, idx, targets=None, pos=None, cache=None):
-        """idx (B, T) token ids -> (logits (B, T, V), loss or None). pos (T,) and cache (a
-        KVCache) are for incremental decoding."""
+        """idx (B, T) token ids -> (logits (B, T, V), loss or None); pos (T,), cache: decoding."""
         cfg = self.config
-        if idx.size(1) > cfg.block_size:
-            raise ValueError(f"idx has {idx.size(1)} positions but block_size is {cfg.block_size}; "
-                             f"pass at most the last {cfg.block_size} tokens (as generate does)")
-        rope = self.rotary(idx.size(1), pos, self.compute_dtype(idx.device.type))  # for every block
+        T = idx.size(1)
+        refuse(T > cfg.block_size, f"idx has {T} positions but block_size is {cfg.block_size}; "
+               f"pass at most the last {cfg.block_size} tokens (as generate does)")
+        rope = self.rotary(T, pos, self.compute_dtype(idx.device.type))  # one for every block
         if cache is not None:
             cache.seek(pos)
-
         tok = self.wte(idx)                                                   # (B, T, D)
         h_emb = tok * math.sqrt(cfg.n_embd) if cfg.scale_embeddings else tok  # Appendix B
         x, layer = self.run(self.prelude, h_emb, 0, rope, cache)              # f_pre(h_emb)
         h, first = x, 0  # first: the router of loop step 0
         if cfg.scheme == "mesh":
-            # Eq. 2: the buffer, B slots the shape of the state; slot 0 holds h_emb, the others
-            # start at zero. [choice] slot0: h_emb as the prelude sees it, scaled by sqrt(D)
-            # (Appendix B), or wte(idx) itself.
+            # Eq. 2: the buffer (B, T, S, D), S slots the shape of the state: slot 0 holds h_emb,
+            # the others zero. [choice] slot0: h_emb scaled by sqrt(D) (Appendix B) or wte(idx).
             slot0 = h_emb if cfg.slot0 == "scaled" else tok
-            zeros = [torch.zeros_like(h_emb)] * (cfg.slots - 1)
-            mem = torch.stack([slot0] + zeros, dim=2)                         # (B, T, S, D)
-            # [choice] The transitional cycle, which "processes the prelude output": "routed"
-            # routes on the prelude output x, writes it, reads h(0) (Table 5's K+1 router pairs);
-            # "direct" sets h(0) = x and puts x in slot 1 (K pairs). Both measured:
-            # results/README.md, MeSH's [choice]s.
+            mem = torch.stack([slot0] + [torch.zeros_like(h_emb)] * (cfg.slots - 1), dim=2)
+            # [choice] The cycle "processes the prelude output" x: "routed" routes on x, writes it,
+            # reads h(0) (K+1 router pairs, Table 5); "direct": h(0) = x, put in slot 1 (K pairs).
             if cfg.cycle == "routed":
-                w_write, w_read = self.routers[0](x)                          # Eq. 3: (B, T, S) each
+                w_write, w_read = self.routers[0](x)                          # Eq. 3: (B, T, S)
                 mem = buffer_write(mem, w_write, x)
                 h, first = buffer_read(mem, w_read), 1
             else:
                 mem[:, :, 1] = x                                              # h(0) = x, set above
         h0 = h
         for t, c in enumerate(self.schedule):
-            h_m, layer = self.run(self.cores[c], h, layer, rope, cache)       # Eq. 4: h_m = f_t(h(t))
+            h_m, layer = self.run(self.cores[c], h, layer, rope, cache)       # Eq. 4: f_t(h(t))
             if cfg.scheme == "mesh":  # route on h(t) (Eq. 3), write h_m, read h(t+1) (Eq. 5)
                 w_write, w_read = self.routers[first + t](h)
                 mem = buffer_write(mem, w_write, h_m)
@@ -448,14 +413,12 @@ class RecursiveGPT(nn.Module):
         logits = self.lm_head(self.ln_f(out))                                 # (B, T, V)
         loss = None
         if targets is not None:  # -1: a position without a target; autocast does this in float32
-            logits_flat = logits.view(-1, logits.size(-1))
-            loss = F.cross_entropy(logits_flat, targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     @torch.no_grad()
     def evaluate(self, batches, autocast=nullcontext()):
-        """The mean loss of each (inputs, targets) batch, in evaluation mode (no dropout):
-        train.py's evaluation every eval_interval, and table1.py's of the final checkpoints."""
+        """The mean loss of each (inputs, targets) batch in eval mode: train.py's, table1.py's."""
         training, losses = self.training, []
         self.eval()
         for x, y in batches:
@@ -466,7 +429,7 @@ class RecursiveGPT(nn.Module):
 
     def configure_optimizer(self, weight_decay, lr, betas=(0.9, 0.95), device_type="cpu"):
         """AdamW with weight decay on matrices (Linear weights, embeddings, router weights) only,
-        never on biases and LayerNorms (1-d); fused (one kernel for all parameters) on CUDA and CPU."""
+        never on biases and LayerNorms (1-d); fused (one kernel for all) on CUDA and CPU."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
                   dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
@@ -474,24 +437,21 @@ class RecursiveGPT(nn.Module):
 
     @torch.inference_mode()  # like no_grad, and also skips autograd's version counters
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy. With
-        use_cache the prompt is prefilled once, then each new token is one position through the
-        network; positions are absolute, so past block_size the last block_size tokens are
-        prefilled again at every step. Either way the result is full recompute's."""
+        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy. use_cache:
+        the prompt is prefilled once, then each new token is one position; positions are absolute,
+        so past block_size the last block_size are prefilled again each step. Same as without."""
         if not temperature >= 0 or (top_k is not None and top_k < 1):  # (not >= refuses nan)
             raise ValueError(f"temperature={temperature} must be 0 (greedy) or more and "
                              f"top_k={top_k} at least 1 (or None for no limit)")
-        L = self.config.block_size
-        cache = None
+        L, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
             T = idx.size(1)
             if not use_cache:
                 logits, _ = self(idx[:, -L:])
             elif cache is None or T > L:  # (re-)prefill
                 cache = KVCache(self, idx.size(0), L) if cache is None else cache
-                ctx = idx[:, -L:]
-                pos = torch.arange(ctx.size(1), device=idx.device)
-                logits, _ = self(ctx, pos=pos, cache=cache)
+                pos = torch.arange(min(T, L), device=idx.device)
+                logits, _ = self(idx[:, -L:], pos=pos, cache=cache)
             else:  # one new position
                 pos = torch.tensor([T - 1], device=idx.device)
                 logits, _ = self(idx[:, -1:], pos=pos, cache=cache)
@@ -504,8 +464,7 @@ def sample(logits, temperature=1.0, top_k=None):
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float()
-    # shift the maximum to 0 before dividing: softmax is unchanged, and a tiny temperature gives
-    # -inf, not inf/inf
+    # the maximum shifted to 0 first: the same softmax, and a tiny temperature gives -inf, not nan
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
@@ -514,10 +473,9 @@ def sample(logits, temperature=1.0, top_k=None):
 
 
 class KVCache:
-    """Keys and values of every applied block (`4+8R2+4` caches 24 layers, not 16) for max_len
-    positions, preallocated so shapes never change while decoding. MeSH's buffer and routers act
-    per position, so only attention needs a cache. The model calls seek(pos) once per forward;
-    each block then writes its keys and values at those positions and attends through attn_mask."""
+    """Keys and values of every applied block (`4+8R2+4` caches 24 layers, not 16), preallocated
+    so shapes never change while decoding; MeSH's buffer and routers act per position, so only
+    attention needs one. forward calls seek(pos); each block writes there, attends by attn_mask."""
 
     def __init__(self, model, batch_size, max_len):
         cfg, device = model.config, model.lm_head.weight.device
@@ -526,27 +484,23 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (layers, B, H, L, hd)
         self.v = torch.zeros_like(self.k)
         causal = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
-        # additive (0 or -inf) rather than boolean: SDPA would convert a boolean mask in every block
-        self.mask = torch.zeros(max_len, max_len, device=device, dtype=dtype)
-        self.mask = self.mask.masked_fill(~causal, -math.inf)
+        # additive (0 or -inf), not boolean: SDPA would convert a boolean mask in every block
+        self.mask = torch.zeros_like(causal, dtype=dtype).masked_fill(~causal, -math.inf)
         self.pos = self.attn_mask = None
 
     def seek(self, pos):  # pos (T,): the positions of this forward's tokens
         refuse(pos is None, "decoding with a KVCache needs pos, the positions (T,) of the tokens "
                "in idx")
-        self.pos, self.attn_mask = pos, self.mask[pos]  # (T,), (T, L): each sees positions <= its own
+        self.pos, self.attn_mask = pos, self.mask[pos]  # (T,), (T, L): each sees positions <= own
 
-    def update(self, layer, k, v):  # k, v (B, H, T, hd) at self.pos -> all keys, values (B, H, L, hd)
+    def update(self, layer, k, v):  # k, v (B, H, T, hd) at self.pos -> all of them (B, H, L, hd)
         self.k[layer].index_copy_(2, self.pos, k)
         self.v[layer].index_copy_(2, self.pos, v)
         return self.k[layer], self.v[layer]
 
 
-# -----------------------------------------------------------------------------
-
 def summary(cfg):
-    """The layout, block by block, and the parameter counts of the paper's Table 5; nothing is
-    allocated."""
+    """The layout, block by block, and the parameter counts of the paper's Table 5 (no weights)."""
     vanilla_cfg = Config(**{**cfg.to_dict(), "layout": str(cfg.shape.depth), "scheme": "base"})
     with torch.device("meta"):
         model, vanilla = RecursiveGPT(cfg), RecursiveGPT(vanilla_cfg)
@@ -556,9 +510,8 @@ def summary(cfg):
         first += n
     slots = f", {cfg.slots} slots" if cfg.scheme == "mesh" else ""
     lines = [f"layout {cfg.layout}, scheme {cfg.scheme}{slots}", f"  prelude  {spans[0]}"]
-    for t, c in enumerate(s.schedule):
-        shared = " (shared)" if s.schedule.index(c) != t else ""
-        lines.append(f"  step {t:<3} core {c}: {spans[1 + c]}{shared}")
+    lines += [f"  step {t:<3} core {c}: {spans[1 + c]}" + " (shared)" * (s.schedule.index(c) != t)
+              for t, c in enumerate(s.schedule)]
     ne, vne = model.num_params(), vanilla.num_params()
     routers = sum(p.numel() for n, p in model.named_parameters() if n.startswith("routers."))
     lines += [f"  coda     {spans[-1]}", f"compute depth {s.depth}, unique layers {s.unique}",
@@ -570,8 +523,6 @@ def summary(cfg):
 
 
 if __name__ == "__main__":
-    import sys
-
     from configurator import parse_flags, report, setting
 
     @dataclass
@@ -579,7 +530,7 @@ if __name__ == "__main__":
         """Print a model's layout and parameter counts (no weights allocated)."""
         model: str = setting("classroom", "a preset (listed below)")
         layout: str | None = setting(None, "blocks: P+CRN+Q as 4+8R2+4; None: the preset's")
-        scheme: str | None = setting(None, "how the state passes between loop steps (listed below)")
+        scheme: str | None = setting(None, "how the state passes between steps (listed below)")
         n_slots: int | None = setting(None, "mesh buffer slots; None means K+3")
         vocab_size: int | None = setting(None, "vocabulary size; None: the preset's")
         block_size: int | None = setting(None, "context length T; None: the preset's")

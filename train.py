@@ -282,7 +282,7 @@ def train(given):
     stop = guards.Stop(rank, distributed)  # Ctrl-C, SIGTERM, SIGHUP or a lost torchrun: finish the step, save
     local = tc.grad_accum // world  # this process's micro-batches of each step: m = rank, rank + world, ...
     resumed_at, steps = iter_num, min(tc.max_iters, sequential_steps(len(train_data), tc, cfg.block_size))
-    flops, peak = cfg.flops_per_token() * tokens_per_step, machine.peak_bf16_flops(device, tc.dtype)
+    flops, peak = machine.flops_per_token(cfg) * tokens_per_step, machine.peak_bf16_flops(device, tc.dtype)
     t0, timed_from = time.time(), iter_num
     while True:
         done = iter_num >= steps
