@@ -69,9 +69,8 @@ def sample(given):
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"cannot read the prompt file {start[5:]!r}: {e}") from None
     torch.manual_seed(sc.seed)
-    texts = complete(model, tokenizer, start, sc.max_new_tokens, sc.temperature, sc.top_k, device,
-                     sc.num_samples)
-    for text in texts:
+    for text in complete(model, tokenizer, start, sc.max_new_tokens, sc.temperature, sc.top_k,
+                         device, sc.num_samples):
         print(text)
         print("---------------")
     return 0

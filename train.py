@@ -7,11 +7,9 @@ Train a nanoMeSH model, from a laptop CPU to multi-node torchrun DDP (FSDP2 past
     torchrun --standalone --nproc_per_node=8 train.py config/pythia-160m_mesh.json
 
 Every setting is a field of TrainConfig (--help). train() reads top to bottom: settings, device,
-data, model and optimizer, the loop, a closing sample. A step's batches depend on the step alone
-(get_batch), never on the process count, so a resume sees the data it would have seen. Each
-safety net is one call into support/, which a first reading can skip: runfiles (OUT_DIR's lock,
-atomic writes, the log), checkpoint, resume, guards (one-line errors, clean stops, no checkpoint
-of a blown-up model), ddp and fsdp (the model whole or sharded, by the same calls).
+data, model and optimizer, the loop, a closing sample. A step's batches depend on the step alone,
+never on the process count, so a resume sees the data it would have seen. Each safety net is one
+call into support/ (runfiles, checkpoint, resume, guards, ddp, fsdp): a first reading skips them.
 """
 
 import dataclasses
