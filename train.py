@@ -162,13 +162,6 @@ def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
     return out
 
 
-def sequential_steps(n_tokens, tc, block_size):
-    """The optimizer steps --data_order=sequential can take in tc.epochs passes over n_tokens."""
-    if tc.data_order != "sequential":
-        return math.inf
-    return tc.epochs * (n_tokens // (block_size + 1)) // (tc.batch_size * tc.grad_accum)
-
-
 def prepared(tc):
     """--dataset, prepared first if it is not there (offline, shakespeare_char: pydoc's text)."""
     if dataset_folder(tc.data_root, tc.dataset):
@@ -287,15 +280,17 @@ def train(given):
     # ---- the loop: evaluate and save, learning rate, accumulated micro-batches, clip, step, log
     stop = guards.Stop(rank, distributed)  # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun: finish, save
     local = tc.grad_accum // world  # this process's micro-batches m = rank, rank + world, ...
-    steps = min(tc.max_iters, sequential_steps(len(train_data), tc, cfg.block_size))
+    window = cfg.block_size + 1  # tokens of a training window: the inputs and one more
+    windows, steps = len(train_data) // window, tc.max_iters
+    if tc.data_order == "sequential":  # at most the steps of its --epochs passes over the data
+        steps = min(steps, tc.epochs * windows // (tc.batch_size * tc.grad_accum))
     flops = machine.flops_per_token(cfg) * tokens_per_step
     peak = machine.peak_bf16_flops(device, tc.dtype)
     resumed_at, t0, timed_from = iter_num, time.time(), iter_num
     while True:
         done = iter_num >= steps
         if done and iter_num < tc.max_iters and master:  # sequential: its --epochs passes are read
-            window = cfg.block_size + 1
-            windows, seen = len(train_data) // window, iter_num * tc.batch_size * tc.grad_accum
+            seen = iter_num * tc.batch_size * tc.grad_accum
             print(f"the data ran out at iter {iter_num} (--max_iters={tc.max_iters}): "
                   f"{seen / windows:.3f} epoch(s) of {windows:,} windows of {window} tokens read "
                   f"in order, {seen * window:,} tokens seen; allow more passes with "
