@@ -1,18 +1,19 @@
 """
-nanoMeSH: the whole model in one file. MeSH (Memory-as-State-Highways for Recursive Transformers, Yu et
-al., arXiv 2510.07739) on a GPT-NeoX / Pythia backbone: a prelude, one weight-shared core run several
-times (the loop steps), a coda. How the state travels from step to step is the "scheme" (Section 3,
-Table 1), one entry each in SCHEMES; MeSH's is a B-slot memory buffer with per-step write and read
-routers (Eq. 2-5, in RecursiveGPT.forward).
+nanoMeSH: the whole model in one file. MeSH (Memory-as-State-Highways for Recursive Transformers,
+Yu et al., arXiv 2510.07739) on a GPT-NeoX / Pythia backbone: a prelude, one weight-shared core
+run several times (the loop steps), a coda. How the state travels from step to step is the
+"scheme" (Section 3, Table 1), one entry each in SCHEMES; MeSH's is a B-slot memory buffer with
+per-step write and read routers (Eq. 2-5, in RecursiveGPT.forward).
 
-Read top to bottom: schemes, presets and layouts, Config, the GPT-NeoX Block, the Router and buffer,
-the model, init, optimizer, KV cache and generation, and a summary of the paper's Table 5 numbers
+Read top to bottom: schemes, presets and layouts, Config, the GPT-NeoX Block, the Router and
+buffer, the model, init, optimizer, KV cache and generation, and a summary of the paper's Table 5
 that allocates no weights:  python mesh.py --model pythia-1.4b --layout 4+8R2+4 --scheme mesh
 """
 
-import argparse
+import difflib
 import math
 import re
+import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
@@ -21,20 +22,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from configurator import closest
-
-# How the state passes from loop step t to t+1: h(t+1) from the step's output h_m = f_t(h(t)) (Eq. 4), its input
-# h = h(t), h0 = h(0) and h_emb. Every list of schemes in the project (flags, table1.py, the tests) is this one;
-# a scheme of your own is one more line (README, the model page). MeSH's update is the buffer's, in forward.
+# h(t+1) from loop step t's output h_m = f_t(h(t)) (Eq. 4), its input h = h(t), h0 = h(0), h_emb:
+# the project's one list of schemes; one more line adds one. MeSH's is its buffer's (forward).
 SCHEMES = {
     "base": lambda h_m, h, h0, h_emb: h_m,                # h(t+1) = f_t(h(t))
     "residual": lambda h_m, h, h0, h_emb: h_m + h,        # h(t+1) = f_t(h(t)) + h(t)
     "anchor": lambda h_m, h, h0, h_emb: h_m + h0,         # h(t+1) = f_t(h(t)) + h(0)
-    "anchor_emb": lambda h_m, h, h0, h_emb: h_m + h_emb,  # h(t+1) = f_t(h(t)) + h_emb (the paper's anchor*)
-    "mesh": None,                                         # Eq. 2-5: write h_m into the buffer, read h(t+1)
+    "anchor_emb": lambda h_m, h, h0, h_emb: h_m + h_emb,  # f_t(h(t)) + h_emb (the paper's anchor*)
+    "mesh": None,                                         # Eq. 2-5: write h_m, read h(t+1)
 }
-MESH_CHOICES = {"cycle": ("routed", "direct"), "router_init": ("uniform", "base"),  # the paper leaves these
-                "slot0": ("scaled", "unscaled")}                                     # open; first = default
+MESH_CHOICES = {"cycle": ("routed", "direct"), "router_init": ("uniform", "base"),
+                "slot0": ("scaled", "unscaled")}  # left open by the paper; first = default
 
 # Pythia shapes (Biderman et al. 2023): width, heads, vanilla depth, peak LR, padded vocabulary.
 PRESETS = {
@@ -54,11 +52,22 @@ PRESETS = {
 }
 
 
+def refuse(bad, message):
+    """Every check of a setting: one line naming the problem and the fix."""
+    if bad:
+        raise ValueError(message)
+
+
+def one_of(kind, value, options):
+    """Refuse a value not among options, naming the nearest one (if any) and all of them."""
+    if value not in options:
+        near = difflib.get_close_matches(str(value), list(options), n=1, cutoff=0.5)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"unknown {kind} {value!r}{hint}; expected one of {', '.join(options)}")
+
+
 # -----------------------------------------------------------------------------
 # Layouts (the paper's notation, Section 4.1): "P+CRN+Q", "24", "4+8+8+4" (Appendix E.5)
-
-LAYOUT_FORM = "'+'-separated block counts such as '24', '4+8R2+4' or '4+8+8+4'"
-
 
 @dataclass(frozen=True)
 class Layout:
@@ -67,40 +76,40 @@ class Layout:
     schedule: tuple  # for each loop step t, the index of the core it runs
     coda: int        # blocks in f_coda
 
-    depth = property(lambda self: self.prelude + sum(self.cores[c] for c in self.schedule) + self.coda)  # unrolled
-    unique = property(lambda self: self.prelude + sum(self.cores) + self.coda)  # blocks that own parameters
+    depth = property(lambda self: self.prelude + sum(self.cores[c] for c in self.schedule)
+                     + self.coda)  # unrolled: a shared core counts once per loop step
+    unique = property(lambda self: self.prelude + sum(self.cores) + self.coda)  # own parameters
 
 
 def parse_layout(text):
-    """'4+8R2+4' -> Layout(4, (8,), (0, 0), 4); '24' -> Layout(24, (), (), 0).
-
-    The first segment is the prelude, the last the coda; each middle segment is 'C' (one step
-    with its own C blocks) or 'CRN' (N steps sharing one core of C blocks)."""
-    bad = f"bad layout {text!r}: expected {LAYOUT_FORM}"
+    """'4+8R2+4' -> Layout(4, (8,), (0, 0), 4); '24' -> Layout(24, (), (), 0). The first segment
+    is the prelude, the last the coda; each middle one is 'C' (a step with its own C blocks) or
+    'CRN' (N steps sharing one core of C blocks)."""
+    bad = (f"bad layout {text!r}: expected '+'-separated block counts such as '24', '4+8R2+4' "
+           f"or '4+8+8+4'")
     segments = str(text).split("+")
-    if not all(segments):
-        raise ValueError(f"{bad} (empty segment)")
+    refuse(not all(segments), f"{bad} (empty segment)")
     if len(segments) == 1:
-        if not segments[0].isdigit() or int(segments[0]) < 1:
-            raise ValueError(f"{bad} (a vanilla layout is one positive block count)")
+        refuse(not segments[0].isdigit() or int(segments[0]) < 1,
+               f"{bad} (a vanilla layout is one positive block count)")
         return Layout(int(segments[0]), (), (), 0)
     ends = (segments[0], segments[-1])
-    if not all(s.isdigit() for s in ends):
-        raise ValueError(f"{bad} (prelude and coda are plain block counts, got {ends[0]!r}, {ends[1]!r})")
+    refuse(not all(s.isdigit() for s in ends),
+           f"{bad} (prelude and coda are plain block counts, got {ends[0]!r}, {ends[1]!r})")
     cores, schedule = [], []
     for seg in segments[1:-1]:
         m = re.fullmatch(r"(\d+)(?:R(\d+))?", seg)
         if not m:
-            upper = f": the R of CRN is upper case, {seg.upper()!r}" if re.fullmatch(r"\d+r\d+", seg) else ""
+            lower = re.fullmatch(r"\d+r\d+", seg)
+            upper = f": the R of CRN is upper case, {seg.upper()!r}" if lower else ""
             raise ValueError(f"{bad} (segment {seg!r} is not 'C' or 'CRN'{upper})")
         size, repeats = int(m[1]), int(m[2] or 1)
-        if size < 1 or repeats < 1:
-            raise ValueError(f"{bad} (segment {seg!r} needs at least one block and one step)")
+        refuse(size < 1 or repeats < 1,
+               f"{bad} (segment {seg!r} needs at least one block and one step)")
         schedule += [len(cores)] * repeats
         cores.append(size)
     layout = Layout(int(ends[0]), tuple(cores), tuple(schedule), int(ends[1]))
-    if layout.depth < 1:
-        raise ValueError(f"{bad} (no blocks)")
+    refuse(layout.depth < 1, f"{bad} (no blocks)")
     return layout
 
 
@@ -118,79 +127,63 @@ class Config:
     n_slots: int | None = None   # MeSH buffer slots B; None means K+3 (Appendix E.1)
     cycle: str = "routed"        # MeSH transitional cycle: "routed" or "direct" (see forward)
     router_init: str = "uniform"  # MeSH routers at init: "uniform" or "base" (see _init_weights)
-    slot0: str = "scaled"        # MeSH slot 0 at init: h_emb "scaled" by sqrt(D) or "unscaled" (see forward)
+    slot0: str = "scaled"        # MeSH slot 0: h_emb "scaled" by sqrt(D) or "unscaled" (forward)
     rotary_pct: float = 0.25     # fraction of each head's dims that get rotary
     rotary_base: float = 10000.0
     parallel_residual: bool = True   # GPT-NeoX: x + attn(ln_1 x) + mlp(ln_2 x)
-    scale_embeddings: bool = True    # h_emb = wte(idx) * sqrt(D) (Appendix B); off for real Pythia weights
+    scale_embeddings: bool = True    # h_emb = wte(idx) * sqrt(D) (Appendix B); off for Pythia's
     dropout: float = 0.0
 
     def __post_init__(self):
         self.layout = str(self.layout)
         self.shape = parse_layout(self.layout)  # not a field: derived, not saved
-        if self.scheme not in SCHEMES:
-            raise ValueError(f"unknown scheme {self.scheme!r}{closest(self.scheme, SCHEMES)}; "
-                             f"expected one of {', '.join(SCHEMES)}")
-        if self.scheme != "base" and not self.shape.schedule:
-            raise ValueError(f"scheme {self.scheme!r} needs loop steps, but layout {self.layout!r} has "
-                             f"none; use a layout like '2+4R2+2' or scheme 'base'")
-        if self.n_slots is not None and self.n_slots < 1:
-            raise ValueError(f"n_slots={self.n_slots} must be at least 1 (or None for K+3)")
+        one_of("scheme", self.scheme, SCHEMES)
+        refuse(self.scheme != "base" and not self.shape.schedule,
+               f"scheme {self.scheme!r} needs loop steps, but layout {self.layout!r} has none; "
+               f"use a layout like '2+4R2+2' or scheme 'base'")
+        refuse(self.n_slots is not None and self.n_slots < 1,
+               f"n_slots={self.n_slots} must be at least 1 (or None for K+3)")
+        mesh = self.scheme == "mesh"
         for name, options in MESH_CHOICES.items():
             value = getattr(self, name)
-            if value not in options:
-                raise ValueError(f"unknown {name} {value!r}{closest(value, options)}; expected one of "
-                                 f"{', '.join(options)}")
-            if value != options[0] and self.scheme != "mesh":
-                raise ValueError(f"{name}={value!r} is a MeSH setting, but scheme is {self.scheme!r}; "
-                                 f"drop it or use scheme 'mesh'")
-        mesh = self.scheme == "mesh"
-        if mesh and self.cycle == "direct" and self.slots < 2:
-            raise ValueError(f"cycle='direct' writes the prelude output into slot 1, so it needs n_slots >= 2, "
-                             f"not {self.slots}")
-        if mesh and self.router_init == "base" and self.slots < self.n_steps + 2:
-            raise ValueError(f"router_init='base' gives each of the {self.n_steps} loop steps a slot after slots 0 "
-                             f"and 1, so it needs n_slots >= K+2 = {self.n_steps + 2}, not {self.slots}")
+            one_of(name, value, options)
+            refuse(value != options[0] and not mesh, f"{name}={value!r} is a MeSH setting, but "
+                   f"scheme is {self.scheme!r}; drop it or use scheme 'mesh'")
+        refuse(mesh and self.cycle == "direct" and self.slots < 2, f"cycle='direct' writes the "
+               f"prelude output into slot 1, so it needs n_slots >= 2, not {self.slots}")
+        refuse(mesh and self.router_init == "base" and self.slots < self.n_steps + 2,
+               f"router_init='base' gives each of the {self.n_steps} loop steps a slot after "
+               f"slots 0 and 1, so it needs n_slots >= K+2 = {self.n_steps + 2}, not {self.slots}")
         for name in ("vocab_size", "block_size", "n_embd", "n_head"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
-                             f"pick n_head among the divisors of n_embd")
-        if not 0.0 <= self.rotary_pct <= 1.0:
-            raise ValueError(f"rotary_pct={self.rotary_pct} must be in [0, 1] (GPT-NeoX: 0.25)")
-        if self.rotary_dims % 2:
-            raise ValueError(f"rotary dims = int(head_dim {self.head_dim} x rotary_pct {self.rotary_pct}) "
-                             f"= {self.rotary_dims} must be even; adjust rotary_pct or n_head")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+            value = getattr(self, name)
+            refuse(value < 1, f"{name}={value} must be a positive integer")
+        refuse(self.n_embd % self.n_head, f"n_embd={self.n_embd} is not divisible by "
+               f"n_head={self.n_head}; pick n_head among the divisors of n_embd")
+        refuse(not 0.0 <= self.rotary_pct <= 1.0,
+               f"rotary_pct={self.rotary_pct} must be in [0, 1] (GPT-NeoX: 0.25)")
+        refuse(self.rotary_dims % 2, f"rotary dims = int(head_dim {self.head_dim} x rotary_pct "
+               f"{self.rotary_pct}) = {self.rotary_dims} must be even; "
+               f"adjust rotary_pct or n_head")
+        refuse(not 0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
 
     head_dim = property(lambda self: self.n_embd // self.n_head)
     rotary_dims = property(lambda self: int(self.head_dim * self.rotary_pct))
     n_steps = property(lambda self: len(self.shape.schedule))  # K
-    slots = property(lambda self: self.n_slots if self.n_slots is not None else self.n_steps + 3)  # B, resolved
+    slots = property(lambda self: self.n_steps + 3 if self.n_slots is None else self.n_slots)  # B
 
-    def flops_per_token(self):
-        """Training FLOPs per token: 6 x unrolled non-embedding params (a shared core counts once per
-        application) + 6 x D x V for the head + attention 12 x layers x D x T (nanoGPT / PaLM). MFU's numerator."""
-        D, L = self.n_embd, self.shape.depth
-        return 6 * (L * (12 * D * D + 13 * D) + D * self.vocab_size) + 12 * L * D * self.block_size
-
-    def to_dict(self):
-        return asdict(self)  # plain data, saved with every checkpoint
+    to_dict = asdict  # plain data, saved with every checkpoint
 
     @classmethod
     def from_dict(cls, d):
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown config field(s) {', '.join(unknown)}; expected {', '.join(sorted(names))}")
+        refuse(unknown, f"unknown config field(s) {', '.join(unknown)}; "
+               f"expected {', '.join(sorted(names))}")
         return cls(**d)
 
     @classmethod
     def from_preset(cls, name, **overrides):
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}{closest(name, PRESETS)}; expected one of {', '.join(PRESETS)}")
+        one_of("preset", name, PRESETS)
         p = {k: v for k, v in PRESETS[name].items() if k != "lr"}
         p.setdefault("layout", str(p.pop("n_layer", 0)))
         p.update({k: v for k, v in overrides.items() if v is not None})
@@ -201,29 +194,27 @@ class Config:
 # The GPT-NeoX block
 
 class Rotary(nn.Module):
-    """GPT-NeoX rotary embedding on the first rotary_dims of each head: one table for the whole model,
-    looked up once per forward and shared by every block."""
+    """GPT-NeoX rotary embedding of each head's first rotary_dims: one table for all blocks."""
 
     def __init__(self, cfg):
         super().__init__()
         rot = cfg.rotary_dims
         inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
-        freqs = torch.outer(torch.arange(cfg.block_size, dtype=torch.float32), inv_freq)  # (L, rot/2)
-        freqs = torch.cat((freqs, freqs), dim=-1)                                          # (L, rot)
+        freqs = torch.outer(torch.arange(cfg.block_size, dtype=torch.float32), inv_freq)
+        freqs = torch.cat((freqs, freqs), dim=-1)  # (L, rot): each of the (L, rot/2) twice
         # derived from the config, so not saved (persistent=False)
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
     def forward(self, T, pos=None, dtype=torch.float32):
-        """(cos, sin), each (T, rotary_dims), for positions pos (T,), or 0..T-1 when pos is None, in the dtype
-        q and k are computed in (RecursiveGPT.compute_dtype)."""
+        """(cos, sin), each (T, rotary_dims), at positions pos (T,) or 0..T-1, in q's dtype."""
         cos, sin = (self.cos[:T], self.sin[:T]) if pos is None else (self.cos[pos], self.sin[pos])
         return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x, cos, sin):
-    """x (..., T, hd): NeoX's rotate-half on the first rot = cos.size(-1) dims of each head, (x1, x2) ->
-    (x1 cos - x2 sin, x2 cos + x1 sin); the other dims pass through."""
+    """x (..., T, hd): NeoX's rotate-half on the first rot = cos.size(-1) dims of each head,
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); the other dims pass through."""
     rot = cos.size(-1)
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     x1, x2 = x_rot[..., :rot // 2], x_rot[..., rot // 2:]
@@ -241,16 +232,16 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, cache=None, layer=0):
         B, T, C = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
-        q, k = apply_rotary(qkv[:2], *rope).unbind(0)           # q and k rotated at once: (B, H, T, hd) each
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = apply_rotary(qkv[:2], *rope).unbind(0)  # qkv (3, B, H, T, hd): q, k rotated at once
         v = qkv[2]
         drop = self.dropout if self.training else 0.0
         if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)   # (B, H, T, hd)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
         else:  # keys/values of all earlier positions come from the cache; the mask hides the rest
-            k, v = cache.update(layer, k, v)                                              # (B, H, L, hd)
+            k, v = cache.update(layer, k, v)  # (B, H, L, hd)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.attn_mask, dropout_p=drop)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # y (B, H, T, hd) -> (B, T, D)
 
 
 class MLP(nn.Module):
@@ -273,7 +264,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
         self.mlp = MLP(cfg)
-        # residual dropout on each branch's output; at p = 0 (Pythia's) an Identity, the cheaper no-op when decoding
+        # residual dropout on each branch's output; at p = 0 (Pythia's) an Identity: free to decode
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
     def forward(self, x, rope, cache=None, layer=0):
@@ -285,10 +276,12 @@ class Block(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# MeSH: routers and the memory buffer (Eq. 2-5)
+# MeSH: routers and the memory buffer (Eq. 2-5). [choice] Precision: autocast leaves the buffer's
+# elementwise ops alone, so under bf16 it and every state read from it stay float32, as the other
+# schemes' residual stream does.
 
 class Router(nn.Module):
-    """One router pair (Eq. 3): per token, softmax weights over the B slots for writing and for reading."""
+    """One router pair (Eq. 3): per token, softmax weights over the B slots to write, to read."""
 
     def __init__(self, n_embd, n_slots):
         super().__init__()
@@ -300,55 +293,48 @@ class Router(nn.Module):
 
 
 def buffer_write(mem, w_write, h):
-    """Eq. 5, the write: m_b += w_write_b * h for every slot b. mem (B, T, S, D), w_write (B, T, S), h (B, T, D)."""
-    return torch.addcmul(mem, w_write.unsqueeze(-1), h.unsqueeze(-2))   # mem + w_write * h, in one pass: (B, T, S, D)
+    """Eq. 5, the write: m_b += w_write_b * h for every slot b.
+    mem (B, T, S, D), w_write (B, T, S), h (B, T, D) -> (B, T, S, D), in one pass."""
+    return torch.addcmul(mem, w_write.unsqueeze(-1), h.unsqueeze(-2))
 
 
 def buffer_read(mem, w_read):
-    """Eq. 5, the read: h = sum_b w_read_b * m_b. mem (B, T, S, D), w_read (B, T, S) -> (B, T, D)."""
+    """Eq. 5, the read: h = sum_b w_read_b m_b. mem (B, T, S, D), w_read (B, T, S) -> (B, T, D)."""
     return (w_read.unsqueeze(-1) * mem).sum(dim=-2)
-
-
-# [choice] Precision: the buffer ops are elementwise, which autocast leaves alone, so under bf16 autocast the
-# buffer and every state read from it stay float32, like the other schemes' residual stream.
 
 
 # -----------------------------------------------------------------------------
 # The model
 
 class RecursiveGPT(nn.Module):
-    """wte -> prelude -> loop steps over shared cores (state passed by `scheme`) -> coda -> ln_f -> lm_head."""
+    """wte -> prelude -> loop steps over shared cores (state passed by `scheme`) -> coda -> head"""
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        shape = cfg.shape
+        self.config, shape = cfg, cfg.shape
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.rotary = Rotary(cfg)
         self.prelude = nn.ModuleList(Block(cfg) for _ in range(shape.prelude))
-        self.cores = nn.ModuleList(nn.ModuleList(Block(cfg) for _ in range(n)) for n in shape.cores)
+        self.cores = nn.ModuleList(nn.ModuleList(Block(cfg) for _ in range(n))
+                                   for n in shape.cores)
         self.schedule = list(shape.schedule)  # loop step t runs cores[schedule[t]]
         self.coda = nn.ModuleList(Block(cfg) for _ in range(shape.coda))
-        if cfg.scheme == "mesh":  # K+1 pairs (Table 5): the transitional cycle's, then one per loop step
-            n_routers = cfg.n_steps + (cfg.cycle == "routed")   # cycle="direct" has no cycle router
+        if cfg.scheme == "mesh":  # K+1 pairs (Table 5): the transitional cycle's, then each step's
+            n_routers = cfg.n_steps + (cfg.cycle == "routed")   # cycle="direct": no cycle router
             self.routers = nn.ModuleList(Router(cfg.n_embd, cfg.slots) for _ in range(n_routers))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=1e-5)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # untied, as Pythia
-        self.grad_checkpoint = False  # recompute block activations in backward (train.py --grad_checkpoint)
+        self.grad_checkpoint = False  # recompute activations in backward (--grad_checkpoint)
         self.apply(self._init_weights)
 
     def _init_weights(self, module):
-        """All init, one place (Appendix B):
-        - Linear weights and embeddings: normal(0, 0.02); biases zero; LayerNorm weight 1, bias 0.
-        - Output projections of attention and MLP (`attn.proj`, `mlp.proj`): std 0.02 / sqrt(2 * N),
-          N = compute depth (unrolled block count), so the residual stream's variance does not
-          grow with depth however often a shared core is reused.
-        - Routers [choice] (router_init="uniform"): like every Linear, weights normal(0, 0.02) and zero
-          bias, so each router starts near uniform (w ~ 1/B for every slot) and no slot or step is
-          favoured before training. router_init="base" starts MeSH as the base scheme (Appendix D's
-          reduction): the cycle writes and reads slot 1, loop step t slot t+2, each with weight 0.9
-          (bias ln(9(B-1)) on that slot). Both measured: results/README.md, MeSH's [choice]s.
-        """
+        """All init, one place (Appendix B): Linear weights and embeddings normal(0, 0.02), biases
+        0, LayerNorms 1 and 0; attn.proj and mlp.proj std 0.02 / sqrt(2 N), N the compute depth, so
+        the residual stream's variance does not grow however often a shared core is reused.
+        Routers [choice]: "uniform" as every Linear, so each starts near w = 1/B for every slot;
+        "base" starts MeSH as the base scheme (Appendix D): the cycle writes and reads slot 1, step
+        t slot t+2, each with weight 0.9 (bias ln(9(B-1))). Both measured: results/README.md."""
+        cfg = self.config
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if module.bias is not None:
@@ -358,17 +344,18 @@ class RecursiveGPT(nn.Module):
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
-        elif isinstance(module, (Attention, MLP)):  # visited after its Linears (apply is post-order)
-            nn.init.normal_(module.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.shape.depth))
-        elif module is self and self.config.scheme == "mesh" and self.config.router_init == "base":  # visited last
-            B, first = self.config.slots, 1 if self.config.cycle == "routed" else 2
+        elif isinstance(module, (Attention, MLP)):  # visited after its Linears (post-order)
+            std = 0.02 / math.sqrt(2 * cfg.shape.depth)
+            nn.init.normal_(module.proj.weight, mean=0.0, std=std)
+        elif module is self and cfg.scheme == "mesh" and cfg.router_init == "base":  # visited last
+            bias, first = math.log(9 * (cfg.slots - 1)), 1 if cfg.cycle == "routed" else 2
             with torch.no_grad():
                 for i, router in enumerate(self.routers):
-                    router.write.bias[first + i] = router.read.bias[first + i] = math.log(9 * (B - 1))
+                    router.write.bias[first + i] = router.read.bias[first + i] = bias
 
     def compute_dtype(self, device_type):
-        """The dtype the Linear layers compute in, so also q, k and v (the rotary tables and the KV cache are
-        made in it): autocast's where it is on, else the weights'."""
+        """The dtype the Linear layers compute in, so also q, k and v (the rotary tables and the
+        KV cache are made in it): autocast's where it is on, else the weights'."""
         on = torch.is_autocast_enabled(device_type)
         return torch.get_autocast_dtype(device_type) if on else self.lm_head.weight.dtype
 
@@ -377,7 +364,7 @@ class RecursiveGPT(nn.Module):
         return n - (self.wte.weight.numel() + self.lm_head.weight.numel() if non_embedding else 0)
 
     def run(self, blocks, x, layer, rope, cache):
-        """Apply `blocks` in order; `layer` counts applied blocks so each gets its own KV cache entry."""
+        """Apply `blocks` in order; `layer` counts applied blocks, each its own KV cache entry."""
         for block in blocks:
             if self.grad_checkpoint and self.training:
                 x = checkpoint(block, x, rope, cache, layer, use_reentrant=False)
@@ -386,70 +373,52 @@ class RecursiveGPT(nn.Module):
             layer += 1
         return x, layer
 
-    def forward(self, idx, targets=None, pos=None, cache=None, capture=None):
-        """idx (B, T) token ids -> (logits (B, T, V), loss or None). pos (T,) and cache (a KVCache) are for
-        incremental decoding. capture, a dict, is filled with what probe.py studies: "states" (name, h),
-        "blocks" (name, input, output) and "routers" (name, w_write, w_read). Neither changes the result."""
+    def forward(self, idx, targets=None, pos=None, cache=None):
+        """idx (B, T) token ids -> (logits (B, T, V), loss or None); pos (T,), cache: decoding."""
         cfg = self.config
-        if idx.size(1) > cfg.block_size:
-            raise ValueError(f"idx has {idx.size(1)} positions but block_size is {cfg.block_size}; "
-                             f"pass at most the last {cfg.block_size} tokens (as generate does)")
-        note = (lambda key, *item: capture[key].append(item)) if capture is not None else (lambda *_: None)
-        if capture is not None:
-            capture.update(states=[], blocks=[], routers=[])
-        rope = self.rotary(idx.size(1), pos, self.compute_dtype(idx.device.type))  # once for every block
+        T = idx.size(1)
+        refuse(T > cfg.block_size, f"idx has {T} positions but block_size is {cfg.block_size}; "
+               f"pass at most the last {cfg.block_size} tokens (as generate does)")
+        rope = self.rotary(T, pos, self.compute_dtype(idx.device.type))  # one for every block
         if cache is not None:
             cache.seek(pos)
-
-        tok = self.wte(idx)                                                 # (B, T, D)
+        tok = self.wte(idx)                                                   # (B, T, D)
         h_emb = tok * math.sqrt(cfg.n_embd) if cfg.scale_embeddings else tok  # Appendix B
-        note("states", "h_emb", h_emb)
-        x, layer = self.run(self.prelude, h_emb, 0, rope, cache)            # f_pre(h_emb)
-        note("blocks", "prelude", h_emb, x)
+        x, layer = self.run(self.prelude, h_emb, 0, rope, cache)              # f_pre(h_emb)
         h, first = x, 0  # first: the router of loop step 0
         if cfg.scheme == "mesh":
-            # Eq. 2: the buffer, B slots the shape of the state; slot 0 holds h_emb, the others start at zero.
-            # [choice] slot0: h_emb as the prelude sees it, scaled by sqrt(D) (Appendix B), or wte(idx) itself.
+            # Eq. 2: the buffer (B, T, S, D), S slots the shape of the state: slot 0 holds h_emb,
+            # the others zero. [choice] slot0: h_emb scaled by sqrt(D) (Appendix B) or wte(idx).
             slot0 = h_emb if cfg.slot0 == "scaled" else tok
-            mem = torch.stack([slot0] + [torch.zeros_like(h_emb)] * (cfg.slots - 1), dim=2)  # (B, T, S, D)
-            # [choice] The transitional cycle, which "processes the prelude output": cycle="routed" routes on the
-            # prelude output x, writes it, reads h(0) (Table 5's K+1 router pairs); "direct" sets h(0) = x and
-            # puts x in slot 1 (K pairs). Both [choice]s measured: results/README.md, MeSH's [choice]s.
+            mem = torch.stack([slot0] + [torch.zeros_like(h_emb)] * (cfg.slots - 1), dim=2)
+            # [choice] The cycle "processes the prelude output" x: "routed" routes on x, writes it,
+            # reads h(0) (K+1 router pairs, Table 5); "direct": h(0) = x, put in slot 1 (K pairs).
             if cfg.cycle == "routed":
-                w_write, w_read = self.routers[0](x)                        # Eq. 3: (B, T, S) each
+                w_write, w_read = self.routers[0](x)                          # Eq. 3: (B, T, S)
                 mem = buffer_write(mem, w_write, x)
                 h, first = buffer_read(mem, w_read), 1
-                note("routers", "cycle", w_write, w_read)
             else:
-                mem[:, :, 1] = x                                            # h(0) = x, as set above
+                mem[:, :, 1] = x                                              # h(0) = x, set above
         h0 = h
         for t, c in enumerate(self.schedule):
-            note("states", f"h{t}", h)
-            h_m, layer = self.run(self.cores[c], h, layer, rope, cache)     # Eq. 4: h_m = f_t(h(t))
-            note("blocks", f"step{t}", h, h_m)
+            h_m, layer = self.run(self.cores[c], h, layer, rope, cache)       # Eq. 4: f_t(h(t))
             if cfg.scheme == "mesh":  # route on h(t) (Eq. 3), write h_m, read h(t+1) (Eq. 5)
                 w_write, w_read = self.routers[first + t](h)
                 mem = buffer_write(mem, w_write, h_m)
                 h = buffer_read(mem, w_read)
-                note("routers", f"step{t}", w_write, w_read)
             else:  # the scheme's update rule, from the table at the top
                 h = SCHEMES[cfg.scheme](h_m, h, h0, h_emb)
-        note("states", f"h{cfg.n_steps}", h)
-        out, layer = self.run(self.coda, h, layer, rope, cache)            # f_coda(h(K))
-        note("states", "out", out)
-        if self.coda:
-            note("blocks", "coda", h, out)
+        out, layer = self.run(self.coda, h, layer, rope, cache)               # f_coda(h(K))
 
-        logits = self.lm_head(self.ln_f(out))                               # (B, T, V)
+        logits = self.lm_head(self.ln_f(out))                                 # (B, T, V)
         loss = None
-        if targets is not None:  # -1 marks a position without a target; autocast computes this in float32
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        if targets is not None:  # -1: a position without a target; autocast does this in float32
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     @torch.no_grad()
     def evaluate(self, batches, autocast=nullcontext()):
-        """The mean loss of each (inputs, targets) batch, in evaluation mode (no dropout): train.py's
-        evaluation every eval_interval, and table1.py's of the final checkpoints."""
+        """The mean loss of each (inputs, targets) batch in eval mode: train.py's, table1.py's."""
         training, losses = self.training, []
         self.eval()
         for x, y in batches:
@@ -459,8 +428,8 @@ class RecursiveGPT(nn.Module):
         return losses
 
     def configure_optimizer(self, weight_decay, lr, betas=(0.9, 0.95), device_type="cpu"):
-        """AdamW with weight decay on matrices (Linear weights, embeddings, router weights) only, never on
-        biases and LayerNorms (1-d); fused (one kernel over all parameters) on CUDA and CPU."""
+        """AdamW with weight decay on matrices (Linear weights, embeddings, router weights) only,
+        never on biases and LayerNorms (1-d); fused (one kernel for all) on CUDA and CPU."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
                   dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
@@ -468,25 +437,24 @@ class RecursiveGPT(nn.Module):
 
     @torch.inference_mode()  # like no_grad, and also skips autograd's version counters
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy. With use_cache the
-        prompt is prefilled once and each new token is one position through the network; positions are
-        absolute, so past block_size the last block_size tokens are prefilled again at every step. Either way
-        the result is full recompute's (use_cache=False)."""
-        if not temperature >= 0 or top_k is not None and top_k < 1:  # (not >= also refuses nan)
-            raise ValueError(f"temperature={temperature} must be 0 (greedy) or more and top_k={top_k} "
-                             f"at least 1 (or None for no limit)")
-        L = self.config.block_size
-        cache = None
+        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy. use_cache:
+        the prompt is prefilled once, then each new token is one position; positions are absolute,
+        so past block_size the last block_size are prefilled again each step. Same as without."""
+        if not temperature >= 0 or (top_k is not None and top_k < 1):  # (not >= refuses nan)
+            raise ValueError(f"temperature={temperature} must be 0 (greedy) or more and "
+                             f"top_k={top_k} at least 1 (or None for no limit)")
+        L, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
             T = idx.size(1)
             if not use_cache:
                 logits, _ = self(idx[:, -L:])
             elif cache is None or T > L:  # (re-)prefill
                 cache = KVCache(self, idx.size(0), L) if cache is None else cache
-                ctx = idx[:, -L:]
-                logits, _ = self(ctx, pos=torch.arange(ctx.size(1), device=idx.device), cache=cache)
+                pos = torch.arange(min(T, L), device=idx.device)
+                logits, _ = self(idx[:, -L:], pos=pos, cache=cache)
             else:  # one new position
-                logits, _ = self(idx[:, -1:], pos=torch.tensor([T - 1], device=idx.device), cache=cache)
+                pos = torch.tensor([T - 1], device=idx.device)
+                logits, _ = self(idx[:, -1:], pos=pos, cache=cache)
             idx = torch.cat((idx, sample(logits[:, -1, :], temperature, top_k)), dim=1)
         return idx
 
@@ -496,7 +464,7 @@ def sample(logits, temperature=1.0, top_k=None):
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float()
-    # shift the maximum to 0 before dividing: softmax is unchanged, and a tiny temperature gives -inf, not inf/inf
+    # the maximum shifted to 0 first: the same softmax, and a tiny temperature gives -inf, not nan
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
@@ -505,65 +473,72 @@ def sample(logits, temperature=1.0, top_k=None):
 
 
 class KVCache:
-    """Keys and values of every applied block (`4+8R2+4` caches 24 layers, not 16) for max_len positions,
-    preallocated so shapes never change while decoding. MeSH's buffer and routers act per position, so only
-    attention needs a cache. The model calls seek(pos) once per forward; each block then writes its keys and
-    values at those positions and attends through attn_mask."""
+    """Keys and values of every applied block (`4+8R2+4` caches 24 layers, not 16), preallocated
+    so shapes never change while decoding; MeSH's buffer and routers act per position, so only
+    attention needs one. forward calls seek(pos); each block writes there, attends by attn_mask."""
 
     def __init__(self, model, batch_size, max_len):
         cfg, device = model.config, model.lm_head.weight.device
-        dtype = model.compute_dtype(device.type)  # keys and values as the blocks make them: no cast per update
+        dtype = model.compute_dtype(device.type)  # as the blocks make them: no cast per update
         shape = (cfg.shape.depth, batch_size, cfg.n_head, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (layers, B, H, L, hd)
         self.v = torch.zeros_like(self.k)
         causal = torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril()
-        # additive (0 or -inf) rather than boolean: SDPA would convert a boolean mask in every block
-        self.mask = torch.zeros(max_len, max_len, device=device, dtype=dtype).masked_fill(~causal, -math.inf)
+        # additive (0 or -inf), not boolean: SDPA would convert a boolean mask in every block
+        self.mask = torch.zeros_like(causal, dtype=dtype).masked_fill(~causal, -math.inf)
         self.pos = self.attn_mask = None
 
     def seek(self, pos):  # pos (T,): the positions of this forward's tokens
-        if pos is None:
-            raise ValueError("decoding with a KVCache needs pos, the positions (T,) of the tokens in idx")
-        self.pos, self.attn_mask = pos, self.mask[pos]  # (T,), (T, L): each token sees positions <= its own
+        refuse(pos is None, "decoding with a KVCache needs pos, the positions (T,) of the tokens "
+               "in idx")
+        self.pos, self.attn_mask = pos, self.mask[pos]  # (T,), (T, L): each sees positions <= own
 
-    def update(self, layer, k, v):  # k, v (B, H, T, hd) at positions self.pos -> all keys, values (B, H, L, hd)
+    def update(self, layer, k, v):  # k, v (B, H, T, hd) at self.pos -> all of them (B, H, L, hd)
         self.k[layer].index_copy_(2, self.pos, k)
         self.v[layer].index_copy_(2, self.pos, v)
         return self.k[layer], self.v[layer]
 
 
-# -----------------------------------------------------------------------------
-
 def summary(cfg):
-    """The layout, block by block, and the parameter counts of the paper's Table 5: nothing is allocated."""
+    """The layout, block by block, and the parameter counts of the paper's Table 5 (no weights)."""
+    vanilla_cfg = Config(**{**cfg.to_dict(), "layout": str(cfg.shape.depth), "scheme": "base"})
     with torch.device("meta"):
-        model = RecursiveGPT(cfg)
-        vanilla = RecursiveGPT(Config(**{**cfg.to_dict(), "layout": str(cfg.shape.depth), "scheme": "base"}))
+        model, vanilla = RecursiveGPT(cfg), RecursiveGPT(vanilla_cfg)
     s, first, spans = cfg.shape, 0, []
     for n in (s.prelude, *s.cores, s.coda):  # the unique blocks in order: prelude, each core, coda
         spans.append(f"blocks {first}-{first + n - 1}" if n else "(none)")
         first += n
-    lines = [f"layout {cfg.layout}, scheme {cfg.scheme}" + (f", {cfg.slots} slots" if cfg.scheme == "mesh" else ""),
-             f"  prelude  {spans[0]}"]
-    lines += [f"  step {t:<3} core {c}: {spans[1 + c]}{' (shared)' if s.schedule.index(c) != t else ''}"
+    slots = f", {cfg.slots} slots" if cfg.scheme == "mesh" else ""
+    lines = [f"layout {cfg.layout}, scheme {cfg.scheme}{slots}", f"  prelude  {spans[0]}"]
+    lines += [f"  step {t:<3} core {c}: {spans[1 + c]}" + " (shared)" * (s.schedule.index(c) != t)
               for t, c in enumerate(s.schedule)]
     ne, vne = model.num_params(), vanilla.num_params()
     routers = sum(p.numel() for n, p in model.named_parameters() if n.startswith("routers."))
     lines += [f"  coda     {spans[-1]}", f"compute depth {s.depth}, unique layers {s.unique}",
               f"total params          {model.num_params(False):>15,}",
-              f"non-embedding params  {ne:>15,}  ({100 * ne / vne:.2f}% of vanilla {s.depth}-layer: {vne:,})",
+              f"non-embedding params  {ne:>15,}  "
+              f"({100 * ne / vne:.2f}% of vanilla {s.depth}-layer: {vne:,})",
               f"router params         {routers:>15,}"]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description="Print a model's layout and parameter counts (no weights allocated).")
-    ap.add_argument("--model", default="classroom", help=f"preset: {', '.join(PRESETS)}")
-    for name, kind in (("layout", str), ("scheme", str), ("n_slots", int), ("vocab_size", int), ("block_size", int)):
-        ap.add_argument(f"--{name}", type=kind)
-    a = ap.parse_args()
+    from configurator import parse_flags, report, setting
+
+    @dataclass
+    class Summary:
+        """Print a model's layout and parameter counts (no weights allocated)."""
+        model: str = setting("classroom", "a preset (listed below)")
+        layout: str | None = setting(None, "blocks: P+CRN+Q as 4+8R2+4; None: the preset's")
+        scheme: str | None = setting(None, "how the state passes between steps (listed below)")
+        n_slots: int | None = setting(None, "mesh buffer slots; None means K+3")
+        vocab_size: int | None = setting(None, "vocabulary size; None: the preset's")
+        block_size: int | None = setting(None, "context length T; None: the preset's")
+
+    notes = f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}"
     try:
-        config = Config.from_preset(a.model, **{k: v for k, v in vars(a).items() if k != "model"})
+        chosen = {**asdict(Summary()), **parse_flags(Summary, sys.argv[1:], "mesh.py", notes)}
+        config = Config.from_preset(chosen.pop("model"), **chosen)
     except ValueError as e:
-        ap.exit(2, f"mesh.py: error: {e}\n")
+        sys.exit(report("mesh.py", e))
     print(summary(config))

@@ -38,12 +38,13 @@ class SampleConfig:
 
     def __post_init__(self):
         if self.num_samples < 1 or self.max_new_tokens < 0:
-            raise UsageError(f"--num_samples={self.num_samples} must be at least 1 and --max_new_tokens="
-                             f"{self.max_new_tokens} at least 0")
+            raise UsageError(f"--num_samples={self.num_samples} must be at least 1 and "
+                             f"--max_new_tokens={self.max_new_tokens} at least 0")
 
 
-def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=None, device="cpu", num_samples=1):
-    """Continue the text `start` num_samples times; returns the decoded strings (prompt included)."""
+def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=None, device="cpu",
+             num_samples=1):
+    """Continue the text `start` num_samples times -> the decoded strings (prompt included)."""
     ids = tokenizer.encode(start) or [0]  # an empty prompt starts from token 0
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (N, T)
     out = model.eval().generate(idx, max_new_tokens, temperature=temperature, top_k=top_k)
@@ -57,7 +58,7 @@ def sample(given):
         raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
                          f"python train.py --out_dir={sc.out_dir}")
     model, ckpt = checkpoint.load(sc.out_dir, device)
-    if sc.compile:  # the KV cache is preallocated, so every one-token step has the same shapes: one graph
+    if sc.compile:  # the KV cache is preallocated: every one-token step has one shape, one graph
         model.compile()
     tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
     start = sc.start if "start" in given else tokenizer.default_prompt
@@ -68,7 +69,8 @@ def sample(given):
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"cannot read the prompt file {start[5:]!r}: {e}") from None
     torch.manual_seed(sc.seed)
-    for text in complete(model, tokenizer, start, sc.max_new_tokens, sc.temperature, sc.top_k, device, sc.num_samples):
+    for text in complete(model, tokenizer, start, sc.max_new_tokens, sc.temperature, sc.top_k,
+                         device, sc.num_samples):
         print(text)
         print("---------------")
     return 0

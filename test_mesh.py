@@ -22,6 +22,7 @@ from torch._dynamo.utils import counters
 
 import mesh
 from mesh import Config, KVCache, Layout, RecursiveGPT, parse_layout
+from support.capture import capture
 from tests.models import CASES, IDS, V, build, small, tokens
 
 ROOT = Path(__file__).resolve().parent
@@ -186,9 +187,9 @@ def test_grad_checkpoint_same_gradients(monkeypatch):
 def test_routers_see_the_state_before_each_update():
     """The cycle's router reads the prelude output, step t's router reads h(t) (Eq. 3-4), not h_emb or h_m."""
     model = build(small("mesh", "1+2R3+1"), scramble=True)
-    cap = {}
     with torch.no_grad():
-        model(tokens(), capture=cap)
+        with capture(model) as cap:
+            model(tokens())
         states, blocks = dict((n, h) for n, h in cap["states"]), {n: (i, o) for n, i, o in cap["blocks"]}
         inputs = [blocks["prelude"][1]] + [states[f"h{t}"] for t in range(model.config.n_steps)]
         for router, h, (_, w_write, w_read) in zip(model.routers, inputs, cap["routers"], strict=True):
@@ -206,9 +207,9 @@ def test_every_layernorm_is_neox_eps():
 @pytest.mark.parametrize("layout", ["1+2R2+1", "1+1+1R2+1", "2+1R4+1"])
 def test_routing_weights_sum_to_one(layout):
     model = build(small("mesh", layout), scramble=True)
-    cap = {}
     with torch.no_grad():
-        model(tokens(), capture=cap)
+        with capture(model) as cap:
+            model(tokens())
     K, B = model.config.n_steps, model.config.slots
     assert [r[0] for r in cap["routers"]] == ["cycle"] + [f"step{t}" for t in range(K)]
     for name, w_write, w_read in cap["routers"]:
@@ -224,10 +225,10 @@ def test_routing_weights_sum_to_one(layout):
 def test_capture(scheme, layout):
     model = build(small(scheme, layout), scramble=True)
     idx = tokens()
-    cap = {}
     with torch.no_grad():
         ref, _ = model(idx)
-        logits, _ = model(idx, capture=cap)
+        with capture(model) as cap:
+            logits, _ = model(idx)
     assert torch.equal(logits, ref)
     K = model.config.n_steps
     assert [n for n, _ in cap["states"]] == ["h_emb"] + [f"h{t}" for t in range(K + 1)] + ["out"]
@@ -360,9 +361,9 @@ def test_scheme_update_rules(scheme, layout):
     """Recompute h(1..K) from each step's captured output h_m with the schemes' update rules (Section 3, Eq. 2-5)."""
     cfg = small(scheme, layout)
     model = build(cfg, scramble=True)
-    cap = {}
     with torch.no_grad():
-        model(tokens(), capture=cap)
+        with capture(model) as cap:
+            model(tokens())
     states = dict(cap["states"])
     h_emb, x = states["h_emb"], cap["blocks"][0][2]  # x = f_pre(h_emb)
     pre = h_emb
@@ -395,9 +396,9 @@ def test_scheme_update_rules(scheme, layout):
 def test_embedding_scale(scale):
     model = build(small("mesh", scale_embeddings=scale))
     idx = tokens()
-    cap = {}
     with torch.no_grad():
-        model(idx, capture=cap)
+        with capture(model) as cap:
+            model(idx)
     expect = model.wte(idx) * (8.0 if scale else 1.0)  # sqrt(64) (Appendix B)
     assert torch.equal(dict(cap["states"])["h_emb"], expect)
 
@@ -523,9 +524,9 @@ def test_mesh_reduces_exactly(target):
     ref = build(small(target, layout), seed=1)
     ref.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("routers.")}, strict=True)
     idx = tokens()
-    cap = {}
     with torch.no_grad():
-        a, _ = m(idx, capture=cap)
+        with capture(m) as cap:
+            a, _ = m(idx)
         b, _ = ref(idx)
     for _, ww, wr in cap["routers"]:  # the routing really is one-hot
         assert ((ww == 0) | (ww == 1)).all() and ((wr == 0) | (wr == 1)).all()
@@ -545,12 +546,13 @@ def test_direct_cycle_reduces_exactly_to_base():
         one_hot_router(router, t + 2, t + 2)
     ref = build(small("base", layout), seed=1)
     ref.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("routers.")}, strict=True)
-    idx, cap = tokens(), {}
+    idx = tokens()
     with torch.no_grad():
         assert torch.equal(m(idx)[0], ref(idx)[0])
         for router in m.routers:
             one_hot_router(router, B - 1, 1)  # write to the scratch slot, read slot 1
-        m(idx, capture=cap)
+        with capture(m) as cap:
+            m(idx)
     x = dict((name, out) for name, _, out in cap["blocks"])["prelude"]
     states = dict(cap["states"])
     for t in range(K + 1):
@@ -569,8 +571,8 @@ def test_router_init_base_starts_near_the_base_scheme(cycle):
             for router in m.routers:
                 router.write.weight.zero_()
                 router.read.weight.zero_()
-            cap = {}
-            m(tokens(), capture=cap)
+            with capture(m) as cap:
+                m(tokens())
         targets = ([1] if cycle == "routed" else []) + [t + 2 for t in range(m.config.n_steps)]
         assert len(cap["routers"]) == len(targets)
         for (name, w_write, w_read), slot in zip(cap["routers"], targets, strict=True):
@@ -586,9 +588,10 @@ def test_slot0_holds_the_scaled_or_unscaled_embedding(slot0):
     """Slot 0 starts as h_emb = wte(idx) * sqrt(D) or as wte(idx): reading only slot 0 at the cycle gives it."""
     m = build(small("mesh", slot0=slot0))
     one_hot_router(m.routers[0], 1, 0)
-    idx, cap = tokens(), {}
+    idx = tokens()
     with torch.no_grad():
-        m(idx, capture=cap)
+        with capture(m) as cap:
+            m(idx)
     assert torch.equal(dict(cap["states"])["h0"], m.wte(idx) * (8.0 if slot0 == "scaled" else 1.0))
 
 
@@ -762,11 +765,12 @@ def test_state_stream_stays_float32_under_bf16_autocast(scheme):
     """[choice] Under bf16 autocast MeSH's buffer and the states read from it stay float32, as the residual
     stream of the other schemes does; its logits are as close to float32's as the baselines' are."""
     model = build(small(scheme), scramble=True)
-    idx, cap = tokens(2, 16), {}
+    idx = tokens(2, 16)
     with torch.no_grad():
         ref, _ = model(idx)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            low, _ = model(idx, capture=cap)
+            with capture(model) as cap:
+                low, _ = model(idx)
     assert [t.dtype for _, t in cap["states"]] == [torch.float32] * len(cap["states"])
     assert (low.float() - ref).abs().max() < 0.02
     mem, w, h = torch.randn(2, 3, 4, 8), torch.softmax(torch.randn(2, 3, 4), -1), torch.randn(2, 3, 8)

@@ -1,18 +1,15 @@
 """
-Train a nanoMeSH model, from a 2-core laptop CPU to multi-node torchrun DDP (FSDP2 past one GPU's memory).
+Train a nanoMeSH model, from a laptop CPU to multi-node torchrun DDP (FSDP2 past one GPU's memory).
 
-    python train.py                                   # classroom MeSH model, Tiny Shakespeare chars, ~3 min on CPU
-    python train.py config/classroom_base.json        # a JSON file of settings, then --key=value overrides
+    python train.py                                   # the classroom model: ~3 min on a CPU
+    python train.py config/classroom_base.json        # settings from a JSON file, then flags
     python train.py --init_from=resume --out_dir=out  # continue exactly where a run stopped
     torchrun --standalone --nproc_per_node=8 train.py config/pythia-160m_mesh.json
 
-Every setting is a field of TrainConfig (`python train.py --help`). train() reads top to bottom:
-settings; device and dtype; data; model and optimizer; the loop; a closing sample. A step's batches
-depend on the step alone (get_batch), never on the number of processes, so a resume sees the data
-it would have seen. Each safety net is one call into a support module that a first reading can
-skip: runfiles.py (OUT_DIR's lock, atomic writes, the log), checkpoint.py, resume.py (every check
-first), guards.py (errors as one line; Ctrl-C, SIGTERM or a lost torchrun as a clean stop; no
-checkpoint of a blown-up model), ddp.py and fsdp.py (the model whole or sharded: the same calls).
+Every setting is a field of TrainConfig (--help). train() reads top to bottom: settings, device,
+data, model and optimizer, the loop, a closing sample. A step's batches depend on the step alone,
+never on the process count, so a resume sees the data it would have seen. Each safety net is one
+call into support/ (runfiles, checkpoint, resume, guards, ddp, fsdp): a first reading skips them.
 """
 
 import dataclasses
@@ -94,7 +91,8 @@ class TrainConfig:
         if self.data_order not in ("random", "sequential"):
             raise UsageError(f"--data_order={self.data_order} is not random or sequential")
         if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
-            raise UsageError(f"--min_lr={self.min_lr} is above --lr={self.lr}; the cosine decays from lr to min_lr")
+            raise UsageError(f"--min_lr={self.min_lr} is above --lr={self.lr}; "
+                             f"the cosine decays from lr to min_lr")
         model_config(self, vocab_size=None)  # the model settings, by mesh.Config's own checks
 
 
@@ -111,6 +109,11 @@ RANGES = [  # (settings, the test each must pass, the range in words); None (uns
 ]
 
 
+def ceil_div(a, b):
+    """a / b rounded up, for integers."""
+    return -(-a // b)
+
+
 def model_config(tc, vocab_size):
     """The model's Config: the preset's, with every model setting that was given."""
     shape = {k: getattr(tc, k) for k in Config.__dataclass_fields__ if hasattr(tc, k)}
@@ -118,13 +121,14 @@ def model_config(tc, vocab_size):
 
 
 def get_batch(data, tc, block_size, key, device):
-    """(inputs, targets), (B, T) each, from tc.batch_size windows of block_size + 1 tokens. key alone decides
-    which: (0, step, micro-batch) for training, (split code, 0, k) for evaluation. Random order: windows at
-    random starts seeded by (seed, *key); sequential (training): micro-batch m of step it is the consecutive
-    windows (it * grad_accum + m) * batch_size onwards (data/README.md: with Pythia's data, Pythia's steps)."""
+    """(inputs, targets), (B, T) each, from tc.batch_size windows of block_size + 1 tokens, chosen
+    by key alone: (0, step, micro-batch) to train, (split code, 0, k) to evaluate. Random: windows
+    at starts seeded by (seed, *key); sequential (training): micro-batch m of step it is windows
+    (it * grad_accum + m) * batch_size on (Pythia's data in Pythia's steps: data/README.md)."""
     if tc.data_order == "sequential" and key[0] == 0:
         _, it, m = key
-        rows = sequential_windows(data, block_size + 1, (it * tc.grad_accum + m) * tc.batch_size, tc.batch_size)
+        first = (it * tc.grad_accum + m) * tc.batch_size
+        rows = sequential_windows(data, block_size + 1, first, tc.batch_size)
     else:
         rows = random_windows(data, block_size + 1, tc.batch_size, [tc.seed, *key])
     xy = torch.from_numpy(rows).to(device, non_blocking=True)  # (B, T+1)
@@ -132,7 +136,7 @@ def get_batch(data, tc, block_size, key, device):
 
 
 def get_lr(it, tc):
-    """Linear warmup, then a cosine from lr down to min_lr at lr_decay_iters, then min_lr (Appendix B)."""
+    """Linear warmup, a cosine from lr to min_lr at lr_decay_iters, then min_lr (Appendix B)."""
     warmup, decay = tc.warmup_iters, tc.lr_decay_iters
     if it < warmup:
         return tc.lr * (it + 1) / (warmup + 1)
@@ -143,15 +147,14 @@ def get_lr(it, tc):
 
 
 def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
-    """{split: mean loss} over eval_iters fixed batches of each split (the same at every evaluation), shared out
-    over the processes; each runs as many forwards as the others (FSDP gathers weights with all of them), the
-    last round padded with batches whose losses are dropped."""
-    out = {}
+    """{split: mean loss} over eval_iters fixed batches of each split (the same every time), shared
+    out over the processes; each runs as many forwards as the others (FSDP gathers weights with
+    all of them), the last round padded with batches whose losses are dropped."""
+    out, n, T = {}, tc.eval_iters, model.config.block_size
     for code, (split, data) in enumerate(splits.items(), start=1):
-        n = -(-tc.eval_iters // world) * world
-        keys = range(rank, n, world)
-        batches = (get_batch(data, tc, model.config.block_size, (code, 0, k % tc.eval_iters), device) for k in keys)
-        losses = [loss for k, loss in zip(keys, model.evaluate(batches, autocast)) if k < tc.eval_iters]
+        keys = range(rank, ceil_div(n, world) * world, world)
+        batches = (get_batch(data, tc, T, (code, 0, k % n), device) for k in keys)
+        losses = [loss for k, loss in zip(keys, model.evaluate(batches, autocast)) if k < n]
         total = torch.tensor([sum(losses), len(losses)], device=device, dtype=torch.float64)
         if world > 1:
             dist.all_reduce(total)
@@ -159,18 +162,11 @@ def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
     return out
 
 
-def sequential_steps(n_tokens, tc, block_size):
-    """How many optimizer steps --data_order=sequential can take in tc.epochs passes over n_tokens train tokens."""
-    if tc.data_order != "sequential":
-        return math.inf
-    return tc.epochs * (n_tokens // (block_size + 1)) // (tc.batch_size * tc.grad_accum)
-
-
 def prepared(tc):
-    """--dataset, prepared first if it is not there yet (offline, shakespeare_char falls back on pydoc's text)."""
+    """--dataset, prepared first if it is not there (offline, shakespeare_char: pydoc's text)."""
     if dataset_folder(tc.data_root, tc.dataset):
         return tc.dataset
-    from data.prepare import ensure_dataset  # the write side, loaded only when there is a dataset to make
+    from data.prepare import ensure_dataset  # the write side, loaded only to make a dataset
     return ensure_dataset(tc.dataset, tc.data_root)
 
 
@@ -180,39 +176,37 @@ def train(given):
     master = rank == 0
     ckpt = None  # the checkpoint a resumed run continues from
     if given.get("init_from") == "resume":
-        from support import resume  # continuing a run: which checkpoint, every check it must pass, its random state
+        from support import resume  # continuing a run: its checkpoint, its checks, its RNG state
         out_dir = given.get("out_dir", TrainConfig.out_dir)
         if master and os.path.isdir(out_dir):  # before reading: a live run may be saving
             runfiles.own(out_dir)
         ckpt = resume.load(out_dir, sharded=bool(given.get("fsdp")))
     # a resume keeps the run's settings, but how this launch spreads the model (--fsdp) is its own
     fields = TrainConfig.__dataclass_fields__
-    saved = {k: v for k, v in (ckpt or {}).get("train_config", {}).items() if k in fields and k != "fsdp"}
+    saved = {k: v for k, v in (ckpt or {}).get("train_config", {}).items()
+             if k in fields and k != "fsdp"}
     tc = TrainConfig(**{**dataclasses.asdict(TrainConfig()), **saved, **given})
-    as_given = {k: getattr(tc, k) for k in ("dtype", "compile", "lr", "min_lr")}  # saved unresolved: see below
+    as_given = {k: getattr(tc, k) for k in ("dtype", "compile", "lr", "min_lr")}  # saved as given
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
         from support import plan
         print(plan.plan(tc, ckpt["model"].config if ckpt else model_config(tc, vocab_size=None)))
         return 0
     spread = ddp  # the whole model on every process: one process, or DDP under torchrun
-    if tc.fsdp:  # FSDP2: weights, gradients and AdamW state sharded over the processes; the same calls
+    if tc.fsdp:  # FSDP2: weights, gradients and AdamW state sharded over the processes
         from support import fsdp as spread
         spread.check_launch(distributed)
-    if ckpt:  # every reason it cannot continue with these flags (its model, its data, its optimizer)
+    if ckpt:  # every reason it cannot continue with these flags (its model, data, optimizer)
         data_dir = resume.check(ckpt, tc, given)
-        if ckpt["iter_num"] >= tc.max_iters:  # a finished run: leave it as it is
-            print(f"{ckpt['path']} is at iter {ckpt['iter_num']}, already --max_iters={tc.max_iters}: nothing "
-                  f"to do (raise --max_iters to train further, and --lr_decay_iters to stretch the cosine: past "
-                  f"it the learning rate stays at min_lr)")
+        if resume.finished(ckpt, tc):  # said so: a finished run is left as it is
             return 0
     elif tc.init_from == "scratch" and master:
         checkpoint.check_fresh(tc.out_dir, tc.overwrite)
     if tc.grad_accum % world:
-        raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size {world}; "
-                         f"use a multiple of {world}")
+        raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size "
+                         f"{world}; use a multiple of {world}")
 
-    # ---- device and dtype: resolved for this machine, but saved as given, so that a resume on another
-    # machine picks its own (and a new --lr brings its own 10% min_lr)
+    # ---- device and dtype: resolved for this machine, but saved as given, so that a resume on
+    # another machine picks its own (and a new --lr brings its own 10% min_lr)
     device = machine.start(tc.device, distributed)
     device_type = device.split(":")[0]
     tc.dtype = machine.resolve_dtype(tc.dtype, device)
@@ -220,15 +214,16 @@ def train(given):
     autocast = machine.autocast(device, tc.dtype)
     torch.manual_seed(tc.seed + rank)
 
-    # ---- data: a folder made by data/prepare.py (made here on first use, by rank 0) or an indexed dataset
+    # ---- data: a folder of data/prepare.py's (made here on first use, by rank 0) or indexed
     if not ckpt:
         tc.dataset = machine.from_rank0(lambda: prepared(tc), distributed, master)
         data_dir = dataset_folder(tc.data_root, tc.dataset)
     tokenizer = Tokenizer.load(data_dir)
     train_data, val_data = load_split(data_dir, "train"), load_split(data_dir, "val")
-    vocab = tokenizer.vocab_size if tokenizer.kind == "char" else -(-tokenizer.vocab_size // 64) * 64  # BPE: pad to x64
+    vocab = tokenizer.vocab_size  # a BPE's padded to a multiple of 64
+    vocab = vocab if tokenizer.kind == "char" else ceil_div(vocab, 64) * 64
 
-    # ---- model and optimizer: from scratch, from the run's checkpoint, or a Hugging Face GPT-NeoX import
+    # ---- model and optimizer: from scratch, the run's checkpoint, or a Hugging Face GPT-NeoX
     if tc.init_from == "scratch":
         model = RecursiveGPT(model_config(tc, vocab))
     elif ckpt:
@@ -242,61 +237,73 @@ def train(given):
     tc.lr = PRESETS[tc.model]["lr"] if tc.lr is None else tc.lr
     tc.min_lr = 0.1 * tc.lr if tc.min_lr is None else tc.min_lr
     tc.lr_decay_iters = tc.max_iters if tc.lr_decay_iters is None else tc.lr_decay_iters
-    tc.warmup_iters = max(1, tc.lr_decay_iters // 100) if tc.warmup_iters is None else tc.warmup_iters
+    if tc.warmup_iters is None:
+        tc.warmup_iters = max(1, tc.lr_decay_iters // 100)
     model.grad_checkpoint = tc.grad_checkpoint
-    # raw_model: the uncompiled module, saved and sampled; model: what trains (compiled; in DDP, or sharded)
+    # raw_model: the plain module, saved and sampled; model: what trains (compiled, DDP, sharded)
     raw_model, model = spread.wrap(model, device, tc, scratch=ckpt is None)
-    optimizer = raw_model.configure_optimizer(tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), device_type)
-    iter_num, best_val, saved_iter = 0, float("inf"), None  # saved_iter: the checkpoint this run stands behind
+    betas = (tc.beta1, tc.beta2)
+    optimizer = raw_model.configure_optimizer(tc.weight_decay, tc.lr, betas, device_type)
+    iter_num, best_val, saved_iter = 0, float("inf"), None  # saved_iter: the last good checkpoint
     if ckpt:
-        spread.load(ckpt, raw_model, optimizer)  # AdamW's state (FSDP: the weights too, each rank its shards)
+        spread.load(ckpt, raw_model, optimizer)  # AdamW's state (FSDP: the weights too, sharded)
         iter_num, best_val, saved_iter = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["iter_num"]
         resume.restore_rng(ckpt, tc.seed, rank, world, device_type)
-    cfg, tokens_per_step = raw_model.config, tc.batch_size * tc.grad_accum * raw_model.config.block_size
+    cfg = raw_model.config
+    tokens_per_step = tc.batch_size * tc.grad_accum * cfg.block_size
 
-    # ---- everything is checked: now the run takes OUT_DIR (its lock, the leftovers of killed writes, its log)
-    log = checkpoint.start_run(tc.out_dir, ckpt is None, tc.overwrite, spread.CHECKPOINT, iter_num) if master else None
+    # ---- all checked: now the run takes OUT_DIR (its lock, killed writes' leftovers, its log)
+    log = None
     if master:
-        print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: {raw_model.num_params():,} non-embedding "
-              f"params, compute depth {cfg.shape.depth}; dataset {tc.dataset} ({len(train_data):,} train tokens, "
-              f"{tc.data_order} order), device {device} {tc.dtype}, {world} process(es){spread.NAME}, "
+        log = checkpoint.start_run(tc.out_dir, ckpt is None, tc.overwrite, spread.CHECKPOINT,
+                                   iter_num)
+        print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
+              f"{raw_model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
+              f"dataset {tc.dataset} ({len(train_data):,} train tokens, {tc.data_order} order), "
+              f"device {device} {tc.dtype}, {world} process(es){spread.NAME}, "
               f"{tokens_per_step:,} tokens/step", flush=True)
 
     def save():
         nonlocal saved_iter
-        rng = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if device_type == "cuda" else {})}
         spread.save(tc.out_dir, raw_model, optimizer, master, {
             "model_config": cfg.to_dict(), "train_config": {**dataclasses.asdict(tc), **as_given},
-            "iter_num": iter_num, "best_val_loss": best_val, "rng": rng, "data": dataset_record(data_dir),
+            "iter_num": iter_num, "best_val_loss": best_val,
+            "rng": checkpoint.rng_state(device_type), "data": dataset_record(data_dir),
             "saved_at": time.time()})
         saved_iter = iter_num
         if master:
             log.commit()  # --overwrite: the new run replaces the old one with its first checkpoint
 
-    def last_good():
-        path = os.path.join(tc.out_dir, spread.CHECKPOINT)
-        return ("this run saved no checkpoint (start again with a lower --lr)" if saved_iter is None else
-                f"{path} (iter {saved_iter}) is the last good checkpoint (resume with --init_from=resume and a lower --lr)")
+    def last_good():  # in words, for the error of a model that blew up
+        return guards.last_good(os.path.join(tc.out_dir, spread.CHECKPOINT), saved_iter)
 
-    # ---- the loop: evaluate and save, learning rate, micro-batches with gradient accumulation, clip, step, log
-    stop = guards.Stop(rank, distributed)  # Ctrl-C, SIGTERM, SIGHUP or a lost torchrun: finish the step, save
-    local = tc.grad_accum // world  # this process's micro-batches of each step: m = rank, rank + world, ...
-    resumed_at, steps = iter_num, min(tc.max_iters, sequential_steps(len(train_data), tc, cfg.block_size))
-    flops, peak = cfg.flops_per_token() * tokens_per_step, machine.peak_bf16_flops(device, tc.dtype)
-    t0, timed_from = time.time(), iter_num
+    # ---- the loop: evaluate and save, learning rate, accumulated micro-batches, clip, step, log
+    stop = guards.Stop(rank, distributed)  # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun: finish, save
+    local = tc.grad_accum // world  # this process's micro-batches m = rank, rank + world, ...
+    window = cfg.block_size + 1  # tokens of a training window: the inputs and one more
+    windows, steps = len(train_data) // window, tc.max_iters
+    if tc.data_order == "sequential":  # at most the steps of its --epochs passes over the data
+        steps = min(steps, tc.epochs * windows // (tc.batch_size * tc.grad_accum))
+    flops = machine.flops_per_token(cfg) * tokens_per_step
+    peak = machine.peak_bf16_flops(device, tc.dtype)
+    resumed_at, t0, timed_from = iter_num, time.time(), iter_num
     while True:
         done = iter_num >= steps
-        if done and iter_num < tc.max_iters and master:  # --data_order=sequential has read its --epochs passes
-            windows, seen = len(train_data) // (cfg.block_size + 1), iter_num * tc.batch_size * tc.grad_accum
-            print(f"the data ran out at iter {iter_num} (--max_iters={tc.max_iters}): {seen / windows:.3f} epoch(s) "
-                  f"of {windows:,} windows of {cfg.block_size + 1} tokens read in order, {seen * (cfg.block_size + 1):,}"
-                  f" tokens seen; allow more passes with --init_from=resume --epochs={tc.epochs + 1}", flush=True)
-        if done or iter_num % tc.eval_interval == 0 and (iter_num != resumed_at or iter_num == 0):
-            losses = evaluate(raw_model, {"train": train_data, "val": val_data}, tc, device, autocast, rank, world)
+        if done and iter_num < tc.max_iters and master:  # sequential: its --epochs passes are read
+            seen = iter_num * tc.batch_size * tc.grad_accum
+            print(f"the data ran out at iter {iter_num} (--max_iters={tc.max_iters}): "
+                  f"{seen / windows:.3f} epoch(s) of {windows:,} windows of {window} tokens read "
+                  f"in order, {seen * window:,} tokens seen; allow more passes with "
+                  f"--init_from=resume --epochs={tc.epochs + 1}", flush=True)
+        new_here = iter_num != resumed_at or iter_num == 0  # a resume evaluated this step already
+        if done or (iter_num % tc.eval_interval == 0 and new_here):
+            losses = evaluate(raw_model, {"train": train_data, "val": val_data}, tc, device,
+                              autocast, rank, world)
             best_val = min(best_val, losses["val"])
             if master:
-                log.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]},
-                          f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]}
+                log.write(row, f"iter {iter_num}: train loss {losses['train']:.4f}, "
+                               f"val loss {losses['val']:.4f}")
             guards.check_saveable(raw_model, optimizer, losses, iter_num, last_good, distributed)
             save()
             t0, timed_from = time.time(), iter_num  # evaluation stays out of ms/iter
@@ -308,51 +315,56 @@ def train(given):
         loss_sum = torch.zeros((), device=device)
         for j, m in enumerate(range(rank, tc.grad_accum, world)):
             x, y = get_batch(train_data, tc, cfg.block_size, (0, iter_num, m), device)
-            with spread.sync(model, last=j == local - 1):  # DDP all-reduces the gradients at the last micro-batch
+            with spread.sync(model, last=j == local - 1):  # DDP all-reduces at the last one
                 with autocast:
                     _, loss = model(x, y)
                 (loss / local).backward()  # the mean over the global batch, once the ranks average
             loss_sum += loss.detach().float()
         if tc.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip)
-        state = torch.stack([loss_sum / local, torch.tensor(float(stop.requested()), device=device)])
+        requested = torch.tensor(float(stop.requested()), device=device)
+        state = torch.stack([loss_sum / local, requested])
         if distributed:  # every rank sees the same loss and stops at the same step
             dist.all_reduce(state, op=dist.ReduceOp.AVG)
         loss, stopping = state[0].item(), state[1].item() > 0
         if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at iter {iter_num}; stopped without saving, so {last_good()}")
+            raise FloatingPointError(f"loss is {loss} at iter {iter_num}; stopped without saving, "
+                                     f"so {last_good()}")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
         if iter_num % tc.log_interval == 0 or iter_num == tc.max_iters or stopping:
-            dt, t0, timed_from = (time.time() - t0) / (iter_num - timed_from), time.time(), iter_num
+            dt = (time.time() - t0) / (iter_num - timed_from)
+            t0, timed_from = time.time(), iter_num
             mfu = flops / dt / (peak * world) if peak else None  # of all processes' peak
+            eta = dt * (tc.max_iters - iter_num) / 60
             if master:  # the log keeps MFU's full precision (a tiny model's prints as 0.0%)
                 log.write({"iter": iter_num, "loss": loss, "lr": lr, "ms": 1000 * dt,
                            **({"mfu": mfu} if peak else {})},
-                          f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms/iter, "
-                          f"{tokens_per_step / dt:,.0f} tok/s, "
-                          f"eta {dt * (tc.max_iters - iter_num) / 60:.1f} min"
+                          f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} "
+                          f"ms/iter, {tokens_per_step / dt:,.0f} tok/s, eta {eta:.1f} min"
                           + (f", mfu {100 * mfu:.1f}%" if peak else ""))
         if stopping:
             save()
             if master:
-                print(f"stopped at iter {iter_num}; checkpoint saved. Continue with {machine.launch(world)} train.py "
-                      f"--init_from=resume {shlex.quote('--out_dir=' + tc.out_dir)}{' --fsdp=true' * tc.fsdp}")
+                again = shlex.quote("--out_dir=" + tc.out_dir) + " --fsdp=true" * tc.fsdp
+                print(f"stopped at iter {iter_num}; checkpoint saved. Continue with "
+                      f"{machine.launch(world)} train.py --init_from=resume {again}")
             return 130
 
-    # ---- a closing sample from the trained model (every rank decodes the same tokens: FSDP gathers weights)
+    # ---- a closing sample (every rank decodes the same tokens: FSDP gathers weights)
     if tc.sample_tokens > 0:
         torch.manual_seed(tc.seed)
-        idx = torch.tensor([tokenizer.encode(tokenizer.default_prompt) or [0]], device=device)  # (1, T)
-        text = tokenizer.decode(raw_model.eval().generate(idx, tc.sample_tokens, temperature=0.8)[0].tolist())
+        idx = torch.tensor([tokenizer.encode(tokenizer.default_prompt) or [0]], device=device)
+        out = raw_model.eval().generate(idx, tc.sample_tokens, temperature=0.8)  # idx (1, T)
+        text = tokenizer.decode(out[0].tolist())
         if master:
             print(f"---- sample ----\n{text}")
     return 0
 
 
 def main(argv):
-    """python train.py's entry: train() inside the guards (one-line errors and exit codes, locks released)."""
+    """python train.py: train() inside the guards (one-line errors, exit codes, locks released)."""
     notes = f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}"
     return guards.command("train.py", TrainConfig, train, argv, notes)
 

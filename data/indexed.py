@@ -56,6 +56,29 @@ def indexed_prefix(path):
     return None
 
 
+def dataset_at(name, project):
+    """The folder of the dataset a --dataset path names (data/loader.py's dataset_folder), or None:
+    the folder holding an indexed dataset (PATH/document or a folder holding document.{bin,idx}),
+    which must hold its meta.json too (data/prepare.py --indexed writes it), or a prepared folder.
+    A relative path is tried from the working folder, then from the project folder."""
+    from data.loader import read_meta
+    bases = [name] if os.path.isabs(name) else [name, os.path.join(project, name)]
+    prefix = next((p for p in map(indexed_prefix, bases) if p), None)
+    if prefix is None:  # a prepared folder of either format, given by its path
+        return next((b for b in bases if os.path.isfile(os.path.join(b, "meta.json"))), None)
+    folder = os.path.dirname(prefix)
+    if not os.path.isfile(os.path.join(folder, "meta.json")):
+        raise DataError(f"{prefix} has no meta.json beside it to name its tokenizer; write one "
+                        f"with: python data/prepare.py --indexed {prefix} --tokenizer TOKENIZER "
+                        f"(for Pythia's Pile: the tokenizer.json of any Pythia model)")
+    meta = read_meta(os.path.join(folder, "meta.json"))
+    if meta.get("prefix") != os.path.basename(prefix):
+        raise DataError(f"{os.path.join(folder, 'meta.json')} describes {meta.get('prefix')!r}, "
+                        f"not {os.path.basename(prefix)!r}; write it again with: python "
+                        f"data/prepare.py --indexed {prefix} --tokenizer TOKENIZER")
+    return folder
+
+
 class IndexedDataset:
     """A read-only, memory-mapped MMIDIDX dataset; see the module docstring."""
 

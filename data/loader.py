@@ -1,16 +1,16 @@
 """
-Reading a prepared dataset: where it is, its meta.json, its train and val tokens, and windows of them.
-train.py, sample.py, probe.py, table1.py and lm_eval_mesh.py all read data through these functions.
+Reading a prepared dataset: where it is, its meta.json, its train and val tokens, and windows of
+them. train.py, sample.py, probe.py, table1.py and lm_eval_mesh.py all read data through these.
 
     from data.loader import dataset_folder, load_split, random_windows
-    folder = dataset_folder("data", "shakespeare_char")     # data/shakespeare_char (made by data/prepare.py)
-    val = load_split(folder, "val")                          # memory-mapped token ids, checked first
-    x = random_windows(val, 65, 16, seed=[1337, 2, 0, 0])    # (16, 65) int64, the same for the same seed
+    folder = dataset_folder("data", "shakespeare_char")   # data/shakespeare_char (prepare.py's)
+    val = load_split(folder, "val")                        # memory-mapped token ids, checked first
+    x = random_windows(val, 65, 16, seed=[1337, 2, 0, 0])  # (16, 65) int64, the same for a seed
 
-A dataset is a folder with meta.json (tokenizer, vocab_size, dtype, token counts, the source's sha256)
-and either train.bin + val.bin (flat token ids) or an indexed dataset, Megatron / GPT-NeoX's
-document.bin + document.idx (indexed.py). A checkpoint keeps dataset_record(folder), so that a
-dataset changed since it was trained is refused by name (checkpoint_dataset).
+A dataset is a folder with meta.json (tokenizer, vocab_size, dtype, token counts, the source's
+sha256) and either train.bin + val.bin (flat token ids) or an indexed dataset, Megatron /
+GPT-NeoX's document.bin + document.idx (indexed.py). A checkpoint keeps dataset_record(folder):
+a dataset changed since it was trained is refused by name (checkpoint_dataset).
 """
 import json
 import os
@@ -19,23 +19,27 @@ import numpy as np
 
 from data import DataError
 
-DEFAULT_ROOT = os.path.dirname(os.path.abspath(__file__))  # data/, where data/prepare.py writes by default
-SCAN_BYTES = 1 << 30  # load_split checks every token id of a split up to 1 GiB; beyond, SCAN_PIECES evenly spread
-SCAN_PIECES = 256     # pieces of SCAN_PIECE_BYTES (the first and the last included), so a huge dataset starts fast
+DEFAULT_ROOT = os.path.dirname(os.path.abspath(__file__))  # data/, where prepare.py writes
+# load_split checks every token id of a split up to SCAN_BYTES; beyond, SCAN_PIECES pieces of
+# SCAN_PIECE_BYTES evenly spread (the first and the last included): a huge dataset starts fast
+SCAN_BYTES = 1 << 30
+SCAN_PIECES = 256
 SCAN_PIECE_BYTES = 1 << 20
 
 
 def dtype_for_vocab(vocab_size, indexed=False):
-    """The token dtype of a dataset: uint16 for a vocabulary of up to 65,535, else uint32, or in the indexed
-    format (which has no uint32) Megatron's int32."""
-    return "uint16" if vocab_size <= 65535 else "int32" if indexed else "uint32"
+    """The token dtype of a dataset: uint16 for a vocabulary of up to 65,535, else uint32, or in
+    the indexed format (which has no uint32) Megatron's int32."""
+    if vocab_size <= 65535:
+        return "uint16"
+    return "int32" if indexed else "uint32"
 
 
 def plain_name(value):
-    """A file name of the folder itself (no path): what meta.json may name, so that nothing read from it
-    reaches outside the dataset's folder."""
-    return isinstance(value, str) and value not in ("", ".", "..") and os.path.basename(value) == value and \
-        "\\" not in value
+    """A file name of the folder itself (no path): what meta.json may name, so that nothing read
+    from it reaches outside the dataset's folder."""
+    return (isinstance(value, str) and value not in ("", ".", "..")
+            and os.path.basename(value) == value and "\\" not in value)
 
 
 def read_meta(path):
@@ -45,110 +49,106 @@ def read_meta(path):
             meta = json.load(f)
         if not isinstance(meta, dict) or not {"tokenizer", "dtype", "vocab_size"} <= set(meta):
             raise ValueError("no tokenizer, dtype or vocab_size")
-        if not isinstance(meta["vocab_size"], int) or meta["vocab_size"] < 1:
-            raise ValueError(f"vocab_size {meta['vocab_size']!r} is not a positive integer")
-        if meta["tokenizer"] == "char" and len(str(meta.get("chars") or "")) != meta["vocab_size"]:
-            raise ValueError(f"its {meta['vocab_size']} characters are missing")
-        indexed = meta.get("format") == "indexed"  # any integer dtype of the index that holds every id
-        dtype = np.dtype(meta["dtype"]) if indexed else None
-        if not (np.issubdtype(dtype, np.integer) and np.iinfo(dtype).max >= meta["vocab_size"] - 1 if indexed
-                else meta["dtype"] == dtype_for_vocab(meta["vocab_size"])):
-            raise ValueError(f"dtype {meta['dtype']!r} does not hold a vocabulary of {meta['vocab_size']}, "
-                             f"{dtype_for_vocab(meta['vocab_size'], indexed)} does")
+        vocab = meta["vocab_size"]
+        if not isinstance(vocab, int) or vocab < 1:
+            raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
+        if meta["tokenizer"] == "char" and len(str(meta.get("chars") or "")) != vocab:
+            raise ValueError(f"its {vocab} characters are missing")
+        indexed = meta.get("format") == "indexed"
+        if indexed:  # any integer dtype of the index that holds every id
+            dtype = np.dtype(meta["dtype"])
+            fits = np.issubdtype(dtype, np.integer) and np.iinfo(dtype).max >= vocab - 1
+        else:  # the one prepare.py writes
+            fits = meta["dtype"] == dtype_for_vocab(vocab)
+        if not fits:
+            raise ValueError(f"dtype {meta['dtype']!r} does not hold a vocabulary of {vocab}, "
+                             f"{dtype_for_vocab(vocab, indexed)} does")
         for key in ("tokenizer_file", "prefix"):
             if key in meta and not plain_name(meta[key]):
-                raise ValueError(f"{key} {meta[key]!r:.60} is not a file name of the dataset's own folder")
+                raise ValueError(f"{key} {meta[key]!r:.60} is not a file name of the dataset's "
+                                 f"own folder")
         return meta
-    except (OSError, ValueError, TypeError) as e:  # TypeError: np.dtype of something that is not a dtype
-        raise DataError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again with "
-                        f"python data/prepare.py") from None
+    except (OSError, ValueError, TypeError) as e:  # TypeError: np.dtype of a thing not a dtype
+        raise DataError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again "
+                        f"with python data/prepare.py") from None
 
 
 def is_path(dataset):
-    """A --dataset that names a path (PATH/document, a folder holding document.{bin,idx}) rather than a
-    folder of data_root."""
+    """A --dataset that names a path (PATH/document, a folder holding document.{bin,idx}) rather
+    than a folder of data_root."""
     return "/" in dataset or os.sep in dataset
 
 
 def dataset_folder(root, name):
-    """The folder of prepared dataset `name` under data_root `root`, or None. A relative root is tried
-    from the working folder, then from the project folder (where data/prepare.py puts datasets by
-    default), so train/sample/probe/lm_eval run from anywhere. A path (is_path) to an indexed dataset
-    gives the folder holding it, which must hold its meta.json too (data/prepare.py --indexed writes it); a path
-    to a prepared folder gives that folder."""
-    if is_path(name):  # an indexed dataset (indexed.py) or a prepared folder, by its path
-        from data.indexed import indexed_prefix
-        bases = [name] if os.path.isabs(name) else [name, os.path.join(os.path.dirname(DEFAULT_ROOT), name)]
-        prefix = next((p for p in map(indexed_prefix, bases) if p), None)
-        if prefix is None:  # a prepared folder of either format, given by its path
-            return next((b for b in bases if os.path.isfile(os.path.join(b, "meta.json"))), None)
-        folder = os.path.dirname(prefix)
-        if not os.path.isfile(os.path.join(folder, "meta.json")):
-            raise DataError(f"{prefix} has no meta.json beside it to name its tokenizer; write one with: python "
-                            f"data/prepare.py --indexed {prefix} --tokenizer TOKENIZER (for Pythia's Pile: the "
-                            f"tokenizer.json of any Pythia model)")
-        meta = read_meta(os.path.join(folder, "meta.json"))
-        if meta.get("prefix") != os.path.basename(prefix):
-            raise DataError(f"{os.path.join(folder, 'meta.json')} describes {meta.get('prefix')!r}, not "
-                            f"{os.path.basename(prefix)!r}; write it again with: python data/prepare.py "
-                            f"--indexed {prefix} --tokenizer TOKENIZER")
-        return folder
+    """The folder of prepared dataset `name` under data_root `root`, or None. A relative root is
+    tried from the working folder, then from the project folder (where data/prepare.py puts
+    datasets by default), so the scripts run from anywhere. A path (is_path) gives the folder of
+    the indexed dataset or the prepared folder it names (indexed.py's dataset_at)."""
+    project = os.path.dirname(DEFAULT_ROOT)
+    if is_path(name):
+        from data.indexed import dataset_at
+        return dataset_at(name, project)
     folders = [os.path.join(root, name)]
     if not os.path.isabs(root):
-        folders.append(os.path.join(os.path.dirname(DEFAULT_ROOT), root, name))
+        folders.append(os.path.join(project, root, name))
     return next((f for f in folders if os.path.isfile(os.path.join(f, "meta.json"))), None)
 
 
 def dataset_record(folder):
-    """What a checkpoint records of its training data: the tokenizer and its vocabulary, dtype, token counts
-    and the source's sha256, from the dataset's meta.json."""
+    """What a checkpoint records of its training data: the tokenizer and its vocabulary, dtype,
+    token counts and the source's sha256, from the dataset's meta.json."""
     meta = read_meta(os.path.join(folder, "meta.json"))
-    keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens", "sha256",
-            "tokenizer_sha256", "sequences")
+    keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
+            "sha256", "tokenizer_sha256", "sequences")
     return {k: meta[k] for k in keys if k in meta}
 
 
 def checkpoint_dataset(train_config, trained_on=None):
-    """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config: the
-    TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data (dataset_record);
-    a folder whose meta.json now says otherwise (another text, another vocabulary) is refused by name."""
+    """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config:
+    the TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data
+    (dataset_record); a folder whose meta.json now says otherwise is refused by name."""
     root, name = train_config.get("data_root", "data"), train_config["dataset"]
     folder = dataset_folder(root, name)
     if folder is None and is_path(name):
         raise DataError(f"the checkpoint's dataset {name} is not there (no {name}.idx + .bin, nor "
                         f"{os.path.join(name, 'document')}.idx + .bin)")
     if folder is None:
-        raise DataError(f"the checkpoint's dataset {name!r} is not prepared (no {os.path.join(root, name)}"
-                        f"/meta.json); prepare it with: python data/prepare.py --dataset {name}")
-    now = dataset_record(folder)
-    changed = [k for k in sorted(set(trained_on or {}) | set(now)) if trained_on and trained_on.get(k) != now.get(k)]
+        raise DataError(f"the checkpoint's dataset {name!r} is not prepared (no "
+                        f"{os.path.join(root, name)}/meta.json); prepare it with: "
+                        f"python data/prepare.py --dataset {name}")
+    now, then = dataset_record(folder), trained_on or {}
+    changed = [k for k in sorted(set(then) | set(now)) if then and then.get(k) != now.get(k)]
     if changed:
-        raise DataError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was trained on: "
-                        + ", ".join(_difference(k, trained_on.get(k), now.get(k)) for k in changed)
-                        + f"; prepare {name!r} again from its original text, or train a new run on this data")
+        raise DataError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was "
+                        f"trained on: " + ", ".join(_difference(k, then.get(k), now.get(k))
+                                                    for k in changed)
+                        + f"; prepare {name!r} again from its original text, or train a new run "
+                        f"on this data")
     return folder
 
 
 def _difference(key, then, now):
-    """One field of two dataset records that differ, in words (a vocabulary as the characters it gained or lost)."""
+    """One field of two dataset records that differ, in words (a vocabulary as the characters
+    it gained or lost)."""
     if key == "chars" and isinstance(then, str) and isinstance(now, str):
         added, lost = "".join(sorted(set(now) - set(then))), "".join(sorted(set(then) - set(now)))
-        return "characters " + (", ".join(([f"{added!r} added"] if added else []) + ([f"{lost!r} removed"] if lost else []))
-                                or "in another order")
+        words = ([f"{added!r} added"] if added else []) + ([f"{lost!r} removed"] if lost else [])
+        return "characters " + (", ".join(words) or "in another order")
     short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
     return f"{key} {short(then)} then, {short(now)} now"
 
 
 def load_split(data_dir, split):
-    """The train or val tokens of a prepared dataset, memory-mapped (read-only), as one 1-d array, checked
-    against its meta.json first: size, token count, and every token id below the vocabulary size (for a
-    split over SCAN_BYTES, the ids of SCAN_PIECES evenly spread pieces, its first and last included). An
-    indexed dataset's (format 'indexed') are its sequences back to back: train all but the last 1% of them,
-    val those (indexed.py); its index is checked against its .bin when opened."""
+    """The train or val tokens of a prepared dataset, memory-mapped (read-only), as one 1-d array,
+    checked against its meta.json first: size, token count, and every token id below the
+    vocabulary size (past SCAN_BYTES, those of SCAN_PIECES evenly spread pieces). An indexed
+    dataset's are its sequences back to back: train all but the last 1%, val those (indexed.py);
+    its index is checked against its .bin when opened."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
     meta = read_meta(os.path.join(data_dir, "meta.json"))
-    fix = f"prepare the dataset again: python data/prepare.py --dataset {os.path.basename(os.path.normpath(data_dir))}"
+    name = os.path.basename(os.path.normpath(data_dir))
+    fix = f"prepare the dataset again: python data/prepare.py --dataset {name}"
     if meta.get("format") == "indexed":  # the Pile's format: indexed.py
         from data.indexed import split_tokens
         data, path = split_tokens(os.path.join(data_dir, meta["prefix"]), split)
@@ -158,30 +158,36 @@ def load_split(data_dir, split):
             raise DataError(f"{path} is not a regular file (a folder, a FIFO or a device?); {fix}")
         if not os.path.isfile(path):
             raise DataError(f"{path} is missing; {fix}")
-        size, item, expected = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize, meta.get(f"{split}_tokens")
+        size, item = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize
+        expected = meta.get(f"{split}_tokens")
         if size == 0:
             raise DataError(f"{path} is empty; {fix}")
         if size % item:
-            raise DataError(f"{path} has {size} bytes, not a whole number of {meta['dtype']} tokens; {fix}")
+            raise DataError(f"{path} has {size} bytes, not a whole number of {meta['dtype']} "
+                            f"tokens; {fix}")
         if expected is not None and size // item != expected:
-            raise DataError(f"{path} holds {size // item:,} tokens but meta.json says {expected:,}; {fix}")
+            raise DataError(f"{path} holds {size // item:,} tokens but meta.json says "
+                            f"{expected:,}; {fix}")
         data = np.memmap(path, dtype=meta["dtype"], mode="r")
     piece = max(1, SCAN_PIECE_BYTES // data.itemsize)
-    starts = range(0, len(data), piece) if data.nbytes <= SCAN_BYTES else \
-        np.linspace(0, max(0, len(data) - piece), SCAN_PIECES).astype(np.int64)
+    if data.nbytes <= SCAN_BYTES:
+        starts = range(0, len(data), piece)
+    else:
+        starts = np.linspace(0, max(0, len(data) - piece), SCAN_PIECES).astype(np.int64)
     pieces = [data[s:s + piece] for s in starts if len(data[s:s + piece])]
     top = max((int(p.max()) for p in pieces), default=0)
-    low = min((int(p.min()) for p in pieces), default=0) if np.issubdtype(data.dtype, np.signedinteger) else 0
+    signed = np.issubdtype(data.dtype, np.signedinteger)
+    low = min((int(p.min()) for p in pieces), default=0) if signed else 0
     if top >= meta["vocab_size"] or low < 0:
-        raise DataError(f"{path} holds token id {top if low >= 0 else low}, outside the vocabulary of "
-                        f"{meta['vocab_size']}; {fix}")
+        raise DataError(f"{path} holds token id {top if low >= 0 else low}, outside the "
+                        f"vocabulary of {meta['vocab_size']}; {fix}")
     return data
 
 
 def random_windows(data, length, n, seed):
     """n windows of `length` consecutive tokens of data (a 1-d array) at starts drawn by
-    np.random.default_rng(seed) (an int or a list of ints), every start from 0 to the last that fits
-    -> int64 array (n, length). The same arguments always give the same windows: train.py's random
+    np.random.default_rng(seed) (an int or a list of ints), any start from 0 to the last that
+    fits -> int64 array (n, length). The same arguments give the same windows: train.py's random
     batches (length block_size + 1, seeded by (seed, step, micro-batch)) and probe.py's samples."""
     if len(data) < length:
         raise DataError(f"the split has {len(data)} tokens, fewer than one window of {length}")
@@ -190,25 +196,28 @@ def random_windows(data, length, n, seed):
 
 
 def sequential_windows(data, length, first, n):
-    """Windows first ... first+n-1 of data cut into consecutive, non-overlapping windows of `length` tokens
-    -> int64 array (n, length); window k is data[k*length : (k+1)*length]. Past the last whole window the
-    count starts again at 0 (a next epoch, same order); the tokens after it are never read. On an indexed
-    dataset of sequences of `length` tokens (Pythia's: 2049) window k is sequence k."""
+    """Windows first ... first+n-1 of data cut into consecutive windows of `length` tokens -> int64
+    array (n, length); window k is data[k*length : (k+1)*length]. Past the last whole window the
+    count starts again at 0 (a next epoch, same order); the tokens after it are never read. On an
+    indexed dataset of sequences of `length` tokens (Pythia's: 2049) window k is sequence k."""
     per_epoch = len(data) // length
     if per_epoch == 0:
-        raise DataError(f"the data ({len(data)} tokens) is shorter than one window of {length} tokens")
+        raise DataError(f"the data ({len(data)} tokens) is shorter than one window of {length} "
+                        f"tokens")
     return np.stack([np.asarray(data[s:s + length], dtype=np.int64)
                      for s in ((k % per_epoch) * length for k in range(first, first + n))])
 
 
 def check_fits(cfg, tokenizer, train, val, name):
-    """Raise DataError unless the model (its Config) can train on this data: every token id has a row in its
-    vocabulary, and each split holds at least one window of block_size + 1 tokens."""
+    """Raise DataError unless the model (its Config) can train on this data: every token id has a
+    row in its vocabulary, and each split holds at least one window of block_size + 1 tokens."""
     if cfg.vocab_size < tokenizer.vocab_size:
-        raise DataError(f"dataset {name!r} has {tokenizer.vocab_size} tokens but the model's vocabulary is "
-                        f"{cfg.vocab_size}; use a dataset made with the model's tokenizer")
+        raise DataError(f"dataset {name!r} has {tokenizer.vocab_size} tokens but the model's "
+                        f"vocabulary is {cfg.vocab_size}; use a dataset made with the model's "
+                        f"tokenizer")
     for split, data in (("training", train), ("validation", val)):
         if len(data) < cfg.block_size + 1:
             where = f" in {data.filename}" if split == "training" else ""
-            raise DataError(f"block_size {cfg.block_size} is longer than the {split} split of {name!r} "
-                            f"({len(data)} tokens{where}); use a smaller --block_size or more text")
+            raise DataError(f"block_size {cfg.block_size} is longer than the {split} split of "
+                            f"{name!r} ({len(data)} tokens{where}); use a smaller --block_size or "
+                            f"more text")

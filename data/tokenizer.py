@@ -1,5 +1,5 @@
 """
-The one tokenizer helper: text <-> token ids for every kind of dataset, rebuilt from a dataset's meta.json.
+The one tokenizer helper: text <-> token ids for every kind of dataset, from its meta.json.
 
     from data.tokenizer import Tokenizer
     tok = Tokenizer.load("data/shakespeare_char")   # the tokenizer a dataset was made with
@@ -22,8 +22,8 @@ GPT2_VOCAB_SIZE = 50257  # ids >= this are the model's padding (it rounds up to 
 
 
 class Tokenizer:
-    """Character-level, GPT-2 BPE, or a byte-level BPE tokenizer.json (GPT-NeoX / Pythia's; see data/bpe.py),
-    (de)serialized as the tokenizer part of meta.json."""
+    """Character-level, GPT-2 BPE, or a byte-level BPE tokenizer.json (GPT-NeoX / Pythia's; see
+    data/bpe.py), (de)serialized as the tokenizer part of meta.json."""
 
     def __init__(self, kind, chars=None, encoding="gpt2", path=None):
         self.kind = kind
@@ -54,8 +54,8 @@ class Tokenizer:
             self._bpe = ByteLevelBPE(path)
             self.path, self.vocab_size = self._bpe.file, self._bpe.vocab_size
         else:
-            raise DataError(f"unknown tokenizer {kind!r}; use 'char', 'gpt2' or the path of a tokenizer.json "
-                            f"(or of a Hugging Face model folder holding one)")
+            raise DataError(f"unknown tokenizer {kind!r}; use 'char', 'gpt2' or the path of a "
+                            f"tokenizer.json (or of a Hugging Face model folder holding one)")
 
     @classmethod
     def from_meta(cls, meta, folder=None):
@@ -63,10 +63,11 @@ class Tokenizer:
         if meta["tokenizer"] == "char":
             return cls("char", chars=meta["chars"])
         if meta["tokenizer"] == "bpe":
-            tok = cls("bpe", path=os.path.join(folder or ".", meta.get("tokenizer_file", "tokenizer.json")))
+            file = meta.get("tokenizer_file", "tokenizer.json")
+            tok = cls("bpe", path=os.path.join(folder or ".", file))
             if tok.identity != meta.get("tokenizer_sha256", tok.identity):
-                raise DataError(f"{tok.path} is not the tokenizer this dataset was made with (its sha256 differs "
-                                f"from meta.json's); prepare the dataset again")
+                raise DataError(f"{tok.path} is not the tokenizer this dataset was made with (its "
+                                f"sha256 differs from meta.json's); prepare the dataset again")
             return tok
         return cls(meta["tokenizer"], encoding=meta.get("encoding", "gpt2"))
 
@@ -78,16 +79,17 @@ class Tokenizer:
         return cls.from_meta(read_meta(path), os.path.dirname(path))
 
     def to_meta(self):
+        vocab = {"vocab_size": self.vocab_size}
         if self.kind == "char":
-            return {"tokenizer": "char", "chars": "".join(self.chars), "vocab_size": self.vocab_size}
+            return {"tokenizer": "char", "chars": "".join(self.chars), **vocab}
         if self.kind == "bpe":  # the file itself is copied next to meta.json
-            return {"tokenizer": "bpe", "tokenizer_file": "tokenizer.json", "tokenizer_sha256": self.identity,
-                    "vocab_size": self.vocab_size}
-        return {"tokenizer": "gpt2", "encoding": self.encoding, "vocab_size": self.vocab_size}
+            return {"tokenizer": "bpe", "tokenizer_file": "tokenizer.json",
+                    "tokenizer_sha256": self.identity, **vocab}
+        return {"tokenizer": "gpt2", "encoding": self.encoding, **vocab}
 
     @property
     def identity(self):
-        """Equal for two tokenizers that give the same ids: a BPE's fingerprint (data/bpe.py), else its meta."""
+        """Equal for tokenizers that give the same ids: a BPE's fingerprint (bpe.py), else meta."""
         if self.kind == "bpe":
             return self._bpe.fingerprint
         return json.dumps(self.to_meta(), sort_keys=True)
@@ -106,7 +108,8 @@ class Tokenizer:
 
     def encode_array(self, text):
         if self.kind == "gpt2":
-            return np.array(self._enc.encode(text, allowed_special={"<|endoftext|>"}), dtype=np.int64)
+            ids = self._enc.encode(text, allowed_special={"<|endoftext|>"})
+            return np.array(ids, dtype=np.int64)
         if self.kind == "bpe":
             return np.array(self._bpe.encode(text), dtype=np.int64)
         cps = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
@@ -115,9 +118,9 @@ class Tokenizer:
         if unknown.any():
             bad = sorted({chr(c) for c in cps[unknown]})
             more = f", ... ({len(bad)} in all)" if len(bad) > 10 else ""
-            raise DataError("characters not in the vocabulary: " + ", ".join(map(repr, bad[:10])) + more +
-                            f"; this character-level model knows only the {self.vocab_size} characters of its "
-                            "training text: leave them out")
+            raise DataError("characters not in the vocabulary: " + ", ".join(map(repr, bad[:10]))
+                            + more + f"; this character-level model knows only the "
+                            f"{self.vocab_size} characters of its training text: leave them out")
         return self._order[pos]
 
     def encode(self, text):

@@ -42,6 +42,14 @@ def save(obj, path):
                               f"unchanged") from None
 
 
+def rng_state(device_type):
+    """The random state a checkpoint keeps, so that a resume draws what the run would have drawn."""
+    state = {"torch": torch.get_rng_state()}
+    if device_type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
 def load(out_dir, device="cpu"):
     """Load OUT_DIR/ckpt.pt (weights_only: loading never runs code) -> (model, checkpoint dict)."""
     path = os.path.join(out_dir, CKPT)

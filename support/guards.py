@@ -108,6 +108,14 @@ def unsaveable(model, optimizer, losses):
     return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
 
 
+def last_good(path, saved_iter):
+    """The checkpoint a run that blew up leaves (path, saved at saved_iter, or none), in words."""
+    if saved_iter is None:
+        return "this run saved no checkpoint (start again with a lower --lr)"
+    return (f"{path} (iter {saved_iter}) is the last good checkpoint (resume with --init_from=resume "
+            f"and a lower --lr)")
+
+
 def check_saveable(model, optimizer, losses, iter_num, last_good, distributed):
     """Raise FloatingPointError, naming the last good checkpoint (last_good(), in words), unless the model may
     be saved. Every rank sees the same losses; under FSDP each checks its own shards, and all stop if any

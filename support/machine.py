@@ -110,6 +110,13 @@ def autocast(device, dtype):
     return nullcontext() if dtype == "float32" else torch.autocast(str(device).split(":")[0], dtype=torch.bfloat16)
 
 
+def flops_per_token(cfg):
+    """Training FLOPs per token of a mesh.Config, MFU's numerator (nanoGPT / PaLM): 6 x the unrolled
+    non-embedding params (a shared core once per step) + 6 D V (head) + 12 L D T (attention)."""
+    D, L = cfg.n_embd, cfg.shape.depth
+    return 6 * (L * (12 * D * D + 13 * D) + D * cfg.vocab_size) + 12 * L * D * cfg.block_size
+
+
 def peak_bf16_flops(device, dtype):
     """The chip's dense bf16 peak FLOP/s (PEAK_BF16_FLOPS), or None: not CUDA, not bf16, or not listed.
     MFU is only quoted against the peak of the precision the run used."""

@@ -73,6 +73,16 @@ def check(ckpt, tc, given):
     return checkpoint_dataset(dataclasses.asdict(tc), ckpt.get("data"))
 
 
+def finished(ckpt, tc):
+    """Whether the run in ckpt is already at --max_iters, which it then says: it is left as it is."""
+    if ckpt["iter_num"] < tc.max_iters:
+        return False
+    print(f"{ckpt['path']} is at iter {ckpt['iter_num']}, already --max_iters={tc.max_iters}: nothing "
+          f"to do (raise --max_iters to train further, and --lr_decay_iters to stretch the cosine: past "
+          f"it the learning rate stays at min_lr)")
+    return True
+
+
 def _optimizer_mismatch(saved, optimizer):
     """What in a saved optimizer state_dict does not fit `optimizer`'s parameters, or None."""
     groups, state = saved.get("param_groups"), saved.get("state")

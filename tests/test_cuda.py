@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from tools import bench
+from support.capture import capture
 import mesh
 import train
 from tests.models import CASES, IDS, build, small, tokens
@@ -58,9 +59,9 @@ def test_a_bf16_step_is_finite_and_the_state_stays_float32(scheme):
     from its buffer) stay float32, as the residual stream does; the loss, every gradient and AdamW's step are finite."""
     model = build(small(scheme, "1+2R2+1"), scramble=True).train().cuda()
     opt = model.configure_optimizer(0.01, 1e-3, device_type="cuda")
-    cap = {}
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits, loss = model(tokens().cuda(), tokens(seed=2).cuda(), capture=cap)
+        with capture(model) as cap:
+            logits, loss = model(tokens().cuda(), tokens(seed=2).cuda())
     assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32 and torch.isfinite(loss)
     assert {name: h.dtype for name, h in cap["states"] if name != "h_emb"} == \
         {name: torch.float32 for name, _ in cap["states"] if name != "h_emb"}

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tools import probe
+from support.capture import capture
 from tools import table1
 from support.checkpoint import save as save_checkpoint
 from data.loader import random_windows
@@ -90,7 +91,7 @@ def test_spectrum_starts_at_one_and_never_increases():
 
 
 # -----------------------------------------------------------------------------
-# State capture (mesh.py) feeds the metrics: it must be the model's own computation
+# State capture (probe.capture) feeds the metrics: it must be the model's own computation
 
 TINY = dict(vocab_size=11, block_size=16, n_embd=32, n_head=2)
 
@@ -102,8 +103,8 @@ def test_captured_states_reproduce_the_normal_logits_exactly(scheme):
     idx = torch.randint(0, 11, (2, 16))
     with torch.no_grad():
         plain, _ = model(idx)
-        cap = {}
-        captured, _ = model(idx, capture=cap)
+        with capture(model) as cap:
+            captured, _ = model(idx)
         assert torch.equal(plain, captured)
         states = dict(cap["states"])
         assert list(states) == ["h_emb", "h0", "h1", "h2", "h3", "out"]

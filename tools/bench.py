@@ -20,7 +20,7 @@ steps each): the share of their time spent in matmuls (mm, addmm, bmm, baddbmm: 
 time) and in attention (the SDPA operators), and the matmuls' FLOP/s there as a share of the peak:
 where a step's FLOP/s go.
 
-FLOPs per token (mesh.Config.flops_per_token, nanoGPT / PaLM accounting), the same for every variant:
+FLOPs per token (machine.flops_per_token, nanoGPT / PaLM accounting), the same for every variant:
     6 * (L * (12 D^2 + 13 D) + D * V) + 12 * L * D * T
 L the compute depth (a shared core counts once per application, so this is the unrolled vanilla
 model's count), D * V the lm_head, 12 L D T the attention scores and values over the full T x T
@@ -377,7 +377,7 @@ def run(bc):
     rows = []
     for name, cfg in todo:
         ms = 1000 * median(steps[name])
-        fpt = cfg.flops_per_token()
+        fpt = machine.flops_per_token(cfg)
         row = dict(kind="variant", variant=name, scheme=cfg.scheme, layout=cfg.layout, compute_depth=cfg.shape.depth,
                    non_embedding_params=models[name][0].num_params(), n_slots=cfg.slots if cfg.scheme == "mesh" else None,
                    n_embd=cfg.n_embd, n_head=cfg.n_head, vocab_size=cfg.vocab_size, block_size=T, batch_size=B,

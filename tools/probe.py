@@ -5,7 +5,7 @@ probe.py: the MeSH paper's diagnostics (its Figures 3, 4 and 5, Section 3) for t
 
 For each checkpoint it draws N validation sequences (block_size tokens each, at positions from a
 fixed-seed generator, so every checkpoint of a dataset sees the same text), runs the model once with
-state capture (`model(idx, capture=d)`, mesh.py) and measures, per sequence:
+state capture (`with capture(model) as cap: model(idx)`, below) and measures, per sequence:
 
 - effort (Fig. 3): the relative update 2 ||f(h) - h||_F / (||f(h)||_F + ||h||_F) of every block
   application (prelude, each loop step, coda); 0 means the block left its input alone.
@@ -34,6 +34,7 @@ import torch
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import checkpoint  # noqa: E402
+from support.capture import capture  # noqa: E402
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
 from data.loader import checkpoint_dataset, load_split, random_windows  # noqa: E402
@@ -137,8 +138,8 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
     effort, cka, spec = {}, [], {}
     routers = {}  # name -> sums over tokens of the slot weights and entropies, and the token count
     for chunk in idx.split(CHUNK):
-        cap = {}
-        model(chunk, capture=cap)
+        with capture(model) as cap:
+            model(chunk)
         for name, h, fh in cap["blocks"]:
             effort.setdefault(name, []).extend(relative_update(h, fh).tolist())
         labels = [name for name, _ in cap["states"]]
