@@ -192,7 +192,8 @@ def test_probe_writes_pngs_when_matplotlib_is_installed(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--out_dir=nowhere"], "probe.py: error: no checkpoint at nowhere/ckpt.pt; train one with: python train.py --out_dir=nowhere\n"),
     (["--out_dir=x", "--num_samples=0"], "probe.py: error: --num_samples=0 must be at least 1\n"),
-    ([], "probe.py: error: the following arguments are required: --out_dir\n"),
+    ([], "probe.py: error: give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)\n"),
+    (["--out_dir=x", "--sigma_frac=inf"], "probe.py: error: --sigma_frac=inf must be a positive finite number\n"),
     (["--out_dir=nowhere", "--json=/tmp"], "probe.py: error: --json=/tmp is a folder; give a file name\n"),
     (["--out_dir=nowhere", "--png=README.md"], "probe.py: error: --png=README.md is a file; give a folder for the figures\n"),
 ])
@@ -359,4 +360,5 @@ def test_table1_bad_flags_are_one_line(capsys):
     assert e.value.code == 2 and capsys.readouterr().err == "table1.py: error: --jobs=0 must be at least 1\n"
     with pytest.raises(SystemExit) as e:  # its tables go under runs/, never over the committed results/
         table1.main(["--help"])
-    assert e.value.code == 0 and "the figures go here (default: runs/table1)" in " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and "--results=runs/table1 table1.json, table1.md and the figures go here" in \
+        " ".join(capsys.readouterr().out.split())
