@@ -21,11 +21,12 @@ from conftest import HANG, ROOT
 from data.prepare import PrepareConfig
 from tools.bench import BenchConfig
 from tools.consolidate import ConsolidateConfig
+from tools.gpu_check import CheckConfig
 from tools.probe import ProbeConfig
 from tools.table1 import Table1Config
 
 SETTINGS = [train.TrainConfig, sample.SampleConfig, BenchConfig, ProbeConfig, Table1Config,
-            PrepareConfig, ConsolidateConfig]
+            PrepareConfig, ConsolidateConfig, CheckConfig]
 
 
 def test_both_forms_and_a_flag_alone():
@@ -63,7 +64,7 @@ def test_every_setting_has_a_description(cls):
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "tools/bench.py", "tools/probe.py",
                                     "tools/table1.py", "data/prepare.py", "tools/consolidate.py",
-                                    "mesh.py"])
+                                    "tools/gpu_check.py", "mesh.py"])
 @pytest.mark.slow
 def test_help_lists_every_setting(script):
     r = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True,

@@ -61,8 +61,8 @@ them: 6 x the matmul parameters of the unrolled compute depth, plus attention's 
 full T x T scores (causal masking not discounted; counting the causal half would lower MFU).
 """
 
-import argparse
 import datetime
+import math
 import json
 import os
 import re
@@ -71,6 +71,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+
+if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configurator import UsageError, parse_flags, setting  # noqa: E402
+from configurator import report as error_line  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder, for the parts' imports
@@ -463,29 +468,32 @@ def tail(out, name):
         return []
 
 
+@dataclass
+class CheckConfig:
+    """The one GPU check: bench.py at Pythia widths, the CUDA tier and a profile, each under a
+    deadline, reported as it goes."""
+    out: str = setting("gpu-check", "folder for every file the check writes")
+    budget: float | None = setting(None, "seconds for the whole check (None: 540; with --tiny 100)")
+    tiny: bool = setting(False, "tiny shapes, uncompiled, on whatever device there is")
+    only: str | None = setting(None, "comma-separated parts to run (listed below)")
+    fail: str | None = setting(None, "parts replaced by a command that fails (the suite's test)")
+    overrun: str | None = setting(None, "parts replaced by one that overruns (the suite's test)")
+
+
 def parse(argv):
-    ap = argparse.ArgumentParser(description="The one GPU check: bench.py at Pythia widths, the "
-                                 "CUDA tier and a profile, each under a deadline, reported as it "
-                                 "goes.")
-    ap.error = lambda msg: ap.exit(2, f"gpu_check.py: error: {msg}\n")
-    ap.add_argument("--out", default="gpu-check",
-                    help="folder for every file the check writes (default: %(default)s)")
-    ap.add_argument("--budget", type=float,
-                    help="seconds for the whole check (default: 540; with --tiny 100)")
-    ap.add_argument("--tiny", action="store_true",
-                    help="tiny shapes, uncompiled, on whatever device there is")
-    ap.add_argument("--only", help=f"comma-separated parts to run, of {', '.join(PARTS)}")
-    ap.add_argument("--fail", help="parts replaced by a command that fails (the suite's test)")
-    ap.add_argument("--overrun", help="parts replaced by one that overruns (the suite's test)")
-    a = ap.parse_args(argv)
-    for flag in ("only", "fail", "overrun"):
-        for name in (getattr(a, flag) or "").split(","):
-            if name and name not in PARTS:
-                ap.error(f"--{flag}={name} is not a part; name one of {', '.join(PARTS)}")
-    if a.budget is not None and a.budget <= 0:
-        ap.error(f"--budget={a.budget:g} must be a positive number of seconds")
-    if os.path.exists(a.out) and not os.path.isdir(a.out):
-        ap.error(f"--out={a.out} is a file; give a folder (it is created if missing)")
+    try:
+        a = CheckConfig(**parse_flags(CheckConfig, argv, "tools/gpu_check.py",
+                                      f"parts: {', '.join(PARTS)}"))
+        for flag in ("only", "fail", "overrun"):
+            for name in (getattr(a, flag) or "").split(","):
+                if name and name not in PARTS:
+                    raise UsageError(f"--{flag}={name} is not a part; name one of {', '.join(PARTS)}")
+        if a.budget is not None and not 0 < a.budget < math.inf:
+            raise UsageError(f"--budget={a.budget:g} must be a positive number of seconds")
+        if os.path.exists(a.out) and not os.path.isdir(a.out):
+            raise UsageError(f"--out={a.out} is a file; give a folder (it is created if missing)")
+    except UsageError as e:
+        raise SystemExit(error_line("gpu_check.py", e)) from None
     return a
 
 
