@@ -162,6 +162,10 @@ class ByteLevelBPE:
                                 f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})") from None
         self.backend = "tokenizers" if self._hf else "tiktoken"
 
+    def to_meta(self):  # the file itself is copied next to meta.json
+        return {"tokenizer": "bpe", "tokenizer_file": "tokenizer.json",
+                "tokenizer_sha256": self.fingerprint}
+
     def _build_tiktoken(self, spec, vocab, added):
         import tiktoken
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
@@ -227,3 +231,30 @@ class ByteLevelBPE:
         if self._hf is not None:
             return self._hf.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=False)
         return b"".join(self._bytes.get(i, b"") for i in ids).decode("utf-8", errors="replace")
+
+
+class GPT2:
+    """tiktoken's GPT-2 BPE, with the same calls as ByteLevelBPE."""
+    VOCAB_SIZE = 50257  # ids >= this are the model's padding (it rounds up to 50304)
+
+    def __init__(self, encoding="gpt2"):
+        try:
+            import tiktoken  # lazily: char-level users never need it
+            self._enc = tiktoken.get_encoding(encoding)
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"[:160]  # requests' errors can be very long
+            raise DataError(
+                f"the GPT-2 vocabulary could not be loaded ({reason}); tiktoken "
+                "downloads it once, so offline set TIKTOKEN_CACHE_DIR to a folder holding "
+                "tiktoken's cached files") from None
+        self.encoding, self.vocab_size, self.eot_id = encoding, self._enc.n_vocab, self._enc.eot_token
+        self.fingerprint = json.dumps({**self.to_meta(), "vocab_size": self.vocab_size}, sort_keys=True)
+
+    def to_meta(self):
+        return {"tokenizer": "gpt2", "encoding": self.encoding}
+
+    def encode(self, text):
+        return self._enc.encode(text, allowed_special={"<|endoftext|>"})
+
+    def decode(self, ids):  # ids outside the vocabulary (the model's padding rows) are dropped
+        return self._enc.decode([int(i) for i in ids if 0 <= int(i) < self.VOCAB_SIZE])

@@ -6,9 +6,9 @@ The one tokenizer helper: text <-> token ids for every kind of dataset, from its
     ids = tok.encode("ROMEO:")                       # -> [30, 27, 25, 17, 27, 10]
     tok.decode(ids)
 
-Kinds: "char" (the characters of the training text), "gpt2" (tiktoken's GPT-2 BPE) and "bpe" (a
-byte-level BPE tokenizer.json such as Pythia's GPT-NeoX tokenizer, run by bpe.py; the dataset keeps
-its own copy of the file).
+Kinds: "char" (the characters of the training text) and the subword vocabularies of bpe.py,
+loaded only for them: "gpt2" (tiktoken's GPT-2 BPE) and "bpe" (a byte-level BPE tokenizer.json
+such as Pythia's GPT-NeoX tokenizer; the dataset keeps its own copy of the file).
 """
 import json
 import os
@@ -18,16 +18,18 @@ import numpy as np
 from data import DataError
 from data.loader import read_meta
 
-GPT2_VOCAB_SIZE = 50257  # ids >= this are the model's padding (it rounds up to 50304)
-
 
 class Tokenizer:
-    """Character-level, GPT-2 BPE, or a byte-level BPE tokenizer.json (GPT-NeoX / Pythia's; see
-    data/bpe.py), (de)serialized as the tokenizer part of meta.json."""
+    """Character-level, or a subword vocabulary of bpe.py, (de)serialized as the tokenizer part
+    of meta.json."""
 
     def __init__(self, kind, chars=None, encoding="gpt2", path=None):
         self.kind = kind
-        if kind == "char":
+        if kind in ("gpt2", "bpe"):
+            from data.bpe import GPT2, ByteLevelBPE
+            self._bpe = GPT2(encoding) if kind == "gpt2" else ByteLevelBPE(path)
+            self.vocab_size, self.path = self._bpe.vocab_size, getattr(self._bpe, "file", None)
+        elif kind == "char":
             self.chars = list(chars)
             if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
                 raise DataError("char vocabulary must be distinct single characters")
@@ -37,22 +39,6 @@ class Tokenizer:
             self._order = np.argsort(cps)
             self._sorted = cps[self._order]
             self.vocab_size = len(self.chars)
-        elif kind == "gpt2":
-            self.encoding = encoding
-            try:
-                import tiktoken  # lazily: char-level users never need it
-                self._enc = tiktoken.get_encoding(encoding)
-            except Exception as e:
-                reason = f"{type(e).__name__}: {e}"[:160]  # requests' errors can be very long
-                raise DataError(
-                    f"the GPT-2 vocabulary could not be loaded ({reason}); tiktoken "
-                    "downloads it once, so offline set TIKTOKEN_CACHE_DIR to a folder holding "
-                    "tiktoken's cached files") from None
-            self.vocab_size = self._enc.n_vocab
-        elif kind == "bpe":
-            from data.bpe import ByteLevelBPE  # lazily: only byte-level BPE datasets need it
-            self._bpe = ByteLevelBPE(path)
-            self.path, self.vocab_size = self._bpe.file, self._bpe.vocab_size
         else:
             raise DataError(f"unknown tokenizer {kind!r}; use 'char', 'gpt2' or the path of a "
                             f"tokenizer.json (or of a Hugging Face model folder holding one)")
@@ -79,27 +65,22 @@ class Tokenizer:
         return cls.from_meta(read_meta(path), os.path.dirname(path))
 
     def to_meta(self):
-        vocab = {"vocab_size": self.vocab_size}
         if self.kind == "char":
-            return {"tokenizer": "char", "chars": "".join(self.chars), **vocab}
-        if self.kind == "bpe":  # the file itself is copied next to meta.json
-            return {"tokenizer": "bpe", "tokenizer_file": "tokenizer.json",
-                    "tokenizer_sha256": self.identity, **vocab}
-        return {"tokenizer": "gpt2", "encoding": self.encoding, **vocab}
+            return {"tokenizer": "char", "chars": "".join(self.chars),
+                    "vocab_size": self.vocab_size}
+        return {**self._bpe.to_meta(), "vocab_size": self.vocab_size}
 
     @property
     def identity(self):
-        """Equal for tokenizers that give the same ids: a BPE's fingerprint (bpe.py), else meta."""
-        if self.kind == "bpe":
+        """Equal for tokenizers that give the same ids: a subword vocabulary's fingerprint."""
+        if self.kind != "char":
             return self._bpe.fingerprint
         return json.dumps(self.to_meta(), sort_keys=True)
 
     @property
     def eot_id(self):
         """The end-of-text token's id, or None (character vocabularies have none)."""
-        if self.kind == "gpt2":
-            return self._enc.eot_token
-        return self._bpe.eot_id if self.kind == "bpe" else None
+        return None if self.kind == "char" else self._bpe.eot_id
 
     @property
     def default_prompt(self):
@@ -107,10 +88,7 @@ class Tokenizer:
         return "\n" if self.kind != "char" or "\n" in self.chars else ""
 
     def encode_array(self, text):
-        if self.kind == "gpt2":
-            ids = self._enc.encode(text, allowed_special={"<|endoftext|>"})
-            return np.array(ids, dtype=np.int64)
-        if self.kind == "bpe":
+        if self.kind != "char":
             return np.array(self._bpe.encode(text), dtype=np.int64)
         cps = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
         pos = np.minimum(np.searchsorted(self._sorted, cps), len(self._sorted) - 1)
@@ -127,10 +105,6 @@ class Tokenizer:
         return self.encode_array(text).tolist()
 
     def decode(self, ids):
-        # ids outside the vocabulary (the model's padding rows) are dropped
-        ids = [int(i) for i in ids]
-        if self.kind == "gpt2":
-            return self._enc.decode([i for i in ids if 0 <= i < GPT2_VOCAB_SIZE])
-        if self.kind == "bpe":
+        if self.kind != "char":
             return self._bpe.decode(ids)
-        return "".join(self.chars[i] for i in ids if 0 <= i < self.vocab_size)
+        return "".join(self.chars[int(i)] for i in ids if 0 <= int(i) < self.vocab_size)

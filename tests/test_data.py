@@ -88,7 +88,7 @@ def test_gpt2_prepare(tmp_path, gpt2):
     meta, train, val = read_bins(d)
     assert meta["tokenizer"] == "gpt2" and meta["encoding"] == "gpt2" and meta["vocab_size"] == 50257
     assert meta["dtype"] == "uint16" and train.dtype == np.uint16
-    ids = gpt2._enc.encode(text, allowed_special={"<|endoftext|>"})
+    ids = gpt2._bpe._enc.encode(text, allowed_special={"<|endoftext|>"})
     assert np.concatenate([train, val]).tolist() == ids
     assert gpt2.decode(ids + [50300]) == text  # padding ids are dropped
 
