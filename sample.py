@@ -17,7 +17,6 @@ import torch
 
 from support import checkpoint, guards
 from configurator import UsageError, setting
-from data.loader import checkpoint_dataset
 from data.tokenizer import Tokenizer
 from support.machine import resolve_device
 
@@ -60,7 +59,7 @@ def sample(given):
     model, ckpt = checkpoint.load(sc.out_dir, device)
     if sc.compile:  # the KV cache is preallocated: every one-token step has one shape, one graph
         model.compile()
-    tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
+    tokenizer = Tokenizer.load(checkpoint.checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
     start = sc.start if "start" in given else tokenizer.default_prompt
     if start.startswith("FILE:"):
         try:

@@ -10,7 +10,7 @@ them. train.py, sample.py, probe.py, table1.py and lm_eval_mesh.py all read data
 A dataset is a folder with meta.json (tokenizer, vocab_size, dtype, token counts, the source's
 sha256) and either train.bin + val.bin (flat token ids) or an indexed dataset, Megatron /
 GPT-NeoX's document.bin + document.idx (indexed.py). A checkpoint keeps dataset_record(folder):
-a dataset changed since it was trained is refused by name (checkpoint_dataset).
+a dataset changed since it was trained is refused by name (support/checkpoint.py).
 """
 import json
 import os
@@ -101,41 +101,6 @@ def dataset_record(folder):
     keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
             "sha256", "tokenizer_sha256", "sequences")
     return {k: meta[k] for k in keys if k in meta}
-
-
-def checkpoint_dataset(train_config, trained_on=None):
-    """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config:
-    the TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data
-    (dataset_record); a folder whose meta.json now says otherwise is refused by name."""
-    root, name = train_config.get("data_root", "data"), train_config["dataset"]
-    folder = dataset_folder(root, name)
-    if folder is None and is_path(name):
-        raise DataError(f"the checkpoint's dataset {name} is not there (no {name}.idx + .bin, nor "
-                        f"{os.path.join(name, 'document')}.idx + .bin)")
-    if folder is None:
-        raise DataError(f"the checkpoint's dataset {name!r} is not prepared (no "
-                        f"{os.path.join(root, name)}/meta.json); prepare it with: "
-                        f"python data/prepare.py --dataset {name}")
-    now, then = dataset_record(folder), trained_on or {}
-    changed = [k for k in sorted(set(then) | set(now)) if then and then.get(k) != now.get(k)]
-    if changed:
-        raise DataError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was "
-                        f"trained on: " + ", ".join(_difference(k, then.get(k), now.get(k))
-                                                    for k in changed)
-                        + f"; prepare {name!r} again from its original text, or train a new run "
-                        f"on this data")
-    return folder
-
-
-def _difference(key, then, now):
-    """One field of two dataset records that differ, in words (a vocabulary as the characters
-    it gained or lost)."""
-    if key == "chars" and isinstance(then, str) and isinstance(now, str):
-        added, lost = "".join(sorted(set(now) - set(then))), "".join(sorted(set(then) - set(now)))
-        words = ([f"{added!r} added"] if added else []) + ([f"{lost!r} removed"] if lost else [])
-        return "characters " + (", ".join(words) or "in another order")
-    short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
-    return f"{key} {short(then)} then, {short(now)} now"
 
 
 def load_split(data_dir, split):

@@ -18,7 +18,7 @@ import torch
 from support import checkpoint
 from support.checkpoint import CheckpointError
 from configurator import UsageError
-from data.loader import checkpoint_dataset
+from support.checkpoint import checkpoint_dataset
 from mesh import Config, RecursiveGPT
 
 

@@ -23,6 +23,7 @@ from data.loader import load_split
 from data.prepare import ensure_dataset, prepare
 from data.tokenizer import Tokenizer
 from conftest import train_bpe
+from support.checkpoint import checkpoint_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TEXT = "".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300))
@@ -259,17 +260,17 @@ def test_damaged_dataset_names_the_file_and_the_fix(tmp_path):
 
 def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch):
     prepare("tiny", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path / "data"), log=quiet)
-    assert loader.checkpoint_dataset({"data_root": str(tmp_path / "data"), "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
+    assert checkpoint_dataset({"data_root": str(tmp_path / "data"), "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
     monkeypatch.chdir(tmp_path)  # a relative data_root, from the folder the run was trained in
-    assert loader.checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == os.path.join("data", "tiny")
+    assert checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == os.path.join("data", "tiny")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # ... and from elsewhere: then data/ beside data/prepare.py
     monkeypatch.setattr(loader, "DEFAULT_ROOT", str(tmp_path / "data"))
-    assert loader.checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
+    assert checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
     with pytest.raises(DataError, match=r"dataset 'nope' is not prepared \(no data/nope/meta.json\); "
                                            r"prepare it with: python data/prepare.py --dataset nope"):
-        loader.checkpoint_dataset({"data_root": "data", "dataset": "nope"})
+        checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
 
 # -----------------------------------------------------------------------------

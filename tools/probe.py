@@ -37,7 +37,8 @@ from support import checkpoint  # noqa: E402
 from support.capture import capture  # noqa: E402
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
-from data.loader import checkpoint_dataset, load_split, random_windows  # noqa: E402
+from data.loader import load_split, random_windows  # noqa: E402
+from support.checkpoint import checkpoint_dataset  # noqa: E402
 from support.machine import resolve_device  # noqa: E402
 from support import runfiles  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402

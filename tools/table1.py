@@ -41,7 +41,8 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import checkpoint, runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
-from data.loader import checkpoint_dataset, load_split, random_windows  # noqa: E402
+from data.loader import load_split, random_windows  # noqa: E402
+from support.checkpoint import checkpoint_dataset  # noqa: E402
 from support.machine import machine_name  # noqa: E402
 from mesh import SCHEMES, Config, RecursiveGPT  # noqa: E402
 
