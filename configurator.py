@@ -4,11 +4,10 @@ project's did-you-mean. Imports no torch (data/prepare.py's tokenizing workers u
 
     python train.py config/pythia-160m_mesh.json --max_iters=2000 --lr 6e-4 --compile
 
-Positional arguments are JSON files of plain values (read as data, never executed); then flags
-override them, as `--key=value` or `--key value`; a true/false setting alone (`--compile`) means
-true. Every field of the dataclass is a flag, typed by its annotation and described by setting():
-`--help` lists them all with their defaults. An unknown key or a value of the wrong type is a
-UsageError naming the closest key or the expected type.
+Positional arguments are JSON files of plain values (read as data, never executed); flags after
+them override, as `--key=value` or `--key value`; a true/false setting alone means true. Each
+field of the dataclass is a flag, typed by its annotation and described by setting(); `--help`
+lists them. A typo or a value of the wrong type is a UsageError naming the closest key or the type.
 """
 
 import dataclasses
@@ -30,20 +29,18 @@ class UsageError(ValueError):
     """Bad input from the command line: the entry points print it as one line and exit 2."""
 
 
-def setting(default, help, **field):
-    """A dataclass field with its one-line description, which --help shows."""
-    if isinstance(default, list):  # a flag that may be given several times
+def setting(default, help):
+    """A dataclass field with its one-line description, which --help shows; a list default
+    makes a flag that may be given several times."""
+    if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help}, **field)
+    return dataclasses.field(default=default, metadata={"help": help})
 
 
 def closest(name, options, flag=False):
-    """" (did you mean 'X'?)" for the nearest of options (" (did you mean --X?)" for a flag),
-    or "" when none is close."""
+    """" (did you mean 'X'?)" for the nearest of options, with --X for a flag; "" for none."""
     match = difflib.get_close_matches(str(name), list(options), n=1, cutoff=0.5)
-    if not match:
-        return ""
-    return f" (did you mean --{match[0]}?)" if flag else f" (did you mean {match[0]!r}?)"
+    return "" if not match else f" (did you mean {'--' + match[0] if flag else repr(match[0])}?)"
 
 
 def report(prog, error, code=2):
@@ -51,14 +48,14 @@ def report(prog, error, code=2):
     if isinstance(error, OSError) and error.filename:  # e.g. an --out_dir that is a file
         error = f"cannot use {error.filename}: {error.strerror}; check the path"
     elif isinstance(error, OSError):  # no file named, e.g. a full disk met while flushing a write
-        error = f"{error.strerror or error}; check the disk (free space, permissions) and try again"
+        error = f"{error.strerror or error}; check the disk (free space, permissions), try again"
     print(f"{prog}: error: {error}", file=sys.stderr)
     return code
 
 
 def check_ranges(settings, ranges):
-    """Raise UsageError for the first setting outside its range. ranges: a list of (space-separated
-    names, test, the range in words); None (unset) passes, anything else must be finite and pass."""
+    """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
+    range in words); None (unset) passes, anything else must be finite and pass the test."""
     for names, ok, allowed in ranges:
         for name in names.split():
             value = getattr(settings, name)
@@ -66,58 +63,43 @@ def check_ranges(settings, ranges):
                 raise UsageError(f"--{name}={value} must be {allowed}")
 
 
-def kinds(field):
-    """The types a field accepts: (int,) for `int`, (bool, NoneType) for `bool | None`."""
-    union = isinstance(field.type, types.UnionType)
-    return typing.get_args(field.type) if union else (typing.get_origin(field.type) or field.type,)
-
-
-def from_json(field, value, where):
-    """A config file's value, which must already be of the field's type: "100" for an integer,
-    or an object for a path, is refused rather than converted."""
-    accepted = kinds(field)
-    kind = next(k for k in accepted if k is not type(None))
-    ok = (value is None and type(None) in accepted or type(value) is kind
-          or kind is float and type(value) is int
-          or kind is int and type(value) is float and value.is_integer())
-    if not ok:
-        null = " or null" if type(None) in accepted else ""
-        got = JSON_NAMES.get(type(value), type(value).__name__)
-        raise UsageError(f"config file {where!r}: {field.name} is {json.dumps(value)[:40]} "
-                         f"({got}), not {WORDS[kind]}{null}")
-    if kind is float and value is not None and not math.isfinite(value):
-        raise UsageError(f"config file {where!r}: {field.name} is {value}, not a finite number")
-    return value if value is None else kind(value)
-
-
-def from_text(field, text):
-    """The value of --key=TEXT in the field's type (int, float, bool, str, or X | None)."""
-    accepted = kinds(field)
-    kind = next(k for k in accepted if k is not type(None))
-    if type(None) in accepted and text.lower() in ("none", "null", ""):
-        return None
-    if kind is bool and text.lower() in TRUE + FALSE:
-        return text.lower() in TRUE
-    if kind in (str, list):
-        return text
-    if kind is not bool:
+def value_of(field, value, file=None):
+    """A setting's value in its field's type (int, float, bool, str, list, or X | None), from
+    --key=TEXT, or from a config file's JSON value, which must already be of that type ("100" for
+    an integer, or an object for a path, is refused rather than converted)."""
+    union = isinstance(field.type, types.UnionType)  # X | None
+    plain = typing.get_origin(field.type) or field.type  # list[str] -> list
+    accepted = typing.get_args(field.type) if union else (plain,)
+    kind, null = next(k for k in accepted if k is not type(None)), type(None) in accepted
+    where = f"config file {file!r}: {field.name} is " if file else f"--{field.name}="
+    bad = UsageError(f"{where}{value} is not {WORDS[kind]}" + (" (or None)" if null else ""))
+    if file is not None:  # null, or a value of the field's own type (an integer for a float)
+        number = (kind is float and type(value) is int) or (
+            kind is int and type(value) is float and value.is_integer())
+        if not ((value is None and null) or type(value) is kind or number):
+            got = JSON_NAMES.get(type(value), type(value).__name__)
+            raise UsageError(f"{where}{json.dumps(value)[:40]} ({got}), not {WORDS[kind]}"
+                             + (" or null" if null else ""))
+        if kind is float and value is not None and not math.isfinite(value):
+            raise UsageError(f"{where}{value}, not a finite number")
+        value = value if value is None else kind(value)
+    elif null and value.lower() in ("none", "null", ""):
+        value = None
+    elif kind is bool:
+        if value.lower() not in TRUE + FALSE:
+            raise bad
+        value = value.lower() in TRUE
+    elif kind not in (str, list):
         try:
-            return kind(text)
+            value = kind(value)
         except ValueError:
-            pass
-    raise UsageError(f"--{field.name}={text} is not {WORDS[kind]}"
-                     + (" (or None)" if type(None) in accepted else ""))
-
-
-def check_size(name, value, where=None):
-    """Refuse an integer beyond LARGEST, shown short when it has many digits."""
-    if type(value) is not int or abs(value) <= LARGEST:
-        return value
-    digits = str(abs(value))
-    shown = ("-" if value < 0 else "") + (digits if len(digits) < 24
-                                          else f"{digits[:6]}...({len(digits)} digits)")
-    said = f"config file {where!r}: {name} is {shown}" if where else f"--{name}={shown}"
-    raise UsageError(f"{said}, too large: an integer setting is at most 2**63 - 1")
+            raise bad from None
+    if kind is int and value is not None and abs(value) > LARGEST:
+        digits = str(abs(value))
+        shown = digits if len(digits) < 24 else f"{digits[:6]}...({len(digits)} digits)"
+        raise UsageError(f"{where}{'-' * (value < 0)}{shown}, too large: an integer setting is "
+                         f"at most 2**63 - 1")
+    return value
 
 
 def help_text(cls, prog, notes=""):
@@ -126,9 +108,11 @@ def help_text(cls, prog, notes=""):
              (cls.__doc__ or "").strip(), ""]
     for f in dataclasses.fields(cls):
         default = f.default_factory() if callable(f.default_factory) else f.default
-        shown = repr(default) if isinstance(default, str) and not default.isprintable() else default
-        flag, text = f"  --{f.name}={shown}", f.metadata.get("help", "")
-        lines.append(f"{flag:<34} {text}".rstrip() if len(flag) < 34 else f"{flag}\n{'':<34} {text}")
+        if isinstance(default, str) and not default.isprintable():
+            default = repr(default)  # a newline default shows as '\n', not as a line break
+        flag, text = f"  --{f.name}={default}", f.metadata.get("help", "")
+        wrap = "\n" + " " * 34 if len(flag) >= 34 else ""  # a long default: its text below
+        lines.append(f"{flag:<34}{wrap} {text}".rstrip())
     return "\n".join(lines + ([""] + notes.splitlines() if notes else []))
 
 
@@ -158,11 +142,10 @@ def parse_flags(cls, argv, prog, notes=""):
         if key not in fields:
             raise UsageError(f"unknown setting {key!r} in {where}{closest(key, fields, True)}; "
                              f"see python {prog} --help")
-        field = fields[key]
-        value = from_json(field, value, file) if file else from_text(field, value)
-        if list in kinds(field):  # given several times: each one adds to the list
+        value = value_of(fields[key], value, file)
+        if fields[key].default_factory is not dataclasses.MISSING:  # a list: each adds to it
             value = given.get(key, []) + (value if isinstance(value, list) else [value])
-        given[key] = check_size(key, value, file)
+        given[key] = value
 
     while args:
         arg = args.pop(0)
@@ -174,14 +157,13 @@ def parse_flags(cls, argv, prog, notes=""):
                 put(key, value, arg, arg)
             continue
         key, eq, value = arg[2:].partition("=")
-        if not eq:  # --key value, or --flag alone for true
-            if key not in fields:
-                put(key, None, "the command line")  # raises: an unknown setting, its closest name
-            if bool in kinds(fields[key]) and not (args and args[0].lower() in TRUE + FALSE):
+        if not eq:  # --key value, or a true/false setting alone for true
+            boolean = key in fields and fields[key].type in (bool, bool | None)
+            if boolean and not (args and args[0].lower() in TRUE + FALSE):
                 value = "true"
-            elif args and not args[0].startswith("--"):
+            elif key in fields and args and not args[0].startswith("--"):
                 value = args.pop(0)
-            else:
+            elif key in fields:
                 raise UsageError(f"flag {arg!r} needs a value: --{key}=VALUE or --{key} VALUE")
         put(key, value, "the command line")
     return given
