@@ -210,7 +210,7 @@ def train(given):
     device = machine.start(tc.device, distributed)
     device_type = device.split(":")[0]
     tc.dtype = machine.resolve_dtype(tc.dtype, device)
-    tc.compile = device_type == "cuda" if tc.compile is None else tc.compile
+    tc.compile = machine.resolve_compile(tc.compile, device_type, master)
     autocast = machine.autocast(device, tc.dtype)
     torch.manual_seed(tc.seed + rank)
 

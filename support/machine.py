@@ -105,6 +105,15 @@ def resolve_dtype(name, device):
     return name
 
 
+def resolve_compile(compile, device_type, master=True):
+    """--compile: None means on for CUDA only. Asked for on a CPU, it is done, with a note of what
+    it costs there: minutes of compiling before the first step, for a few percent at this size."""
+    if compile and device_type == "cpu" and master:
+        print("note: --compile on a CPU compiles for minutes before the first step and gains a few "
+              "percent on small models; leave it off here to start at once", flush=True)
+    return device_type == "cuda" if compile is None else compile
+
+
 def autocast(device, dtype):
     """bf16 autocast on the device for --dtype=bfloat16; nothing for float32."""
     return nullcontext() if dtype == "float32" else torch.autocast(str(device).split(":")[0], dtype=torch.bfloat16)

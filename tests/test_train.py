@@ -661,3 +661,11 @@ def test_damaged_index_stops_training_with_one_line(seq_root, tmp_path, capsys):
     assert snapshot(tmp_path) == before
     assert train.main([*SEQ_TINY, f"--data_root={seq_root}", "--dataset=seq", "--data_order=shuffled"]) == 2
     assert "--data_order=shuffled is not random or sequential" in capsys.readouterr().err
+
+
+def test_compile_on_a_cpu_says_what_it_costs_and_goes_on(data_root, tmp_path, capsys):
+    assert run(["--compile", "--max_iters=0"], data_root, tmp_path / "c") == 0  # compiles lazily
+    out = capsys.readouterr().out
+    assert out.count("note: --compile on a CPU compiles for minutes before the first step") == 1
+    assert run(["--max_iters=0"], data_root, tmp_path / "d") == 0
+    assert "note: --compile" not in capsys.readouterr().out
