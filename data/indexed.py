@@ -61,7 +61,7 @@ def dataset_at(name, project):
     the folder holding an indexed dataset (PATH/document or a folder holding document.{bin,idx}),
     which must hold its meta.json too (data/prepare.py --indexed writes it), or a prepared folder.
     A relative path is tried from the working folder, then from the project folder."""
-    from data.loader import read_meta
+    from data.meta import read_meta
     bases = [name] if os.path.isabs(name) else [name, os.path.join(project, name)]
     prefix = next((p for p in map(indexed_prefix, bases) if p), None)
     if prefix is None:  # a prepared folder of either format, given by its path

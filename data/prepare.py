@@ -53,7 +53,8 @@ from support import runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from data import DataError  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
-from data.loader import DEFAULT_ROOT, dataset_folder, dtype_for_vocab, is_path  # noqa: E402
+from data.loader import DEFAULT_ROOT, dataset_folder, is_path  # noqa: E402
+from data.meta import dtype_for_vocab  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from data import DataError
-from data.loader import read_meta
+from data.meta import read_meta
 
 
 class Tokenizer:

@@ -17,7 +17,7 @@ import torch
 
 from support.checkpoint import CheckpointError
 from configurator import UsageError
-from data.loader import plain_name
+from data.meta import plain_name
 from mesh import Config, RecursiveGPT
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import data.loader as loader
+import data.meta as data_meta
 import data.prepare as prep
 from data import DataError
 from data.loader import load_split
@@ -203,8 +204,8 @@ def test_tokenizer_and_dtype():
     with pytest.raises(DataError, match="characters not in the vocabulary: 'é', '€'"):
         tok.encode("abc €é")
     assert Tokenizer.from_meta({"tokenizer": "char", "chars": list("ba"), "vocab_size": 2}).encode("ab") == [1, 0]
-    assert loader.dtype_for_vocab(65) == "uint16" and loader.dtype_for_vocab(65535) == "uint16"
-    assert loader.dtype_for_vocab(65536) == "uint32" and loader.dtype_for_vocab(100277) == "uint32"
+    assert data_meta.dtype_for_vocab(65) == "uint16" and data_meta.dtype_for_vocab(65535) == "uint16"
+    assert data_meta.dtype_for_vocab(65536) == "uint32" and data_meta.dtype_for_vocab(100277) == "uint32"
 
 
 def test_uint32_vocab(tmp_path):

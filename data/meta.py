@@ -1,0 +1,60 @@
+"""
+A dataset's meta.json, checked before use: what it must hold (tokenizer, vocab_size, a dtype that
+holds every id) and what it may name (files of the dataset's own folder only), so that a damaged
+or foreign one is one line naming it, never a traceback or a read outside the folder.
+
+    from data.meta import read_meta
+    meta = read_meta("data/shakespeare_char/meta.json")
+"""
+import json
+import os
+
+import numpy as np
+
+from data import DataError
+
+
+def dtype_for_vocab(vocab_size, indexed=False):
+    """The token dtype of a dataset: uint16 for a vocabulary of up to 65,535, else uint32, or in
+    the indexed format (which has no uint32) Megatron's int32."""
+    if vocab_size <= 65535:
+        return "uint16"
+    return "int32" if indexed else "uint32"
+
+
+def plain_name(value):
+    """A file name of the folder itself (no path): what meta.json may name, so that nothing read
+    from it reaches outside the dataset's folder."""
+    return (isinstance(value, str) and value not in ("", ".", "..")
+            and os.path.basename(value) == value and "\\" not in value)
+
+
+def read_meta(path):
+    """A dataset's meta.json as a dict; a damaged one is a DataError that names it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict) or not {"tokenizer", "dtype", "vocab_size"} <= set(meta):
+            raise ValueError("no tokenizer, dtype or vocab_size")
+        vocab = meta["vocab_size"]
+        if not isinstance(vocab, int) or vocab < 1:
+            raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
+        if meta["tokenizer"] == "char" and len(str(meta.get("chars") or "")) != vocab:
+            raise ValueError(f"its {vocab} characters are missing")
+        indexed = meta.get("format") == "indexed"
+        if indexed:  # any integer dtype of the index that holds every id
+            dtype = np.dtype(meta["dtype"])
+            fits = np.issubdtype(dtype, np.integer) and np.iinfo(dtype).max >= vocab - 1
+        else:  # the one prepare.py writes
+            fits = meta["dtype"] == dtype_for_vocab(vocab)
+        if not fits:
+            raise ValueError(f"dtype {meta['dtype']!r} does not hold a vocabulary of {vocab}, "
+                             f"{dtype_for_vocab(vocab, indexed)} does")
+        for key in ("tokenizer_file", "prefix"):
+            if key in meta and not plain_name(meta[key]):
+                raise ValueError(f"{key} {meta[key]!r:.60} is not a file name of the dataset's "
+                                 f"own folder")
+        return meta
+    except (OSError, ValueError, TypeError) as e:  # TypeError: np.dtype of a thing not a dtype
+        raise DataError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again "
+                        f"with python data/prepare.py") from None
