@@ -15,7 +15,6 @@ call into support/ (runfiles, checkpoint, resume, guards, ddp, fsdp): a first re
 import dataclasses
 import math
 import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from configurator import UsageError, check_ranges, setting
+from configurator import UsageError, setting
 from data.loader import (check_fits, dataset_folder, dataset_record, load_split, random_windows,
                          sequential_windows)
 from data.tokenizer import Tokenizer
@@ -87,26 +86,8 @@ class TrainConfig:
     debug: bool = setting(False, "show Python tracebacks for errors")
 
     def __post_init__(self):  # every setting is checked before anything is read or written
-        check_ranges(self, RANGES)
-        if self.data_order not in ("random", "sequential"):
-            raise UsageError(f"--data_order={self.data_order} is not random or sequential")
-        if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
-            raise UsageError(f"--min_lr={self.min_lr} is above --lr={self.lr}; "
-                             f"the cosine decays from lr to min_lr")
+        guards.check_settings(self)  # each in its range, and with the others
         model_config(self, vocab_size=None)  # the model settings, by mesh.Config's own checks
-
-
-RANGES = [  # (settings, the test each must pass, the range in words); None (unset) passes
-    ("batch_size grad_accum eval_interval eval_iters log_interval epochs lr_decay_iters plan_gpus",
-     lambda v: v >= 1, "at least 1"),
-    ("max_iters sample_tokens warmup_iters", lambda v: v >= 0, "0 or more"),
-    ("seed", lambda v: v >= 0, "0 or more (numpy's generators take no negative seed)"),
-    ("lr", lambda v: v > 0, "a finite number above 0"),
-    ("gpu_memory", lambda v: v > 0, "a finite number of GiB above 0"),
-    ("min_lr weight_decay", lambda v: v >= 0, "a finite number, 0 or more"),
-    ("grad_clip", lambda v: v >= 0, "a finite number, 0 or more (0 disables clipping)"),
-    ("beta1 beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
-]
 
 
 def ceil_div(a, b):
@@ -290,11 +271,7 @@ def train(given):
     while True:
         done = iter_num >= steps
         if done and iter_num < tc.max_iters and master:  # sequential: its --epochs passes are read
-            seen = iter_num * tc.batch_size * tc.grad_accum
-            print(f"the data ran out at iter {iter_num} (--max_iters={tc.max_iters}): "
-                  f"{seen / windows:.3f} epoch(s) of {windows:,} windows of {window} tokens read "
-                  f"in order, {seen * window:,} tokens seen; allow more passes with "
-                  f"--init_from=resume --epochs={tc.epochs + 1}", flush=True)
+            print(guards.ran_out(iter_num, tc, windows, window), flush=True)
         new_here = iter_num != resumed_at or iter_num == 0  # a resume evaluated this step already
         if done or (iter_num % tc.eval_interval == 0 and new_here):
             losses = evaluate(raw_model, {"train": train_data, "val": val_data}, tc, device,
@@ -347,9 +324,7 @@ def train(given):
         if stopping:
             save()
             if master:
-                again = shlex.quote("--out_dir=" + tc.out_dir) + " --fsdp=true" * tc.fsdp
-                print(f"stopped at iter {iter_num}; checkpoint saved. Continue with "
-                      f"{machine.launch(world)} train.py --init_from=resume {again}")
+                print(guards.stopped(iter_num, tc, world))
             return 130
 
     # ---- a closing sample (every rank decodes the same tokens: FSDP gathers weights)

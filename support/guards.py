@@ -1,15 +1,17 @@
 """
-The guards around a run: bad input as one line, a signal as a clean stop, and no checkpoint of a model
-that blew up. train.py reaches each by one call; sample.py, probe.py and bench.py use command() too.
+The guards around a run: bad input as one line, a signal as a clean stop, and no checkpoint of a
+model that blew up. train.py reaches each by one call; sample.py uses command() too.
 
-    sys.exit(guards.command("train.py", TrainConfig, train, argv))  # one line, exit 2, for bad input
-    stop = guards.Stop(rank, distributed)   # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun: stop.requested()
+    sys.exit(guards.command("train.py", TrainConfig, train, argv))  # one line, exit 2, bad input
+    guards.check_settings(tc)                # train.py's settings in range, and with each other
+    stop = guards.Stop(rank, distributed)    # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun
     guards.check_saveable(model, optimizer, losses, iter_num, last_good, distributed)
 """
 
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from support import machine, runfiles
-from configurator import parse_flags, report
+from configurator import UsageError, check_ranges, parse_flags, report
 
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|timed out|Socket Timeout")  # a collective's
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
@@ -127,3 +129,42 @@ def check_saveable(model, optimizer, losses, iter_num, last_good, distributed):
         reason = reason or ("a weight or optimizer state on another rank is not finite" if flag.item() else None)
     if reason:
         raise FloatingPointError(f"{reason} at iter {iter_num}; stopped without saving, so {last_good()}")
+
+
+RANGES = [  # train.py's settings: (names, the test each must pass, the range in words)
+    ("batch_size grad_accum eval_interval eval_iters log_interval epochs lr_decay_iters plan_gpus",
+     lambda v: v >= 1, "at least 1"),
+    ("max_iters sample_tokens warmup_iters", lambda v: v >= 0, "0 or more"),
+    ("seed", lambda v: v >= 0, "0 or more (numpy's generators take no negative seed)"),
+    ("lr", lambda v: v > 0, "a finite number above 0"),
+    ("gpu_memory", lambda v: v > 0, "a finite number of GiB above 0"),
+    ("min_lr weight_decay", lambda v: v >= 0, "a finite number, 0 or more"),
+    ("grad_clip", lambda v: v >= 0, "a finite number, 0 or more (0 disables clipping)"),
+    ("beta1 beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+]
+
+
+def check_settings(tc):
+    """train.py's settings, each in its range (None, unset, passes) and with the others."""
+    check_ranges(tc, RANGES)
+    if tc.data_order not in ("random", "sequential"):
+        raise UsageError(f"--data_order={tc.data_order} is not random or sequential")
+    if tc.lr is not None and tc.min_lr is not None and tc.min_lr > tc.lr:
+        raise UsageError(f"--min_lr={tc.min_lr} is above --lr={tc.lr}; "
+                         f"the cosine decays from lr to min_lr")
+
+
+def ran_out(iter_num, tc, windows, window):
+    """The note of a --data_order=sequential run whose --epochs passes are read."""
+    seen = iter_num * tc.batch_size * tc.grad_accum
+    return (f"the data ran out at iter {iter_num} (--max_iters={tc.max_iters}): "
+            f"{seen / windows:.3f} epoch(s) of {windows:,} windows of {window} tokens read "
+            f"in order, {seen * window:,} tokens seen; allow more passes with "
+            f"--init_from=resume --epochs={tc.epochs + 1}")
+
+
+def stopped(iter_num, tc, world):
+    """The last line of a run stopped by a signal: the command that continues it."""
+    again = shlex.quote("--out_dir=" + tc.out_dir) + " --fsdp=true" * tc.fsdp
+    return (f"stopped at iter {iter_num}; checkpoint saved. Continue with "
+            f"{machine.launch(world)} train.py --init_from=resume {again}")
