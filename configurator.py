@@ -48,7 +48,8 @@ def report(prog, error, code=2):
     if isinstance(error, OSError) and error.filename:  # e.g. an --out_dir that is a file
         error = f"cannot use {error.filename}: {error.strerror}; check the path"
     elif isinstance(error, OSError):  # no file named, e.g. a full disk met while flushing a write
-        error = f"{error.strerror or error}; check the disk (free space, permissions), try again"
+        error = (f"{error.strerror or error}; check the disk (free space, permissions) "
+                 f"and try again")
     print(f"{prog}: error: {error}", file=sys.stderr)
     return code
 

@@ -59,7 +59,8 @@ def sample(given):
     model, ckpt = checkpoint.load(sc.out_dir, device)
     if sc.compile:  # the KV cache is preallocated: every one-token step has one shape, one graph
         model.compile()
-    tokenizer = Tokenizer.load(checkpoint.checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
+    data = checkpoint.checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
+    tokenizer = Tokenizer.load(data)
     start = sc.start if "start" in given else tokenizer.default_prompt
     if start.startswith("FILE:"):
         try:
