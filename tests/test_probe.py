@@ -330,6 +330,9 @@ def test_table1_choices_change_one_mesh_setting_and_pair_with_mesh():
         "mesh_direct_2+2R4+2_s0": ["--cycle=direct"], "mesh_base_init_2+2R4+2_s0": ["--router_init=base"],
         "mesh_unscaled_2+2R4+2_s0": ["--slot0=unscaled"]}
     assert all(len(cmd) == len(mesh) + 1 for cmd in cmds.values())  # one flag added, none changed
+    both = table1.plan(["mesh_direct_base_init"], [0], (), ["2+2R4+2"])[0]
+    assert sorted(set(table1.train_command(both, "out", 1200)[2:]) - set(mesh)) == [
+        "--cycle=direct", "--router_init=base"]
     lay = "2+2R4+2"
     results = [fake_result(v, s, l, 1, 1.0, layout=lay) for v, s, l in
                [("base", 0, 1.60), ("base", 1, 1.62), ("mesh", 0, 1.55), ("mesh", 1, 1.58),
@@ -344,7 +347,7 @@ def test_table1_choices_change_one_mesh_setting_and_pair_with_mesh():
     assert "| val loss (mean ± std, seeds) | - base | - vanilla | - mesh | ms/iter |" in md
     assert "| mesh_direct | `2+2R4+2` | 4 | 1 | 100.0% | 1.5850 ± 0.0354 (2) | -0.0250 ± 0.0212 | +0.0850 ± 0.0354 " \
            "| +0.0200 ± 0.0141 | 1 |" in md
-    assert "mesh_direct: cycle=direct; mesh_base_init: router_init=base; mesh_unscaled: slot0=unscaled." in md
+    assert "MeSH's [choice]s (mesh.py) changed, by row: mesh_direct: cycle=direct." in md
     assert "- mesh" not in table1.markdown(rows[:3], [], 1200, "test cpu", "shakespeare_char")  # no choices, no column
 
 
@@ -354,7 +357,8 @@ def test_table1_bad_flags_are_one_line(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err == ("table1.py: error: --only: unknown 'anchr' (did you mean 'anchor'?); expected "
                                        "some of vanilla, base, residual, anchor, anchor_emb, mesh, mesh_direct, "
-                                       "mesh_base_init, mesh_unscaled, ablation\n")
+                                       "mesh_base_init, mesh_unscaled, mesh_direct_base_init, "
+                                       "ablation\n")
     with pytest.raises(SystemExit) as e:
         table1.main(["--jobs=0"])
     assert e.value.code == 2 and capsys.readouterr().err == "table1.py: error: --jobs=0 must be at least 1\n"

@@ -50,7 +50,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the projec
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
 VARIANTS = {"vanilla": "base", **{s: s for s in SCHEMES}}  # name -> scheme, in table order: every scheme of mesh.py
 CHOICES = {"mesh_direct": dict(cycle="direct"), "mesh_base_init": dict(router_init="base"),  # mesh with one of
-           "mesh_unscaled": dict(slot0="unscaled")}                                      # mesh.py's [choice]s
+           "mesh_unscaled": dict(slot0="unscaled"),                                      # mesh.py's [choice]s
+           "mesh_direct_base_init": dict(cycle="direct", router_init="base")}            # two of them at once
 SCHEME = {**VARIANTS, **{name: "mesh" for name in CHOICES}}                              # every name -> scheme
 DATASETS = {"shakespeare_char": "Tiny Shakespeare (characters)",  # what the table's first line calls a dataset
             "pydoc": "Python's pydoc text (characters; Tiny Shakespeare could not be downloaded)"}
@@ -265,8 +266,9 @@ def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT):
               "(the seeds share the data order), to that variant on the same layout (vanilla: its one layout), "
               "mean ± std. ms/iter: median per run, mean over seeds."]
     if "mesh" in refs:
-        lines += ["", "MeSH's [choice]s (mesh.py), one changed per row: " + "; ".join(
-            f"{name}: {', '.join(f'{k}={v}' for k, v in CHOICES[name].items())}" for name in CHOICES) + "."]
+        shown = [name for name in CHOICES if any(r["variant"] == name for r in rows)]
+        lines += ["", "MeSH's [choice]s (mesh.py) changed, by row: " + "; ".join(
+            f"{name}: {', '.join(f'{k}={v}' for k, v in CHOICES[name].items())}" for name in shown) + "."]
     if ablation:
         K = steps(layout)
         lines += ["", f"Buffer size B (mesh `{layout}`, K = {K}, seed 0; the default is B = K+3 = {K + 3}):", "",
