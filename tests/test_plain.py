@@ -1,0 +1,55 @@
+"""support/plain.py: the limits on every JSON file the project reads."""
+import json
+import os
+import sys
+
+import pytest
+
+from support import plain
+
+
+def test_parse_json_reads_plain_data_and_strings_with_brackets():
+    assert plain.parse_json('{"a": [1, {"b": "[[{{\\"["}], "c": null}') == {"a": [1, {"b": '[[{{"['}],
+                                                                           "c": None}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * 100_000 + "]" * 100_000, "is nested more than 64 levels deep"),
+    ('{"a": 1, "a": 2}', "has the key 'a' twice"),
+    ('{"a": NaN}', "holds NaN, which JSON does not allow (write a number)"),
+    ('[-Infinity]', "holds -Infinity, which JSON does not allow (write a number)"),
+])
+def test_parse_json_refuses_what_is_not_plain_data(text, message):
+    with pytest.raises(plain.PlainDataError) as e:
+        plain.parse_json(text)
+    assert str(e.value) == message
+
+
+def test_parse_json_depth_limit_is_exact():
+    assert plain.parse_json("[" * 64 + "]" * 64) is not None
+    with pytest.raises(plain.PlainDataError):
+        plain.parse_json("[" * 65 + "]" * 65)
+    with pytest.raises(json.JSONDecodeError):  # not JSON at all: json's own error, with its position
+        plain.parse_json("{,}")
+
+
+def test_read_text_refuses_large_binary_and_non_regular_files(tmp_path):
+    big, binary = tmp_path / "big.json", tmp_path / "bin.json"
+    big.write_text("[" + "0," * 600 + "0]")
+    binary.write_bytes(b'{"a": "\xff"}')
+    assert plain.read_json(big) == [0] * 601
+    for path, max_bytes, message in [(big, 1000, "is larger than 1,000 bytes"),
+                                     (binary, plain.MAX_BYTES, "is not UTF-8 text (byte 7)"),
+                                     (tmp_path, plain.MAX_BYTES, "is not a regular file")]:
+        if path == tmp_path and sys.platform == "win32":
+            continue  # a folder cannot be opened as a file there at all (OSError)
+        with pytest.raises(plain.PlainDataError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            plain.read_text(path, max_bytes)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_read_text_refuses_a_fifo_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "log.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(plain.PlainDataError, match="is not a regular file"):
+        plain.read_text(fifo)  # no writer: a plain open() would block here forever
