@@ -93,6 +93,7 @@ def settings_of(script):
                    "tools/bench.py": ("tools.bench", "BenchConfig"),
                    "tools/probe.py": ("tools.probe", "ProbeConfig"),
                    "tools/table1.py": ("tools.table1", "Table1Config"),
+                   "tools/cycle.py": ("tools.cycle", "CycleConfig"),
                    "tools/consolidate.py": ("tools.consolidate", "ConsolidateConfig"),
                    "tools/gpu_check.py": ("tools.gpu_check", "CheckConfig"),
                    "data/prepare.py": ("data.prepare", "PrepareConfig")}.get(script, (None, None))

@@ -366,3 +366,26 @@ def test_table1_bad_flags_are_one_line(capsys):
         table1.main(["--help"])
     assert e.value.code == 0 and "--results=runs/table1 table1.json, table1.md and the figures go here" in \
         " ".join(capsys.readouterr().out.split())
+
+
+def test_cycle_table_pairs_direct_with_routed_by_seed(tmp_path):
+    from tools import cycle
+    sweep = [dict(variant=v, layout=lay, seed=s, val_loss=x) for v, lay, s, x in [
+        ("vanilla", "12", 0, 1.80), ("vanilla", "12", 1, 1.82), ("base", "3+2R3+3", 0, 1.84),
+        ("base", "3+2R3+3", 1, 1.86), ("mesh", "3+2R3+3", 0, 1.81), ("mesh", "3+2R3+3", 1, 1.84)]]
+    (tmp_path / "sweep.json").write_text(json.dumps({"runs": sweep}))
+    (tmp_path / "choices.json").write_text(json.dumps({"runs": []}))
+    run = tmp_path / "runs" / "mesh_direct_3+2R3+3_s1"
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(json.dumps(dict(variant="mesh_direct", layout="3+2R3+3", seed=1,
+                                                     val_loss=1.83)))
+    out = tmp_path / "out"
+    cycle.main([f"--sweep={tmp_path / 'sweep.json'}", f"--choices={tmp_path / 'choices.json'}",
+                f"--root={tmp_path / 'runs'}", f"--results={out}"])
+    k3 = next(r for r in json.loads((out / "cycle.json").read_text()) if r["K"] == 3)
+    assert k3["base_vs_vanilla"] == pytest.approx([0.04, 0.0, 2])
+    assert k3["mesh_vs_base"][:2] == pytest.approx([-0.025, 0.00707], abs=1e-5)
+    assert k3["mesh_direct_vs_mesh"] == pytest.approx([-0.01, None, 1])  # seed 1 only: 1.83 - 1.84
+    assert k3["mesh_direct_closes"] == pytest.approx(0.75)  # -(1.83 - 1.86) / (1.86 - 1.82): its seed
+    assert "| 3 | `3+2R3+3` | +0.0400 ± 0.0000 (2) | -0.0250 ± 0.0071 (2) | -0.0300 (1) | -0.0100 (1) " \
+           "| 62% | 75% |" in (out / "cycle.md").read_text()

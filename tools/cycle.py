@@ -1,0 +1,124 @@
+"""
+Which transitional cycle, by K: MeSH's routed cycle (the paper's: routers[0] on the prelude output)
+against cycle=direct, paired seed by seed with the depth sweep's vanilla, base and routed runs.
+
+    python tools/table1.py --layouts=3+2R3+3 --only=mesh_direct --seeds=0,1,2 --root=runs/cycle  # each K
+    python tools/cycle.py --root=runs/cycle --results=results/cycle
+
+Reads the sweep's runs (--sweep, a table1.json; K = 4's direct runs from --choices) and the
+result.json of every run under --root, which take precedence; writes cycle.md and cycle.json.
+"""
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configurator import UsageError, parse_flags, report, setting  # noqa: E402
+from support import plain, runfiles  # noqa: E402
+from tools.table1 import mean_std, pm, steps  # noqa: E402
+
+LAYOUTS = ["2+4R2+2", "3+2R3+3", "2+2R4+2", "3+1R6+3"]  # K = 2, 3, 4, 6: the depth sweep's
+DIRECT = ("mesh_direct", "mesh_direct_base_init")        # the variants compared with routed mesh
+
+
+@dataclass
+class CycleConfig:
+    """The transitional cycle's table: routed against direct, by K."""
+    sweep: str = setting("results/depth_sweep/table1.json", "the depth sweep's table1.json")
+    choices: str = setting("results/choices/table1.json", "the K = 4 choices' table1.json")
+    root: str = setting("runs/cycle", "folders of the cycle=direct runs (each with result.json)")
+    results: str = setting("results/cycle", "cycle.md and cycle.json go here")
+
+
+def runs(cfg):
+    """{(variant, layout, seed): val loss} of every run: the two tables', then --root's over them."""
+    found = []
+    for path in (cfg.sweep, cfg.choices):
+        found += plain.read_json(path)["runs"]
+    if os.path.isdir(cfg.root):
+        for name in sorted(os.listdir(cfg.root)):
+            path = os.path.join(cfg.root, name, "result.json")
+            if os.path.isfile(path):
+                found.append(plain.read_json(path))
+    return {(r["variant"], r["layout"], r["seed"]): r["val_loss"] for r in found}
+
+
+def seeds_of(loss, variant, layout):
+    return {s for (v, lay, s) in loss if v == variant and lay == layout}
+
+
+def paired(loss, a, b, layout, seeds=None):
+    """(mean, std) over the seeds both have (of `seeds`, if given) of a's val loss minus b's, and
+    how many seeds."""
+    b_layout = "12" if b == "vanilla" else layout
+    both = seeds_of(loss, a, layout) & seeds_of(loss, b, b_layout)
+    d = [loss[(a, layout, s)] - loss[(b, b_layout, s)] for s in sorted(both)
+         if seeds is None or s in seeds]
+    return (*mean_std(d), len(d))
+
+
+def table(loss):
+    rows = []
+    for layout in LAYOUTS:
+        gap = paired(loss, "base", "vanilla", layout)
+        row = dict(layout=layout, K=steps(layout), base_vs_vanilla=gap,
+                   mesh_vs_base=paired(loss, "mesh", "base", layout))
+        for v in DIRECT:
+            row[f"{v}_vs_base"] = paired(loss, v, "base", layout)
+            row[f"{v}_vs_mesh"] = paired(loss, v, "mesh", layout)
+        for v in ("mesh", *DIRECT):  # the share of base's gap to vanilla each closes, same seeds
+            d = row[f"{v}_vs_base"][0]
+            g = paired(loss, "base", "vanilla", layout, seeds_of(loss, v, layout))[0]
+            row[f"{v}_closes"] = None if d is None or not g else -d / g
+        rows.append(row)
+    return rows
+
+
+def cell(x):
+    mean, std, n = x
+    return "-" if not n else f"{pm(mean, std, sign='+')} ({n})"
+
+
+def share(x):
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def markdown(rows):
+    lines = ["| K | layout | base − vanilla | routed − base | direct − base | direct − routed "
+             "| routed closes | direct closes |", "|---:|---|---|---|---|---|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['K']} | `{r['layout']}` | {cell(r['base_vs_vanilla'])} | "
+                     f"{cell(r['mesh_vs_base'])} | {cell(r['mesh_direct_vs_base'])} | "
+                     f"{cell(r['mesh_direct_vs_mesh'])} | {share(r['mesh_closes'])} | "
+                     f"{share(r['mesh_direct_closes'])} |")
+    both = [r for r in rows if r["mesh_direct_base_init_vs_mesh"][2]]
+    for r in both:
+        lines += ["", f"K = {r['K']}, cycle=direct with router_init=base: "
+                      f"{cell(r['mesh_direct_base_init_vs_base'])} against base, "
+                      f"{cell(r['mesh_direct_base_init_vs_mesh'])} against routed mesh "
+                      f"({share(r['mesh_direct_base_init_closes'])} of the gap closed)."]
+    lines += ["", "Val loss differences, paired seed by seed (mean ± std over the seeds, how many "
+                  "in brackets); closes: the share of base's gap to vanilla that the variant removes "
+                  "(its mean difference to base over the mean gap, on the same seeds)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    try:
+        cfg = CycleConfig(**parse_flags(CycleConfig, sys.argv[1:] if argv is None else argv,
+                                        "tools/cycle.py"))
+        rows = table(runs(cfg))
+        os.makedirs(cfg.results, exist_ok=True)
+        md = markdown(rows)
+        runfiles.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md), mode="w")
+        runfiles.write_json(os.path.join(cfg.results, "cycle.json"), rows)
+        print(md + f"wrote {cfg.results}/cycle.md and cycle.json")
+    except (UsageError, OSError, ValueError, KeyError) as e:
+        raise SystemExit(report("tools/cycle.py", e))
+
+
+if __name__ == "__main__":
+    main()
