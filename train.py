@@ -9,7 +9,7 @@ Train a nanoMeSH model, from a laptop CPU to multi-node torchrun DDP (FSDP2 past
 Every setting is a field of TrainConfig (--help). train() reads top to bottom: settings, device,
 data, model and optimizer, the loop, a closing sample. A step's batches depend on the step alone,
 never on the process count, so a resume sees the data it would have seen. Each safety net is one
-call into support/ (runfiles, checkpoint, resume, guards, ddp, fsdp): a first reading skips them.
+call into support/ (outdir, checkpoint, resume, guards, ddp, fsdp): a first reading skips them.
 """
 
 import dataclasses
@@ -27,7 +27,7 @@ from data.loader import (check_fits, dataset_folder, dataset_record, load_split,
                          sequential_windows)
 from data.tokenizer import Tokenizer
 from mesh import PRESETS, SCHEMES, Config, RecursiveGPT
-from support import checkpoint, ddp, guards, machine, runfiles
+from support import checkpoint, ddp, guards, machine, outdir, runfiles
 
 
 @dataclass
@@ -88,6 +88,7 @@ class TrainConfig:
     def __post_init__(self):  # every setting is checked before anything is read or written
         guards.check_settings(self)  # each in its range, and with the others
         model_config(self, vocab_size=None)  # the model settings, by mesh.Config's own checks
+        self.out_dir = outdir.held(self.out_dir)  # a link: its folder, held for good
 
 
 def ceil_div(a, b):
@@ -181,7 +182,7 @@ def train(given):
         if resume.finished(ckpt, tc):  # said so: a finished run is left as it is
             return 0
     elif tc.init_from == "scratch" and master:
-        checkpoint.check_fresh(tc.out_dir, tc.overwrite)
+        outdir.check_fresh(tc.out_dir, tc.overwrite)
     if tc.grad_accum % world:
         raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size "
                          f"{world}; use a multiple of {world}")
@@ -236,8 +237,7 @@ def train(given):
     # ---- all checked: now the run takes OUT_DIR (its lock, killed writes' leftovers, its log)
     log = None
     if master:
-        log = checkpoint.start_run(tc.out_dir, ckpt is None, tc.overwrite, spread.CHECKPOINT,
-                                   iter_num)
+        log = outdir.start_run(tc.out_dir, ckpt is None, tc.overwrite, spread.CHECKPOINT, iter_num)
         print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
               f"{raw_model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
               f"dataset {tc.dataset} ({len(train_data):,} train tokens, {tc.data_order} order), "

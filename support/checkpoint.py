@@ -1,33 +1,32 @@
 """
-Checkpoints: a run's files in OUT_DIR, the one writer and loader that train.py, sample.py, probe.py,
-table1.py and lm_eval_mesh.py share, and every check a resume makes.
+Checkpoints: the one writer and loader that train.py, sample.py, probe.py, table1.py and
+lm_eval_mesh.py share, a sharded checkpoint's pointer, and the dataset a checkpoint trained on.
 
     model, ckpt = checkpoint.load("out")      # OUT_DIR/ckpt.pt: the model, and the plain data saved with it
+    meta = checkpoint.read_pointer("out")     # OUT_DIR/ckpt-sharded.json, every field checked; or None
 
 A run's checkpoint is OUT_DIR/ckpt.pt, a torch.save'd dict of tensors and plain data (model_config,
 train_config, iter_num, best_val_loss, rng, the data it trained on), or a sharded one (fsdp.py): a
 folder OUT_DIR/shards-<iter>/ that OUT_DIR/ckpt-sharded.json names. Both are written atomically.
-ckpt.pt loads with weights_only=True (loading never runs code), its zip CRC-32s verified and its
-weights checked finite, so a damaged file is refused, not used.
+ckpt.pt loads with weights_only=True (loading never runs code), its zip CRC-32s verified, its plain
+data checked and its weights finite, so a damaged file is refused, not used. Which of the two a
+resume continues from, and what else it checks, is resume.py's; the run's folder is outdir.py's.
 """
 
-import json
 import os
 import re
 import shlex
-import shutil
 import zipfile
 
 import torch
 
-from support import runfiles
-from configurator import UsageError
+from support import plain, runfiles
 from data import DataError
 from data.loader import dataset_folder, dataset_record, is_path
 from mesh import Config, RecursiveGPT
 
 CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"  # a whole checkpoint; the pointer of a sharded one (fsdp.py)
-SHARDS = re.compile(r"^shards-\d{8}$")          # the folders of sharded checkpoints
+SHARDS = re.compile(r"^shards-\d{8}(-1)?$")     # the folders of sharded checkpoints (fsdp.shards_folder)
 
 
 class CheckpointError(ValueError):
@@ -71,6 +70,7 @@ def load(out_dir, device="cpu"):
         missing = {"model", "model_config", "train_config"} - set(ckpt)
         if missing:
             raise KeyError(f"no {', '.join(sorted(missing))}")
+        check_plain(ckpt)
         model = RecursiveGPT(Config.from_dict(ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
         bad = next((k for k, v in ckpt["model"].items() if v.is_floating_point() and not v.isfinite().all()), None)
@@ -83,6 +83,30 @@ def load(out_dir, device="cpu"):
     return model.to(device), ckpt
 
 
+PLAIN = (str, int, float, bool, type(None))  # a setting's value, as JSON holds it
+
+
+def check_plain(ckpt):
+    """The plain data of a checkpoint (a ckpt.pt dict or a pointer), before anything uses it: its configs are
+    objects, train_config names its dataset, and every field that is there has its type (TypeError or
+    ValueError, in words). resume.check asks more of a checkpoint it continues."""
+    for key in ("model_config", "train_config"):
+        if not isinstance(ckpt[key], dict):
+            raise TypeError(f"{key} is a {type(ckpt[key]).__name__}, not a dict")
+    tc, data = ckpt["train_config"], ckpt.get("data", {})
+    if not isinstance(tc.get("dataset"), str) or not isinstance(tc.get("data_root", ""), str):
+        raise TypeError(f"train_config's dataset is {tc.get('dataset')!r:.40}, not a name")
+    if not isinstance(data, dict):
+        raise TypeError(f"data (the dataset record) is a {type(data).__name__}, not a dict")
+    bad = next((k for d in (tc, data) for k, v in d.items() if not isinstance(v, PLAIN)), None)
+    if bad:
+        raise TypeError(f"{bad} is not a plain value")
+    if "iter_num" in ckpt and (type(ckpt["iter_num"]) is not int or ckpt["iter_num"] < 0):
+        raise ValueError(f"iter_num is {ckpt['iter_num']!r:.40}, not a count of steps")
+    if "saved_at" in ckpt and not isinstance(ckpt["saved_at"], float):
+        raise TypeError("saved_at is not a time")
+
+
 POINTER_FIELDS = {"model_config": dict, "train_config": dict, "iter_num": int, "best_val_loss": float, "rng": dict,
                   "folder": str}  # and, written since they were added: "data", "saved_at" and "checksums"
 
@@ -92,24 +116,24 @@ def read_pointer(out_dir):
     is checked before it is used: every field and its type, and that the folder it names is a shards-<iter>
     folder inside OUT_DIR (never a path elsewhere, which a resume would read and a save would delete)."""
     path = os.path.join(out_dir, POINTER)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = plain.read_json(path)
         if not isinstance(meta, dict):
             raise TypeError("not a JSON object")
         for key, kind in POINTER_FIELDS.items():
             if not isinstance(meta.get(key), kind) or isinstance(meta[key], bool):
                 raise TypeError(f"{key} is {meta.get(key)!r:.40}, not a {kind.__name__}")
-        if not SHARDS.match(meta["folder"]):
-            raise ValueError(f"folder {meta['folder']!r:.60} is not a shards-<iter> folder of this one")
+        if not SHARDS.match(meta["folder"]) or int(meta["folder"][7:15]) != meta["iter_num"]:
+            raise ValueError(f"folder {meta['folder']!r:.60} is not the shards-<iter> folder of iter_num")
         if not all(isinstance(v, list) and all(isinstance(b, int) and 0 <= b < 256 for b in v)
                    for v in meta["rng"].values()) or "torch" not in meta["rng"]:
             raise ValueError("rng is not a list of bytes for torch (and cuda)")
         for key, kind in (("data", dict), ("saved_at", float), ("checksums", dict)):
             if key in meta and not isinstance(meta[key], kind):
                 raise TypeError(f"{key} is not a {kind.__name__}")
+        check_plain(meta)
         Config.from_dict(meta["model_config"])
         return meta
     except (ValueError, TypeError) as e:  # (json's errors are ValueErrors)
@@ -117,16 +141,11 @@ def read_pointer(out_dir):
                               f"or point --out_dir at another run") from None
 
 
-def run_files(out_dir):
-    """The files that make OUT_DIR a run, whatever its format: ckpt.pt, ckpt-sharded.json, shards-<iter>/."""
-    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
-    return [os.path.join(out_dir, n) for n in sorted(names) if n in (CKPT, POINTER) or SHARDS.match(n)]
-
-
 def saved(ckpt):
-    """When a checkpoint (a ckpt.pt dict or a sharded one's pointer) was saved, as a key to compare: (saved_at,
-    iter_num); checkpoints written before they recorded saved_at count as saved at time 0."""
-    return float(ckpt.get("saved_at", 0.0)), int(ckpt["iter_num"])
+    """How far a checkpoint (a ckpt.pt dict or a sharded one's pointer) had trained, as a key to compare:
+    (iter_num, saved_at). Training progress decides; the clock, which may have been set back or copied from
+    another machine, only breaks a tie (checkpoints that do not record it count as saved at time 0)."""
+    return int(ckpt["iter_num"]), float(ckpt.get("saved_at", 0.0))
 
 
 def saved_full(out_dir):
@@ -138,54 +157,7 @@ def saved_full(out_dir):
     try:
         return saved(torch.load(path, mmap=True, weights_only=True, map_location="cpu"))
     except Exception:
-        return -1.0, -1
-
-
-def check_fresh(out_dir, overwrite):
-    """A scratch run into out_dir: refused where a run is, in either format (unless --overwrite), and where a
-    live one is first of all."""
-    if os.path.isdir(out_dir):
-        runfiles.own(out_dir)
-    found = [p for p in run_files(out_dir) if not SHARDS.match(os.path.basename(p))]
-    if found and not overwrite:
-        raise UsageError(f"{' and '.join(found)} exist{'s' if len(found) == 1 else ''}; continue it with "
-                         f"--init_from=resume, or start over with --overwrite=true, or choose another --out_dir")
-
-
-def start_run(out_dir, fresh, overwrite, keep, resumed_at):
-    """The run takes OUT_DIR, everything being checked: its lock, the leftovers of killed writes removed, and
-    its log (runfiles.RunLog) returned. keep: this run's checkpoint (CKPT, or POINTER under FSDP). A fresh run
-    over an old one (--overwrite) replaces all of it at its first checkpoint, when log.commit() puts its log in
-    place and removes the old run's checkpoints (replace_old_run). A resumed run's log drops what the killed
-    run logged past resumed_at."""
-    os.makedirs(out_dir, exist_ok=True)
-    runfiles.own(out_dir)
-    if fresh:
-        check_fresh(out_dir, overwrite)  # again: another run may have finished there in the meantime
-    runfiles.remove_dead_temporaries(out_dir)
-    if not (fresh and overwrite):  # (an old run being replaced may have a damaged pointer: replace_old_run)
-        remove_unfinished_shards(out_dir)
-    replace = (lambda: replace_old_run(out_dir, keep)) if fresh else None
-    return runfiles.RunLog(out_dir, fresh, replace, None if fresh else resumed_at)
-
-
-def replace_old_run(out_dir, keep):
-    """After a fresh run's first checkpoint (keep: its format's file), the rest of the old run goes: the other
-    format's checkpoint, and every shards folder that the (new) pointer does not name."""
-    named = read_pointer(out_dir)["folder"] if keep == POINTER else None
-    for path in run_files(out_dir):
-        name = os.path.basename(path)
-        if name == (POINTER if keep == CKPT else CKPT) or SHARDS.match(name) and name != named:
-            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
-
-
-def remove_unfinished_shards(out_dir):
-    """Remove the shards folders that ckpt-sharded.json does not name: sharded writes that were killed, or the
-    previous checkpoint's, left by a kill after the pointer moved on. Only by a run that owns OUT_DIR."""
-    meta = read_pointer(out_dir)
-    for name in os.listdir(out_dir):
-        if SHARDS.match(name) and (meta is None or name != meta["folder"]):
-            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+        return -1, -1.0
 
 
 def checkpoint_dataset(train_config, trained_on=None):

@@ -27,7 +27,6 @@ same calls, otherwise: wrap, sync, save, load (and check_launch, here only).
 
 import os
 import pickle
-import shutil
 import warnings
 import zlib
 from contextlib import nullcontext
@@ -35,7 +34,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from support import checkpoint, runfiles
+from support import checkpoint, outdir, runfiles
 from support.checkpoint import POINTER, CheckpointError
 from configurator import UsageError
 from mesh import Config, RecursiveGPT
@@ -134,15 +133,23 @@ def tensors(model, optimizer):
 
 
 def save(out_dir, model, optimizer, master, data):
-    """Every rank writes its shards into a new folder; then rank 0 points ckpt-sharded.json at it (atomic
-    replace) and removes the previous folder. `data`: the checkpoint's plain entries (configs, iter_num, ...)."""
+    """Every rank writes its shards into a new folder (shards_folder); then rank 0 points ckpt-sharded.json at
+    it (atomic replace) and removes the previous folder. `data`: the checkpoint's plain entries (configs, iter_num, ...)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    folder = f"shards-{data['iter_num']:08d}"
+    old = [None]
+    if master:
+        try:
+            old = [checkpoint.read_pointer(out_dir)]
+        except CheckpointError:  # a damaged pointer of a run this one replaces (--overwrite): its folders go later
+            pass
+    dist.broadcast_object_list(old, src=0)  # every rank writes into the folder rank 0 chose
+    old = old[0]
+    folder = shards_folder(data["iter_num"], old and old["folder"])
     path = os.path.join(out_dir, folder)
     data = {**data, "rng": rng_to_json(data["rng"])}  # the pointer is JSON
-    if master and os.path.exists(path):  # a leftover of an interrupted write at this iteration
-        shutil.rmtree(path)
+    if master and os.path.lexists(path):  # a leftover of an interrupted write, never the named one
+        outdir.remove(path)
     dist.barrier()
     try:  # collective; returns once every shard is written (and fsynced)
         dcp.save(tensors(model, optimizer), checkpoint_id=path)
@@ -154,15 +161,19 @@ def save(out_dir, model, optimizer, master, data):
     crcs = [None] * dist.get_world_size()
     dist.all_gather_object(crcs, {name: crc32(os.path.join(path, name)) for name in share(path)})
     if master:
-        try:
-            old = checkpoint.read_pointer(out_dir)
-        except CheckpointError:  # a damaged pointer of a run this one replaces (--overwrite): its folders go later
-            old = None
         checksums = {name: crc for part in crcs for name, crc in part.items()}
         runfiles.write_json(os.path.join(out_dir, POINTER), {**data, "folder": folder, "checksums": checksums})
-        if old and old["folder"] != folder:
-            shutil.rmtree(os.path.join(out_dir, old["folder"]), ignore_errors=True)
+        if old:  # only now that the pointer names the new one
+            outdir.remove(os.path.join(out_dir, old["folder"]))
     dist.barrier()
+
+
+def shards_folder(iter_num, named):
+    """The folder a sharded checkpoint of iter_num is written into: shards-<iter>, or shards-<iter>-1 when the
+    pointer names shards-<iter> already (a run saved again at the same iteration, as a sequential run resumed
+    after its data ran out does), so that the checkpoint the pointer names stays whole until it names the new."""
+    folder = f"shards-{iter_num:08d}"
+    return folder + "-1" if named == folder else folder
 
 
 def metadata_reader(path):
@@ -331,7 +342,8 @@ def consolidate(out_dir):
     if os.path.isfile(path):
         full = checkpoint.saved_full(out_dir)
         if full > checkpoint.saved(meta):
-            raise CheckpointError(f"{path} (iter {full[1]}) was saved after the sharded checkpoint (iter "
+            than = "is further in training than" if full[0] > meta["iter_num"] else "was saved after"
+            raise CheckpointError(f"{path} (iter {full[0]}) {than} the sharded checkpoint (iter "
                                   f"{meta['iter_num']}), which would replace it; it needs no consolidation")
     ckpt = load_whole(out_dir, meta)
     del ckpt["path"]

@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from support import machine, runfiles
+from support import machine, outdir
 from configurator import UsageError, check_ranges, parse_flags, report
 
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|timed out|Socket Timeout")  # a collective's
@@ -55,7 +55,7 @@ def command(prog, settings, fn, argv, notes=""):
         return report(prog, f"another process of this torchrun job stopped ({first}); its own output says why", code=1)
     finally:
         Stop.restore()
-        runfiles.release()
+        outdir.release()
         machine.stop()
 
 

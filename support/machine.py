@@ -22,7 +22,8 @@ PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12, "NVID
 
 
 def process_group():
-    """(distributed, rank, world size) from torchrun's RANK and WORLD_SIZE; RANK unset (or -1): one process."""
+    """(distributed, rank, world size) from torchrun's RANK and WORLD_SIZE; RANK unset (or -1): one process.
+    RANK set but not by torchrun (a shell's leftover of an earlier job) is refused: it would wait for peers."""
     rank, size = os.environ.get("RANK", "-1"), os.environ.get("WORLD_SIZE")
     if rank == "-1":
         return False, 0, 1
@@ -33,6 +34,11 @@ def process_group():
     except (TypeError, ValueError):
         raise UsageError(f"RANK={rank} needs WORLD_SIZE, with 0 <= RANK < WORLD_SIZE (got WORLD_SIZE={size}); "
                          f"launch with torchrun, which sets both, or unset RANK") from None
+    if "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun sets it: without it the peers would never come
+        names = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k in os.environ]
+        raise UsageError(f"{' '.join(f'{k}={os.environ[k]}' for k in names)} set, but not by torchrun (no "
+                         f"TORCHELASTIC_RUN_ID): left in this shell by an earlier job? unset {' '.join(names)}, "
+                         f"or launch with torchrun (another launcher: set TORCHELASTIC_RUN_ID to say they are meant)")
     return True, rank, size
 
 

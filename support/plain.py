@@ -3,7 +3,7 @@ Plain data read with limits: every JSON file the project reads (a config, meta.j
 pointer, a result file, a log) comes through here, so that none of them can hang a run, fill its
 memory or crash its parser.
 
-    text = plain.read_text(path)          # a regular file's UTF-8 text, at most MAX_BYTES
+    text = plain.read_text(path)          # a regular file's UTF-8 text, at most MAX_BYTES (read_bytes)
     obj = plain.parse_json(text)          # JSON nested at most MAX_DEPTH deep, no NaN, no duplicate keys
 
 Both raise PlainDataError (a ValueError) whose message says what is wrong, without the file's name:
@@ -23,9 +23,9 @@ class PlainDataError(ValueError):
     """A file that is not the plain data it should be: one line."""
 
 
-def read_text(path, max_bytes=MAX_BYTES):
-    """The UTF-8 text of the regular file path. A FIFO, a device or a folder is refused before it is
-    read (opened non-blocking, so that a FIFO with no writer cannot hang the open); so is a file over
+def read_bytes(path, max_bytes=MAX_BYTES):
+    """The bytes of the regular file path. A FIFO, a device or a folder is refused before it is read
+    (opened non-blocking, so that a FIFO with no writer cannot hang the open); so is a file over
     max_bytes. OSError passes through for the caller to word."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -35,6 +35,12 @@ def read_text(path, max_bytes=MAX_BYTES):
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise PlainDataError(f"is larger than {max_bytes:,} bytes")
+    return data
+
+
+def read_text(path, max_bytes=MAX_BYTES):
+    """The UTF-8 text of the regular file path (read_bytes' checks first)."""
+    data = read_bytes(path, max_bytes)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -24,14 +24,19 @@ from mesh import Config, RecursiveGPT
 
 def load(out_dir, sharded):
     """The run in OUT_DIR as the dict a resume continues from: the checkpoint's entries, "model" its model and
-    "path" its file. The later saved of ckpt.pt and a sharded checkpoint (checkpoints record when they were
-    saved; before they did, the later iteration; the sharded one on a tie: a consolidated ckpt.pt is its copy).
-    sharded (an FSDP launch): a sharded checkpoint gives its plain data and a model of its config, whose shards
-    fsdp.load reads, each rank its own; otherwise it is read whole here."""
+    "path" its file. Of ckpt.pt and a sharded checkpoint, the one further in training (checkpoint.saved); at
+    the same iteration the one saved later by the clock, said in a note, or the sharded one when they were saved
+    together (a consolidated ckpt.pt is its copy). sharded (an FSDP launch): a sharded checkpoint gives its plain
+    data and a model of its config, whose shards fsdp.load reads, each rank its own; otherwise it is read whole
+    here."""
     meta, full = checkpoint.read_pointer(out_dir), checkpoint.saved_full(out_dir)
     if meta is None and full is None:
         raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
                          f"start with --init_from=scratch or point --out_dir at a run")
+    if meta and full and full[0] == meta["iter_num"] and full[1] != checkpoint.saved(meta)[1]:
+        later = checkpoint.CKPT if full > checkpoint.saved(meta) else checkpoint.POINTER
+        print(f"note: {out_dir} holds two checkpoints of iter {full[0]}, {checkpoint.CKPT} and "
+              f"{checkpoint.POINTER}; resuming from {later}, saved later by the clock", flush=True)
     if meta is None or full is not None and full > checkpoint.saved(meta):
         model, ckpt = checkpoint.load(out_dir)
         return {**ckpt, "model": model, "path": os.path.join(out_dir, checkpoint.CKPT)}

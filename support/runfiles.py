@@ -1,11 +1,11 @@
 """
-The files around a run, kept safe: who owns OUT_DIR, writes that a crash never leaves half done, the
-leftovers of killed writers, and the run's log.
+Files written so that nothing is lost: a folder owned by one process at a time, writes that a crash
+never leaves half done, and the leftovers of killed writers. OUT_DIR's life (outdir.py), checkpoints,
+datasets and the tools' results are all written through here.
 
     runfiles.own(out_dir)                                     # a second run there is refused while this one lives
     runfiles.atomic_write(path, lambda f: f.write(data))      # the old file or the new one, never half of one
     runfiles.remove_dead_temporaries(out_dir)                 # the .tmp files of writers that were killed
-    log = runfiles.RunLog(out_dir, fresh=True)                # log.jsonl; an old run's is replaced at commit()
 
 Every temporary file or folder is named .NAME-PID-HEX.tmp beside its destination: the one cleaner tells a
 dead writer's leftovers (removed) from a live one's (never touched) by the pid.
@@ -22,7 +22,7 @@ import uuid
 from configurator import UsageError
 
 TEMPORARY = re.compile(r"^\..+-(\d+)-[0-9a-f]+\.tmp$")  # .NAME-PID-HEX.tmp
-_owned, _logs = {}, []  # this process's folder locks (real path -> descriptor or None) and open RunLogs
+_owned = {}  # this process's folder locks: real path -> descriptor (or None: no lock could be taken)
 
 
 def temporary_name(path):
@@ -141,9 +141,7 @@ def check_free(folder, flag="--out_dir", shown=None):
 
 
 def release():
-    """Close this process's run logs (an uncommitted one is removed) and give up the folders it owns."""
-    while _logs:
-        _logs.pop().close()
+    """Give up the folders this process owns."""
     for fd in filter(None, _owned.values()):
         os.close(fd)
     _owned.clear()
@@ -155,43 +153,3 @@ def check_writable(path, flag):
         raise UsageError(f"--{flag}={path} is a folder; give a file name")
     if not os.access(path if os.path.exists(path) else os.path.dirname(os.path.abspath(path)), os.W_OK):
         raise UsageError(f"cannot write --{flag}={path}: no such folder or no permission")
-
-
-class RunLog:
-    """OUT_DIR/log.jsonl, one JSON record a line. A resumed run appends. A fresh run over an old one
-    (--overwrite) writes into a temporary file until commit(), at its first checkpoint: until then the old
-    log.jsonl still matches the old checkpoint, and a run that saves nothing leaves it as it was."""
-
-    def __init__(self, out_dir, fresh, on_commit=None, resumed_at=None):
-        """on_commit: called at the first commit (a fresh run's: the old run's files go). resumed_at: a resumed
-        run's iteration; records past it (the killed run's last steps, which this run does again) are dropped,
-        so that a plot of the log is one curve."""
-        self.path, self.on_commit = os.path.join(out_dir, "log.jsonl"), on_commit
-        self.pending = temporary_name(self.path) if fresh and os.path.exists(self.path) else None
-        if resumed_at is not None and os.path.exists(self.path):
-            with open(self.path, encoding="utf-8") as f:
-                kept = [line for line in f if line.strip() and json.loads(line).get("iter", 0) <= resumed_at]
-            atomic_write(self.path, lambda f: f.writelines(kept), mode="w")
-        self.file = open(self.pending or self.path, "w" if fresh else "a", encoding="utf-8")
-        _logs.append(self)
-
-    def write(self, record, text):
-        """Print text, and append record to the log."""
-        print(text, flush=True)
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-
-    def commit(self):
-        """The run has saved a checkpoint: a fresh run's log takes the old one's place (and on_commit runs)."""
-        if self.pending:  # closed first: Windows cannot replace a file that is open
-            self.file.close()
-            os.replace(self.pending, self.path)
-            self.pending, self.file = None, open(self.path, "a", encoding="utf-8")
-        if self.on_commit:
-            self.on_commit, done = None, self.on_commit
-            done()
-
-    def close(self):
-        self.file.close()
-        if self.pending:
-            os.remove(self.pending)

@@ -34,7 +34,7 @@ import sample
 import train
 from data import DataError
 from data.prepare import prepare
-from conftest import ROOT, TEXT, TINY, poison_micro_batch, run, snapshot
+from conftest import HANG, ROOT, TEXT, TINY, poison_micro_batch, run, snapshot
 
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
 
@@ -470,6 +470,16 @@ DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the
     ("optimizer state of the wrong shape", resave(shrink_exp_avg), ("resume",), "the optimizer's exp_avg of parameter"),
     ("optimizer for another model", resave(lambda c: c["optimizer"]["param_groups"][0]["params"].pop()), ("resume",),
      "the optimizer's parameter groups differ from the model's"),
+    ("a negative iter_num", resave(lambda c: c.update(iter_num=-3)), ("sample", "resume"),
+     "(ValueError: iter_num is -3, not a count of steps)"),
+    ("train_config without its dataset", resave(lambda c: c["train_config"].pop("dataset")), ("sample", "resume"),
+     "(TypeError: train_config's dataset is None, not a name)"),
+    ("train_config a list", resave(lambda c: c.update(train_config=[])), ("sample", "resume"),
+     "(TypeError: train_config is a list, not a dict)"),
+    ("a data record that is a string", resave(lambda c: c.update(data="tiny")), ("sample", "resume"),
+     "(TypeError: data (the dataset record) is a str, not a dict)"),
+    ("a setting that is not a plain value", resave(lambda c: c["train_config"].update(lr=[1])), ("sample", "resume"),
+     "(TypeError: lr is not a plain value)"),
 ]
 
 
@@ -653,7 +663,7 @@ def test_a_crafted_pointer_can_neither_read_nor_delete_elsewhere(finished, tmp_p
         assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=12"]) == 2
         err = one_line(capsys)
         assert err.startswith(f"train.py: error: {out / 'ckpt-sharded.json'} is corrupt (ValueError: folder ") and \
-            "is not a shards-<iter> folder of this one)" in err
+            "is not the shards-<iter> folder of iter_num)" in err
         assert (victim / "__0_0.distcp").read_bytes() == b"someone else's"
 
 
@@ -885,3 +895,115 @@ def test_a_bin_that_is_not_a_file_is_called_so(what, data_root, tmp_path, capsys
     assert run(["--max_iters=1"], str(data), tmp_path / "out") == 2
     assert (f"{data / 'tiny' / 'val.bin'} is not a regular file (a folder, a FIFO or a device?); prepare the dataset "
             f"again") in one_line(capsys)
+
+
+# -----------------------------------------------------------------------------
+# A run holds its folder, writes nothing through a link, and its log never blocks a resume
+
+def test_a_run_holds_its_folder_when_its_link_is_pointed_elsewhere(finished, data_root, tmp_path):  # noqa: F811
+    """--out_dir a symbolic link, pointed at another run's folder while the run lives: the run goes on saving
+    into the folder it started in, and the other run's files are untouched."""
+    mine, other, link = tmp_path / "mine", copy_of(finished, tmp_path, "other"), tmp_path / "link"
+    mine.mkdir()
+    os.symlink(mine, link)
+    before, seen = snapshot(other), []
+    p = subprocess.Popen(train_cmd(data_root, link, "--max_iters=40", "--eval_interval=10"), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_line(p, "iter 1:", seen)  # its first checkpoint (iter 0) is saved
+    os.remove(link)
+    os.symlink(other, link)
+    stdout, stderr = p.communicate(timeout=HANG)
+    assert p.returncode == 0, stderr
+    assert snapshot(other) == before
+    assert torch.load(mine / "ckpt.pt", weights_only=True)["iter_num"] == 40
+    with open(mine / "log.jsonl") as f:
+        assert [r["iter"] for r in map(json.loads, f) if "val_loss" in r] == [0, 10, 20, 30, 40]
+
+
+@pytest.mark.parametrize("how", ["scratch", "resume"])
+def test_a_log_that_is_a_link_is_refused(how, finished, data_root, tmp_path, capsys):  # noqa: F811
+    """A log.jsonl that is a symbolic link, even a dangling one, would have the run write where it points:
+    refused in one line before anything is written, and the file it points at never made."""
+    out, outside = (tmp_path / "run", tmp_path / "outside.txt")
+    if how == "resume":
+        copy_of(finished, tmp_path)
+        os.remove(out / "log.jsonl")
+    else:
+        out.mkdir()
+    os.symlink(outside, out / "log.jsonl")
+    before = sorted(os.listdir(out)), (out / "ckpt.pt").read_bytes() if how == "resume" else None
+    flags = ["--init_from=resume", "--max_iters=6"] if how == "resume" else ["--max_iters=2"]
+    assert run(flags, data_root, out) == 2
+    assert one_line(capsys) == (f"train.py: error: {out / 'log.jsonl'} is a symbolic link, and a run writes only "
+                                f"inside its folder; remove the link (rm {out / 'log.jsonl'}) or choose another "
+                                f"--out_dir\n")
+    assert not os.path.lexists(outside) and os.path.islink(out / "log.jsonl")
+    assert (sorted(os.listdir(out)), (out / "ckpt.pt").read_bytes() if how == "resume" else None) == before
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_a_log_that_is_a_fifo_is_refused_without_hanging(finished, tmp_path, capsys):
+    out = copy_of(finished, tmp_path)
+    os.remove(out / "log.jsonl")
+    os.mkfifo(out / "log.jsonl")
+    r = subprocess.run(python(os.path.join(ROOT, "train.py"), "--init_from=resume", f"--out_dir={out}",
+                              "--max_iters=6"), cwd=ROOT, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 2 and r.stderr == (f"train.py: error: {out / 'log.jsonl'} is not a regular file (a FIFO, "
+                                              f"a device or a folder); move it away or choose another --out_dir\n")
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 4
+
+
+def test_a_damaged_log_is_set_aside_and_the_run_resumes(finished, data_root, tmp_path, capsys):  # noqa: F811
+    """Half a line (a kill or a full disk mid-write), bytes that are not UTF-8 and a line nested too deep: the
+    resume goes on, names them in one note, and keeps them in log.jsonl.damaged; the log is whole records."""
+    out = copy_of(finished, tmp_path)
+    whole = (out / "log.jsonl").read_bytes()
+    junk = [b"\xff\xfe binary\n", b"[" * 100 + b"]" * 100 + b"\n", b'{"iter": 5, "lo']
+    with open(out / "log.jsonl", "ab") as f:
+        f.writelines(junk)
+    capsys.readouterr()
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6"]) == 0
+    n = whole.count(b"\n")
+    assert (f"note: {out / 'log.jsonl'} has 3 damaged line(s) (line {n + 1}, {n + 2}, {n + 3}: not whole JSON "
+            f"records, as a kill or a full disk leaves); moved into {out / 'log.jsonl.damaged'}, the rest of the "
+            f"log goes on") in capsys.readouterr().out
+    assert (out / "log.jsonl.damaged").read_bytes() == b"".join(junk)
+    log = (out / "log.jsonl").read_bytes()
+    assert log.startswith(whole) and [json.loads(line)["iter"] for line in log.splitlines()][-1] == 6
+
+
+def test_a_full_disk_while_logging_leaves_no_half_line(finished, tmp_path, capsys, monkeypatch):
+    """A log append that meets a full disk (the kernel writes part of the line, then ENOSPC): the half line is
+    taken back, one line says so, and once there is room the run resumes."""
+    out = copy_of(finished, tmp_path)
+    whole, real_write = (out / "log.jsonl").read_bytes(), os.write
+
+    def full(fd, data):
+        if bytes(data[:8]) != b'{"iter":':  # only the log's records meet the full disk
+            return real_write(fd, data)
+        real_write(fd, bytes(data[:len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "write", full)
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6"]) == 2
+    monkeypatch.undo()
+    err = one_line(capsys)
+    assert err.startswith(f"train.py: error: could not append to {out / 'log.jsonl'} (the disk is full") and \
+        err.endswith("so the run stopped; its last checkpoint is whole: free some space, then continue it with "
+                     "--init_from=resume\n"), err
+    assert (out / "log.jsonl").read_bytes() == whole
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6"]) == 0
+    assert "damaged" not in capsys.readouterr().out
+
+
+def test_a_torchrun_environment_left_in_the_shell_is_named(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """RANK and WORLD_SIZE left from an earlier torchrun, then a plain python train.py: one line at once (gloo
+    would wait 30 minutes for the peer), nothing written."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert run(["--max_iters=2"], data_root, tmp_path / "out") == 2
+    assert one_line(capsys) == ("train.py: error: RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 set, "
+                                "but not by torchrun (no TORCHELASTIC_RUN_ID): left in this shell by an earlier job? "
+                                "unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT, or launch with torchrun (another "
+                                "launcher: set TORCHELASTIC_RUN_ID to say they are meant)\n")
+    assert not (tmp_path / "out").exists()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tools import consolidate
-from support import checkpoint, fsdp, runfiles
+from support import checkpoint, fsdp, outdir, resume, runfiles
 import sample
 import train
 from data.prepare import prepare
@@ -95,7 +95,7 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=4", timeout=HANG)
     assert r.returncode != 0 and r.stderr.count("train.py: error: the sharded checkpoint") == 2, r.stderr[-3000:]
     assert "shards-00000000 is incomplete or corrupt" in r.stderr  # not the unfinished shards-00000001
-    checkpoint.remove_unfinished_shards(str(out))  # what a start does
+    outdir.remove_unfinished_shards(str(out))  # what a start does
     assert sorted(os.listdir(out)) == ["ckpt-sharded.json", "log.jsonl", "shards-00000000"]
     shards[0].unlink()  # missing, read by one process
     capsys.readouterr()
@@ -191,8 +191,8 @@ def test_consolidation_owns_the_folder_and_never_goes_back(sharded, tmp_path, ca
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 0  # a later ckpt.pt (DDP)
     before = snapshot(out)
     assert consolidate.main([f"--out_dir={out}"]) == 2
-    assert capsys.readouterr().err == (f"consolidate.py: error: {out / 'ckpt.pt'} (iter 4) was saved after the sharded "
-                                       f"checkpoint (iter 2), which would replace it; it needs no consolidation\n")
+    assert capsys.readouterr().err == (f"consolidate.py: error: {out / 'ckpt.pt'} (iter 4) is further in training "
+                                       f"than the sharded checkpoint (iter 2), which would replace it; it needs no consolidation\n")
     assert snapshot(out) == before
 
 
@@ -240,3 +240,38 @@ def worker(pid, tmp_path, rank):
             return str(tmp_path / "run").encode() in f.read() and f"\0RANK={rank}\0".encode() in b"\0" + g.read()
     except OSError:  # gone, or another user's
         return False
+
+
+def test_a_resave_at_the_same_iteration_keeps_the_named_shards_until_the_pointer_moves(data_root, tmp_path):
+    """A sequential run resumed after its data ran out saves again at the same iteration: into the other of two
+    folders (shards-<iter>, shards-<iter>-1), so the one the pointer names is never removed before the new one is
+    whole and named; each resume continues from the checkpoint, at that iteration."""
+    out, flags = tmp_path / "run", [*TINY, f"--data_root={data_root}", "--data_order=sequential", "--batch_size=64",
+                                    "--grad_accum=4", "--eval_interval=2", "--max_iters=10"]
+    assert fsdp.shards_folder(3, None) == fsdp.shards_folder(3, "shards-00000002") == "shards-00000003"
+    assert fsdp.shards_folder(3, "shards-00000003") == "shards-00000003-1"
+    assert fsdp.shards_folder(3, "shards-00000003-1") == "shards-00000003"
+    for i, folder in enumerate(["shards-00000003", "shards-00000003-1", "shards-00000003"]):
+        r = torchrun(*flags, f"--out_dir={out}", *(["--init_from=resume"] if i else []), nproc=1)
+        assert r.returncode == 0 and "the data ran out at iter 3" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+        assert sorted(os.listdir(out)) == ["ckpt-sharded.json", "log.jsonl", folder]
+        assert checkpoint.read_pointer(str(out))["folder"] == folder
+
+
+def test_which_checkpoint_a_resume_takes_is_decided_by_training_progress(sharded, data_root, tmp_path, capsys):
+    """ckpt.pt saved with the clock an hour ahead (an NTP correction, a copy from another machine) but at an earlier
+    iteration than the sharded checkpoint: the sharded one is taken. At the same iteration the clock breaks the
+    tie, and a note says which."""
+    out = shutil.copytree(sharded, tmp_path / "run")
+    meta = checkpoint.read_pointer(str(out))
+    assert consolidate.main([f"--out_dir={out}"]) == 0  # ckpt.pt: the same checkpoint, iter 2
+    whole = torch.load(out / "ckpt.pt", weights_only=True)
+    for iter_num, ahead, taken in ((0, 3600.0, checkpoint.POINTER), (2, 3600.0, checkpoint.CKPT),
+                                   (2, -3600.0, checkpoint.POINTER), (2, 0.0, checkpoint.POINTER)):
+        checkpoint.save({**whole, "iter_num": iter_num, "saved_at": meta["saved_at"] + ahead}, str(out / "ckpt.pt"))
+        capsys.readouterr()
+        assert os.path.basename(resume.load(str(out), sharded=False)["path"]) == taken
+        note = capsys.readouterr().out
+        assert note == ("" if iter_num != 2 or not ahead else
+                        f"note: {out} holds two checkpoints of iter 2, ckpt.pt and ckpt-sharded.json; resuming from "
+                        f"{taken}, saved later by the clock\n")

@@ -282,6 +282,7 @@ def test_bad_train_input_is_one_line_and_touches_nothing(flags, message, data_ro
 def test_grad_accum_must_divide_world_size(data_root, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # as torchrun sets it
     assert run(["--grad_accum=3"], data_root, tmp_path) == 2
     assert "--grad_accum=3 does not divide by the world size 2" in capsys.readouterr().err
 
