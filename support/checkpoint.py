@@ -6,7 +6,7 @@ lm_eval_mesh.py share, a sharded checkpoint's pointer, and the dataset a checkpo
     meta = checkpoint.read_pointer("out")     # OUT_DIR/ckpt-sharded.json, every field checked; or None
 
 A run's checkpoint is OUT_DIR/ckpt.pt, a torch.save'd dict of tensors and plain data (model_config,
-train_config, iter_num, best_val_loss, rng, the data it trained on), or a sharded one (fsdp.py): a
+train_config, iter_num, best_val_loss, rng, the data it trained on), or a sharded one (sharded.py): a
 folder OUT_DIR/shards-<iter>/ that OUT_DIR/ckpt-sharded.json names. Both are written atomically.
 ckpt.pt loads with weights_only=True (loading never runs code), its zip CRC-32s verified, its plain
 data checked and its weights finite, so a damaged file is refused, not used. Which of the two a
@@ -25,8 +25,8 @@ from data import DataError
 from data.loader import dataset_folder, dataset_record, is_path
 from mesh import Config, RecursiveGPT
 
-CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"  # a whole checkpoint; the pointer of a sharded one (fsdp.py)
-SHARDS = re.compile(r"^shards-\d{8}(-1)?$")     # the folders of sharded checkpoints (fsdp.shards_folder)
+CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"  # a whole checkpoint; the pointer of a sharded one (sharded.py)
+SHARDS = re.compile(r"^shards-\d{8}(-1)?$")     # the folders of sharded checkpoints (sharded.shards_folder)
 
 
 class CheckpointError(ValueError):

@@ -1,7 +1,7 @@
 """
 The whole model on every process: how train.py holds it without --fsdp, in one process or under torchrun
 with DDP (which all-reduces the gradients). fsdp.py offers the same calls for a model sharded over the
-processes; train.py picks one of the two once.
+processes, wrap, sync, save and load, with NAME and CHECKPOINT; train.py picks one of the two once.
 
     raw_model, model = ddp.wrap(model, device, tc, scratch=True)  # model: compiled (--compile), in DDP
     with ddp.sync(model, last=...): loss.backward()               # gradients all-reduced at the last micro-batch

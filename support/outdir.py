@@ -7,7 +7,7 @@ before a run takes it, taking it (its lock, killed writers' leftovers, its log),
     log = outdir.start_run(out_dir, fresh, overwrite, keep, resumed_at)  # all checked: the run takes it
     log.write(record, text)                 # print text, append record to OUT_DIR/log.jsonl
 
-A run's files are ckpt.pt, or ckpt-sharded.json and the shards-<iter> folder it names (fsdp.py), and
+A run's files are ckpt.pt, or ckpt-sharded.json and the shards-<iter> folder it names (sharded.py), and
 log.jsonl. Nothing a run writes follows a link out of its folder: the folder is held by its real path,
 the log is refused when it is a link or not a regular file, checkpoints replace their file (os.replace)
 instead of writing through it, and a link where a shards folder would be is removed, not followed.

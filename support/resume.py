@@ -40,10 +40,10 @@ def load(out_dir, sharded):
     if meta is None or full is not None and full > checkpoint.saved(meta):
         model, ckpt = checkpoint.load(out_dir)
         return {**ckpt, "model": model, "path": os.path.join(out_dir, checkpoint.CKPT)}
-    from support import fsdp
+    from support import sharded as shards  # the sharded format, loaded only for a sharded checkpoint
     if not sharded:
-        return fsdp.load_whole(out_dir, meta)
-    return {**meta, "rng": fsdp.rng_from_json(meta["rng"]), "model": RecursiveGPT(Config.from_dict(meta["model_config"])),
+        return shards.load_whole(out_dir, meta)
+    return {**meta, "rng": shards.rng_from_json(meta["rng"]), "model": RecursiveGPT(Config.from_dict(meta["model_config"])),
             "path": os.path.join(out_dir, checkpoint.POINTER)}
 
 

@@ -18,6 +18,7 @@ import torch
 
 from tools import consolidate
 from support import checkpoint, fsdp, outdir, resume, runfiles
+from support import sharded as sharded_format  # (the fixture `sharded` is a run)
 import sample
 import train
 from data.prepare import prepare
@@ -108,7 +109,7 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     assert "shards-00000000 is incomplete or corrupt (__0_0.distcp fails its CRC-32 check)" in capsys.readouterr().err
     (out / "shards-00000000" / ".metadata").write_bytes(b"\x80\x04cos\nsystem\n.")  # a pickle that would run code
-    meta["checksums"] = {name: fsdp.crc32(out / "shards-00000000" / name) for name in meta["checksums"]}
+    meta["checksums"] = {name: sharded_format.crc32(out / "shards-00000000" / name) for name in meta["checksums"]}
     (out / fsdp.POINTER).write_text(json.dumps(meta))  # its checksums forged too: the unpickler still refuses it
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     assert "os.system is not allowed" in capsys.readouterr().err
@@ -139,7 +140,7 @@ def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path)
     payload = b"\x80\x04" + text("torch.distributed.checkpoint.filesystem") + text("os.system") + b"\x93."
     assert pickle.loads(payload) is os.system
     with pytest.raises(pickle.UnpicklingError, match="os.system is not allowed in checkpoint metadata"):
-        fsdp.metadata_reader(str(tmp_path)).Unpickler(io.BytesIO(payload)).load()
+        sharded_format.metadata_reader(str(tmp_path)).Unpickler(io.BytesIO(payload)).load()
 
 
 @pytest.fixture(scope="module")
@@ -248,9 +249,9 @@ def test_a_resave_at_the_same_iteration_keeps_the_named_shards_until_the_pointer
     whole and named; each resume continues from the checkpoint, at that iteration."""
     out, flags = tmp_path / "run", [*TINY, f"--data_root={data_root}", "--data_order=sequential", "--batch_size=64",
                                     "--grad_accum=4", "--eval_interval=2", "--max_iters=10"]
-    assert fsdp.shards_folder(3, None) == fsdp.shards_folder(3, "shards-00000002") == "shards-00000003"
-    assert fsdp.shards_folder(3, "shards-00000003") == "shards-00000003-1"
-    assert fsdp.shards_folder(3, "shards-00000003-1") == "shards-00000003"
+    assert sharded_format.shards_folder(3, None) == sharded_format.shards_folder(3, "shards-00000002") == "shards-00000003"
+    assert sharded_format.shards_folder(3, "shards-00000003") == "shards-00000003-1"
+    assert sharded_format.shards_folder(3, "shards-00000003-1") == "shards-00000003"
     for i, folder in enumerate(["shards-00000003", "shards-00000003-1", "shards-00000003"]):
         r = torchrun(*flags, f"--out_dir={out}", *(["--init_from=resume"] if i else []), nproc=1)
         assert r.returncode == 0 and "the data ran out at iter 3" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

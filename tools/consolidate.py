@@ -15,10 +15,33 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, report, setting  # noqa: E402
-from support import fsdp, runfiles  # noqa: E402
-from support.checkpoint import POINTER  # noqa: E402
+from support import checkpoint, runfiles, sharded  # noqa: E402
+from support.checkpoint import POINTER, CheckpointError  # noqa: E402
 
 PROG = "tools/consolidate.py"
+
+
+def consolidate(out_dir):
+    """OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (written atomically), the file sample.py, probe.py,
+    table1.py and lm_eval_mesh.py read. Needs the whole model and its AdamW state in this machine's memory.
+    It owns OUT_DIR while it writes (never beside a live run), and never replaces a ckpt.pt saved later."""
+    if os.path.isdir(out_dir):
+        runfiles.own(out_dir, flag="OUT_DIR")
+    meta = checkpoint.read_pointer(out_dir)
+    if meta is None:
+        raise CheckpointError(f"no sharded checkpoint in {out_dir} (no {POINTER}); train one with "
+                              f"torchrun ... train.py --fsdp=true --out_dir={out_dir}")
+    path = os.path.join(out_dir, checkpoint.CKPT)
+    if os.path.isfile(path):
+        full = checkpoint.saved_full(out_dir)
+        if full > checkpoint.saved(meta):
+            than = "is further in training than" if full[0] > meta["iter_num"] else "was saved after"
+            raise CheckpointError(f"{path} (iter {full[0]}) {than} the sharded checkpoint (iter "
+                                  f"{meta['iter_num']}), which would replace it; it needs no consolidation")
+    ckpt = sharded.load_whole(out_dir, meta)
+    del ckpt["path"]
+    checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()}, os.path.join(out_dir, checkpoint.CKPT))
+    return ckpt["iter_num"]
 
 
 @dataclass
@@ -32,7 +55,7 @@ def main(argv):
         out_dir = ConsolidateConfig(**parse_flags(ConsolidateConfig, argv, PROG)).out_dir
         if not out_dir:
             raise UsageError(f"name the run: python {PROG} --out_dir=OUT_DIR")
-        it = fsdp.consolidate(out_dir)
+        it = consolidate(out_dir)
     except (ValueError, OSError) as e:  # CheckpointError, UsageError (a live run owns OUT_DIR), ...
         return report("consolidate.py", e)
     finally:
