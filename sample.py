@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from support import checkpoint, guards
+from support import checkpoint, guards, sampling
 from configurator import UsageError, setting
 from data.tokenizer import Tokenizer
 from support.machine import resolve_device
@@ -36,9 +36,7 @@ class SampleConfig:
     debug: bool = setting(False, "show Python tracebacks for errors")
 
     def __post_init__(self):
-        if self.num_samples < 1 or self.max_new_tokens < 0:
-            raise UsageError(f"--num_samples={self.num_samples} must be at least 1 and "
-                             f"--max_new_tokens={self.max_new_tokens} at least 0")
+        sampling.check_settings(self)  # in range, before anything is read
 
 
 def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=None, device="cpu",
@@ -56,18 +54,13 @@ def sample(given):
     if not os.path.isdir(sc.out_dir):
         raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
                          f"python train.py --out_dir={sc.out_dir}")
-    model, ckpt = checkpoint.load(sc.out_dir, device)
+    model, ckpt = sampling.load(sc.out_dir, device)  # ckpt.pt, the run's latest checkpoint
     if sc.compile:  # the KV cache is preallocated: every one-token step has one shape, one graph
         model.compile()
     data = checkpoint.checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
     tokenizer = Tokenizer.load(data)
-    start = sc.start if "start" in given else tokenizer.default_prompt
-    if start.startswith("FILE:"):
-        try:
-            with open(start[5:], encoding="utf-8") as f:
-                start = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"cannot read the prompt file {start[5:]!r}: {e}") from None
+    start = sampling.prompt(sc.start if "start" in given else tokenizer.default_prompt)
+    sampling.check_memory(model, len(start), sc.num_samples, sc.max_new_tokens, device)
     torch.manual_seed(sc.seed)
     for text in complete(model, tokenizer, start, sc.max_new_tokens, sc.temperature, sc.top_k,
                          device, sc.num_samples):

@@ -40,6 +40,7 @@ from configurator import report as error_line  # noqa: E402
 from data.loader import load_split, random_windows  # noqa: E402
 from support.checkpoint import checkpoint_dataset  # noqa: E402
 from support.machine import resolve_device  # noqa: E402
+from support.memory import physical_memory  # noqa: E402
 from support import runfiles  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
@@ -160,7 +161,7 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
     with warnings.catch_warnings():  # a degenerate state gives nan CKA in every sample: null in the JSON
         warnings.simplefilter("ignore", RuntimeWarning)
         matrix = np.nanmean(np.asarray(cka), axis=0)
-    out["cka"] = {"labels": labels, "sigma_frac": sigma_frac, "matrix": nan_to_none(matrix.tolist())}
+    out["cka"] = {"labels": labels, "sigma_frac": sigma_frac, "matrix": json_ready(matrix.tolist())}
     means, stds = zip(*(mean_std(spec[k]) for k in labels))
     out["spectrum"] = {"labels": labels, "mean": [m.tolist() for m in means], "std": [s.tolist() for s in stds]}
     out["routers"] = None
@@ -172,25 +173,14 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
     return out
 
 
-def nan_to_none(rows):
-    return [[None if isinstance(v, float) and math.isnan(v) else v for v in row] for row in rows]
-
-
-def physical_memory():
-    """This machine's memory in bytes, or None where it cannot be told."""
-    try:
-        if sys.platform == "win32":
-            import ctypes
-
-            class Status(ctypes.Structure):
-                _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong)] + \
-                           [(n, ctypes.c_ulonglong) for n in ("total", "free", "pt", "pf", "vt", "vf", "ve")]
-            status = Status(length=ctypes.sizeof(Status))
-            ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
-            return status.total
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):
-        return None
+def json_ready(value):
+    """value (dicts, lists, numbers) with every float that is not finite as None: JSON has no NaN, and a
+    measure of a degenerate state (an all-zero one, or a bandwidth that underflows) is no number."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device):
@@ -332,7 +322,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         return command(argv)
-    except ValueError as e:  # the project's errors: a missing or damaged checkpoint, a changed dataset
+    except (ValueError, OSError) as e:  # a missing or damaged checkpoint, a changed dataset, a file unwritable
         raise SystemExit(error_line("probe.py", e))
 
 
@@ -355,7 +345,7 @@ def command(argv):
         print(report(results[-1]))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        runfiles.atomic_write(a.json, lambda f: json.dump(results, f, indent=1, allow_nan=False),
+        runfiles.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1, allow_nan=False),
                               mode="w")
         print(f"wrote {a.json}")
     if a.png:

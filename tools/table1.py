@@ -17,21 +17,25 @@ the table also gives each variant's paired differences to base (same layout) and
 seed.
 
 Runs go through `python train.py` (one at a time, or --jobs at once) into ROOT/NAME/; a run whose
-result.json exists is skipped, so an interrupted table resumes where it stopped. The final validation
-loss is measured here, not taken from train.py's log: each final checkpoint is evaluated on the same
-fixed EVAL_BATCHES batches of the validation split (identical batches for every variant). Results go to
-RESULTS/table1.json and RESULTS/table1.md, which name the dataset the runs trained on (offline,
-train.py falls back on the pydoc text: the table says so, and refuses runs of different datasets);
-the validation loss of every variant against the iteration (mean over seeds, their spread shaded) to
-RESULTS/table1_curves.png; probe.py's figures of the base and mesh runs (seed 0) to
-RESULTS/table1_probe/. Figures need matplotlib (pip install matplotlib).
+result.json exists is skipped, so an interrupted table resumes where it stopped. SIGTERM, SIGINT
+(Ctrl-C) or SIGHUP to table1.py stops its runs too (each saves a checkpoint) and waits for them.
+The final validation loss is measured here, not taken from train.py's log: each final checkpoint is
+evaluated on the same fixed EVAL_BATCHES batches of the validation split (identical batches for
+every variant). Results go to RESULTS/table1.json and RESULTS/table1.md, which name the dataset the
+runs trained on (offline, train.py falls back on the pydoc text: the table says so, and refuses runs
+of different datasets); the validation loss of every variant against the iteration (mean over seeds,
+their spread shaded) to RESULTS/table1_curves.png; probe.py's figures of the base and mesh runs
+(seed 0) to RESULTS/table1_probe/. Figures need matplotlib (pip install matplotlib).
 """
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -39,7 +43,7 @@ import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import checkpoint, runfiles  # noqa: E402
+from support import checkpoint, plain, runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from data.loader import load_split, random_windows  # noqa: E402
 from support.checkpoint import checkpoint_dataset  # noqa: E402
@@ -101,6 +105,63 @@ def train_command(run, out_dir, max_iters, device="cpu", data_root="data"):
 
 
 # -----------------------------------------------------------------------------
+# The processes it runs, which stop with it
+
+class Stopped(BaseException):
+    """table1.py was asked to stop by a signal (its name): raised once, in the main thread, as Ctrl-C's
+    KeyboardInterrupt is, so that no except Exception on the way keeps it from stopping."""
+
+
+class Children:
+    """The processes table1.py runs (train.py, probe.py), each in a session of its own, so that a signal
+    reaches them only through table1.py: on SIGTERM, SIGINT or SIGHUP each gets a SIGTERM, one per signal
+    table1.py receives (train.py saves a checkpoint and exits on the first, stops at once on a second), no
+    new one starts, and table1.py waits for them all before it exits. A rerun then finds no live run."""
+
+    def __init__(self):
+        self.signals, self.previous = 0, []
+
+    def listen(self):
+        """Take SIGTERM, SIGINT and SIGHUP (where they exist) until restore(); from the main thread only,
+        where Python runs signal handlers."""
+        self.signals = 0
+        if threading.current_thread() is threading.main_thread():
+            for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+                if hasattr(signal, name):
+                    self.previous.append((getattr(signal, name), signal.signal(getattr(signal, name), self.on_signal)))
+
+    def restore(self):
+        while self.previous:
+            signal.signal(*self.previous.pop())
+
+    def on_signal(self, signum, frame):
+        self.signals += 1
+        if self.signals == 1:
+            raise Stopped(signal.Signals(signum).name)
+
+    def run(self, cmd, **kwargs):
+        """cmd's exit code, as subprocess.run(cmd, **kwargs) gives it, with every signal passed on; Stopped
+        instead of a start once table1.py is stopping."""
+        if self.signals:
+            raise Stopped("a signal")
+        p, sent, stopped = subprocess.Popen(cmd, start_new_session=True, **kwargs), 0, None
+        while p.poll() is None:
+            try:
+                if sent < self.signals:
+                    p.terminate()  # SIGTERM
+                    sent += 1
+                time.sleep(0.1)
+            except Stopped as e:  # raised here, in the main thread: its child stops first
+                stopped = e
+        if stopped:
+            raise stopped
+        return p.returncode
+
+
+CHILDREN = Children()
+
+
+# -----------------------------------------------------------------------------
 # One run: train (unless done), then evaluate the final checkpoint
 
 def ms_per_iter(log_path):
@@ -130,12 +191,45 @@ def val_curve(log_path):
         return [[r["iter"], r["val_loss"]] for r in map(json.loads, f) if "val_loss" in r]
 
 
+NUMBER = (int, float)
+RESULT_FIELDS = {"name": ((str,), "a string"), "seed": ((int,), "an integer"), "max_iters": ((int,), "an integer"),
+                 "params": ((int,), "an integer"), "val_loss": (NUMBER, "a number"),
+                 "ms_per_iter": ((*NUMBER, type(None)), "a number or null")}  # and, since they were added:
+RECENT_FIELDS = {"dataset": ((str,), "a string"), "data_sha256": ((str, type(None)), "a string or null"),
+                 "val_curve": ((list,), "a list of [iter, val loss] pairs")}
+
+
+def read_result(path, run):
+    """A run's result.json, every field used here checked first: a damaged or foreign one is named in one
+    line, with its fix (its run trains again once its folder is gone)."""
+    try:
+        result = plain.read_json(path)
+        if not isinstance(result, dict):
+            raise ValueError("is not a JSON object")
+        for key, (kinds, word) in {**RESULT_FIELDS, **RECENT_FIELDS}.items():
+            if key in RECENT_FIELDS and key not in result:
+                continue
+            value = result.get(key)
+            if not isinstance(value, kinds) or isinstance(value, bool) or key == "val_curve" and not all(
+                    isinstance(p, list) and len(p) == 2 and all(isinstance(v, NUMBER) for v in p) for p in value):
+                raise ValueError(f"has {key} {value!r:.40}, not {word}")
+        if result["name"] != run["name"]:
+            raise ValueError(f"is the result of run {result['name']!r:.40}, not of {run['name']}")
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}; check the file, or delete the folder "
+                         f"{os.path.dirname(path)} to train that run again") from None
+    except ValueError as e:  # (json's errors are ValueErrors, plain's too)
+        why = f"is not JSON ({e.msg}, line {e.lineno} column {e.colno})" if isinstance(e, json.JSONDecodeError) else e
+        raise UsageError(f"{path} {why}; delete the folder {os.path.dirname(path)} to train that run "
+                         f"again") from None
+    return result
+
+
 def run_one(run, root, max_iters, env=None, device="cpu", data_root="data"):
     out_dir = os.path.join(root, run["name"])
     result_path = os.path.join(out_dir, "result.json")
-    if os.path.isfile(result_path):
-        with open(result_path) as f:
-            result = json.load(f)
+    if os.path.lexists(result_path):
+        result = read_result(result_path, run)
         if result["max_iters"] == max_iters:
             if "dataset" not in result:  # written before results named their data: from the checkpoint
                 ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True)
@@ -150,7 +244,7 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data"):
     print(f"{run['name']}: training ({' '.join(cmd[2:])})", flush=True)
     out = runfiles.temporary_name(os.path.join(out_dir, "train.out"))  # train.out only once it has trained
     with open(out, "w", encoding="utf-8") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        rc = CHILDREN.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     with open(out, encoding="utf-8") as f:
         tail = f.read()[-2000:]
     if rc and "another run is using" in tail:  # one started there meanwhile: its train.out is its own
@@ -335,10 +429,17 @@ class Table1Config:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    CHILDREN.listen()
     try:
         return table1(argv)
     except (UsageError, OSError) as e:  # the runs done so far keep their result.json: a rerun skips them
         raise SystemExit(report("table1.py", e))
+    except Stopped as e:
+        print(f"table1.py: stopped by {e}, and its runs with it (the finished ones keep their result.json, "
+              f"which a rerun skips)", file=sys.stderr)
+        raise SystemExit(130)
+    finally:
+        CHILDREN.restore()
 
 
 def fail(message):
@@ -380,9 +481,12 @@ def table1(argv):
         fail("train.py not found in the project folder")
     threads = max(1, (os.cpu_count() or 1) // a.jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    with ThreadPoolExecutor(a.jobs) as pool:  # each run is its own process; threads only wait on them
+    pool = ThreadPoolExecutor(a.jobs)  # each run is its own process; threads only wait on them
+    try:
         results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device,
                                                     a.data_root), runs))
+    finally:  # stopping: the runs not started never start, the others end first
+        pool.shutdown(cancel_futures=True)
     dataset = trained_on(results)
     rows = aggregate(results, vanilla_params(), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
@@ -399,10 +503,10 @@ def table1(argv):
         names = [run_name(v, layout, 0) for v in ("base", "mesh")]
         figures = [os.path.join(a.root, n) for n in names if any(r["name"] == n for r in results)]
         tag = "" if layout == LOOP_LAYOUT else f"_{layout}"
-        if figures:  # probe.py as a command, as train.py is
-            subprocess.run([sys.executable, os.path.join(ROOT, "tools", "probe.py"), *(f"--out_dir={d}" for d in figures),
-                            f"--json={a.results}/table1_probe{tag}.json", f"--png={a.results}/table1_probe{tag}"],
-                           check=True)
+        if figures and CHILDREN.run([sys.executable, os.path.join(ROOT, "tools", "probe.py"), *(
+                f"--out_dir={d}" for d in figures), f"--json={a.results}/table1_probe{tag}.json",
+                f"--png={a.results}/table1_probe{tag}"]):  # probe.py as a command, as train.py is
+            fail(f"probe.py failed on {', '.join(figures)}; its own lines above say why")
 
 
 if __name__ == "__main__":

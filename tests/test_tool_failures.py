@@ -1,0 +1,309 @@
+"""
+When things go wrong around the tools that read a run (sample.py, probe.py, table1.py): a newer
+sharded checkpoint, a prompt file that is a device or a FIFO, sizes that cannot fit, settings that
+are not finite, a damaged result file, a signal to table1.py. Every bad input is one line naming
+the problem and the fix, exit 2, with nothing touched; table1.py's runs stop with it.
+
+    python -m pytest tests/test_tool_failures.py -q --all
+"""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import sample
+from conftest import HANG, ROOT, TEXT, snapshot
+from data.prepare import prepare
+from data.tokenizer import Tokenizer
+from mesh import Config, RecursiveGPT
+from support import checkpoint, plain, runfiles, sampling
+from tools import probe, table1
+
+
+def one_line(capsys, prog):
+    err = capsys.readouterr().err
+    assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.fixture
+def tiny_ckpt(data_root, tmp_path):
+    """A run folder holding an untrained tiny model's ckpt.pt at iter 4, on the `tiny` dataset."""
+    tok = Tokenizer.load(os.path.join(data_root, "tiny"))
+    torch.manual_seed(0)
+    model = RecursiveGPT(Config(vocab_size=tok.vocab_size, block_size=16, n_embd=32, n_head=2, layout="1+1R2+1",
+                                scheme="mesh"))
+    out = tmp_path / "run"
+    checkpoint.save(dict(model=model.state_dict(), model_config=model.config.to_dict(),
+                         train_config=dict(dataset="tiny", data_root=data_root), iter_num=4),
+                    str(out / "ckpt.pt"))
+    return out
+
+
+def write_pointer(out, iter_num, saved_at):
+    """A sharded checkpoint's pointer, as checkpoint.read_pointer checks it, beside out's ckpt.pt."""
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    (out / "ckpt-sharded.json").write_text(json.dumps(dict(
+        model_config=ckpt["model_config"], train_config=ckpt["train_config"], iter_num=iter_num,
+        best_val_loss=1.0, rng={"torch": [0] * 8}, folder=f"shards-{iter_num:08d}", saved_at=saved_at)))
+
+
+# -----------------------------------------------------------------------------
+# sample.py
+
+def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, capsys):
+    """Which checkpoint is newer is decided by training progress: a sharded one at iter 6 beside ckpt.pt at
+    iter 4 is refused, naming consolidate.py, however early its clock says it was saved; one not further
+    on is named in the line that says ckpt.pt is used."""
+    out = tiny_ckpt
+    write_pointer(out, 6, saved_at=0.0)  # saved "before" ckpt.pt by the clock, yet further on
+    before = snapshot(out)
+    assert sample.main([f"--out_dir={out}", "--max_new_tokens=3"]) == 2
+    assert one_line(capsys, "sample.py") == (
+        f"sample.py: error: {out / 'ckpt-sharded.json'} (iter 6) has trained further than {out / 'ckpt.pt'} "
+        f"(iter 4), which is what sample.py reads; write it from the sharded one first: python "
+        f"tools/consolidate.py --out_dir={out}\n")
+    assert snapshot(out) == before
+    write_pointer(out, 4, saved_at=time.time() + 3600)  # the same progress, a later clock: ckpt.pt it is
+    assert sample.main([f"--out_dir={out}", "--start=Then", "--max_new_tokens=3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (f"sample.py: using {out / 'ckpt.pt'} (iter 4); the sharded checkpoint beside it "
+                            f"({out / 'ckpt-sharded.json'}, iter 4) has not trained further\n")
+    assert captured.out.startswith("Then")
+
+
+def prompt_files(tmp_path):
+    """(--start path, the words of the one-line error) for prompt files that are not plain text."""
+    big, binary, folder = tmp_path / "big.txt", tmp_path / "binary.txt", tmp_path / "folder"
+    with open(big, "wb") as f:
+        f.truncate(sampling.PROMPT_BYTES + 1)  # sparse: no disk taken
+    binary.write_bytes(b"Then \xff\xfe")
+    folder.mkdir()
+    cases = [(big, f"is larger than {sampling.PROMPT_BYTES:,} bytes"), (binary, "is not UTF-8 text (byte 5)"),
+             (folder, "is not a regular file (a FIFO, a device or a folder)"),
+             (tmp_path / "missing.txt", "cannot be read: No such file or directory")]
+    if os.path.exists("/dev/zero"):
+        cases.append(("/dev/zero", "is not a regular file (a FIFO, a device or a folder)"))
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "fifo")
+        cases.append((tmp_path / "fifo", "is not a regular file (a FIFO, a device or a folder)"))
+    return cases
+
+
+def test_sample_reads_a_prompt_file_as_plain_text_only(tiny_ckpt, tmp_path, capsys):
+    cases = prompt_files(tmp_path)
+    # a FIFO read blocking would wait for a writer forever: this one comes after a minute, and the test fails
+    unblock = threading.Timer(60, lambda: open(tmp_path / "fifo", "w").close())
+    unblock.daemon = True
+    unblock.start()
+    before = snapshot(tiny_ckpt)
+    try:
+        for path, words in cases:
+            assert sample.main([f"--out_dir={tiny_ckpt}", f"--start=FILE:{path}", "--max_new_tokens=2"]) == 2
+            assert one_line(capsys, "sample.py") == (f"sample.py: error: the prompt file {str(path)!r} {words}; "
+                                                     f"give --start=FILE:path of a UTF-8 text file\n")
+    finally:
+        unblock.cancel()
+    assert snapshot(tiny_ckpt) == before
+    (tmp_path / "prompt.txt").write_text("Then the")
+    assert sample.main([f"--out_dir={tiny_ckpt}", f"--start=FILE:{tmp_path / 'prompt.txt'}",
+                        "--max_new_tokens=2"]) == 0
+    assert capsys.readouterr().out.startswith("Then the")
+
+
+@pytest.mark.parametrize("flag", ["--num_samples=1000000", "--max_new_tokens=1000000000000"])
+def test_sample_refuses_a_decode_beyond_the_machines_memory_before_allocating(tiny_ckpt, flag, capsys,
+                                                                               monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("decoding started")
+    monkeypatch.setattr(sample, "complete", never)
+    monkeypatch.setattr(sampling, "device_memory", lambda device: 8 << 30)
+    assert sample.main([f"--out_dir={tiny_ckpt}", flag]) == 2
+    err = one_line(capsys, "sample.py")
+    n, m = ("1000000", "300") if "num_samples" in flag else ("1", "1000000000000")
+    assert err.startswith(f"sample.py: error: --num_samples={n} and --max_new_tokens={m} need about ")
+    assert err.endswith(" GiB to decode (the KV cache of 4 applied blocks, the logits, the tokens), more than "
+                        "the 8.0 GiB of this machine; use fewer samples or tokens\n")
+
+
+def test_the_decode_estimate_grows_with_samples_and_tokens_and_fits_a_small_decode(tiny_ckpt, capsys):
+    model, _ = checkpoint.load(str(tiny_ckpt))
+    cfg, size = model.config, lambda n, t: sampling.decode_bytes(model.config, n, t, 4, 0)
+    assert size(2, 10) > size(1, 10) and size(1, 1000) > size(1, 10)
+    # the KV cache alone: a key and a value of n_embd per position of block_size, per applied block
+    assert size(1, 1) >= 2 * cfg.shape.depth * cfg.block_size * cfg.n_embd * 4
+    assert sample.main([f"--out_dir={tiny_ckpt}", "--num_samples=3", "--max_new_tokens=4"]) == 0  # the real memory
+    assert capsys.readouterr().out.count("---------------") == 3
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-1", "1e999"])
+def test_sample_refuses_a_temperature_that_is_not_finite_or_negative(value, tmp_path, capsys):
+    """Refused before any file is read: the folder does not even exist."""
+    assert sample.main([f"--out_dir={tmp_path / 'nowhere'}", f"--temperature={value}"]) == 2
+    shown = float(value)
+    assert one_line(capsys, "sample.py") == (f"sample.py: error: --temperature={shown} must be 0 (greedy) or a finite "
+                                             f"number above it\n")
+    assert not (tmp_path / "nowhere").exists()
+
+
+# -----------------------------------------------------------------------------
+# probe.py
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-0.5", "1e999"])
+def test_probe_refuses_a_sigma_frac_that_is_not_positive_and_finite(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        probe.main(["--out_dir=x", f"--sigma_frac={value}", f"--json={tmp_path / 'p.json'}"])
+    assert e.value.code == 2
+    assert one_line(capsys, "probe.py") == (f"probe.py: error: --sigma_frac={float(value)} must be a positive "
+                                            f"finite number\n")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_probe_writes_null_for_every_measure_that_is_not_a_number(tiny_ckpt, tmp_path, capsys):
+    """An all-zero model: every state is zero, so every effort is 0/0 and every CKA undefined. The JSON
+    holds null for them (plain.read_json refuses NaN), not a traceback or an error."""
+    ckpt = torch.load(tiny_ckpt / "ckpt.pt", weights_only=True)
+    checkpoint.save({**ckpt, "model": {k: torch.zeros_like(v) for k, v in ckpt["model"].items()}},
+                    str(tiny_ckpt / "ckpt.pt"))
+    out = tmp_path / "probe.json"
+    probe.main([f"--out_dir={tiny_ckpt}", "--num_samples=2", f"--json={out}"])
+    assert f"wrote {out}" in capsys.readouterr().out
+    (result,) = plain.read_json(str(out))
+    assert all(v == [None, None] for v in result["effort"].values())
+    assert all(v is None for row in result["cka"]["matrix"] for v in row)
+    assert probe.json_ready({"a": [math.nan, 1.0, (math.inf, -math.inf)], "b": 2}) == \
+        {"a": [None, 1.0, [None, None]], "b": 2}
+
+
+# -----------------------------------------------------------------------------
+# table1.py
+
+DAMAGED_RESULTS = [  # (result.json's bytes, the words of the one-line error)
+    (b'{"name": "vanilla_s0", "max_iters": 2', "is not JSON (Expecting ',' delimiter, line 1 column 38)"),
+    (b"\x80\x81", "is not UTF-8 text (byte 0)"),
+    (b"[1, 2]", "is not a JSON object"),
+    (b'{"name": "vanilla_s0", "max_iters": 2}', "has seed None, not an integer"),
+    (b'{"name": "vanilla_s0", "seed": 0, "max_iters": "2", "params": 1, "val_loss": 1.5, "ms_per_iter": null}',
+     "has max_iters '2', not an integer"),
+    (b'{"name": "vanilla_s0", "seed": 0, "max_iters": 2, "params": 1, "val_loss": NaN, "ms_per_iter": null}',
+     "holds NaN, which JSON does not allow (write a number)"),
+    (b'{"name": "vanilla_s0", "seed": 0, "seed": 1}', "has the key 'seed' twice"),
+    (b'{"name": "vanilla_s0", "seed": 0, "max_iters": 2, "params": 1, "val_loss": 1.5, "ms_per_iter": null, '
+     b'"val_curve": [[0, "x"]]}', "has val_curve [[0, 'x']], not a list of [iter, val loss] pairs"),
+    (b'{"name": "mesh_s0", "seed": 0, "max_iters": 2, "params": 1, "val_loss": 1.5, "ms_per_iter": null}',
+     "is the result of run 'mesh_s0', not of vanilla_s0"),
+    (b"[" * 100 + b"]" * 100, "is nested more than 64 levels deep"),
+]
+
+
+@pytest.mark.parametrize("content, words", DAMAGED_RESULTS, ids=[w[:30] for _, w in DAMAGED_RESULTS])
+def test_table1_names_a_damaged_result_file_and_touches_nothing(content, words, tmp_path, capsys):
+    folder = tmp_path / "root" / "vanilla_s0"
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_bytes(content)
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        table1.main(["--only=vanilla", "--seeds=0", "--max_iters=2", f"--root={tmp_path / 'root'}",
+                     f"--results={tmp_path / 'res'}"])
+    assert e.value.code == 2
+    assert one_line(capsys, "table1.py") == (f"table1.py: error: {folder / 'result.json'} {words}; delete the folder "
+                                             f"{folder} to train that run again\n")
+    assert snapshot(tmp_path) == before and not (tmp_path / "res").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_table1_does_not_wait_on_a_result_file_that_is_a_fifo(tmp_path, capsys):
+    folder = tmp_path / "root" / "vanilla_s0"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "result.json")
+    with pytest.raises(SystemExit) as e:
+        table1.main(["--only=vanilla", "--seeds=0", f"--root={tmp_path / 'root'}", f"--results={tmp_path / 'res'}"])
+    assert e.value.code == 2
+    assert one_line(capsys, "table1.py") == (
+        f"table1.py: error: {folder / 'result.json'} is not a regular file (a FIFO, a device or a folder); delete "
+        f"the folder {folder} to train that run again\n")
+
+
+def live_processes(word):
+    """The pids of the processes whose command line holds word (Linux's /proc)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if word.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:  # ended meanwhile
+            pass
+    return pids
+
+
+def wait_for(condition, what, p):
+    deadline = time.time() + HANG
+    while not condition():
+        if p.poll() is not None:
+            raise AssertionError(f"table1.py ended before {what}: {p.communicate()}")
+        assert time.time() < deadline, what
+        time.sleep(0.2)
+
+
+def printed(run, words):
+    """Whether the train.py of the run folder has printed words yet (into its temporary train.out)."""
+    names = [n for n in os.listdir(run) if n.startswith(".train.out-")] if os.path.isdir(run) else []
+    return any(words in (run / n).read_text(errors="replace") for n in names)
+
+
+def held(folder):
+    """Whether a live process holds the run folder's lock (the one train.py takes)."""
+    try:
+        runfiles.check_free(str(folder))
+        return False
+    except ValueError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc") or not hasattr(signal, "SIGTERM"),
+                    reason="needs POSIX signals and /proc to list processes")
+def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
+    """table1.py with two runs at once, SIGTERM once both train: each run saves a checkpoint and ends,
+    table1.py waits for them, says so in one line and exits 130; no process of theirs survives. A rerun's
+    runs then take their folders (nothing refuses them as live) and stop with it in turn."""
+    (tmp_path / "text.txt").write_text(TEXT)
+    prepare("shakespeare_char", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"),
+            log=lambda *a: None)
+    root = tmp_path / "root"
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "table1.py"), "--only=vanilla,base", "--seeds=0", "--jobs=2",
+           "--max_iters=100000", f"--root={root}", f"--results={tmp_path / 'res'}", f"--data_root={tmp_path / 'data'}"]
+    runs = [root / "vanilla_s0", root / "base_s0"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # train.py's lines reach its train.out as they are printed
+    for attempt, words in (("first", "iter 0: train loss"), ("rerun", "model ")):  # training; the folder taken
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        try:
+            wait_for(lambda: all(printed(r, words) for r in runs), f"both runs print {words!r}", p)
+            p.send_signal(signal.SIGTERM)
+            out, err = p.communicate(timeout=HANG)
+        finally:  # a failed test leaves nothing running
+            for pid in set(live_processes(str(root))):  # table1.py's command line names root too
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        assert p.returncode == 130, (out, err)
+        assert err == ("table1.py: stopped by SIGTERM, and its runs with it (the finished ones keep their "
+                       "result.json, which a rerun skips)\n"), err
+        assert live_processes(str(root)) == [] and not any(held(r) for r in runs)
+        if attempt == "first":
+            for r in runs:
+                text = (r / "train.out").read_text()
+                assert "SIGTERM: finishing this step, then saving a checkpoint" in text and \
+                    "checkpoint saved" in text, text
+                assert (r / "ckpt.pt").exists()
+    assert not (tmp_path / "res").exists()
