@@ -18,6 +18,8 @@ import sys
 import types
 import typing
 
+from support import plain
+
 LARGEST = 2**63 - 1  # no integer setting may be larger (a seed included: torch takes 64 bits)
 WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "text", list: "text"}
 JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "true or false",
@@ -69,8 +71,8 @@ def value_of(field, value, file=None):
     --key=TEXT, or from a config file's JSON value, which must already be of that type ("100" for
     an integer, or an object for a path, is refused rather than converted)."""
     union = isinstance(field.type, types.UnionType)  # X | None
-    plain = typing.get_origin(field.type) or field.type  # list[str] -> list
-    accepted = typing.get_args(field.type) if union else (plain,)
+    origin = typing.get_origin(field.type) or field.type  # list[str] -> list
+    accepted = typing.get_args(field.type) if union else (origin,)
     kind, null = next(k for k in accepted if k is not type(None)), type(None) in accepted
     where = f"config file {file!r}: {field.name} is " if file else f"--{field.name}="
     bad = UsageError(f"{where}{value} is not {WORDS[kind]}" + (" (or None)" if null else ""))
@@ -118,13 +120,14 @@ def help_text(cls, prog, notes=""):
 
 
 def read_config(path):
-    """A JSON config file's object of settings."""
+    """A JSON config file's object of settings (plain data, read with support/plain.py's limits)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        values = json.loads(text)
+        values = plain.parse_json(text := plain.read_text(path))
     except OSError as e:
         raise UsageError(f"cannot read config file {path!r}: {e.strerror}") from None
+    except plain.PlainDataError as e:
+        raise UsageError(f"config file {path!r} {e}; fix it, or give the settings as flags") \
+            from None
     except json.JSONDecodeError as e:
         comma = " (a comma after the last setting?)" if text[:e.pos].rstrip().endswith(",") else ""
         raise UsageError(f"config file {path!r} is not valid JSON: {e.msg} at line {e.lineno}, "
@@ -143,6 +146,9 @@ def parse_flags(cls, argv, prog, notes=""):
         if key not in fields:
             raise UsageError(f"unknown setting {key!r} in {where}{closest(key, fields, True)}; "
                              f"see python {prog} --help")
+        if isinstance(value, str) and "\0" in value:  # (from a file: no command line holds one)
+            raise UsageError(f"{key} in {where} holds a NUL byte, which no path or name can; "
+                             f"remove it")
         value = value_of(fields[key], value, file)
         if fields[key].default_factory is not dataclasses.MISSING:  # a list: each adds to it
             value = given.get(key, []) + (value if isinstance(value, list) else [value])

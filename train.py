@@ -27,7 +27,7 @@ from data.loader import (check_fits, dataset_folder, dataset_record, load_split,
                          sequential_windows)
 from data.tokenizer import Tokenizer
 from mesh import PRESETS, SCHEMES, Config, RecursiveGPT
-from support import checkpoint, ddp, guards, machine, outdir, runfiles
+from support import checkpoint, ddp, guards, machine, outdir, plan, runfiles
 
 
 @dataclass
@@ -170,7 +170,6 @@ def train(given):
     tc = TrainConfig(**{**dataclasses.asdict(TrainConfig()), **saved, **given})
     as_given = {k: getattr(tc, k) for k in ("dtype", "compile", "lr", "min_lr")}  # saved as given
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
-        from support import plan
         print(plan.plan(tc, ckpt["model"].config if ckpt else model_config(tc, vocab_size=None)))
         return 0
     spread = ddp  # the whole model on every process: one process, or DDP under torchrun
@@ -200,14 +199,15 @@ def train(given):
     if not ckpt:
         tc.dataset = machine.from_rank0(lambda: prepared(tc), distributed, master)
         data_dir = dataset_folder(tc.data_root, tc.dataset)
-    tokenizer = Tokenizer.load(data_dir)
+    runfiles.own(data_dir, "--dataset", note=False, shared=True)  # prepare.py waits for this run
+    record, tokenizer = dataset_record(data_dir), Tokenizer.load(data_dir)  # what it reads
     train_data, val_data = load_split(data_dir, "train"), load_split(data_dir, "val")
     vocab = tokenizer.vocab_size  # a BPE's padded to a multiple of 64
     vocab = vocab if tokenizer.kind == "char" else ceil_div(vocab, 64) * 64
 
     # ---- model and optimizer: from scratch, the run's checkpoint, or a Hugging Face GPT-NeoX
-    if tc.init_from == "scratch":
-        model = RecursiveGPT(model_config(tc, vocab))
+    if tc.init_from == "scratch":  # refused first where it cannot fit in the device's memory
+        model = RecursiveGPT(plan.check_run(model_config(tc, vocab), tc, device, world))
     elif ckpt:
         model = ckpt["model"]  # its config was checked against the flags given
     elif tc.init_from.startswith("hf:"):
@@ -249,7 +249,7 @@ def train(given):
         spread.save(tc.out_dir, raw_model, optimizer, master, {
             "model_config": cfg.to_dict(), "train_config": {**dataclasses.asdict(tc), **as_given},
             "iter_num": iter_num, "best_val_loss": best_val,
-            "rng": checkpoint.rng_state(device_type), "data": dataset_record(data_dir),
+            "rng": checkpoint.rng_state(device_type), "data": record,
             "saved_at": time.time()})
         saved_iter = iter_num
         if master:

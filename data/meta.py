@@ -6,12 +6,12 @@ or foreign one is one line naming it, never a traceback or a read outside the fo
     from data.meta import read_meta
     meta = read_meta("data/shakespeare_char/meta.json")
 """
-import json
 import os
 
 import numpy as np
 
 from data import DataError
+from support import plain
 
 
 def dtype_for_vocab(vocab_size, indexed=False):
@@ -32,8 +32,7 @@ def plain_name(value):
 def read_meta(path):
     """A dataset's meta.json as a dict; a damaged one is a DataError that names it."""
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = plain.read_json(path)  # a regular file of plain JSON, within size and depth limits
         if not isinstance(meta, dict) or not {"tokenizer", "dtype", "vocab_size"} <= set(meta):
             raise ValueError("no tokenizer, dtype or vocab_size")
         vocab = meta["vocab_size"]

@@ -278,9 +278,10 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
     os.makedirs(final, exist_ok=True)
     try:  # one prepare of a dataset at a time: two would mix their files
         runfiles.own(final, flag="--dataset", note=False)
-    except UsageError:
-        raise DataError(f"another data/prepare.py is writing dataset {dataset!r} in {out_root} (it holds "
-                        f"{final}'s lock); wait for it to end") from None
+    except UsageError:  # a live run's shared lock, or another prepare's
+        raise DataError(f"dataset {dataset!r} in {out_root} is in use: a live train.py run reads it, or "
+                        f"another data/prepare.py writes it ({final} is locked); wait for it to end, or "
+                        f"prepare it under another name") from None
     runfiles.remove_dead_temporaries(out_root)  # the staging folders of killed prepares
     stage = runfiles.temporary_name(final)
     os.mkdir(stage)

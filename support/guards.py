@@ -152,6 +152,15 @@ def check_settings(tc):
     if tc.lr is not None and tc.min_lr is not None and tc.min_lr > tc.lr:
         raise UsageError(f"--min_lr={tc.min_lr} is above --lr={tc.lr}; "
                          f"the cosine decays from lr to min_lr")
+    decay = tc.max_iters if tc.lr_decay_iters is None else tc.lr_decay_iters
+    if tc.warmup_iters is not None and tc.warmup_iters > decay:
+        raise UsageError(f"--warmup_iters={tc.warmup_iters} ends after the cosine does (--lr_decay_iters="
+                         f"{decay}{' from --max_iters' * (tc.lr_decay_iters is None)}); warm up for at "
+                         f"most {decay} steps, or raise --lr_decay_iters")
+    for name in ("out_dir", "data_root", "dataset"):
+        if not getattr(tc, name).strip():
+            default = type(tc).__dataclass_fields__[name].default
+            raise UsageError(f"--{name} is empty; give it a name, e.g. --{name}={default} (its default)")
 
 
 def ran_out(iter_num, tc, windows, window):

@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from support import plain, plan
 from support.checkpoint import CheckpointError
 from configurator import UsageError
 from data.meta import plain_name
@@ -26,8 +27,7 @@ def from_hf_neox(path):
     RecursiveGPT state_dict). A setting that our GPT-NeoX block cannot express is refused by name."""
     where = f"cannot import {path}"
     try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            hf = json.load(f)
+        hf = plain.read_json(os.path.join(path, "config.json"))
         D, H, L = hf["hidden_size"], hf["num_attention_heads"], hf["num_hidden_layers"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{where}: no GPT-NeoX config.json there ({type(e).__name__}: {e})") from None
@@ -51,6 +51,7 @@ def from_hf_neox(path):
                      rotary_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)),
                      rotary_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
                      parallel_residual=hf.get("use_parallel_residual", True))
+        plan.check_fits(cfg, None, "cpu", what="its config.json's model", fix="import a smaller one")
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{where}: {e}") from None
     try:  # optional: a pytorch_model.bin needs only torch
@@ -62,10 +63,9 @@ def from_hf_neox(path):
         index = os.path.join(path, name + ".index.json")
         if os.path.isfile(index):  # sharded: the index names the shards, files of this folder only
             try:
-                with open(index, encoding="utf-8") as f:
-                    files = sorted(set(json.load(f)["weight_map"].values()))
+                files = sorted(set(plain.read_json(index)["weight_map"].values()))
                 outside = next((f for f in files if not plain_name(f)), None)
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 raise CheckpointError(f"{where}: {index} is not a weight index ({type(e).__name__}: {e})") from None
             if outside is not None:
                 raise CheckpointError(f"{where}: {index} names {outside!r:.60}, not a file of {path}")

@@ -1,7 +1,8 @@
 """
 The memory plan of a training run, per GPU, before launch: `python train.py CONFIG --plan=true`.
 
-Nothing is allocated: the model is built on the meta device only to count its parameters. For
+Nothing is built: parameters are counted from the shapes (param_counts). check_fits uses the same
+arithmetic to refuse, before anything is allocated, a run or a model that cannot fit. For
 --plan_gpus processes (default: WORLD_SIZE under torchrun, else 8) and a GPU of --gpu_memory GiB,
 it prints weights, gradients, optimizer state, working buffers and activations, with and without
 --grad_checkpoint, under DDP and under FSDP (--fsdp=true), and whether each fits.
@@ -32,9 +33,7 @@ plan to the eager peak (like with like) and shows the compiled one beside it.
 
 import os
 
-import torch
-
-from mesh import RecursiveGPT
+from configurator import UsageError
 
 GiB = 2**30
 
@@ -76,13 +75,42 @@ def activation_bytes(cfg, batch_size, grad_checkpoint=False, compute_bytes=4):
 
 
 def param_counts(cfg):
-    """(all parameters, the root unit's own (outside every block), the largest block's), counted on the
-    meta device: nothing is allocated."""
-    with torch.device("meta"):
-        model = RecursiveGPT(cfg)
-    total = sum(p.numel() for p in model.parameters())
-    blocks = [sum(p.numel() for p in b.parameters()) for b in [*model.prelude, *(b for c in model.cores for b in c), *model.coda]]
-    return total, total - sum(blocks), max(blocks, default=0)
+    """(all parameters, the root unit's own (outside every block), one block's), from the shapes alone:
+    nothing is built, so a size no machine could hold is counted as fast as a small one (test_plan.py
+    checks the formula against built models). A GPT-NeoX block: two LayerNorms (2D each), qkv (3D^2 + 3D),
+    attention's output (D^2 + D), fc (4D^2 + 4D), proj (4D^2 + D). The root: wte and the untied lm_head
+    (V D each), ln_f (2D), and MeSH's router pairs (two Linear(D, S) each; Table 5: K+1, or K with
+    cycle=direct)."""
+    D, V, S = cfg.n_embd, cfg.vocab_size, cfg.slots
+    block = 12 * D * D + 13 * D
+    pairs = cfg.n_steps + (cfg.cycle == "routed") if cfg.scheme == "mesh" else 0
+    root = 2 * V * D + 2 * D + pairs * 2 * (D * S + S)
+    return cfg.shape.unique * block + root, root, block
+
+
+def check_fits(cfg, batch_size, device, compute_bytes=4, n=1, fsdp=False, grad_checkpoint=False,
+               what="this model", fix="choose a smaller one"):
+    """Refuse, before anything is built or written, a training run (memory(), per process) or, with
+    batch_size=None, a model alone (its weights twice: a state dict and the model it is loaded into) that
+    needs more than the device holds (support/memory.py; unknown: no check). Returns cfg."""
+    from support.memory import device_memory
+    total = device_memory(device)
+    P = param_counts(cfg)[0]
+    need = 8 * P if batch_size is None else \
+        memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes, ddp=n > 1)["total"]
+    if total and need > total:
+        where = device if str(device).startswith("cuda") else "this machine"
+        batch = f", micro-batch {batch_size} x {cfg.block_size}" if batch_size else ""
+        raise UsageError(f"{what} (layout {cfg.layout}, n_embd {cfg.n_embd}, {P:,} parameters{batch}) "
+                         f"needs about {need / GiB:,.1f} GiB, more than the {total / GiB:,.1f} GiB of "
+                         f"{where}; {fix}")
+    return cfg
+
+
+def check_run(cfg, tc, device, world):
+    """check_fits for train.py's run: TrainConfig tc on device, over world processes."""
+    return check_fits(cfg, tc.batch_size, device, 2 if tc.dtype == "bfloat16" else 4, world, tc.fsdp,
+                      tc.grad_checkpoint, "the run", "use smaller settings (--plan=true shows where it goes)")
 
 
 def memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes, ddp=True):

@@ -29,6 +29,8 @@ def load(out_dir, sharded):
     together (a consolidated ckpt.pt is its copy). sharded (an FSDP launch): a sharded checkpoint gives its plain
     data and a model of its config, whose shards fsdp.load reads, each rank its own; otherwise it is read whole
     here."""
+    if not out_dir.strip():  # "" would read the working folder's files
+        raise UsageError("--out_dir is empty; give the run's folder: --init_from=resume --out_dir=OUT_DIR")
     meta, full = checkpoint.read_pointer(out_dir), checkpoint.saved_full(out_dir)
     if meta is None and full is None:
         raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "

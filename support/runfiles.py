@@ -97,10 +97,12 @@ def remove_dead_temporaries(folder):
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
 
 
-def own(folder, flag="--out_dir", note=True, shown=None):
+def own(folder, flag="--out_dir", note=True, shown=None, shared=False):
     """Lock folder for this process: an exclusive flock on the folder itself, so no file is created and the
     system drops the lock when the process ends, kill -9 included. Held by another run: a UsageError. Where
-    no lock can be taken (a file system without flock, or Windows): a one-line note, and go on."""
+    no lock can be taken (a file system without flock, or Windows): a one-line note, and go on. shared: a
+    lock that many readers hold together (a live run on its dataset), refused while a writer owns the folder,
+    and refusing a writer while any reader holds it."""
     key = os.path.realpath(folder)
     if key in _owned:
         return
@@ -114,10 +116,13 @@ def own(folder, flag="--out_dir", note=True, shown=None):
                   f"make sure no other run uses it", flush=True)
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         del _owned[key]
+        if shared:
+            raise UsageError(f"{shown or f'{flag}={folder}'} is being written (another process holds the folder's "
+                             f"lock, as data/prepare.py does); wait for it to end") from None
         raise UsageError(f"another run is using {shown or f'{flag}={folder}'} (it holds the folder's lock); wait for "
                          f"it to end, or choose another {flag}") from None
     except OSError as e:  # a file system without flock on folders (some NFS setups): go on, unprotected

@@ -24,7 +24,7 @@ HALF = '    "half": lambda h_m, h, h0, h_emb: h_m + (h + h_emb) / 2,  # h(t+1) =
 def student(tmp_path_factory):
     """A copy of the project whose mesh.py has one more scheme, and run(script, *args) there, offline."""
     copy = tmp_path_factory.mktemp("student") / "nanomesh"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "runs", "out*", "results", "__pycache__",
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "runs", "out", "out-*", "results", "__pycache__",
                                                               "shakespeare*", "pydoc"))
     source = (copy / "mesh.py").read_text()
     line = next(line for line in source.splitlines() if line.startswith(ANCHOR_EMB))

@@ -90,6 +90,10 @@ BAD_SETTINGS = [  # (flags, environment, words of the one-line error)
     (["--lr_decay_iters=0"], {}, "--lr_decay_iters=0 must be at least 1"),
     (["--seed=-1"], {}, "--seed=-1 must be 0 or more"),
     (["--lr=1e-3", "--min_lr=1e-2"], {}, "--min_lr=0.01 is above --lr=0.001"),
+    (["--warmup_iters=20", "--lr_decay_iters=10"], {}, "--warmup_iters=20 ends after the cosine does "
+     "(--lr_decay_iters=10); warm up for at most 10 steps, or raise --lr_decay_iters"),
+    (["--out_dir="], {}, "--out_dir is empty; give "),
+    (["--data_root= "], {}, "--data_root is empty; give it a name, e.g. --data_root=data (its default)"),
     ([], {"RANK": "0"}, "RANK=0 needs WORLD_SIZE"),
     ([], {"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 needs WORLD_SIZE, with 0 <= RANK < WORLD_SIZE (got WORLD_SIZE=2)"),
 ]
@@ -642,9 +646,10 @@ def test_two_prepares_of_one_dataset_never_mix(tmp_path):
                            capture_output=True, text=True, timeout=120)
     finally:
         runfiles.release()
-    assert r.returncode == 2 and r.stderr == (f"prepare.py: error: another data/prepare.py is writing dataset 'tiny' "
-                                              f"in {tmp_path / 'data'} (it holds {tmp_path / 'data' / 'tiny'}'s lock); "
-                                              f"wait for it to end\n")
+    assert r.returncode == 2 and r.stderr == (f"prepare.py: error: dataset 'tiny' in {tmp_path / 'data'} is in use: a "
+                                              f"live train.py run reads it, or another data/prepare.py writes it "
+                                              f"({tmp_path / 'data' / 'tiny'} is locked); wait for it to end, or "
+                                              f"prepare it under another name\n")
     assert os.listdir(tmp_path / "data") == ["tiny"] and os.listdir(tmp_path / "data" / "tiny") == []
 
 
@@ -705,18 +710,19 @@ def tokenizer_case(change):
 
 def config_case(text):
     def case(tmp, finished):
-        (tmp / "c.json").write_text(text)
+        (tmp / "c.json").write_bytes(text if isinstance(text, bytes) else text.encode())
         return "train", [str(tmp / "c.json"), f"--out_dir={tmp / 'out'}"]
     return case
 
 
-def pointer_case(change):
+def pointer_case(change, text=None):
     def case(tmp, finished):
         out = shutil.copytree(finished, tmp / "run")
         meta = dict(model_config=torch.load(out / "ckpt.pt", weights_only=True)["model_config"], train_config={},
                     iter_num=9, best_val_loss=1.0, rng={"torch": [0] * 8}, folder="shards-00000009")
-        change(meta)
-        (out / "ckpt-sharded.json").write_text(json.dumps(meta))
+        if change:
+            change(meta)
+        (out / "ckpt-sharded.json").write_text(text or json.dumps(meta))
         return "train", ["--init_from=resume", f"--out_dir={out}", "--max_iters=12"]
     return case
 
@@ -750,6 +756,17 @@ BAD_FILES = [  # (name, case(tmp, finished) -> (tool, args), words of the one-li
     ("config: an object for a path", config_case('{"out_dir": {"a": 1}}'), "c.json': out_dir is {\"a\": 1} (an object), not text"),
     ("config: a string for an integer", config_case('{"max_iters": "100"}'), "c.json': max_iters is \"100\" (a string), not an integer"),
     ("config: a float lr of 1e999", config_case('{"lr": 1e999}'), "c.json': lr is inf, not a finite number"),
+    ("config: nested 100,000 deep", config_case("[" * 100_000 + "]" * 100_000),
+     "c.json' is nested more than 64 levels deep; fix it, or give the settings as flags"),
+    ("config: a key twice", config_case('{"lr": 1e-3, "lr": 2e-3}'), "c.json' has the key 'lr' twice; fix it"),
+    ("config: NaN", config_case('{"lr": NaN}'), "c.json' holds NaN, which JSON does not allow (write a number)"),
+    ("config: not UTF-8", config_case(b'{"out_dir": "caf\xe9"}'), "c.json' is not UTF-8 text (byte 16); fix it"),
+    ("config: a NUL byte in a path", config_case('{"out_dir": "a\\u0000b"}'),
+     "c.json holds a NUL byte, which no path or name can; remove it"),
+    ("pointer nested 100,000 deep", pointer_case(None, "[" * 100_000 + "]" * 100_000),
+     "ckpt-sharded.json is corrupt (PlainDataError: is nested more than 64 levels deep)"),
+    ("pointer without the dataset", pointer_case(None),
+     "is corrupt (TypeError: train_config's dataset is None, not a name)"),
     ("--seed above 2**64", lambda tmp, f: ("train", ["--seed=18446744073709551617", f"--out_dir={tmp / 'o'}"]),
      "--seed=18446744073709551617, too large: an integer setting is at most 2**63 - 1"),
     ("--gpu_memory=inf", lambda tmp, f: ("train", ["--plan=true", "--gpu_memory=inf"]),
@@ -774,6 +791,11 @@ BAD_FILES = [  # (name, case(tmp, finished) -> (tool, args), words of the one-li
     ("hf: a code-executing pytorch_model.bin", hf_case(files=[("pytorch_model.bin", None)]),
      "pytorch_model.bin is not a file of weights nanoMeSH reads (it holds objects other than tensors; loading never "
      "runs code)"),
+    ("hf: ten million layers", hf_case(config=dict(num_hidden_layers=10**7)),
+     "its config.json's model (layout 10000000, n_embd 32, 127,040,002,112 parameters) needs about 946.5 GiB, more "
+     "than the "),
+    ("hf: a config.json nested too deep", hf_case(config=dict(x=eval("[" * 100 + "]" * 100))),
+     "no GPT-NeoX config.json there (PlainDataError: is nested more than 64 levels deep)"),
     ("hf: a string hidden_size", hf_case(config=dict(hidden_size="32")), "config.json's hidden_size is \"32\", not an integer"),
     ("hf: an index naming a file elsewhere", hf_case(files=[("pytorch_model.bin.index.json",
                                                              {"weight_map": {"x": "../elsewhere.bin"}})]),
@@ -1007,3 +1029,93 @@ def test_a_torchrun_environment_left_in_the_shell_is_named(data_root, tmp_path, 
                                 "unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT, or launch with torchrun (another "
                                 "launcher: set TORCHELASTIC_RUN_ID to say they are meant)\n")
     assert not (tmp_path / "out").exists()
+
+
+# -----------------------------------------------------------------------------
+# A run's data is the data it read: not replaced under it, and what its checkpoints record
+
+def test_a_dataset_a_live_run_reads_is_not_replaced(data_root, tmp_path):  # noqa: F811
+    """data/prepare.py of the dataset a live run trains on: refused in one line, the files untouched; the run's
+    checkpoints record the data it read."""
+    data = copy_of(data_root, tmp_path, "data")
+    (tmp_path / "other.txt").write_text(TEXT.upper())
+    before, seen = snapshot(data), []
+    p = subprocess.Popen(train_cmd(data, tmp_path / "out", "--max_iters=30", "--eval_interval=10"), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_line(p, "iter 1:", seen)
+    r = subprocess.run(python(os.path.join(ROOT, "data", "prepare.py"), "--dataset", "tiny", "--input",
+                              str(tmp_path / "other.txt"), "--out_root", str(data)), cwd=ROOT,
+                       capture_output=True, text=True, timeout=HANG)
+    p.communicate(timeout=HANG)
+    assert r.returncode == 2 and r.stderr.startswith(f"prepare.py: error: dataset 'tiny' in {data} is in use: "
+                                                     f"a live train.py run reads it"), r.stderr
+    assert p.returncode == 0 and snapshot(data) == before
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ckpt["data"] == loader.dataset_record(str(data / "tiny"))
+
+
+def test_a_checkpoint_records_the_data_its_run_read(data_root, tmp_path, monkeypatch):  # noqa: F811
+    """Where the folder cannot be locked (some NFS setups) and the dataset is prepared again mid-run, the run
+    trains on the tokens it loaded, and its checkpoints say so: the record of the data it read, not the new."""
+    data = copy_of(data_root, tmp_path, "data")
+    read = loader.dataset_record(str(data / "tiny"))
+    (tmp_path / "other.txt").write_text(TEXT.upper())
+    get_batch = train.get_batch
+
+    def prepare_again_at_step_2(d, tc, T, key, device):
+        if key == (0, 2, 0):
+            prepare("tiny", input=str(tmp_path / "other.txt"), out_root=str(data), log=lambda *a: None)
+        return get_batch(d, tc, T, key, device)
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+    import fcntl
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(train, "get_batch", prepare_again_at_step_2)
+    assert run(["--max_iters=4", "--eval_interval=2"], str(data), tmp_path / "out") == 0
+    assert loader.dataset_record(str(data / "tiny")) != read
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["data"] == read
+
+
+def test_a_meta_json_nested_too_deep_is_one_line(data_root, tmp_path, capsys):  # noqa: F811
+    data = copy_of(data_root, tmp_path, "data")
+    (data / "tiny" / "meta.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert run(["--max_iters=1"], str(data), tmp_path / "out") == 2
+    assert one_line(capsys) == (f"train.py: error: {data / 'tiny' / 'meta.json'} is damaged (PlainDataError: is "
+                                f"nested more than 64 levels deep); prepare the dataset again with python "
+                                f"data/prepare.py\n")
+
+
+# -----------------------------------------------------------------------------
+# Sizes that cannot fit: refused from the settings (plan.py's arithmetic) before anything is built or written
+
+TOO_LARGE = [  # (flags, words of the one-line error)
+    (["--n_embd=1000000", "--n_head=1"], "the run (layout 1+1R2+1, n_embd 1000000, 36,000,123,000,030 parameters, "
+                                         "micro-batch 4 x 16) needs about "),
+    (["--n_slots=1000000"], "the run (layout 1+1R2+1, n_embd 32, 198,039,840 parameters, micro-batch 4 x 16) needs"),
+    (["--batch_size=1000000"], "micro-batch 1000000 x 16) needs about"),
+    (["--layout=1000000", "--scheme=base"], "the run (layout 1000000, n_embd 32, 12,704,001,728 parameters"),
+    (["--layout=1+1R1000000+1"], "the run (layout 1+1R1000000+1, n_embd 32, 66,000,264,040,038 parameters"),
+]
+
+
+@pytest.mark.parametrize("flags, message", TOO_LARGE, ids=[" ".join(f) for f, _ in TOO_LARGE])
+def test_a_size_that_cannot_fit_is_refused_before_anything_is_built(flags, message, data_root, tmp_path, capsys,
+                                                                     monkeypatch):  # noqa: F811
+    monkeypatch.setattr(train, "RecursiveGPT", None)  # never reached: building would allocate
+    assert run([*flags, "--max_iters=1"], data_root, tmp_path / "out") == 2
+    err = one_line(capsys)
+    assert message in err and "GiB of this machine; use smaller settings (--plan=true shows where it goes)" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_plan_and_bench_count_sizes_no_machine_holds(capsys):
+    """--plan counts parameters from the shapes: a width of 10^9 is a table of numbers, not an overflow; bench.py
+    refuses a vocabulary of 10^10 before it builds anything."""
+    assert train.main(["--plan=true", "--n_embd=1000000000", "--n_head=1"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:6]
+    assert [row.split()[-1] for row in rows] == ["no"] * 4
+    from tools import bench
+    assert bench.main(["--vocab_size=10000000000", "--schemes=base"]) == 2
+    err = one_line(capsys, "bench.py")
+    assert "scheme base (layout 2+4R2+2, n_embd 128, 2,560,001,586,432 parameters, micro-batch 16 x 64) needs" in err

@@ -44,13 +44,18 @@ def test_activation_estimate_within_25_percent_of_measured_peak(monkeypatch):
         assert abs(estimate / measured - 1) < 0.25, (case, measured / 2**20, estimate / 2**20)
 
 
-def test_param_counts_match_a_real_model():
-    cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="mesh")
+@pytest.mark.parametrize("layout, scheme, cycle", [("1+2R3+1", "mesh", "routed"), ("1+2R3+1", "mesh", "direct"),
+                                                   ("2+1+1+2", "base", "routed"), ("5", "base", "routed")])
+def test_param_counts_match_a_real_model(layout, scheme, cycle):
+    """plan.param_counts counts from the shapes alone: the same numbers as a model built."""
+    cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout=layout, scheme=scheme,
+                 **({"cycle": cycle} if scheme == "mesh" else {}))
     model = RecursiveGPT(cfg)
     total, root, block = plan.param_counts(cfg)
     assert total == sum(p.numel() for p in model.parameters())
-    assert block == sum(p.numel() for p in model.prelude[0].parameters())
-    assert root == sum(p.numel() for m in (model.wte, model.lm_head, model.ln_f, model.routers) for p in m.parameters())
+    assert block == sum(p.numel() for p in [*model.prelude, *model.coda][0].parameters())
+    outside = (model.wte, model.lm_head, model.ln_f, *([model.routers] if scheme == "mesh" else []))
+    assert root == sum(p.numel() for m in outside for p in m.parameters())
 
 
 def test_fsdp_shards_weights_gradients_and_optimizer_state():

@@ -327,6 +327,9 @@ def run(bc):
     B, T = bc.batch_size, cfg0.block_size
     torch.manual_seed(bc.seed)
     x, y = torch.randint(cfg0.vocab_size, (2, B, T), device=device)
+    for name, cfg in todo:  # each refused before anything is built where its train step cannot fit
+        plan.check_fits(cfg, B, device, 2 if dtype == torch.bfloat16 else 4, what=f"scheme {name}",
+                        fix="use smaller settings")
     models = {name: build(cfg, bc, device) for name, cfg in todo}
 
     # ---- training: warm-up (with --compile, compilation: timed, its graphs counted), then rounds
