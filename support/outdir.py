@@ -115,24 +115,37 @@ def remove_unfinished_shards(out_dir):
             remove(os.path.join(out_dir, name))
 
 
-def read_log(path, upto):
-    """The lines of log.jsonl at path whose records are of iterations up to upto, as bytes. A damaged line
-    (half a line left by a kill or a full disk, bytes that are not a JSON record) never blocks a resume: it is
-    moved into log.jsonl.damaged (or .damaged-2, ...), which one note names."""
+def log_lines(path):
+    """(line number, the line's bytes, its record or None for a damaged line) for each line of the log.jsonl
+    at path: a regular file (a FIFO would hang the reader) of records {"iter": int, ...}."""
     try:
         data = plain.read_bytes(path, MAX_LOG)
     except plain.PlainDataError as e:
         raise OutDirError(f"{path} {e}; move it away, then resume the run") from None
-    kept, bad = [], []
     for number, line in enumerate(data.splitlines(keepends=True), start=1):
         try:
-            record = plain.parse_json(line.decode("utf-8"))
+            record = plain.parse_json(line.decode("utf-8"), nan=True)  # a loss that blew up is logged
             if not isinstance(record, dict) or type(record.get("iter", 0)) is not int:
                 raise ValueError("not a record of an iteration")
         except ValueError:  # UnicodeDecodeError and json's errors included
+            record = None
+        yield number, line, record
+
+
+def log_records(path):
+    """The whole records of the log.jsonl at path, a damaged line left out (for a reader: nothing moves)."""
+    return [record for _, _, record in log_lines(path) if record is not None]
+
+
+def read_log(path, upto):
+    """The lines of log.jsonl at path whose records are of iterations up to upto, as bytes. A damaged line
+    (half a line left by a kill or a full disk, bytes that are not a JSON record) never blocks a resume: it is
+    moved into log.jsonl.damaged (or .damaged-2, ...), which one note names."""
+    kept, bad = [], []
+    for number, line, record in log_lines(path):
+        if record is None:
             bad.append((number, line))
-            continue
-        if record.get("iter", 0) <= upto:
+        elif record.get("iter", 0) <= upto:
             kept.append(line if line.endswith(b"\n") else line + b"\n")
     if bad:
         aside, n = path + ".damaged", 1

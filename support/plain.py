@@ -73,12 +73,13 @@ def _depth(text):
     return deepest
 
 
-def parse_json(text, max_depth=MAX_DEPTH):
+def parse_json(text, max_depth=MAX_DEPTH, nan=False):
     """text -> the JSON value it holds. json.JSONDecodeError (a ValueError, with its position) passes
-    through for the caller to word; too deep, NaN / Infinity and a repeated key are PlainDataErrors."""
+    through for the caller to word; too deep, a repeated key and NaN / Infinity (unless nan: a log's
+    record of a loss that blew up) are PlainDataErrors."""
     if _depth(text) > max_depth:
         raise PlainDataError(f"is nested more than {max_depth} levels deep")
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    return json.loads(text, object_pairs_hook=_no_duplicates, **({} if nan else {"parse_constant": _no_constant}))
 
 
 def read_json(path, max_bytes=MAX_BYTES):

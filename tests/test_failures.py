@@ -992,6 +992,11 @@ def test_a_damaged_log_is_set_aside_and_the_run_resumes(finished, data_root, tmp
     assert (out / "log.jsonl.damaged").read_bytes() == b"".join(junk)
     log = (out / "log.jsonl").read_bytes()
     assert log.startswith(whole) and [json.loads(line)["iter"] for line in log.splitlines()][-1] == 6
+    from tools import table1  # a reader of a damaged log (its curve, its times) leaves the bad lines out
+    with open(out / "log.jsonl", "ab") as f:
+        f.writelines(junk)
+    assert table1.val_curve(str(out / "log.jsonl")) == [[r["iter"], r["val_loss"]] for r in map(
+        json.loads, log.splitlines()) if "val_loss" in r]
 
 
 def test_a_full_disk_while_logging_leaves_no_half_line(finished, tmp_path, capsys, monkeypatch):

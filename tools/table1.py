@@ -43,7 +43,7 @@ import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import checkpoint, plain, runfiles  # noqa: E402
+from support import checkpoint, outdir, plain, runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from data.loader import load_split, random_windows  # noqa: E402
 from support.checkpoint import checkpoint_dataset  # noqa: E402
@@ -167,9 +167,7 @@ CHILDREN = Children()
 def ms_per_iter(log_path):
     """Median of the per-iteration times (ms) of every logged window. The first window also pays for
     warm-up; the median keeps that one slow window from moving the result."""
-    with open(log_path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    ms = [r["ms"] for r in rows if "ms" in r]
+    ms = [r["ms"] for r in outdir.log_records(log_path) if isinstance(r.get("ms"), (int, float))]
     return statistics.median(ms) if ms else None
 
 
@@ -187,8 +185,8 @@ def eval_batches(ckpt, model):
 
 def val_curve(log_path):
     """[[iter, val loss], ...] of every evaluation train.py logged."""
-    with open(log_path, encoding="utf-8") as f:
-        return [[r["iter"], r["val_loss"]] for r in map(json.loads, f) if "val_loss" in r]
+    return [[r["iter"], r["val_loss"]] for r in outdir.log_records(log_path)
+            if isinstance(r.get("val_loss"), (int, float))]
 
 
 NUMBER = (int, float)
