@@ -1000,26 +1000,47 @@ def test_a_damaged_log_is_set_aside_and_the_run_resumes(finished, data_root, tmp
 
 
 def test_a_full_disk_while_logging_leaves_no_half_line(finished, tmp_path, capsys, monkeypatch):
-    """A log append that meets a full disk (the kernel writes part of the line, then ENOSPC): the half line is
-    taken back, one line says so, and once there is room the run resumes."""
-    out = copy_of(finished, tmp_path)
-    whole, real_write = (out / "log.jsonl").read_bytes(), os.write
-
-    def full(fd, data):
-        if bytes(data[:8]) != b'{"iter":':  # only the log's records meet the full disk
-            return real_write(fd, data)
-        real_write(fd, bytes(data[:len(data) // 2]))
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(os, "write", full)
-    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6"]) == 2
-    monkeypatch.undo()
-    err = one_line(capsys)
-    assert err.startswith(f"train.py: error: could not append to {out / 'log.jsonl'} (the disk is full") and \
-        err.endswith("so the run stopped; its last checkpoint is whole: free some space, then continue it with "
-                     "--init_from=resume\n"), err
-    assert (out / "log.jsonl").read_bytes() == whole
-    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6"]) == 0
-    assert "damaged" not in capsys.readouterr().out
+    """A log append that meets a full disk, on a real one (a small tmpfs, where this machine lets us mount one:
+    the kernel writes what fits of the line, then ENOSPC) or else simulated so: the half line is taken back, one
+    line says so, and once there is room the run resumes."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    size = os.path.getsize(finished / "ckpt.pt")
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={3 * size}", "tmpfs", str(disk)],
+                                 capture_output=True).returncode == 0
+    except OSError:  # no mount command
+        mounted = False
+    try:
+        out, flags = shutil.copytree(finished, disk / "run"), ["--max_iters=6"]
+        whole, real_write = (out / "log.jsonl").read_bytes(), os.write
+        if mounted:  # room for the log the resume rewrites, and a page more: appends soon meet the end
+            free = shutil.disk_usage(disk).free
+            (disk / "filler").write_bytes(b"\0" * (free - len(whole) - 2 * 4096))
+            flags = ["--max_iters=100000", "--eval_interval=100000"]
+        else:
+            def full(fd, data):
+                if bytes(data[:8]) != b'{"iter":':  # only the log's records meet the full disk
+                    return real_write(fd, data)
+                real_write(fd, bytes(data[:len(data) // 2]))
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            monkeypatch.setattr(os, "write", full)
+        assert train.main(["--init_from=resume", f"--out_dir={out}", *flags]) == 2
+        monkeypatch.undo()
+        err = one_line(capsys)
+        assert err.startswith(f"train.py: error: could not append to {out / 'log.jsonl'} (the disk is full") and \
+            err.endswith("so the run stopped; its last checkpoint is whole: free some space, then continue it "
+                         "with --init_from=resume\n"), err
+        log = (out / "log.jsonl").read_bytes()
+        assert log.startswith(whole) and log.endswith(b"\n") and all(json.loads(line) for line in log.splitlines())
+        assert mounted or log == whole
+        if mounted:
+            os.remove(disk / "filler")
+        assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6"]) == 0
+        assert "damaged" not in capsys.readouterr().out
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_a_torchrun_environment_left_in_the_shell_is_named(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
