@@ -148,7 +148,7 @@ def plan(tc, cfg):
             m = memory(cfg, tc.batch_size, n, fsdp, ckpt, a)
             name = ("FSDP" if fsdp else "DDP") + (" + grad_ckpt" if ckpt else "")
             fits = "yes" if m["total"] <= tc.gpu_memory * GiB else "no"
-            lines.append(f"{name:<18}" + "".join(f"{m[k] / GiB:>9.2f}" for k in
+            lines.append(f"{name:<18}" + "".join(f" {m[k] / GiB:>8.2f}" for k in
                                                   ("weights", "gradients", "optimizer", "working", "activations",
                                                    "total")) + f"  {fits}")
     lines.append("add the CUDA context and allocator slack (about 1-3 GiB); torch.compile may save fewer activations")
