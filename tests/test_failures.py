@@ -505,18 +505,23 @@ def test_damaged_checkpoints_are_refused(name, damage, tools, message, finished,
 # -----------------------------------------------------------------------------
 # A full disk while a checkpoint is written
 
+def small_disk(tmp_path, size):
+    """(tmp_path/disk, whether a real tmpfs of size bytes is mounted there: where this machine lets us)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    try:
+        return disk, subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                                    capture_output=True).returncode == 0
+    except OSError:  # no mount command
+        return disk, False
+
+
 def test_a_full_disk_keeps_the_last_checkpoint(finished, data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
     """On a real full filesystem (a small tmpfs, where this machine lets us mount one; else a simulated
     ENOSPC from the write, as the kernel would raise it): one line naming ckpt.pt, exit 2, ckpt.pt as it
     was and no temporary file left; prepare.py on that disk says so plainly too."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
     size = os.path.getsize(finished / "ckpt.pt")
-    try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={3 * size}", "tmpfs", str(disk)],
-                                 capture_output=True).returncode == 0
-    except OSError:  # no mount command
-        mounted = False
+    disk, mounted = small_disk(tmp_path, 3 * size)
     try:
         out = shutil.copytree(finished, disk / "run")
         if mounted:  # leave half a checkpoint free: log.jsonl still fits, the next checkpoint does not
@@ -1003,14 +1008,8 @@ def test_a_full_disk_while_logging_leaves_no_half_line(finished, tmp_path, capsy
     """A log append that meets a full disk, on a real one (a small tmpfs, where this machine lets us mount one:
     the kernel writes what fits of the line, then ENOSPC) or else simulated so: the half line is taken back, one
     line says so, and once there is room the run resumes."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
     size = os.path.getsize(finished / "ckpt.pt")
-    try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={3 * size}", "tmpfs", str(disk)],
-                                 capture_output=True).returncode == 0
-    except OSError:  # no mount command
-        mounted = False
+    disk, mounted = small_disk(tmp_path, 3 * size)
     try:
         out, flags = shutil.copytree(finished, disk / "run"), ["--max_iters=6"]
         whole, real_write = (out / "log.jsonl").read_bytes(), os.write
