@@ -153,8 +153,14 @@ def release():
 
 
 def check_writable(path, flag):
-    """Raise UsageError now, not after a long run, when --flag's output file path cannot be written."""
+    """Raise UsageError now, not after a long run, when --flag's output file path cannot be written
+    (its folders, where they are not there yet, the writer makes)."""
     if os.path.isdir(path):
         raise UsageError(f"--{flag}={path} is a folder; give a file name")
-    if not os.access(path if os.path.exists(path) else os.path.dirname(os.path.abspath(path)), os.W_OK):
-        raise UsageError(f"cannot write --{flag}={path}: no such folder or no permission")
+    there = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(there):  # folders the writer will make: the nearest one there decides
+        there = os.path.dirname(there)
+    if not os.path.isdir(there) or not os.access(there, os.W_OK) or \
+            os.path.exists(path) and not os.access(path, os.W_OK):
+        raise UsageError(f"cannot write --{flag}={path}: no permission, or a file where a folder "
+                         f"should be")

@@ -145,7 +145,7 @@ def test_probe_end_to_end_writes_the_documented_json(tmp_path, capsys, monkeypat
     runs = [make_run(tmp_path, "base", "1+2R2+1", "base"), make_run(tmp_path, "mesh", "1+2R2+1", "mesh", n_slots=4),
             make_run(tmp_path, "vanilla", "4", "base")]
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails: the PNG step must say so and go on
-    out = tmp_path / "probe.json"
+    out = tmp_path / "runs" / "probe" / "probe.json"  # as the README's command: its folders made for it
     probe.main([f"--out_dir={d}" for d in runs] + ["--num_samples=10", f"--json={out}", f"--png={tmp_path / 'png'}"])
     printed = capsys.readouterr().out
     assert "probe.py: matplotlib not installed; skipping PNG figures (pip install matplotlib)" in printed

@@ -482,6 +482,7 @@ def main(argv):
         return report("bench.py", e)
     print(table(rows, info))
     if bc.json:
+        os.makedirs(os.path.dirname(os.path.abspath(bc.json)), exist_ok=True)
         with open(bc.json, "a") as f:
             for record in rows + [info]:
                 f.write(json.dumps(record) + "\n")
