@@ -88,7 +88,8 @@ def start_run(out_dir, fresh, overwrite, keep, resumed_at):
     runfiles.own(out_dir)
     if fresh:
         check_fresh(out_dir, overwrite)  # again: another run may have finished there in the meantime
-    check_log(out_dir)
+    else:
+        check_log(out_dir)  # (check_fresh checks it too)
     runfiles.remove_dead_temporaries(out_dir)
     if not (fresh and overwrite):  # (an old run being replaced may have a damaged pointer: replace_old_run)
         remove_unfinished_shards(out_dir)

@@ -2,7 +2,7 @@
 Continuing a run (train.py --init_from=resume): which checkpoint it continues from, every check it must
 pass first, and the random state it had. train.py loads this file only when it resumes.
 
-    ckpt = resume.load("out", sharded=False)     # the newer of ckpt.pt and a sharded checkpoint
+    ckpt = resume.load("out", sharded=False)     # ckpt.pt or the sharded one, whichever trained further
     data_dir = resume.check(ckpt, tc, given)     # any reason it cannot continue: one line, nothing touched
 
 A resume continues bit for bit: the same data (a step's batches depend on the step alone), the same
@@ -35,11 +35,12 @@ def load(out_dir, sharded):
     if meta is None and full is None:
         raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
                          f"start with --init_from=scratch or point --out_dir at a run")
-    if meta and full and full[0] == meta["iter_num"] and full[1] != checkpoint.saved(meta)[1]:
-        later = checkpoint.CKPT if full > checkpoint.saved(meta) else checkpoint.POINTER
+    pointed = checkpoint.saved(meta) if meta else None  # the sharded checkpoint's
+    if pointed and full and full[0] == pointed[0] and full[1] != pointed[1]:
+        later = checkpoint.CKPT if full > pointed else checkpoint.POINTER
         print(f"note: {out_dir} holds two checkpoints of iter {full[0]}, {checkpoint.CKPT} and "
               f"{checkpoint.POINTER}; resuming from {later}, saved later by the clock", flush=True)
-    if meta is None or full is not None and full > checkpoint.saved(meta):
+    if meta is None or full is not None and full > pointed:
         model, ckpt = checkpoint.load(out_dir)
         return {**ckpt, "model": model, "path": os.path.join(out_dir, checkpoint.CKPT)}
     from support import sharded as shards  # the sharded format, loaded only for a sharded checkpoint
