@@ -52,10 +52,14 @@ PRESETS = {
 }
 
 
+class ConfigError(ValueError):
+    """A setting the model cannot take: train.py and sample.py print it as one line."""
+
+
 def refuse(bad, message):
     """Every check of a setting: one line naming the problem and the fix."""
     if bad:
-        raise ValueError(message)
+        raise ConfigError(message)
 
 
 def one_of(kind, value, options):
@@ -63,7 +67,7 @@ def one_of(kind, value, options):
     if value not in options:
         near = difflib.get_close_matches(str(value), list(options), n=1, cutoff=0.5)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ValueError(f"unknown {kind} {value!r}{hint}; expected one of {', '.join(options)}")
+        raise ConfigError(f"unknown {kind} {value!r}{hint}; expected one of {', '.join(options)}")
 
 
 # -----------------------------------------------------------------------------
@@ -102,7 +106,7 @@ def parse_layout(text):
         if not m:
             lower = re.fullmatch(r"\d+r\d+", seg)
             upper = f": the R of CRN is upper case, {seg.upper()!r}" if lower else ""
-            raise ValueError(f"{bad} (segment {seg!r} is not 'C' or 'CRN'{upper})")
+            raise ConfigError(f"{bad} (segment {seg!r} is not 'C' or 'CRN'{upper})")
         size, repeats = int(m[1]), int(m[2] or 1)
         refuse(size < 1 or repeats < 1,
                f"{bad} (segment {seg!r} needs at least one block and one step)")
@@ -441,7 +445,7 @@ class RecursiveGPT(nn.Module):
         the prompt is prefilled once, then each new token is one position; positions are absolute,
         so past block_size the last block_size are prefilled again each step. Same as without."""
         if not temperature >= 0 or (top_k is not None and top_k < 1):  # (not >= refuses nan)
-            raise ValueError(f"temperature={temperature} must be 0 (greedy) or more and "
+            raise ConfigError(f"temperature={temperature} must be 0 (greedy) or more and "
                              f"top_k={top_k} at least 1 (or None for no limit)")
         L, cache = self.config.block_size, None
         for _ in range(max_new_tokens):

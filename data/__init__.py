@@ -4,6 +4,9 @@ bpe.py (tokenizer.json files) and indexed.py (the Pile's format). The write side
 command that makes datasets. data/README.md is the reference."""
 
 
-class DataError(ValueError):
+from configurator import UsageError
+
+
+class DataError(UsageError):
     """A problem with the data that the user can fix (a missing, damaged or changed file, an unknown dataset,
     a tokenizer that cannot be run): the entry points print it as one line and exit 2."""

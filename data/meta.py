@@ -12,6 +12,7 @@ import numpy as np
 
 from data import DataError
 from support import plain
+from support.plain import plain_name
 
 
 def dtype_for_vocab(vocab_size, indexed=False):
@@ -20,13 +21,6 @@ def dtype_for_vocab(vocab_size, indexed=False):
     if vocab_size <= 65535:
         return "uint16"
     return "int32" if indexed else "uint32"
-
-
-def plain_name(value):
-    """A file name of the folder itself (no path): what meta.json may name, so that nothing read
-    from it reaches outside the dataset's folder."""
-    return (isinstance(value, str) and value not in ("", ".", "..")
-            and os.path.basename(value) == value and "\\" not in value)
 
 
 def read_meta(path):

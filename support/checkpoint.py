@@ -20,6 +20,7 @@ import zipfile
 
 import torch
 
+from configurator import UsageError
 from support import plain, runfiles
 from data import DataError
 from data.loader import dataset_folder, dataset_record, is_path
@@ -29,7 +30,7 @@ CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"  # a whole checkpoint; the pointe
 SHARDS = re.compile(r"^shards-\d{8}(-1)?$")     # the folders of sharded checkpoints (sharded.shards_folder)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UsageError):
     """A checkpoint that is missing, damaged or cannot be used as asked: one line, exit 2."""
 
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from support import machine, outdir
 from configurator import UsageError, check_ranges, parse_flags, report
+from mesh import ConfigError
 
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|timed out|Socket Timeout")  # a collective's
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
@@ -27,9 +28,11 @@ DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a unifo
 
 def command(prog, settings, fn, argv, notes=""):
     """fn(given) as a command, given the flags of argv parsed against the dataclass `settings`: its exit code.
-    Bad input (the project's errors are ValueErrors; a file that cannot be used, an OSError) is one line on
+    Bad input (the project's errors are UsageErrors, and mesh.py's ConfigError, a setting the model cannot
+    take, which the model file raises standing alone; a file that cannot be used, an OSError) is one line on
     stderr and exit 2; a model that blew up (FloatingPointError) one line and exit 1; --debug=true shows the
-    traceback instead. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
+    traceback instead. Any other exception is a bug (a ValueError from PyTorch included): its traceback shows
+    the file and line. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
     given = {}
     try:
         given = parse_flags(settings, argv, prog, notes)
@@ -38,7 +41,7 @@ def command(prog, settings, fn, argv, notes=""):
         if given.get("debug"):
             raise
         return report(prog, e, code=1)
-    except (ValueError, OSError) as e:
+    except (UsageError, ConfigError, OSError) as e:
         if given.get("debug"):
             raise
         return report(prog, e)

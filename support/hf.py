@@ -16,9 +16,9 @@ import os
 import torch
 
 from support import plain, plan
+from support.plain import plain_name
 from support.checkpoint import CheckpointError
 from configurator import UsageError
-from data.meta import plain_name
 from mesh import Config, RecursiveGPT
 
 

@@ -1144,3 +1144,34 @@ def test_the_plan_and_bench_count_sizes_no_machine_holds(capsys):
     assert bench.main(["--vocab_size=10000000000", "--schemes=base"]) == 2
     err = one_line(capsys, "bench.py")
     assert "scheme base (layout 2+4R2+2, n_embd 128, 2,560,001,586,432 parameters, micro-batch 16 x 64) needs" in err
+
+
+def test_a_students_bug_shows_its_traceback_and_a_bad_flag_stays_one_line(data_root, tmp_path):  # noqa: F811
+    """A bug planted in a copy of mesh.py (the loss's targets cut short: PyTorch's ValueError) is the
+    student's own: train.py's output is the traceback, naming the copy's file and the planted line. Only
+    the project's errors are one line, as a misspelt flag still is."""
+    copy = tmp_path / "nanoMeSH"
+    copy.mkdir()
+    for name in ("mesh.py", "train.py", "configurator.py"):
+        shutil.copy(os.path.join(ROOT, name), copy / name)
+    for folder in ("support", "data"):
+        shutil.copytree(os.path.join(ROOT, folder), copy / folder,
+                        ignore=lambda d, names: [n for n in names if not n.endswith(".py")])
+    source = (copy / "mesh.py").read_text()
+    right = "targets.reshape(-1), ignore_index=-1)"
+    assert source.count(right) == 1
+    source = source.replace(right, "targets[:, 1:].reshape(-1), ignore_index=-1)")
+    (copy / "mesh.py").write_text(source)
+    planted = 1 + source[:source.index("targets[:, 1:]")].count("\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's modules, not ROOT's
+    command = [*TINY, f"--data_root={data_root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2"]
+    r = subprocess.run(python("train.py", *command), cwd=copy, env=env, capture_output=True, text=True,
+                       timeout=HANG)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stderr.startswith("Traceback (most recent call last):"), r.stderr[-3000:]
+    assert f'File "{copy / "mesh.py"}", line {planted}, in forward' in r.stderr, r.stderr[-3000:]
+    assert "ValueError: Expected input batch_size" in r.stderr.splitlines()[-1]
+    r = subprocess.run(python("train.py", *command, "--max_itres=2"), cwd=copy, env=env,
+                       capture_output=True, text=True, timeout=HANG)
+    assert (r.returncode, r.stderr) == (2, "train.py: error: unknown setting 'max_itres' in the command "
+                                           "line (did you mean --max_iters?); see python train.py --help\n")
