@@ -48,24 +48,26 @@ def dataset_folder(root, name):
     return next((f for f in folders if os.path.isfile(os.path.join(f, "meta.json"))), None)
 
 
-def dataset_record(folder):
+def dataset_record(folder, meta=None):
     """What a checkpoint records of its training data: the tokenizer and its vocabulary, dtype,
-    token counts and the source's sha256, from the dataset's meta.json."""
-    meta = read_meta(os.path.join(folder, "meta.json"))
+    token counts and the source's sha256, from the dataset's meta.json (or meta, read already)."""
+    if meta is None:
+        meta = read_meta(os.path.join(folder, "meta.json"))
     keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
             "sha256", "tokenizer_sha256", "sequences")
     return {k: meta[k] for k in keys if k in meta}
 
 
-def load_split(data_dir, split):
+def load_split(data_dir, split, meta=None):
     """The train or val tokens of a prepared dataset, memory-mapped (read-only), as one 1-d array,
     checked against its meta.json first: size, token count, and every token id below the
     vocabulary size (past SCAN_BYTES, those of SCAN_PIECES evenly spread pieces). An indexed
     dataset's are its sequences back to back: train all but the last 1%, val those (indexed.py);
-    its index is checked against its .bin when opened."""
+    its index is checked against its .bin when opened. meta: its meta.json, read already."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
-    meta = read_meta(os.path.join(data_dir, "meta.json"))
+    if meta is None:
+        meta = read_meta(os.path.join(data_dir, "meta.json"))
     name = os.path.basename(os.path.normpath(data_dir))
     fix = f"prepare the dataset again: python data/prepare.py --dataset {name}"
     if meta.get("format") == "indexed":  # the Pile's format: indexed.py

@@ -11,7 +11,6 @@ model that blew up. train.py reaches each by one call; sample.py uses command() 
 import math
 import os
 import re
-import shlex
 import signal
 import sys
 
@@ -113,14 +112,6 @@ def unsaveable(model, optimizer, losses):
     return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
 
 
-def last_good(path, saved_iter):
-    """The checkpoint a run that blew up leaves (path, saved at saved_iter, or none), in words."""
-    if saved_iter is None:
-        return "this run saved no checkpoint (start again with a lower --lr)"
-    return (f"{path} (iter {saved_iter}) is the last good checkpoint (resume with --init_from=resume "
-            f"and a lower --lr)")
-
-
 def check_saveable(model, optimizer, losses, iter_num, last_good, distributed):
     """Raise FloatingPointError, naming the last good checkpoint (last_good(), in words), unless the model may
     be saved. Every rank sees the same losses; under FSDP each checks its own shards, and all stop if any
@@ -173,10 +164,3 @@ def ran_out(iter_num, tc, windows, window):
             f"{seen / windows:.3f} epoch(s) of {windows:,} windows of {window} tokens read "
             f"in order, {seen * window:,} tokens seen; allow more passes with "
             f"--init_from=resume --epochs={tc.epochs + 1}")
-
-
-def stopped(iter_num, tc, world):
-    """The last line of a run stopped by a signal: the command that continues it."""
-    again = shlex.quote("--out_dir=" + tc.out_dir) + " --fsdp=true" * tc.fsdp
-    return (f"stopped at iter {iter_num}; checkpoint saved. Continue with "
-            f"{machine.launch(world)} train.py --init_from=resume {again}")
