@@ -59,16 +59,6 @@ def report(prog, error, code=2):
     return code
 
 
-def check_ranges(settings, ranges):
-    """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
-    range in words); None (unset) passes, anything else must be finite and pass the test."""
-    for names, ok, allowed in ranges:
-        for name in names.split():
-            value = getattr(settings, name)
-            if value is not None and not (math.isfinite(value) and ok(value)):
-                raise UsageError(f"--{name}={value} must be {allowed}")
-
-
 def value_of(field, value, file=None):
     """A setting's value in its field's type (int, float, bool, str, list, or X | None), from
     --key=TEXT, or from a config file's JSON value, which must already be of that type ("100" for
@@ -123,9 +113,8 @@ def help_text(cls, prog, notes=""):
 
 
 # -----------------------------------------------------------------------------
-# Plain data read with limits: every JSON file the project reads (a config, meta.json, a
-# checkpoint's pointer, a result file, a log) comes through here, so that none
-# of them can hang a run, fill its memory or crash its parser.
+# Plain data read with limits: every JSON file the project reads (a config, meta.json, a pointer,
+# a result, a log) comes through here, so that none can hang a run, fill its memory or crash it.
 
 MAX_BYTES = 64 << 20  # larger than any config, meta.json, pointer or result file written here
 MAX_DEPTH = 64        # nesting: the project's own files are at most 4 deep
@@ -186,9 +175,9 @@ def _depth(text):
 
 
 def parse_json(text, max_depth=MAX_DEPTH, nan=False):
-    """text -> the JSON value it holds. json.JSONDecodeError (a ValueError, with its position) passes
-    through for the caller to word; too deep, a repeated key and NaN / Infinity (unless nan: a log's
-    record of a loss that blew up) are PlainDataErrors."""
+    """text -> the JSON value it holds. json.JSONDecodeError (a ValueError, with its position)
+    passes through for the caller to word; too deep, a repeated key and NaN / Infinity (unless
+    nan: a log's record of a loss that blew up) are PlainDataErrors."""
     if _depth(text) > max_depth:
         raise PlainDataError(f"is nested more than {max_depth} levels deep")
     constant = None if nan else _no_constant  # None: json's own, which reads NaN and Infinity

@@ -13,7 +13,7 @@ checkpoint_dataset.
 import os
 
 from data import DataError
-from data.loader import check_fits, dataset_folder, dataset_record, is_path, load_split
+from data.loader import dataset_folder, is_path, load_split
 from data.meta import read_meta
 from data.tokenizer import Tokenizer
 from support import machine, runfiles
@@ -57,8 +57,29 @@ class Dataset:
         return -(-size // PAD_TO) * PAD_TO
 
     def check_fits(self, cfg):
-        """DataError unless the model (its Config) can train on this data (loader.check_fits)."""
-        check_fits(cfg, self.tokenizer, self.train, self.val, self.name)
+        """Raise DataError unless the model (its Config) can train on this data: every token id has
+        a row in its vocabulary, and each split holds at least one window of block_size + 1 tokens."""
+        tokenizer, name = self.tokenizer, self.name
+        if cfg.vocab_size < tokenizer.vocab_size:
+            raise DataError(f"dataset {name!r} has {tokenizer.vocab_size} tokens but the model's "
+                            f"vocabulary is {cfg.vocab_size}; use a dataset made with the model's "
+                            f"tokenizer")
+        for split, data in (("training", self.train), ("validation", self.val)):
+            if len(data) < cfg.block_size + 1:
+                where = f" in {data.filename}" if split == "training" else ""
+                raise DataError(f"block_size {cfg.block_size} is longer than the {split} split of "
+                                f"{name!r} ({len(data)} tokens{where}); use a smaller --block_size "
+                                f"or more text")
+
+
+def dataset_record(folder, meta=None):
+    """What a checkpoint records of its training data: the tokenizer and its vocabulary, dtype,
+    token counts and the source's sha256, from the dataset's meta.json (or meta, read already)."""
+    if meta is None:
+        meta = read_meta(os.path.join(folder, "meta.json"))
+    keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
+            "sha256", "tokenizer_sha256", "sequences")
+    return {k: meta[k] for k in keys if k in meta}
 
 
 def prepared(root, name):

@@ -9,8 +9,8 @@ them. train.py, sample.py, probe.py, table1.py and lm_eval_mesh.py all read data
 
 A dataset is a folder with meta.json (tokenizer, vocab_size, dtype, token counts, the source's
 sha256) and either train.bin + val.bin (flat token ids) or an indexed dataset, Megatron /
-GPT-NeoX's document.bin + document.idx (indexed.py). A checkpoint keeps dataset_record(folder):
-a dataset changed since it was trained is refused by name (support/checkpoint.py).
+GPT-NeoX's document.bin + document.idx (indexed.py). A run opens its dataset through dataset.py's
+Dataset, which also keeps the record a checkpoint holds of it.
 """
 import os
 
@@ -46,16 +46,6 @@ def dataset_folder(root, name):
     if not os.path.isabs(root):
         folders.append(os.path.join(project, root, name))
     return next((f for f in folders if os.path.isfile(os.path.join(f, "meta.json"))), None)
-
-
-def dataset_record(folder, meta=None):
-    """What a checkpoint records of its training data: the tokenizer and its vocabulary, dtype,
-    token counts and the source's sha256, from the dataset's meta.json (or meta, read already)."""
-    if meta is None:
-        meta = read_meta(os.path.join(folder, "meta.json"))
-    keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
-            "sha256", "tokenizer_sha256", "sequences")
-    return {k: meta[k] for k in keys if k in meta}
 
 
 def load_split(data_dir, split, meta=None):
@@ -127,18 +117,3 @@ def sequential_windows(data, length, first, n):
                         f"tokens")
     return np.stack([np.asarray(data[s:s + length], dtype=np.int64)
                      for s in ((k % per_epoch) * length for k in range(first, first + n))])
-
-
-def check_fits(cfg, tokenizer, train, val, name):
-    """Raise DataError unless the model (its Config) can train on this data: every token id has a
-    row in its vocabulary, and each split holds at least one window of block_size + 1 tokens."""
-    if cfg.vocab_size < tokenizer.vocab_size:
-        raise DataError(f"dataset {name!r} has {tokenizer.vocab_size} tokens but the model's "
-                        f"vocabulary is {cfg.vocab_size}; use a dataset made with the model's "
-                        f"tokenizer")
-    for split, data in (("training", train), ("validation", val)):
-        if len(data) < cfg.block_size + 1:
-            where = f" in {data.filename}" if split == "training" else ""
-            raise DataError(f"block_size {cfg.block_size} is longer than the {split} split of "
-                            f"{name!r} ({len(data)} tokens{where}); use a smaller --block_size or "
-                            f"more text")

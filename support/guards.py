@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from support import machine, outdir
-from configurator import UsageError, check_ranges, parse_flags, report
+from configurator import UsageError, parse_flags, report
 from mesh import ConfigError
 
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|timed out|Socket Timeout")  # a collective's
@@ -123,6 +123,16 @@ def check_saveable(model, optimizer, losses, iter_num, last_good, distributed):
         reason = reason or ("a weight or optimizer state on another rank is not finite" if flag.item() else None)
     if reason:
         raise FloatingPointError(f"{reason} at iter {iter_num}; stopped without saving, so {last_good()}")
+
+
+def check_ranges(settings, ranges):
+    """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
+    range in words); None (unset) passes, anything else must be finite and pass the test."""
+    for names, ok, allowed in ranges:
+        for name in names.split():
+            value = getattr(settings, name)
+            if value is not None and not (math.isfinite(value) and ok(value)):
+                raise UsageError(f"--{name}={value} must be {allowed}")
 
 
 RANGES = [  # train.py's settings: (names, the test each must pass, the range in words)

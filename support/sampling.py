@@ -15,7 +15,8 @@ import sys
 
 from support import checkpoint, plain
 from support.memory import device_memory
-from configurator import UsageError, check_ranges
+from configurator import UsageError
+from support.guards import check_ranges
 
 PROMPT_BYTES = 1 << 20  # a prompt file's largest size: far more text than any block_size holds
 

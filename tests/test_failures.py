@@ -25,6 +25,7 @@ import torch
 
 from support import checkpoint
 import configurator
+import data.dataset as dataset
 import data.loader as loader
 from support import guards
 import mesh
@@ -1076,14 +1077,14 @@ def test_a_dataset_a_live_run_reads_is_not_replaced(data_root, tmp_path):  # noq
                                                      f"a live train.py run reads it"), r.stderr
     assert p.returncode == 0 and snapshot(data) == before
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
-    assert ckpt["data"] == loader.dataset_record(str(data / "tiny"))
+    assert ckpt["data"] == dataset.dataset_record(str(data / "tiny"))
 
 
 def test_a_checkpoint_records_the_data_its_run_read(data_root, tmp_path, monkeypatch):  # noqa: F811
     """Where the folder cannot be locked (some NFS setups) and the dataset is prepared again mid-run, the run
     trains on the tokens it loaded, and its checkpoints say so: the record of the data it read, not the new."""
     data = copy_of(data_root, tmp_path, "data")
-    read = loader.dataset_record(str(data / "tiny"))
+    read = dataset.dataset_record(str(data / "tiny"))
     (tmp_path / "other.txt").write_text(TEXT.upper())
     get_batch = train.get_batch
 
@@ -1098,7 +1099,7 @@ def test_a_checkpoint_records_the_data_its_run_read(data_root, tmp_path, monkeyp
     monkeypatch.setattr(fcntl, "flock", no_flock)
     monkeypatch.setattr(train, "get_batch", prepare_again_at_step_2)
     assert run(["--max_iters=4", "--eval_interval=2"], str(data), tmp_path / "out") == 0
-    assert loader.dataset_record(str(data / "tiny")) != read
+    assert dataset.dataset_record(str(data / "tiny")) != read
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["data"] == read
 
 
