@@ -16,7 +16,6 @@ the processes (support/spread.py); guards.py stops on a signal and refuses a mod
 
 import dataclasses
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass

@@ -2,7 +2,7 @@
 Smoke tests for bench.py: a tiny run end to end prints the table and writes valid JSON lines,
 and bad flags are one-line usage errors. No timing assertions: timing belongs to bench.py.
 
-    python -m pytest tests/test_bench.py
+    python -m pytest tests/test_bench.py --all  # marked slow: the fast tier leaves it out
 """
 
 import contextlib

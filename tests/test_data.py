@@ -1,7 +1,7 @@
 """
 Tests for the data pipeline (data/prepare.py, the write side; data/loader.py and data/tokenizer.py, the loading side). Fast, offline, and they only write under tmp_path.
 
-    python -m pytest tests/test_data.py -q
+    python -m pytest tests/test_data.py -q --all  # --all: its slow-marked tests too
 
 The GPT-2 tests need tiktoken's vocabulary: set TIKTOKEN_CACHE_DIR to a folder holding
 tiktoken's cached files when offline; without it they are skipped.

@@ -4,7 +4,7 @@ filesystem (where the machine allows mounting one) and a real kill -9 of torchru
 test: nothing is lost (no bad checkpoint replaces a good one, no run spoils another's files), and
 every bad input is one line naming the problem and the fix, exit 2, with nothing touched.
 
-    python -m pytest tests/test_failures.py -q
+    python -m pytest tests/test_failures.py -q --all  # marked slow: the fast tier leaves it out
 """
 
 import errno

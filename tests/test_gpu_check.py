@@ -3,7 +3,7 @@ The GPU check (tools/gpu_check.py) in its tiny mode, on any machine, so that the
 runs cannot rot where there is none: a part made to fail and one made to overrun leave the rest of
 the report, every file lands in --out, and nothing the check started outlives it.
 
-    python -m pytest -q tests/test_gpu_check.py
+    python -m pytest -q tests/test_gpu_check.py --all  # marked slow: the fast tier leaves it out
 """
 
 import json

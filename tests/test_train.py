@@ -3,7 +3,7 @@ End-to-end tests of train.py and sample.py on a tiny prepared dataset: every sch
 trains, resume is exact, 1 vs 2 processes agree, bad input is one line and touches
 nothing, and crashes (kill -9, NaN, Ctrl-C) never lose the last good checkpoint.
 
-    python -m pytest tests/test_train.py -q
+    python -m pytest tests/test_train.py -q --all  # --all: its slow-marked tests too
 """
 
 import contextlib
