@@ -93,7 +93,8 @@ def value_of(field, value, file=None):
     if kind is int and value is not None and abs(value) > LARGEST:
         digits = str(abs(value))
         shown = digits if len(digits) < 24 else f"{digits[:6]}...({len(digits)} digits)"
-        raise UsageError(f"{where}{'-' * (value < 0)}{shown}, too large: an integer setting is "
+        sign = "-" if value < 0 else ""
+        raise UsageError(f"{where}{sign}{shown}, too large: an integer setting is "
                          f"at most 2**63 - 1")
     return value
 
@@ -210,7 +211,8 @@ def read_config(path):
 def parse_flags(cls, argv, prog, notes=""):
     """argv -> {setting: value} of the settings given, checked against cls's fields. The caller
     merges it over the defaults (or a checkpoint's settings), so it knows what was given."""
-    fields, given, args = {f.name: f for f in dataclasses.fields(cls)}, {}, list(argv)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    given, args = {}, list(argv)  # the settings found so far; the arguments left to read
 
     def put(key, value, where, file=None):
         if key not in fields:

@@ -133,7 +133,8 @@ def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
     """{split: mean loss} over eval_iters fixed batches of each split (the same every time), shared
     out over the processes; each runs as many forwards as the others (FSDP gathers weights with
     all of them), the last round padded with batches whose losses are dropped."""
-    out, n, T = {}, tc.eval_iters, model.config.block_size
+    n, T = tc.eval_iters, model.config.block_size
+    out = {}
     for code, (split, data) in enumerate(splits.items(), start=1):
         keys = range(rank, ceil_div(n, world) * world, world)
         batches = (get_batch(data, tc, T, (code, 0, k % n), device) for k in keys)

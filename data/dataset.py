@@ -24,11 +24,14 @@ PAD_TO = 64  # a subword vocabulary's model rows: a multiple of 64 (faster matmu
 class Dataset:
     """A prepared dataset folder, read for a run: lock, meta.json, tokenizer, both splits."""
 
-    def __init__(self, folder, name):
+    def __init__(self, folder, name, trained_on=None):
+        """trained_on: a resumed run's record of its data, which this data must still match."""
         self.folder, self.name = folder, name
         runfiles.own(folder, "--dataset", note=False, shared=True)  # prepare.py waits for this run
         meta = read_meta(os.path.join(folder, "meta.json"))
         self.record = dataset_record(folder, meta)  # what a checkpoint keeps of it
+        if trained_on is not None:
+            check_unchanged(folder, name, trained_on, self.record)
         self.tokenizer = Tokenizer.from_meta(meta, folder)
         self.train = load_split(folder, "train", meta)
         self.val = load_split(folder, "val", meta)
@@ -44,8 +47,8 @@ class Dataset:
                                             distributed, master)
             folder = dataset_folder(tc.data_root, tc.dataset)
         else:
-            folder = checkpoint_dataset(vars(tc), trained_on)
-        return cls(folder, tc.dataset)
+            folder = trained_folder(tc.data_root, tc.dataset)
+        return cls(folder, tc.dataset, trained_on)
 
     @property
     def vocab_size(self):
@@ -95,6 +98,13 @@ def checkpoint_dataset(train_config, trained_on=None):
     the TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data
     (dataset_record); a folder whose meta.json now says otherwise is refused by name."""
     root, name = train_config.get("data_root", "data"), train_config["dataset"]
+    folder = trained_folder(root, name)
+    check_unchanged(folder, name, trained_on, dataset_record(folder))
+    return folder
+
+
+def trained_folder(root, name):
+    """The folder of the dataset a checkpoint trained on (data_root, dataset), or a DataError."""
     folder = dataset_folder(root, name)
     if folder is None and is_path(name):
         raise DataError(f"the checkpoint's dataset {name} is not there (no {name}.idx + .bin, nor "
@@ -103,7 +113,13 @@ def checkpoint_dataset(train_config, trained_on=None):
         raise DataError(f"the checkpoint's dataset {name!r} is not prepared (no "
                         f"{os.path.join(root, name)}/meta.json); prepare it with: "
                         f"python data/prepare.py --dataset {name}")
-    now, then = dataset_record(folder), trained_on or {}
+    return folder
+
+
+def check_unchanged(folder, name, trained_on, now):
+    """Refuse the dataset in folder, whose record is now, by name where it is not the data of a
+    checkpoint's record trained_on (nothing to compare when it kept none)."""
+    then = trained_on or {}
     changed = [k for k in sorted(set(then) | set(now)) if then and then.get(k) != now.get(k)]
     if changed:
         raise DataError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was "
@@ -111,7 +127,6 @@ def checkpoint_dataset(train_config, trained_on=None):
                                                     for k in changed)
                         + f"; prepare {name!r} again from its original text, or train a new run "
                         f"on this data")
-    return folder
 
 
 def _difference(key, then, now):
