@@ -29,7 +29,7 @@ from data.loader import random_windows, sequential_windows
 from mesh import PRESETS, SCHEMES, Config, RecursiveGPT
 from support import checkpoint, guards, machine, plan
 from support.run import Run
-from support.spread import of as spread_over
+from support.spread import spread_over
 
 
 @dataclass

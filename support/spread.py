@@ -4,7 +4,7 @@ or on every process under torchrun with DDP (which all-reduces the gradients): S
 gradients and AdamW state sharded over the processes with FSDP2 (--fsdp=true): fsdp.py's Sharded, which
 makes the same calls. train.py takes one at the start and never asks which it is.
 
-    spread = spread.of(tc, distributed, world)                     # --fsdp: Sharded, else Spread
+    spread = spread_over(tc, distributed, world)                   # --fsdp: Sharded, else Spread
     raw_model, model = spread.wrap(model, device, tc, scratch=True)  # model: compiled (--compile), in DDP
     with spread.sync(model, last=...): loss.backward()              # gradients all-reduced at the last one
     spread.save(out_dir, raw_model, optimizer, master, state)       # OUT_DIR/ckpt.pt, written by rank 0
@@ -22,7 +22,7 @@ from configurator import UsageError
 from support import checkpoint
 
 
-def of(tc, distributed, world):
+def spread_over(tc, distributed, world):
     """How this launch spreads the model: Sharded with --fsdp=true (torchrun only), else Spread. Either way
     --grad_accum must share out evenly over the processes."""
     spread = Spread()
