@@ -34,7 +34,6 @@ class Run:
         if self.master and os.path.isdir(self.out_dir):
             runfiles.own(self.out_dir)
         self.ckpt = resume.load(self.out_dir, sharded)
-        self.saved_iter = self.ckpt["iter_num"]
 
     def settings(self, fields):
         """The settings the resumed run was trained with, of the names in fields, but for how the
@@ -62,6 +61,7 @@ class Run:
         if self.ckpt:
             from support import resume
             resume.check(self.ckpt, tc, given)
+            self.saved_iter = self.ckpt["iter_num"]  # its checkpoint: the last good one so far
             return not resume.finished(self.ckpt, tc)
         if tc.init_from == "scratch" and self.master:
             outdir.check_fresh(self.out_dir, tc.overwrite)
