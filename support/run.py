@@ -5,10 +5,13 @@ in words, a finished run left alone, and the line that says how to continue a st
 makes one Run; outdir.py, resume.py and checkpoint.py do the work.
 
     run = Run(given.get("out_dir", "out"), master)
-    run.resume(sharded=False)          # --init_from=resume: the run's latest checkpoint (run.ckpt)
-    run.check(tc, given, spread)       # the folder held; a resume's checks, or a fresh run's
-    run.start(tc, spread)              # all checked: the run takes OUT_DIR (its lock, its log)
+    run.resume(sharded=False)              # --init_from=resume: its latest checkpoint, run.ckpt
+    if not run.check(tc, given, spread):   # the folder held; a resume's checks, or a fresh run's
+        return 0                           # a finished run, left as it is
+    run.start(tc)                          # all checked: the run takes OUT_DIR (lock, log)
+    run.write(record, text)                # print text, log record
     run.save(raw_model, optimizer, state)  # the checkpoint, then the log committed
+    run.last_good()                        # the last good checkpoint, in words
 """
 
 import os
