@@ -60,9 +60,10 @@ def write_pointer(out, iter_num, saved_at):
 # sample.py
 
 def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, capsys):
-    """Which checkpoint is newer is decided by training progress: a sharded one at iter 6 beside ckpt.pt at
-    iter 4 is refused, naming consolidate.py, however early its clock says it was saved; one not further
-    on is named in the line that says ckpt.pt is used."""
+    """sample.py reads the run's latest checkpoint by the rule a resume follows (checkpoint.latest): training
+    progress first, so a sharded one at iter 6 beside ckpt.pt at iter 4 is refused, naming consolidate.py,
+    however early its clock says it was saved; at the same iteration the clock decides, and a copy (the same
+    iteration and time, as consolidate.py writes) is named in the line that says ckpt.pt is used."""
     out = tiny_ckpt
     write_pointer(out, 6, saved_at=0.0)  # saved "before" ckpt.pt by the clock, yet further on
     before = snapshot(out)
@@ -72,7 +73,19 @@ def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, cap
         f"(iter 4), which is what sample.py reads; write it from the sharded one first: python "
         f"tools/consolidate.py --out_dir={out}\n")
     assert snapshot(out) == before
-    write_pointer(out, 4, saved_at=time.time() + 3600)  # the same progress, a later clock: ckpt.pt it is
+    with pytest.raises(SystemExit) as e:  # the probe reads by the same rule
+        probe.main([f"--out_dir={out}", "--num_samples=2"])
+    assert e.value.code == 2
+    assert one_line(capsys, "probe.py").startswith(f"probe.py: error: {out / 'ckpt-sharded.json'} (iter 6) "
+                                                   f"has trained further than {out / 'ckpt.pt'} (iter 4), "
+                                                   f"which is what probe.py reads;")
+    write_pointer(out, 4, saved_at=time.time() + 3600)  # the same progress, a later clock: the sharded one
+    assert sample.main([f"--out_dir={out}", "--max_new_tokens=3"]) == 2
+    assert one_line(capsys, "sample.py") == (
+        f"sample.py: error: {out / 'ckpt-sharded.json'} (iter 4) was saved after {out / 'ckpt.pt'} "
+        f"(iter 4), which is what sample.py reads; write it from the sharded one first: python "
+        f"tools/consolidate.py --out_dir={out}\n")
+    write_pointer(out, 4, saved_at=0.0)  # saved together (ckpt.pt keeps no time: 0.0): ckpt.pt is its copy
     assert sample.main([f"--out_dir={out}", "--start=Then", "--max_new_tokens=3"]) == 0
     captured = capsys.readouterr()
     assert captured.err == (f"sample.py: using {out / 'ckpt.pt'} (iter 4); the sharded checkpoint beside it "
