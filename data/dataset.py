@@ -1,11 +1,11 @@
 """
-The dataset of a run, opened once: its folder (prepared on first use), its meta.json (read once), the
-tokenizer, the train and val tokens, the record a checkpoint keeps, the vocabulary the model pads to,
-the check that a model fits it, and the shared lock that keeps data/prepare.py off it while a run
-reads it. train.py opens one; the scripts that read a checkpoint find its data with
+The dataset of a run, opened once: its folder (prepared on first use), its meta.json (read once),
+the tokenizer, the train and val tokens, the record a checkpoint keeps, the vocabulary the model
+pads to, the check that a model fits it, and the shared lock that keeps data/prepare.py off it
+while a run reads it. train.py opens one; the scripts that read a checkpoint find its data with
 checkpoint_dataset.
 
-    data = Dataset.open(tc, trained_on=None, distributed=False, master=True)  # prepared first if new
+    data = Dataset.open(tc, None, distributed=False, master=True)  # a new run's: prepared first
     data.train, data.val, data.tokenizer, data.record, data.vocab_size
     data.check_fits(model.config)     # every token id has a row, each split holds a window
     folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))  # refused if it changed
@@ -60,8 +60,8 @@ class Dataset:
         return -(-size // PAD_TO) * PAD_TO
 
     def check_fits(self, cfg):
-        """Raise DataError unless the model (its Config) can train on this data: every token id has
-        a row in its vocabulary, and each split holds at least one window of block_size + 1 tokens."""
+        """Raise DataError unless the model (its Config) can train on this data: every token id
+        has a row in its vocabulary, and each split holds a window of block_size + 1 tokens."""
         tokenizer, name = self.tokenizer, self.name
         if cfg.vocab_size < tokenizer.vocab_size:
             raise DataError(f"dataset {name!r} has {tokenizer.vocab_size} tokens but the model's "

@@ -90,8 +90,8 @@ class Run:
             self.log.write(record, text)
 
     def save(self, model, optimizer, state):
-        """Save a checkpoint of state (its plain data) with the model and AdamW, then commit the log:
-        --overwrite's new run replaces the old one with its first checkpoint."""
+        """Save a checkpoint of state (its plain data) with the model and AdamW, then commit the
+        log: --overwrite's new run replaces the old one with its first checkpoint."""
         self.spread.save(self.out_dir, model, optimizer, self.master, state)
         self.saved_iter = state["iter_num"]
         if self.master:
