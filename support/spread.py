@@ -2,7 +2,8 @@
 How the model is spread over the processes, one object whichever way: the whole model in one
 process, or on every process under torchrun with DDP (which all-reduces the gradients): Spread;
 or its weights, gradients and AdamW state sharded over the processes with FSDP2 (--fsdp=true):
-fsdp.py's Sharded, which makes the same calls. train.py takes one at the start and never asks which it is.
+fsdp.py's Sharded, which makes the same calls. train.py takes one at the start and never asks
+which it is.
 
     spread = spread_over(tc, distributed, world)       # --fsdp: Sharded, else Spread
     raw_model, model = spread.wrap(model, device, tc, scratch=True)  # model: compiled, in DDP
