@@ -87,10 +87,12 @@ def _size(n):
 
 def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
     """Yield the text of `source` (a path or bytes) in pieces of about chunk_bytes, cut after
-    a newline (or, in a line longer than a chunk, between characters); checks it is UTF-8."""
+    a newline (or, in a line longer than a chunk, between characters); checks it is UTF-8. A
+    byte order mark that starts the text (Windows editors write one) is a marker, not a character:
+    it is dropped."""
     f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     total = len(source) if isinstance(source, bytes) else os.path.getsize(source)
-    carry, offset, done, mark = b"", 0, 0, PROGRESS_BYTES
+    carry, offset, done, mark, first = b"", 0, 0, PROGRESS_BYTES, True
     with f:
         while True:
             block = f.read(chunk_bytes)
@@ -117,6 +119,8 @@ def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
             if done >= mark:
                 log(f"prepare: {what} {_size(done)} / {_size(total)}")
                 mark += PROGRESS_BYTES
+            if text and first:  # the first character, whole (cuts fall between characters)
+                text, first = text.removeprefix("\ufeff"), False
             if text:
                 yield text
 

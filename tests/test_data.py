@@ -485,3 +485,31 @@ def test_describe_indexed(tmp_path):
     with pytest.raises(DataError, match="has no meta.json beside it to name its tokenizer; write one with: python "
                                            "data/prepare.py --indexed .*document --tokenizer TOKENIZER"):
         loader.dataset_folder("data", str(tmp_path / "pile"))
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2", "bpe"])
+@pytest.mark.parametrize("chunk", [1 << 20, 1], ids=["one chunk", "byte chunks"])
+def test_a_byte_order_mark_is_not_a_character_of_the_text(tokenizer, chunk, tmp_path):
+    if tokenizer == "gpt2":
+        try:
+            Tokenizer("gpt2")
+        except DataError as e:
+            pytest.skip(f"GPT-2 vocabulary unavailable (set TIKTOKEN_CACHE_DIR): {e}")
+    if tokenizer == "bpe":
+        train_bpe(tmp_path / "tokenizer.json")
+        tokenizer = str(tmp_path / "tokenizer.json")
+    text = UNICODE[:300]
+    plain = write(tmp_path / "plain.txt", text)
+    marked = write(tmp_path / "marked.txt", b"\xef\xbb\xbf" + text.encode("utf-8"))
+    a = prepare("a", input=plain, tokenizer=tokenizer, out_root=str(tmp_path), log=quiet)
+    b = prepare("b", input=marked, tokenizer=tokenizer, out_root=str(tmp_path), chunk_bytes=chunk,
+                log=quiet)
+    (meta_a, train_a, val_a), (meta_b, train_b, val_b) = read_bins(a), read_bins(b)
+    assert "\ufeff" not in meta_b.get("chars", "") and meta_a.get("chars") == meta_b.get("chars")
+    assert meta_a["vocab_size"] == meta_b["vocab_size"]
+    if chunk > 1:  # BPE is per chunk: byte chunks cut the text elsewhere
+        assert (train_a.tolist(), val_a.tolist()) == (train_b.tolist(), val_b.tolist())
+    else:
+        assert Tokenizer.load(b).decode(np.concatenate([train_b, val_b])) == text
+    with open(marked, "rb") as f:  # the file as it is, mark included, is what its hash names
+        assert meta_b["sha256"] == hashlib.sha256(f.read()).hexdigest()
