@@ -13,6 +13,9 @@ import numpy as np
 from data import DataError
 from support import plain
 
+KINDS = ("char", "gpt2", "bpe")  # tokenizer.py's kinds
+GPT2_VOCAB = 50257  # tiktoken's GPT-2 BPE (bpe.py's GPT2.VOCAB_SIZE, without loading tiktoken)
+
 
 def dtype_for_vocab(vocab_size, indexed=False):
     """The token dtype of a dataset: uint16 for a vocabulary of up to 65,535, else uint32, or in
@@ -38,8 +41,15 @@ def read_meta(path):
         vocab = meta["vocab_size"]
         if not isinstance(vocab, int) or vocab < 1:
             raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
-        if meta["tokenizer"] == "char" and len(str(meta.get("chars") or "")) != vocab:
+        kind = meta["tokenizer"]
+        if kind not in KINDS:
+            raise ValueError(f"tokenizer {kind!r:.40} is not one of {', '.join(KINDS)}")
+        if kind == "char" and len(str(meta.get("chars") or "")) != vocab:
             raise ValueError(f"its {vocab} characters are missing")
+        if kind != "char" and "chars" in meta:  # the vocabulary of one kind, the name of another
+            raise ValueError(f"it holds a character vocabulary (chars) but says tokenizer {kind!r}")
+        if kind == "gpt2" and vocab != GPT2_VOCAB:
+            raise ValueError(f"vocab_size {vocab} is not GPT-2's {GPT2_VOCAB}")
         indexed = meta.get("format") == "indexed"
         if indexed:  # any integer dtype of the index that holds every id
             dtype = np.dtype(meta["dtype"])

@@ -391,6 +391,11 @@ DAMAGED_DATA = [  # (name, damage, words of the one-line error)
                                                    "a vocabulary of 26, uint16 does)"),
     ("meta without chars", edit_meta(chars=None), "meta.json is damaged (ValueError: its 26 characters are missing)"),
     ("meta without vocab_size", edit_meta(vocab_size=None), "no tokenizer, dtype or vocab_size"),
+    ("meta says gpt2", edit_meta(tokenizer="gpt2"), "meta.json is damaged (ValueError: it holds a character "
+                                                    "vocabulary (chars) but says tokenizer 'gpt2')"),
+    ("meta says gpt2, no chars", edit_meta(tokenizer="gpt2", chars=None), "vocab_size 26 is not GPT-2's 50257"),
+    ("meta says another kind", edit_meta(tokenizer="wordpiece"), "tokenizer 'wordpiece' is not one of char, "
+                                                                 "gpt2, bpe"),
     ("id at the vocabulary", set_token("train", 26), "train.bin holds token id 26, outside the vocabulary of 26"),
     ("id far above it", set_token("val", 60000), "val.bin holds token id 60000, outside the vocabulary of 26"),
     ("empty train.bin", edit_bin("train", lambda d: b""), "train.bin is empty"),
