@@ -29,7 +29,7 @@ offline, point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files.
 Files of any size are streamed in chunks of about chunk_bytes, cut after a newline, so
 memory stays bounded. GPT-2 BPE is applied per chunk, which is what you get by splitting
 the text after newlines and encoding the pieces separately. Outputs are staged in a
-temporary folder (.NAME-PID-HEX.tmp) and moved into place at the end, meta.json last, so an
+temporary folder (.NAME-PID-HEX.nanomesh.tmp) and moved into place at the end, meta.json last, so an
 error never leaves a half-written dataset; the staging folders of killed prepares are removed
 by the next one. load_split checks the .bin files against meta.json before they are used.
 """

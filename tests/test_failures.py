@@ -246,29 +246,53 @@ def test_two_runs_started_together_one_wins(data_root, tmp_path):  # noqa: F811
 
 @pytest.mark.parametrize("kind", ["checkpoint temporary file", "prepare staging folder"])
 def test_cleanup_removes_only_what_dead_processes_left(kind, tmp_path):
-    """A cleanup removes the leftovers of a dead process (and of its own), never those of a live one."""
+    """A cleanup removes the leftovers of a dead process (and of its own), never those of a live one, nor
+    a user's file or folder that only looks like a leftover."""
     live = subprocess.Popen(python("-c", "import time; time.sleep(60)"))
     dead = subprocess.Popen(python("-c", "pass"))
     dead.wait()
+    mark = runfiles.MARK
+    lookalikes = {f".notes-{dead.pid}-a1b2c3.tmp", f".ckpt.pt-{dead.pid}-0123abcd4567.tmp",
+                  f".x-{dead.pid}-0123abcd.nanomesh.tmp", f".y-{dead.pid}-0123abcd4567ef.nanomesh.tmp"}
     try:
         if kind == "checkpoint temporary file":
-            names = {pid: (f".ckpt.pt-{pid}-0123abcd.tmp", f".log.jsonl-{pid}-4567ef.tmp")
+            names = {pid: (f".ckpt.pt-{pid}-0123abcd4567{mark}", f".log.jsonl-{pid}-4567ef012345{mark}")
                      for pid in (live.pid, dead.pid, os.getpid())}
-            for name in sum(names.values(), ()):
+            for name in (*sum(names.values(), ()), *lookalikes):
                 (tmp_path / name).write_bytes(b"partial")
             runfiles.remove_dead_temporaries(str(tmp_path))
-            assert set(os.listdir(tmp_path)) == set(names[live.pid])
+            assert set(os.listdir(tmp_path)) == {*names[live.pid], *lookalikes}
         else:
-            names = {pid: f".tiny-{pid}-a1b2c3.tmp" for pid in (live.pid, dead.pid)}
-            for name in names.values():
+            names = {pid: f".tiny-{pid}-a1b2c3d4e5f6{mark}" for pid in (live.pid, dead.pid)}
+            for name in (*names.values(), *lookalikes):
                 (tmp_path / name).mkdir()
                 (tmp_path / name / "train.bin").write_bytes(b"12")
-            (tmp_path / f"keep-{dead.pid}-a1.tmp").mkdir()  # not hidden: not ours
+            (tmp_path / f"keep-{dead.pid}-a1b2c3d4e5f6{mark}").mkdir()  # not hidden: not ours
             runfiles.remove_dead_temporaries(str(tmp_path))
-            assert set(os.listdir(tmp_path)) == {names[live.pid], f"keep-{dead.pid}-a1.tmp"}
+            assert set(os.listdir(tmp_path)) == {names[live.pid], f"keep-{dead.pid}-a1b2c3d4e5f6{mark}",
+                                                 *lookalikes}
+            assert all((tmp_path / name / "train.bin").read_bytes() == b"12" for name in lookalikes)
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_users_lookalike_of_a_leftover_survives_a_real_run(data_root, tmp_path):  # noqa: F811
+    """A file of the user's named like the temporaries of old (.NAME-PID-HEX.tmp, its writer long gone)
+    survives a real train.py run and a real prepare, both of which clean their folders' leftovers."""
+    dead = subprocess.Popen(python("-c", "pass"))
+    dead.wait()
+    out, data = tmp_path / "out", copy_of(data_root, tmp_path, "data")
+    out.mkdir()
+    mine = {out / f".ckpt.pt-{dead.pid}-0123abcd.tmp", data / f".notes-{dead.pid}-beef.tmp"}
+    for path in mine:
+        path.write_text("my notes")
+    (data / "t.txt").write_text("a b c\n" * 300)
+    subprocess.run(python("data/prepare.py", "--dataset=t", "--input", str(data / "t.txt"),
+                          f"--out_root={data}"), check=True, cwd=ROOT, capture_output=True, timeout=HANG)
+    subprocess.run(train_cmd(str(data), out, "--max_iters=1"), check=True, cwd=ROOT, capture_output=True,
+                   timeout=HANG)
+    assert (out / "ckpt.pt").is_file() and all(path.read_text() == "my notes" for path in mine)
 
 
 # -----------------------------------------------------------------------------
