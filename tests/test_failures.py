@@ -1173,3 +1173,65 @@ def test_the_plan_and_bench_count_sizes_no_machine_holds(capsys):
     assert bench.main(["--vocab_size=10000000000", "--schemes=base"]) == 2
     err = one_line(capsys, "bench.py")
     assert "scheme base (layout 2+4R2+2, n_embd 128, 2,560,001,586,432 parameters, micro-batch 16 x 64) needs" in err
+
+
+# -----------------------------------------------------------------------------
+# Another tool's data is never written over, nor into
+
+def nanogpt_data(root):
+    """A data/ folder as nanoGPT leaves it: each dataset's train.bin, val.bin, meta.pkl and its scripts."""
+    for name in ("shakespeare", "shakespeare_char"):
+        (root / name).mkdir(parents=True)
+        for file, content in (("train.bin", b"\x01\x00" * 40), ("val.bin", b"\x02\x00" * 8),
+                              ("meta.pkl", b"\x80\x04}q\x00."), ("prepare.py", b"# nanoGPT's\n")):
+            (root / name / file).write_bytes(content)
+    return root
+
+
+OFFLINE_ENV = {"NANOMESH_SHAKESPEARE_URL": "file:///nonexistent/input.txt"}  # the download fails at once
+FOREIGN = [  # (flags, words of the one-line error)
+    (["--dataset=shakespeare"], "holds another tool's datasets (shakespeare, shakespeare_char: folders without "
+                                "meta.json), where nanoMeSH makes none on its own; give another --data_root"),
+    (["--dataset=shakespeare_char"], "holds another tool's datasets (shakespeare, shakespeare_char"),
+    (["--dataset=pydoc"], "holds another tool's datasets (shakespeare, shakespeare_char"),
+    (["--dataset={root}/shakespeare"], "shakespeare has no meta.json, by which nanoMeSH reads a dataset (its "
+                                       "train.bin, val.bin, meta.pkl: another tool's format, nanoGPT's?)"),
+]
+
+
+@pytest.mark.parametrize("flags, words", FOREIGN, ids=[f[0] for f, _ in FOREIGN])
+def test_another_projects_data_root_is_never_written(flags, words, tmp_path):
+    root = nanogpt_data(tmp_path / "nanoGPT" / "data")
+    before = snapshot(root)
+    flags = [f.format(root=root) for f in flags]
+    r = subprocess.run(train_cmd(str(root), tmp_path / "out", "--max_iters=1", *flags), cwd=tmp_path,
+                       env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert words in r.stderr and str(root) in r.stderr, r.stderr
+    assert snapshot(root) == before and sorted(os.listdir(root)) == ["shakespeare", "shakespeare_char"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_refuses_a_dataset_folder_of_another_tool_and_reuses_its_own(tmp_path):
+    root = nanogpt_data(tmp_path / "data")
+    text = write_text(tmp_path / "t.txt", TEXT)
+    before = snapshot(root)
+    r = subprocess.run(python("data/prepare.py", "--dataset=shakespeare", f"--input={text}", f"--out_root={root}"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert (f"{root / 'shakespeare'} holds files that data/prepare.py did not make (meta.pkl, prepare.py, "
+            f"train.bin, ... (4 in all)) and no meta.json: another tool's dataset, which nanoMeSH never writes "
+            f"over; give another --out_root, or move those files away") in r.stderr
+    assert snapshot(root) == before and sorted(os.listdir(root)) == ["shakespeare", "shakespeare_char"]
+    # a folder of its own is prepared again: an empty one, one prepared, one whose replacement was cut short
+    (root / "empty").mkdir()
+    folder = prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
+    prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
+    os.replace(os.path.join(folder, "meta.json"), os.path.join(folder, ".meta.json.replacing"))
+    prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
+    assert sorted(os.listdir(folder)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def write_text(path, text):
+    path.write_text(text)
+    return str(path)
