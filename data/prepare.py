@@ -65,6 +65,7 @@ DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"} 
 OFFLINE = ".shakespeare_char.offline"  # in OUT_ROOT: why the default dataset fell back on pydoc (ensure_dataset)
 REPLACING = ".meta.json.replacing"  # a dataset folder's old meta.json while its new files move in (prepare)
 PROGRESS_BYTES = 64 << 20  # one progress line per 64 MiB read
+NAME_BYTES = 200  # the longest dataset name: its staging folder's name (~35 bytes more) must fit in 255
 
 
 class DownloadError(DataError):
@@ -260,14 +261,23 @@ def check_ours(folder, root_flag):
                         f"or move those files away")
 
 
+def check_name(dataset):
+    """Raise DataError unless dataset is a name prepare can make a folder of: the rule, in its words."""
+    size = len(str(dataset).encode("utf-8", "surrogatepass"))
+    if not dataset or dataset.startswith(".") or any(c in dataset for c in ("/", "\\", os.sep, "\0")) \
+            or size > NAME_BYTES:
+        shown = repr(dataset) if len(dataset) <= 40 else f"{dataset[:40]!r}... ({size} bytes)"
+        raise DataError(f"invalid dataset name {shown}: a dataset's name is a plain folder name, not starting "
+                        f"with '.', without '/' or '\\', at most {NAME_BYTES} bytes; choose another --dataset")
+
+
 def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT,
             chunk_bytes=1 << 20, log=_stderr, format="flat", seq_len=2049, num_proc=1, root_flag="--out_root"):
     """Tokenize a dataset into OUT_ROOT/dataset/ and return that folder's path. tokenizer: 'char', 'gpt2' or
     the path of a byte-level BPE tokenizer.json (or a model folder holding one); format: 'flat' (train.bin +
     val.bin) or 'indexed' (document.bin + document.idx, sequences of seq_len tokens, data/indexed.py).
     A folder OUT_ROOT/dataset of another tool's is refused (check_ours), root_flag naming the fix."""
-    if not dataset or dataset.startswith(".") or os.sep in dataset or "/" in dataset:
-        raise DataError(f"invalid dataset name {dataset!r}; use a plain folder name")
+    check_name(dataset)
     if input is not None and url is not None:
         raise DataError("pass either --input or --url, not both")
     if format not in ("flat", "indexed"):
@@ -382,9 +392,12 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
         raise DataError(f"there is no indexed dataset at {dataset} (neither {dataset}.idx + .bin nor "
                            f"{os.path.join(dataset, 'document')}.idx + .bin); put Pythia's pre-tokenized Pile there "
                            f"(README: Reproduce the paper) or make one with data/prepare.py --format=indexed")
+    check_name(dataset)  # what is suggested below, prepare.py accepts
     if dataset not in DATASETS:
-        raise DataError(f"dataset {dataset!r} was never prepared (no {dataset}/meta.json in {out_root}); "
-                           f"prepare it with: python data/prepare.py --dataset {dataset} --input FILE")
+        there = "" if out_root in ("data", DEFAULT_ROOT) else f" --out_root {out_root}"
+        raise DataError(f"dataset {dataset!r} is not in --data_root={out_root} (no {dataset}/meta.json there); "
+                        f"give the --data_root that holds it, or prepare it with: python data/prepare.py "
+                        f"--dataset {dataset} --input FILE{there}")
     check_root_ours(out_root)
     offline = os.path.join(out_root, OFFLINE)  # a failed download of Tiny Shakespeare, remembered
     if dataset == "shakespeare_char" and os.path.isfile(offline):

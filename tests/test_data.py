@@ -173,7 +173,7 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
     # no fallback for GPT-2 Shakespeare (without tiktoken's files the vocabulary fails first)
     with pytest.raises(DataError, match="could not download|GPT-2 vocabulary"):
         ensure_dataset("shakespeare", out_root=str(tmp_path), log=quiet)
-    with pytest.raises(DataError, match="never prepared.*--dataset mine --input FILE"):
+    with pytest.raises(DataError, match=r"'mine' is not in --data_root=.*--dataset mine --input FILE --out_root"):
         ensure_dataset("mine", out_root=str(tmp_path), log=quiet)
 
 
@@ -269,8 +269,9 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
     monkeypatch.chdir(elsewhere)  # ... and from elsewhere: then data/ beside data/prepare.py
     monkeypatch.setattr(loader, "DEFAULT_ROOT", str(tmp_path / "data"))
     assert checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
-    with pytest.raises(DataError, match=r"dataset 'nope' is not prepared \(no data/nope/meta.json\); "
-                                           r"prepare it with: python data/prepare.py --dataset nope"):
+    with pytest.raises(DataError, match=r"dataset 'nope' is not in its --data_root=data \(no data/nope/meta.json\): "
+                                           r"give the folder it moved to with --data_root, or prepare it with: "
+                                           r"python data/prepare.py --dataset nope"):
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
 

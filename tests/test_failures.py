@@ -1235,3 +1235,35 @@ def test_prepare_refuses_a_dataset_folder_of_another_tool_and_reuses_its_own(tmp
 def write_text(path, text):
     path.write_text(text)
     return str(path)
+
+
+# -----------------------------------------------------------------------------
+# A dataset's name: refused up front by its rule, or a suggestion that works
+
+@pytest.mark.parametrize("name", ["..", ".hidden", "x" * 240, "é" * 125], ids=["..", ".hidden", "240 bytes", "250 bytes"])
+@pytest.mark.parametrize("tool", ["train.py", "data/prepare.py"])
+def test_a_dataset_name_that_cannot_be_a_folder_is_refused_by_its_rule(name, tool, tmp_path):
+    root, text = tmp_path / "data", write_text(tmp_path / "t.txt", TEXT)
+    root.mkdir()
+    cmd = (train_cmd(str(root), tmp_path / "out", "--max_iters=1", f"--dataset={name}") if tool == "train.py"
+           else python("data/prepare.py", f"--dataset={name}", f"--input={text}", f"--out_root={root}"))
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "invalid dataset name" in r.stderr and ("a dataset's name is a plain folder name, not starting with "
+                                                    "'.', without '/' or '\\', at most 200 bytes") in r.stderr
+    assert os.listdir(root) == [] and not (tmp_path / "out").exists()
+
+
+def test_the_prepare_command_train_suggests_runs_and_names_the_data_root(tmp_path):
+    root, text = tmp_path / "moved", write_text(tmp_path / "t.txt", TEXT)
+    r = subprocess.run(train_cmd(str(root), tmp_path / "out", "--max_iters=1", "--dataset=mine"), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"dataset 'mine' is not in --data_root={root} (no mine/meta.json there); give the --data_root" in r.stderr
+    suggested = r.stderr.split("prepare it with: ")[1].strip()
+    assert suggested == f"python data/prepare.py --dataset mine --input FILE --out_root {root}"
+    argv = [sys.executable if a == "python" else text if a == "FILE" else a for a in shlex.split(suggested)]
+    subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=HANG)
+    r = subprocess.run(train_cmd(str(root), tmp_path / "out", "--max_iters=1", "--dataset=mine"), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 0 and (tmp_path / "out" / "ckpt.pt").is_file(), r.stderr
