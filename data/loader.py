@@ -13,6 +13,7 @@ GPT-NeoX's document.bin + document.idx (indexed.py). A checkpoint keeps dataset_
 a dataset changed since it was trained is refused by name (support/checkpoint.py).
 """
 import os
+import weakref
 
 import numpy as np
 
@@ -88,6 +89,7 @@ def load_split(data_dir, split):
             raise DataError(f"{path} holds {size // item:,} tokens but meta.json says "
                             f"{expected:,}; {fix}")
         data = np.memmap(path, dtype=meta["dtype"], mode="r")
+    hold(data, path)
     piece = max(1, SCAN_PIECE_BYTES // data.itemsize)
     if data.nbytes <= SCAN_BYTES:
         starts = range(0, len(data), piece)
@@ -103,6 +105,26 @@ def load_split(data_dir, split):
     return data
 
 
+def hold(data, path):
+    """Keep path open beside its memory map data (closed with it), with its size now: check_intact compares."""
+    fd = os.open(path, os.O_RDONLY)
+    weakref.finalize(data, os.close, fd)
+    data.held = (fd, os.fstat(fd).st_size, path)
+
+
+def check_intact(data):
+    """Raise DataError when the file under a split of load_split's has shrunk since it was opened (another
+    program truncated it, or rewrote it in place): a read past its new end would end the process with
+    SIGBUS and no word. Checked before every read of windows; the file's own descriptor, so a dataset
+    replaced whole (prepare.py renames new files in; the old ones stay readable) is not mistaken for it."""
+    fd, size, path = getattr(data, "held", (None, 0, None))
+    now = size if fd is None else os.fstat(fd).st_size
+    if now < size:
+        raise DataError(f"{path} shrank from {size:,} to {now:,} bytes while this process read it (another "
+                        f"program truncated or rewrote it); nothing was read past its end: prepare the "
+                        f"dataset again (python data/prepare.py) and resume the run")
+
+
 def random_windows(data, length, n, seed):
     """n windows of `length` consecutive tokens of data (a 1-d array) at starts drawn by
     np.random.default_rng(seed) (an int or a list of ints), any start from 0 to the last that
@@ -111,6 +133,7 @@ def random_windows(data, length, n, seed):
     if len(data) < length:
         raise DataError(f"the split has {len(data)} tokens, fewer than one window of {length}")
     starts = np.random.default_rng(seed).integers(0, len(data) - length + 1, size=n)
+    check_intact(data)
     return np.stack([np.asarray(data[s:s + length], dtype=np.int64) for s in starts])
 
 
@@ -123,6 +146,7 @@ def sequential_windows(data, length, first, n):
     if per_epoch == 0:
         raise DataError(f"the data ({len(data)} tokens) is shorter than one window of {length} "
                         f"tokens")
+    check_intact(data)
     return np.stack([np.asarray(data[s:s + length], dtype=np.int64)
                      for s in ((k % per_epoch) * length for k in range(first, first + n))])
 

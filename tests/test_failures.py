@@ -1267,3 +1267,26 @@ def test_the_prepare_command_train_suggests_runs_and_names_the_data_root(tmp_pat
     r = subprocess.run(train_cmd(str(root), tmp_path / "out", "--max_iters=1", "--dataset=mine"), cwd=tmp_path,
                        capture_output=True, text=True, timeout=HANG)
     assert r.returncode == 0 and (tmp_path / "out" / "ckpt.pt").is_file(), r.stderr
+
+
+# -----------------------------------------------------------------------------
+# A split truncated under a live run: one line, never a SIGBUS
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_split_truncated_under_a_live_run_is_one_line(split, data_root, tmp_path):  # noqa: F811
+    data = copy_of(data_root, tmp_path, "data")
+    p = subprocess.Popen(train_cmd(str(data), tmp_path / "out", "--max_iters=100000", "--eval_interval=50"),
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(p, "iter 1:", [])
+        size = os.path.getsize(data / "tiny" / f"{split}.bin")
+        os.truncate(data / "tiny" / f"{split}.bin", 64)  # in place, as a program rewriting it would
+        err = p.communicate(timeout=HANG)[1]
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 2, (p.returncode, err)  # not -SIGBUS
+    assert err.strip().splitlines()[-1] == (
+        f"train.py: error: {data / 'tiny' / f'{split}.bin'} shrank from {size:,} to 64 "
+        f"bytes while this process read it (another program truncated or rewrote it); nothing was read past its "
+        f"end: prepare the dataset again (python data/prepare.py) and resume the run"), err
