@@ -307,3 +307,36 @@ def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
                     "checkpoint saved" in text, text
                 assert (r / "ckpt.pt").exists()
     assert not (tmp_path / "res").exists()
+
+
+BAD_CYCLE_INPUTS = [  # (which file, its content, words of the one-line error)
+    ("sweep", "[1, 2]", "is not a table1.json of tools/table1.py (it holds no list of \"runs\", but list); "
+                        "give --sweep the table1.json of a tools/table1.py run"),
+    ("sweep", '{"version": 1, "rows": []}', "is not a table1.json of tools/table1.py (it holds no list of "
+                                            "\"runs\", but other keys)"),
+    ("choices", '{"runs": [[1]]}', "holds a run record that is not a JSON object ([1]); give --choices"),
+    ("choices", '{"runs": [{"variant": "mesh", "layout": "2+4R2+2", "seed": 0}]}',
+     "holds a run whose val_loss is None, not a number; give --choices the table1.json"),
+    ("sweep", '{"runs": [', "is not JSON (Expecting value, line 1)"),
+    ("result", '{"params": 3}', "holds a run whose variant is None, not a name; delete that run's folder"),
+    ("result", '"done"', "holds a run record that is not a JSON object ('done')"),
+]
+
+
+@pytest.mark.parametrize("which, content, words", BAD_CYCLE_INPUTS, ids=[f"{w} {c[:20]}" for w, c, _ in BAD_CYCLE_INPUTS])
+def test_cycle_names_a_file_of_another_kind_in_one_line(which, content, words, tmp_path, capsys):
+    good = json.dumps({"runs": [dict(variant="base", layout="2+4R2+2", seed=0, val_loss=1.9)]})
+    files = {name: tmp_path / f"{name}.json" for name in ("sweep", "choices")}
+    for name, path in files.items():
+        path.write_text(content if name == which else good)
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    bad = files.get(which, tmp_path / "runs" / "a" / "result.json")
+    if which == "result":
+        bad.write_text(content)
+    from tools import cycle
+    with pytest.raises(SystemExit) as e:
+        cycle.main([f"--sweep={files['sweep']}", f"--choices={files['choices']}", f"--root={tmp_path / 'runs'}",
+                    f"--results={tmp_path / 'out'}"])
+    err = one_line(capsys, "tools/cycle.py")
+    assert e.value.code == 2 and err.startswith(f"tools/cycle.py: error: {bad} ") and words in err, err
+    assert not (tmp_path / "out").exists()
