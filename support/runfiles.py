@@ -154,11 +154,32 @@ def release():
     _owned.clear()
 
 
+RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.out")  # a run folder's own
+DATA_FILES = ("meta.json", "train.bin", "val.bin", "document.bin", "document.idx", "tokenizer.json", "input.txt")
+
+
+def owner(path):
+    """(kind, file) where path (or the file a link there points to) is one of the files of a run's folder
+    (kind 'run': it holds a checkpoint or a log) or of a dataset's ('dataset': it holds meta.json); else None."""
+    for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+        folder, name = os.path.split(where)
+        if name in RUN_FILES and any(os.path.exists(os.path.join(folder, f)) for f in RUN_FILES[:3]):
+            return "run", where
+        if name in DATA_FILES and os.path.isfile(os.path.join(folder, "meta.json")):
+            return "dataset", where
+    return None
+
+
 def check_writable(path, flag):
     """Raise UsageError now, not after a long run, when --flag's output file path cannot be written
-    (its folders, where they are not there yet, the writer makes)."""
+    (its folders, where they are not there yet, the writer makes), or is a file of a run or a dataset,
+    which an output must never replace or append to."""
     if os.path.isdir(path):
         raise UsageError(f"--{flag}={path} is a folder; give a file name")
+    if owner(path):
+        kind, (folder, name) = owner(path)[0], os.path.split(owner(path)[1])
+        raise UsageError(f"--{flag}={path} is the {name} of the {kind} in {folder}, which this would write "
+                         f"over; give another file name")
     there = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(there):  # folders the writer will make: the nearest one there decides
         there = os.path.dirname(there)

@@ -340,3 +340,31 @@ def test_cycle_names_a_file_of_another_kind_in_one_line(which, content, words, t
     err = one_line(capsys, "tools/cycle.py")
     assert e.value.code == 2 and err.startswith(f"tools/cycle.py: error: {bad} ") and words in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("tool", ["probe", "bench"])
+@pytest.mark.parametrize("target", ["ckpt.pt", "log.jsonl", "a link to ckpt.pt", "the dataset's meta.json",
+                                    "the dataset's train.bin"])
+def test_an_output_file_is_never_a_file_of_a_run_or_a_dataset(tool, target, tiny_ckpt, data_root, tmp_path, capsys):
+    from tools import bench
+    (tiny_ckpt / "log.jsonl").write_text('{"iter": 0, "loss": 3.2}\n')
+    (tmp_path / "link.json").symlink_to(tiny_ckpt / "ckpt.pt")
+    path, kind, folder = {"ckpt.pt": (tiny_ckpt / "ckpt.pt", "run", tiny_ckpt),
+                          "log.jsonl": (tiny_ckpt / "log.jsonl", "run", tiny_ckpt),
+                          "a link to ckpt.pt": (tmp_path / "link.json", "run", tiny_ckpt),
+                          "the dataset's meta.json": (os.path.join(data_root, "tiny", "meta.json"), "dataset", None),
+                          "the dataset's train.bin": (os.path.join(data_root, "tiny", "train.bin"), "dataset",
+                                                      None)}[target]
+    folder = folder or os.path.join(data_root, "tiny")
+    name = "ckpt.pt" if target == "a link to ckpt.pt" else os.path.basename(path)
+    before = snapshot(tiny_ckpt, data_root)
+    if tool == "probe":
+        with pytest.raises(SystemExit) as e:
+            probe.main([f"--out_dir={tiny_ckpt}", "--num_samples=2", f"--json={path}"])
+        code = e.value.code
+    else:
+        code = bench.main(["--n_embd=32", "--n_head=2", "--layout=1+1R2+1", "--block_size=16", f"--json={path}"])
+    err = one_line(capsys, f"{tool}.py")
+    assert code == 2 and err.strip().endswith(f"error: --json={path} is the {name} of the {kind} in {folder}, which "
+                                              f"this would write over; give another file name"), err
+    assert snapshot(tiny_ckpt, data_root) == before
