@@ -13,12 +13,11 @@ GPT-NeoX's document.bin + document.idx (indexed.py). A checkpoint keeps dataset_
 a dataset changed since it was trained is refused by name (support/checkpoint.py).
 """
 import os
-import weakref
 
 import numpy as np
 
 from data import DataError
-from data.meta import read_meta
+from data.meta import check_intact, hold, read_meta
 
 DEFAULT_ROOT = os.path.dirname(os.path.abspath(__file__))  # data/, where prepare.py writes
 # load_split checks every token id of a split up to SCAN_BYTES; beyond, SCAN_PIECES pieces of
@@ -103,26 +102,6 @@ def load_split(data_dir, split):
         raise DataError(f"{path} holds token id {top if low >= 0 else low}, outside the "
                         f"vocabulary of {meta['vocab_size']}; {fix}")
     return data
-
-
-def hold(data, path):
-    """Keep path open beside its memory map data (closed with it), with its size now: check_intact compares."""
-    fd = os.open(path, os.O_RDONLY)
-    weakref.finalize(data, os.close, fd)
-    data.held = (fd, os.fstat(fd).st_size, path)
-
-
-def check_intact(data):
-    """Raise DataError when the file under a split of load_split's has shrunk since it was opened (another
-    program truncated it, or rewrote it in place): a read past its new end would end the process with
-    SIGBUS and no word. Checked before every read of windows; the file's own descriptor, so a dataset
-    replaced whole (prepare.py renames new files in; the old ones stay readable) is not mistaken for it."""
-    fd, size, path = getattr(data, "held", (None, 0, None))
-    now = size if fd is None else os.fstat(fd).st_size
-    if now < size:
-        raise DataError(f"{path} shrank from {size:,} to {now:,} bytes while this process read it (another "
-                        f"program truncated or rewrote it); nothing was read past its end: prepare the "
-                        f"dataset again (python data/prepare.py) and resume the run")
 
 
 def random_windows(data, length, n, seed):

@@ -1,12 +1,14 @@
 """
 A dataset's meta.json, checked before use: what it must hold (tokenizer, vocab_size, a dtype that
 holds every id) and what it may name (files of the dataset's own folder only), so that a damaged
-or foreign one is one line naming it, never a traceback or a read outside the folder.
+or foreign one is one line naming it, never a traceback or a read outside the folder. And its
+splits' files, checked as they are read: one that shrank is one line, never a SIGBUS.
 
     from data.meta import read_meta
     meta = read_meta("data/shakespeare_char/meta.json")
 """
 import os
+import weakref
 
 import numpy as np
 
@@ -67,3 +69,25 @@ def read_meta(path):
     except (OSError, ValueError, TypeError) as e:  # TypeError: np.dtype of a thing not a dtype
         raise DataError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again "
                         f"with python data/prepare.py") from None
+
+
+def hold(data, path):
+    """Keep path open beside data, its memory map (closed with it), and its size now, which
+    check_intact compares."""
+    fd = os.open(path, os.O_RDONLY)
+    weakref.finalize(data, os.close, fd)
+    data.held = (fd, os.fstat(fd).st_size, path)
+
+
+def check_intact(data):
+    """Raise DataError when the file under a split of load_split's has shrunk since it was opened
+    (another program truncated it, or rewrote it in place): a read past its new end would end the
+    process with SIGBUS, without a word. Checked before every read of windows, on the file's
+    own descriptor: a dataset replaced whole (prepare.py renames new files in) is not mistaken
+    for it."""
+    fd, size, path = getattr(data, "held", (None, 0, None))
+    now = size if fd is None else os.fstat(fd).st_size
+    if now < size:
+        raise DataError(f"{path} shrank from {size:,} to {now:,} bytes while this process read "
+                        f"it (another program truncated or rewrote it); nothing was read past its "
+                        f"end: prepare the dataset again (python data/prepare.py) and resume the run")
