@@ -89,5 +89,6 @@ def check_intact(data):
     now = size if fd is None else os.fstat(fd).st_size
     if now < size:
         raise DataError(f"{path} shrank from {size:,} to {now:,} bytes while this process read "
-                        f"it (another program truncated or rewrote it); nothing was read past its "
-                        f"end: prepare the dataset again (python data/prepare.py) and resume the run")
+                        f"it (another program truncated or rewrote it); nothing was read past "
+                        f"its end: prepare the dataset again (python data/prepare.py) and resume "
+                        f"the run")
