@@ -29,9 +29,9 @@ offline, point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files.
 Files of any size are streamed in chunks of about chunk_bytes, cut after a newline, so
 memory stays bounded. GPT-2 BPE is applied per chunk, which is what you get by splitting
 the text after newlines and encoding the pieces separately. Outputs are staged in a
-temporary folder (.NAME-PID-HEX.nanomesh.tmp) and moved into place at the end, meta.json last, so an
-error never leaves a half-written dataset; the staging folders of killed prepares are removed
-by the next one. load_split checks the .bin files against meta.json before they are used. A
+temporary folder (.NAME-PID-HEX.nanomesh.tmp) and moved into place at the end, meta.json
+last, so an error never leaves a half-written dataset; the staging folders of killed prepares
+are removed by the next one. load_split checks the .bin files against meta.json before they are used. A
 NAME/ folder that holds files but no meta.json is another tool's (nanoGPT's data/shakespeare):
 it is refused, never written over.
 """
@@ -41,6 +41,7 @@ import http.client
 import io
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -394,7 +395,7 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
                            f"(README: Reproduce the paper) or make one with data/prepare.py --format=indexed")
     check_name(dataset)  # what is suggested below, prepare.py accepts
     if dataset not in DATASETS:
-        there = "" if out_root in ("data", DEFAULT_ROOT) else f" --out_root {out_root}"
+        there = "" if out_root in ("data", DEFAULT_ROOT) else f" --out_root {shlex.quote(out_root)}"
         raise DataError(f"dataset {dataset!r} is not in --data_root={out_root} (no {dataset}/meta.json there); "
                         f"give the --data_root that holds it, or prepare it with: python data/prepare.py "
                         f"--dataset {dataset} --input FILE{there}")
