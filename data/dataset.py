@@ -110,9 +110,9 @@ def trained_folder(root, name):
         raise DataError(f"the checkpoint's dataset {name} is not there (no {name}.idx + .bin, nor "
                         f"{os.path.join(name, 'document')}.idx + .bin)")
     if folder is None:
-        raise DataError(f"the checkpoint's dataset {name!r} is not prepared (no "
-                        f"{os.path.join(root, name)}/meta.json); prepare it with: "
-                        f"python data/prepare.py --dataset {name}")
+        raise DataError(f"the checkpoint's dataset {name!r} is not in its --data_root={root} (no "
+                        f"{os.path.join(root, name)}/meta.json): give the folder it moved to with "
+                        f"--data_root, or prepare it with: python data/prepare.py --dataset {name}")
     return folder
 
 

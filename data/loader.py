@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from data import DataError
-from data.meta import read_meta
+from data.meta import check_intact, hold, read_meta
 
 DEFAULT_ROOT = os.path.dirname(os.path.abspath(__file__))  # data/, where prepare.py writes
 # load_split checks every token id of a split up to SCAN_BYTES; beyond, SCAN_PIECES pieces of
@@ -80,6 +80,7 @@ def load_split(data_dir, split, meta=None):
             raise DataError(f"{path} holds {size // item:,} tokens but meta.json says "
                             f"{expected:,}; {fix}")
         data = np.memmap(path, dtype=meta["dtype"], mode="r")
+    hold(data, path)
     piece = max(1, SCAN_PIECE_BYTES // data.itemsize)
     if data.nbytes <= SCAN_BYTES:
         starts = range(0, len(data), piece)
@@ -103,6 +104,7 @@ def random_windows(data, length, n, seed):
     if len(data) < length:
         raise DataError(f"the split has {len(data)} tokens, fewer than one window of {length}")
     starts = np.random.default_rng(seed).integers(0, len(data) - length + 1, size=n)
+    check_intact(data)
     return np.stack([np.asarray(data[s:s + length], dtype=np.int64) for s in starts])
 
 
@@ -115,5 +117,6 @@ def sequential_windows(data, length, first, n):
     if per_epoch == 0:
         raise DataError(f"the data ({len(data)} tokens) is shorter than one window of {length} "
                         f"tokens")
+    check_intact(data)
     return np.stack([np.asarray(data[s:s + length], dtype=np.int64)
                      for s in ((k % per_epoch) * length for k in range(first, first + n))])
