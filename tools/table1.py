@@ -95,10 +95,10 @@ def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
     return list(unique.values())
 
 
-def train_command(run, out_dir, max_iters, device="cpu", data_root="data"):
+def train_command(run, out_dir, max_iters, device="cpu", data_root="data", train=TRAIN):
     """train.py's command line for a run. --overwrite=true: an interrupted or shorter run of ours there is
     replaced, by train.py's own rules (at its first checkpoint, never while another run owns the folder)."""
-    flags = dict(out_dir=out_dir, **TRAIN, max_iters=max_iters, eval_interval=max(1, max_iters // 4),
+    flags = dict(out_dir=out_dir, **train, max_iters=max_iters, eval_interval=max(1, max_iters // 4),
                  layout=run["layout"], scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
                  **CHOICES.get(run["variant"], {}), device=device, data_root=data_root, overwrite="true")
     return [sys.executable, os.path.join(ROOT, "train.py")] + [f"--{k}={v}" for k, v in flags.items() if v is not None]
@@ -223,7 +223,7 @@ def read_result(path, run):
     return result
 
 
-def run_one(run, root, max_iters, env=None, device="cpu", data_root="data"):
+def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", train=TRAIN):
     out_dir = os.path.join(root, run["name"])
     result_path = os.path.join(out_dir, "result.json")
     if os.path.lexists(result_path):
@@ -238,7 +238,7 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data"):
             return result
     os.makedirs(out_dir, exist_ok=True)
     runfiles.check_free(out_dir, flag="--root", shown=out_dir)  # a live run there: touch nothing of it
-    cmd = train_command(run, out_dir, max_iters, device, data_root)
+    cmd = train_command(run, out_dir, max_iters, device, data_root, train)
     print(f"{run['name']}: training ({' '.join(cmd[2:])})", flush=True)
     out = runfiles.temporary_name(os.path.join(out_dir, "train.out"))  # train.out only once it has trained
     with open(out, "w", encoding="utf-8") as f:
@@ -279,9 +279,9 @@ def trained_on(results):
     return next(iter(seen))[0]
 
 
-def vanilla_params():
+def vanilla_params(n_embd=MODEL["n_embd"]):
     with torch.device("meta"):  # counts only, no weights
-        return RecursiveGPT(Config(**MODEL, layout=DEPTH_LAYOUT)).num_params()
+        return RecursiveGPT(Config(**dict(MODEL, n_embd=n_embd), layout=DEPTH_LAYOUT)).num_params()
 
 
 def mean_std(values):
@@ -339,10 +339,10 @@ def pm(mean, std, spec=".4f", sign=""):
     return f"{mean:{sign}{spec}}" + ("" if std is None else f" ± {std:{spec}}")
 
 
-def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT):
+def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT, train=TRAIN):
     refs = ["base", "vanilla"] + (["mesh"] if any(r.get("vs_mesh") is not None for r in rows) else [])
-    lines = [f"{DATASETS.get(dataset, f'Dataset {dataset!r}')}, compute depth 12, width {MODEL['n_embd']}, {MODEL['n_head']} heads, "
-             f"context {MODEL['block_size']}, batch {TRAIN['batch_size']}, {max_iters} iterations, peak LR {TRAIN['lr']}. "
+    lines = [f"{DATASETS.get(dataset, f'Dataset {dataset!r}')}, compute depth 12, width {train['n_embd']}, {train['n_head']} heads, "
+             f"context {train['block_size']}, batch {train['batch_size']}, {max_iters} iterations, peak LR {train['lr']}. "
              f"Machine: {machine}.", "",
              "| variant | layout | K | non-emb params | % of vanilla | val loss (mean ± std, seeds) | "
              + " | ".join(f"- {ref}" for ref in refs) + " | ms/iter |", "|---|---|---:|---:|---:|---|" + "---|" * len(refs)
@@ -414,6 +414,8 @@ class Table1Config:
     layouts: str = setting(LOOP_LAYOUT, "comma-separated loop layouts, each of compute depth 12")
     seeds: str = setting("0,1,2", "comma-separated seeds")
     max_iters: int = setting(1200, "train.py's --max_iters for every run")
+    n_embd: int = setting(MODEL["n_embd"], "train.py's --n_embd (width D) for every run")
+    lr: float = setting(TRAIN["lr"], "train.py's --lr (peak learning rate) for every run")
     only: str = setting(",".join([*VARIANTS, "ablation"]),
                         f"a comma-separated subset of the names below (default: all but "
                         f"{', '.join(CHOICES)})")
@@ -460,6 +462,7 @@ def table1(argv):
         fail(f"--max_iters={a.max_iters} must be at least 1")
     if a.jobs < 1:
         fail(f"--jobs={a.jobs} must be at least 1")
+    train = dict(TRAIN, n_embd=a.n_embd, lr=a.lr)
     layouts = a.layouts.split(",")
     for layout in layouts:
         try:
@@ -473,7 +476,8 @@ def table1(argv):
                 layouts)
     if a.dry_run:
         for run in runs:
-            print(" ".join(train_command(run, os.path.join(a.root, run["name"]), a.max_iters, a.device, a.data_root)[1:]))
+            print(" ".join(train_command(run, os.path.join(a.root, run["name"]), a.max_iters, a.device, a.data_root,
+                                         train)[1:]))
         return
     if not os.path.isfile(os.path.join(ROOT, "train.py")):
         fail("train.py not found in the project folder")
@@ -482,16 +486,16 @@ def table1(argv):
     pool = ThreadPoolExecutor(a.jobs)  # each run is its own process; threads only wait on them
     try:
         results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device,
-                                                    a.data_root), runs))
+                                                    a.data_root, train), runs))
     finally:  # stopping: the runs not started never start, the others end first
         pool.shutdown(cancel_futures=True)
     dataset = trained_on(results)
-    rows = aggregate(results, vanilla_params(), seeds, layouts)
+    rows = aggregate(results, vanilla_params(a.n_embd), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
     os.makedirs(a.results, exist_ok=True)
-    md = markdown(rows, abl, a.max_iters, machine(a.jobs), dataset, layouts[0])
+    md = markdown(rows, abl, a.max_iters, machine(a.jobs), dataset, layouts[0], train)
     runfiles.write_json(os.path.join(a.results, "table1.json"), dict(
-        settings=dict(TRAIN, dataset=dataset, data_root=a.data_root, device=a.device, max_iters=a.max_iters,
+        settings=dict(train, dataset=dataset, data_root=a.data_root, device=a.device, max_iters=a.max_iters,
                       seeds=seeds, eval_batches=EVAL_BATCHES, eval_seed=EVAL_SEED),
         machine=machine(a.jobs), table=rows, ablation=abl, runs=results))
     runfiles.atomic_write(os.path.join(a.results, "table1.md"), lambda f: f.write(md), mode="w")
