@@ -488,6 +488,7 @@ def test_describe_indexed(tmp_path):
         loader.dataset_folder("data", str(tmp_path / "pile"))
 
 
+@pytest.mark.slow  # two real training processes
 @pytest.mark.skipif(sys.platform == "win32", reason="folder locks need fcntl")
 def test_two_trainings_at_once_on_a_fresh_data_root(tmp_path):
     """Two real train.py processes started at once on a data root without their dataset: one prepares

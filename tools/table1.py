@@ -6,6 +6,7 @@ table1.py: the paper's Table 1 in a classroom: Tiny Shakespeare (characters) on 
                                                       # a quick subset, away from the full table's runs and results
     python tools/table1.py --layouts=2+4R2+2,3+2R3+3,2+2R4+2,3+1R6+3 --only=vanilla,base,anchor,mesh \
         --results=results/depth_sweep                 # the same table at K = 2, 3, 4, 6 loop steps
+    python tools/table1.py config/lesson.json         # one class period: vanilla, base, mesh at width 64
 
 Every variant has the same compute depth (12 applied blocks), width 128, 4 heads, context 64,
 batch 16, peak LR 1e-3 with train.py's schedule (the paper's: 1% warmup, cosine to 10%), and
@@ -25,7 +26,8 @@ every variant). Results go to RESULTS/table1.json and RESULTS/table1.md, which n
 runs trained on (offline, train.py falls back on the pydoc text: the table says so, and refuses runs
 of different datasets); the validation loss of every variant against the iteration (mean over seeds,
 their spread shaded) to RESULTS/table1_curves.png; probe.py's figures of the base and mesh runs
-(seed 0) to RESULTS/table1_probe/. Figures need matplotlib (pip install matplotlib).
+(seed 0) to RESULTS/table1_probe/, routing.py's view of one validation window, token by token, to
+RESULTS/table1_routing.png (and .json). Figures need matplotlib (pip install matplotlib).
 """
 
 import json
@@ -228,7 +230,8 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
     result_path = os.path.join(out_dir, "result.json")
     if os.path.lexists(result_path):
         result = read_result(result_path, run)
-        if result["max_iters"] == max_iters:
+        same = all(result.get(k, TRAIN[k]) == train[k] for k in ("n_embd", "lr"))  # (older ones: the defaults)
+        if result["max_iters"] == max_iters and same:
             if "dataset" not in result:  # written before results named their data: from the checkpoint
                 ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True)
                 result.update(dataset=ckpt["train_config"]["dataset"], data_sha256=ckpt.get("data", {}).get("sha256"),
@@ -253,7 +256,7 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
         raise UsageError(f"{run['name']} failed (exit {rc}); its last words: {tail.strip().splitlines()[-1]} (full "
                          f"output in {out_dir}/train.out)")
     model, ckpt = checkpoint.load(out_dir)
-    result = dict(run, max_iters=max_iters, iter_num=ckpt.get("iter_num"), n_slots=model.config.slots
+    result = dict(run, max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"], iter_num=ckpt.get("iter_num"), n_slots=model.config.slots
                   if run["scheme"] == "mesh" else None, params=model.num_params(),
                   val_loss=val_loss(model, eval_batches(ckpt, model)), eval_batches=EVAL_BATCHES,
                   ms_per_iter=ms_per_iter(os.path.join(out_dir, "log.jsonl")), out_dir=out_dir,
@@ -501,14 +504,16 @@ def table1(argv):
     runfiles.atomic_write(os.path.join(a.results, "table1.md"), lambda f: f.write(md), mode="w")
     curves = write_curves(results, rows, layouts, os.path.join(a.results, "table1_curves.png"), dataset)
     print(md + f"wrote {a.results}/table1.json, {a.results}/table1.md" + (f" and {curves}" if curves else ""))
-    for layout in layouts:  # probe.py's figures of base and mesh, seed 0, per layout
+    for layout in layouts:  # probe.py's and routing.py's figures of base and mesh, seed 0, per layout
         names = [run_name(v, layout, 0) for v in ("base", "mesh")]
         figures = [os.path.join(a.root, n) for n in names if any(r["name"] == n for r in results)]
         tag = "" if layout == LOOP_LAYOUT else f"_{layout}"
-        if figures and CHILDREN.run([sys.executable, os.path.join(ROOT, "tools", "probe.py"), *(
-                f"--out_dir={d}" for d in figures), f"--json={a.results}/table1_probe{tag}.json",
-                f"--png={a.results}/table1_probe{tag}"]):  # probe.py as a command, as train.py is
-            fail(f"probe.py failed on {', '.join(figures)}; its own lines above say why")
+        for tool, out in (("probe.py", f"--png={a.results}/table1_probe{tag}"),
+                          ("routing.py", f"--png={a.results}/table1_routing{tag}.png")):
+            stem = out.partition("=")[2].removesuffix(".png")  # the tools as commands, as train.py is
+            if figures and CHILDREN.run([sys.executable, os.path.join(ROOT, "tools", tool), *(
+                    f"--out_dir={d}" for d in figures), f"--json={stem}.json", out]):
+                fail(f"{tool} failed on {', '.join(figures)}; its own lines above say why")
 
 
 if __name__ == "__main__":
