@@ -15,7 +15,7 @@ For each checkpoint (base and MeSH side by side) it runs the sentence once with 
   to, which slots it reads its next state from, and where the routers treat tokens differently.
 
 Without --text the sentence is a fixed window of the checkpoint's validation split (--tokens long,
-the same for every checkpoint of a dataset). It prints the numbers as a table (the slot of the
+from the start of a line, the same for every checkpoint of a dataset). It prints the numbers as a table (the slot of the
 largest weight for the routers), writes them as JSON (--json) and, with matplotlib, one PNG
 (--png): the effort of both checkpoints on top, then each MeSH checkpoint's write and read weights.
 """
@@ -25,6 +25,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
@@ -36,8 +37,10 @@ from support import checkpoint, runfiles  # noqa: E402
 from support.capture import capture  # noqa: E402
 from support.checkpoint import checkpoint_dataset  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
-from tools.probe import json_ready, relative_update, validation_windows  # noqa: E402
+from tools.probe import json_ready, relative_update  # noqa: E402
+from data.loader import load_split  # noqa: E402
 
+SCAN = 100_000  # tokens searched for a line's start, at most
 SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
 
 
@@ -60,13 +63,27 @@ def routing(model, idx):
     return {"effort": effort, "routers": routers}
 
 
+def line_window(val, tokenizer, length, seed, scan=SCAN):
+    """(1, length) token ids of the validation split val: from the first line that starts with a letter
+    at or after a start drawn by np.random.default_rng(seed) (within scan tokens; else at that start),
+    so that a slide shows words rather than the middle of a run of spaces."""
+    if len(val) < length:
+        raise UsageError(f"the validation split has {len(val)} tokens, fewer than --tokens={length}")
+    start = int(np.random.default_rng(seed).integers(0, len(val) - length + 1))
+    for p in range(start, min(start + scan, len(val) - length)):
+        if tokenizer.decode([int(val[p])]).endswith("\n") and tokenizer.decode([int(val[p + 1])])[:1].isalpha():
+            start = p + 1
+            break
+    return torch.from_numpy(np.asarray(val[start:start + length], dtype=np.int64))[None]
+
+
 def sentence(ckpt, model, text, tokens, seed):
     """The token ids (1, T) to show: text encoded with the checkpoint's tokenizer, or a validation window."""
     folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
     tokenizer = Tokenizer.load(folder)
     T = model.config.block_size
     if text is None:
-        return validation_windows(ckpt, min(tokens, T), 1, seed), tokenizer
+        return line_window(load_split(folder, "val"), tokenizer, min(tokens, T), seed), tokenizer
     ids = tokenizer.encode(text)  # a character not in a char vocabulary: one line naming it
     if not 0 < len(ids) <= T:
         raise UsageError(f"--text is {len(ids)} tokens; give 1 to {T} (the model's block_size)")
@@ -121,7 +138,7 @@ def write_png(results, path):
     rows = 1 + sum(len(r["routers"]) for r in meshes)
     cols = max(2, len(results))
     T = max(len(r["tokens"]) for r in results)
-    fig, axes = plt.subplots(rows, cols, figsize=(max(8, 0.32 * T * cols), 2.2 + 1.6 * rows), squeeze=False,
+    fig, axes = plt.subplots(rows, cols, figsize=(max(8, 0.32 * T * cols), 2.6 + 1.8 * rows), squeeze=False,
                              layout="constrained")
     top = max(max(v for values in r["effort"].values() for v in values) for r in results)
 
@@ -151,8 +168,10 @@ def write_png(results, path):
                 ax.set_title(f"{title(r)}, {name}: how much each token {what} each slot", fontsize=10)
             for ax in axes[row][2:]:
                 ax.axis("off")
-            fig.colorbar(im, ax=axes[row][:2].tolist(), label="weight (each token's sum to 1)", shrink=0.9)
+            fig.colorbar(im, ax=axes[row][:2].tolist(), label="routing weight", shrink=0.9)
             row += 1
+    fig.suptitle("One sentence, token by token: how much each part of the model changes each token, and "
+                 "where MeSH's routers write and read it", fontsize=12)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

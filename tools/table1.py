@@ -6,7 +6,7 @@ table1.py: the paper's Table 1 in a classroom: Tiny Shakespeare (characters) on 
                                                       # a quick subset, away from the full table's runs and results
     python tools/table1.py --layouts=2+4R2+2,3+2R3+3,2+2R4+2,3+1R6+3 --only=vanilla,base,anchor,mesh \
         --results=results/depth_sweep                 # the same table at K = 2, 3, 4, 6 loop steps
-    python tools/table1.py config/lesson.json         # one class period: vanilla, base, mesh at width 64
+    python tools/table1.py --lesson                   # one class period (LESSON.md): vanilla, base, mesh
 
 Every variant has the same compute depth (12 applied blocks), width 128, 4 heads, context 64,
 batch 16, peak LR 1e-3 with train.py's schedule (the paper's: 1% warmup, cosine to 10%), and
@@ -63,6 +63,8 @@ DATASETS = {"shakespeare_char": "Tiny Shakespeare (characters)",  # what the tab
             "pydoc": "Python's pydoc text (characters; Tiny Shakespeare could not be downloaded)"}
 MODEL = dict(n_embd=128, n_head=4, block_size=64)
 TRAIN = dict(dataset="shakespeare_char", batch_size=16, lr=1e-3, eval_iters=20, sample_tokens=0, **MODEL)
+LESSON = dict(layouts="3+2R3+3", only="vanilla,base,mesh", seeds="0,1", jobs=2, n_embd=64, lr=2e-3,
+              max_iters=500, root="runs/lesson", results="runs/lesson")  # --lesson: a class period, 2 cores
 EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 targets in random windows: the same for every
                                      # run; drawn with replacement, so some positions repeat and some are unseen
 
@@ -428,6 +430,7 @@ class Table1Config:
     data_root: str = setting("data", "train.py's --data_root: where the dataset is, or is made")
     jobs: int = setting(1, "runs at once, each with cores/jobs threads")
     dry_run: bool = setting(False, "print the train.py commands and stop")
+    lesson: bool = setting(False, "one class period (LESSON.md): " + ", ".join(f"--{k}={v}" for k, v in LESSON.items()))
 
 
 def main(argv=None):
@@ -450,8 +453,8 @@ def fail(message):
 
 
 def table1(argv):
-    a = Table1Config(**parse_flags(Table1Config, argv, "tools/table1.py",
-                                   f"names for --only: {', '.join([*SCHEME, 'ablation'])}"))
+    given = parse_flags(Table1Config, argv, "tools/table1.py", f"names for --only: {', '.join([*SCHEME, 'ablation'])}")
+    a = Table1Config(**{**(LESSON if given.get("lesson") else {}), **given})  # flags given override the lesson's
     try:
         seeds = [int(s) for s in a.seeds.split(",")]
     except ValueError:
