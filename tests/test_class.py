@@ -143,3 +143,40 @@ def test_routing_bad_input_is_one_line(runs, args, message, capsys):
         routing.main([f"--out_dir={runs[1]}"] * bool(args) + args)
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
+
+
+# -----------------------------------------------------------------------------
+# table1.py --lesson: one class period's settings, which flags after it override
+
+def test_table1_lesson_is_six_runs_at_width_64_and_flags_override_it(capsys):
+    from tools import table1
+    table1.main(["--lesson", "--dry_run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("--out_dir=")[1].split()[0] for line in lines] == [
+        "runs/lesson/vanilla_s0", "runs/lesson/vanilla_s1", "runs/lesson/base_3+2R3+3_s0",
+        "runs/lesson/base_3+2R3+3_s1", "runs/lesson/mesh_3+2R3+3_s0", "runs/lesson/mesh_3+2R3+3_s1"]
+    assert all("--lr=0.002 " in line and "--n_embd=64 " in line and "--max_iters=500 " in line for line in lines)
+    table1.main(["--lesson", "--dry_run", "--max_iters=8", "--layouts=2+2R4+2", "--only=mesh", "--seeds=3"])
+    assert capsys.readouterr().out.split()[1:] == [
+        "--out_dir=runs/lesson/mesh_2+2R4+2_s3", "--dataset=shakespeare_char", "--batch_size=16", "--lr=0.002",
+        "--eval_iters=20", "--sample_tokens=0", "--n_embd=64", "--n_head=4", "--block_size=64", "--max_iters=8",
+        "--eval_interval=2", "--layout=2+2R4+2", "--scheme=mesh", "--seed=3", "--device=cpu", "--data_root=data",
+        "--overwrite=true"]
+
+
+def test_table1_reuses_a_finished_run_only_at_the_same_width_and_lr(tmp_path, monkeypatch, capsys):
+    from configurator import UsageError
+    from tools import table1
+    run = table1.plan(["mesh"], [0], ())[0]
+    (tmp_path / run["name"]).mkdir()
+    done = dict(name=run["name"], seed=0, max_iters=5, params=1, val_loss=1.5, ms_per_iter=None, dataset="pydoc",
+                data_sha256=None, val_curve=[])  # written at width 128, lr 1e-3 (the defaults)
+    (tmp_path / run["name"] / "result.json").write_text(json.dumps(done))
+    assert table1.run_one(run, str(tmp_path), 5)["val_loss"] == 1.5  # the defaults: reused
+    started = []
+    monkeypatch.setattr(table1.CHILDREN, "run", lambda cmd, **kw: started.append(cmd) or 1)
+    for train in (dict(table1.TRAIN, n_embd=64), dict(table1.TRAIN, lr=2e-3)):
+        with pytest.raises(UsageError, match=f"{run['name']} failed"):  # trained again (here: a failing stand-in)
+            table1.run_one(run, str(tmp_path), 5, train=train)
+    assert ["--n_embd=64" in cmd for cmd in started] == [True, False]
+    assert ["--lr=0.002" in cmd for cmd in started] == [False, True]

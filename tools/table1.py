@@ -255,8 +255,9 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
         raise UsageError(f"{tail.strip().splitlines()[-1].partition('error: ')[2]} ({run['name']})")
     os.replace(out, os.path.join(out_dir, "train.out"))
     if rc:
-        raise UsageError(f"{run['name']} failed (exit {rc}); its last words: {tail.strip().splitlines()[-1]} (full "
-                         f"output in {out_dir}/train.out)")
+        last = (tail.strip().splitlines() or ["(none: it printed nothing)"])[-1]
+        raise UsageError(f"{run['name']} failed (exit {rc}); its last words: {last} (full output in "
+                         f"{out_dir}/train.out)")
     model, ckpt = checkpoint.load(out_dir)
     result = dict(run, max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"], iter_num=ckpt.get("iter_num"), n_slots=model.config.slots
                   if run["scheme"] == "mesh" else None, params=model.num_params(),
