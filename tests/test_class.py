@@ -155,7 +155,7 @@ def test_table1_lesson_is_six_runs_at_width_64_and_flags_override_it(capsys):
     assert [line.split("--out_dir=")[1].split()[0] for line in lines] == [
         "runs/lesson/vanilla_s0", "runs/lesson/vanilla_s1", "runs/lesson/base_3+2R3+3_s0",
         "runs/lesson/base_3+2R3+3_s1", "runs/lesson/mesh_3+2R3+3_s0", "runs/lesson/mesh_3+2R3+3_s1"]
-    assert all("--lr=0.002 " in line and "--n_embd=64 " in line and "--max_iters=500 " in line for line in lines)
+    assert all("--lr=0.002 " in line and "--n_embd=64 " in line and "--max_iters=700 " in line for line in lines)
     table1.main(["--lesson", "--dry_run", "--max_iters=8", "--layouts=2+2R4+2", "--only=mesh", "--seeds=3"])
     assert capsys.readouterr().out.split()[1:] == [
         "--out_dir=runs/lesson/mesh_2+2R4+2_s3", "--dataset=shakespeare_char", "--batch_size=16", "--lr=0.002",

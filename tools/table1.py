@@ -64,7 +64,7 @@ DATASETS = {"shakespeare_char": "Tiny Shakespeare (characters)",  # what the tab
 MODEL = dict(n_embd=128, n_head=4, block_size=64)
 TRAIN = dict(dataset="shakespeare_char", batch_size=16, lr=1e-3, eval_iters=20, sample_tokens=0, **MODEL)
 LESSON = dict(layouts="3+2R3+3", only="vanilla,base,mesh", seeds="0,1", jobs=2, n_embd=64, lr=2e-3,
-              max_iters=500, root="runs/lesson", results="runs/lesson")  # --lesson: a class period, 2 cores
+              max_iters=700, root="runs/lesson", results="runs/lesson")  # --lesson: a class period, 2 cores
 EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 targets in random windows: the same for every
                                      # run; drawn with replacement, so some positions repeat and some are unseen
 
