@@ -118,6 +118,7 @@ def draw(cfg, path):
     ax.axis("off")
     ax.set_title(f"layout {cfg.layout}, scheme {cfg.scheme}: compute depth {cfg.shape.depth}, "
                  f"{cfg.shape.unique} unique blocks", fontsize=11)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -150,10 +151,8 @@ def main(argv=None):
     except (UsageError, ValueError) as e:
         raise SystemExit(report("draw.py", e))
     print(text(cfg) + "\n\n" + summary(cfg))
-    if a.png:
-        os.makedirs(os.path.dirname(os.path.abspath(a.png)), exist_ok=True)
-        if draw(cfg, a.png):
-            print(f"wrote {a.png}")
+    if a.png and draw(cfg, a.png):
+        print(f"wrote {a.png}")
     return cfg
 
 

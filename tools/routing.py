@@ -212,15 +212,14 @@ def command(argv):
     for out_dir in a.out_dir:
         results.append(routing_checkpoint(out_dir, a.text, a.tokens, a.seed, device))
         print(report(results[-1]))
+    for path in filter(None, (a.json, a.png)):  # their folders, once the model has run
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         runfiles.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1, ensure_ascii=False,
                                                           allow_nan=False), mode="w")
         print(f"wrote {a.json}")
-    if a.png:
-        os.makedirs(os.path.dirname(os.path.abspath(a.png)), exist_ok=True)
-        if write_png(results, a.png):
-            print(f"wrote {a.png}")
+    if a.png and write_png(results, a.png):
+        print(f"wrote {a.png}")
     return results
 
 
