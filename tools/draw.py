@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, report, setting  # noqa: E402
-from mesh import MESH_CHOICES, PRESETS, SCHEMES, Config, parse_layout, summary  # noqa: E402
+from mesh import MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout, summary  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
 RULES = {"base": "h(t+1) = f_t(h(t))", "residual": "h(t+1) = f_t(h(t)) + h(t)",  # the README's table
@@ -148,7 +148,7 @@ def main(argv=None):
         if a.scheme is None and a.layout and not parse_layout(a.layout).schedule:
             chosen["scheme"] = "base"  # a vanilla layout (no loop steps): the preset's scheme cannot apply
         cfg = Config.from_preset(a.model, **chosen)
-    except (UsageError, ValueError) as e:
+    except (UsageError, ConfigError) as e:
         raise SystemExit(report("draw.py", e))
     print(text(cfg) + "\n\n" + summary(cfg))
     if a.png and draw(cfg, a.png):

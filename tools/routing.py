@@ -33,9 +33,9 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
-from support import checkpoint, runfiles  # noqa: E402
+from support import runfiles, sampling  # noqa: E402
 from support.capture import capture  # noqa: E402
-from support.checkpoint import checkpoint_dataset  # noqa: E402
+from data.dataset import checkpoint_dataset  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 from tools.probe import json_ready, relative_update  # noqa: E402
 from data.loader import load_split  # noqa: E402
@@ -91,7 +91,7 @@ def sentence(ckpt, model, text, tokens, seed):
 
 
 def routing_checkpoint(out_dir, text, tokens, seed, device):
-    model, ckpt = checkpoint.load(out_dir, device)
+    model, ckpt = sampling.load(out_dir, device, "routing.py")  # the run's latest, as a resume's
     idx, tokenizer = sentence(ckpt, model, text, tokens, seed)
     cfg = model.config
     return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "dataset": ckpt["train_config"]["dataset"],
@@ -193,7 +193,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         return command(argv)
-    except (ValueError, OSError) as e:  # a missing checkpoint, a changed dataset, a character not in the vocabulary
+    except (UsageError, OSError) as e:  # a missing checkpoint, a changed dataset, a character not in the vocabulary
         raise SystemExit(error_line("routing.py", e))
 
 
