@@ -18,8 +18,10 @@ the table also gives each variant's paired differences to base (same layout) and
 seed.
 
 Runs go through `python train.py` (one at a time, or --jobs at once) into ROOT/NAME/; a run whose
-result.json exists is skipped, so an interrupted table resumes where it stopped. SIGTERM, SIGINT
-(Ctrl-C) or SIGHUP to table1.py stops its runs too (each saves a checkpoint) and waits for them.
+result.json exists is skipped, so an interrupted table resumes where it stopped; a finished run of
+another --max_iters is refused, never replaced. One table1.py per --root (it holds the folder's
+lock). SIGTERM, SIGINT (Ctrl-C) or SIGHUP to table1.py stops its runs too (each saves a checkpoint)
+and waits for them.
 The final validation loss is measured here, not taken from train.py's log: each final checkpoint is
 evaluated on the same fixed EVAL_BATCHES batches of the validation split (identical batches for
 every variant). Results go to RESULTS/table1.json and RESULTS/table1.md, which name the dataset the
@@ -48,7 +50,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from support import checkpoint, outdir, plain, runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from data.loader import load_split, random_windows  # noqa: E402
-from support.checkpoint import checkpoint_dataset  # noqa: E402
+from data.dataset import checkpoint_dataset  # noqa: E402
 from support.machine import machine_name  # noqa: E402
 from mesh import SCHEMES, Config, RecursiveGPT  # noqa: E402
 
@@ -100,8 +102,9 @@ def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
 
 
 def train_command(run, out_dir, max_iters, device="cpu", data_root="data", train=TRAIN):
-    """train.py's command line for a run. --overwrite=true: an interrupted or shorter run of ours there is
-    replaced, by train.py's own rules (at its first checkpoint, never while another run owns the folder)."""
+    """train.py's command line for a run. --overwrite=true: an interrupted run of ours there is replaced
+    (a finished one never reaches here: check_redoable), by train.py's own rules (at its first
+    checkpoint, never while another run owns the folder)."""
     flags = dict(out_dir=out_dir, **train, max_iters=max_iters, eval_interval=max(1, max_iters // 4),
                  layout=run["layout"], scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
                  **CHOICES.get(run["variant"], {}), device=device, data_root=data_root, overwrite="true")
@@ -227,20 +230,45 @@ def read_result(path, run):
     return result
 
 
+def check_redoable(run, out_dir, max_iters, train=TRAIN):
+    """Raise UsageError when out_dir holds a finished run of other settings (--max_iters, --n_embd, --lr;
+    its result.json says so, or its checkpoint reached its own max_iters): only an interrupted run, a
+    finished one of these settings, or none, is trained (again) or reused there."""
+    result_path, theirs = os.path.join(out_dir, "result.json"), None
+    if os.path.lexists(result_path):
+        result = read_result(result_path, run)
+        theirs = dict(max_iters=result["max_iters"], n_embd=result.get("n_embd", TRAIN["n_embd"]),
+                      lr=result.get("lr", TRAIN["lr"]))  # (older results: the defaults)
+    elif os.path.isfile(os.path.join(out_dir, checkpoint.CKPT)):
+        try:
+            ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True, map_location="cpu")
+            saved = ckpt["train_config"]
+            if isinstance(saved["max_iters"], int) and ckpt["iter_num"] >= saved["max_iters"]:
+                theirs = {k: saved[k] for k in ("max_iters", "n_embd", "lr")}
+        except Exception:  # damaged or foreign: no finished run, as train.py judges by its own rules
+            pass
+    ours = dict(max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"])
+    if theirs is not None and theirs != ours:
+        other = ", ".join(f"--{k}={theirs[k]}" for k in ours if theirs[k] != ours[k])
+        mine = ", ".join(f"--{k}={ours[k]}" for k in ours if theirs[k] != ours[k])
+        raise UsageError(f"{out_dir} holds a finished run of {other}, not {mine}, which table1.py never "
+                         f"replaces; give another --root, or {other} to use it, or delete {out_dir} to "
+                         f"train it again")
+
+
 def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", train=TRAIN):
     out_dir = os.path.join(root, run["name"])
     result_path = os.path.join(out_dir, "result.json")
-    if os.path.lexists(result_path):
+    check_redoable(run, out_dir, max_iters, train)
+    if os.path.lexists(result_path):  # a finished run of these settings (check_redoable): reused
         result = read_result(result_path, run)
-        same = all(result.get(k, TRAIN[k]) == train[k] for k in ("n_embd", "lr"))  # (older ones: the defaults)
-        if result["max_iters"] == max_iters and same:
-            if "dataset" not in result:  # written before results named their data: from the checkpoint
-                ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True)
-                result.update(dataset=ckpt["train_config"]["dataset"], data_sha256=ckpt.get("data", {}).get("sha256"),
-                              val_curve=val_curve(os.path.join(out_dir, "log.jsonl")))
-                runfiles.write_json(result_path, result)
-            print(f"{run['name']}: done (val loss {result['val_loss']:.4f})")
-            return result
+        if "dataset" not in result:  # written before results named their data: from the checkpoint
+            ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True)
+            result.update(dataset=ckpt["train_config"]["dataset"], data_sha256=ckpt.get("data", {}).get("sha256"),
+                          val_curve=val_curve(os.path.join(out_dir, "log.jsonl")))
+            runfiles.write_json(result_path, result)
+        print(f"{run['name']}: done (val loss {result['val_loss']:.4f})")
+        return result
     os.makedirs(out_dir, exist_ok=True)
     runfiles.check_free(out_dir, flag="--root", shown=out_dir)  # a live run there: touch nothing of it
     cmd = train_command(run, out_dir, max_iters, device, data_root, train)
@@ -453,6 +481,21 @@ def fail(message):
     raise UsageError(message)
 
 
+def train_all(runs, a, train):
+    """Every run's result: each trained unless done, --jobs at a time; a finished run of other settings
+    refused before any trains."""
+    for run in runs:
+        check_redoable(run, os.path.join(a.root, run["name"]), a.max_iters, train)
+    threads = max(1, (os.cpu_count() or 1) // a.jobs)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    pool = ThreadPoolExecutor(a.jobs)  # each run is its own process; threads only wait on them
+    try:
+        return list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device, a.data_root, train),
+                             runs))
+    finally:  # stopping: the runs not started never start, the others end first
+        pool.shutdown(cancel_futures=True)
+
+
 def table1(argv):
     given = parse_flags(Table1Config, argv, "tools/table1.py", f"names for --only: {', '.join([*SCHEME, 'ablation'])}")
     a = Table1Config(**{**(LESSON if given.get("lesson") else {}), **given})  # flags given override the lesson's
@@ -488,14 +531,16 @@ def table1(argv):
         return
     if not os.path.isfile(os.path.join(ROOT, "train.py")):
         fail("train.py not found in the project folder")
-    threads = max(1, (os.cpu_count() or 1) // a.jobs)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    pool = ThreadPoolExecutor(a.jobs)  # each run is its own process; threads only wait on them
+    os.makedirs(a.root, exist_ok=True)
+    runfiles.own(a.root, flag="--root")  # one table1.py per root, held to its end: a second is refused at once
     try:
-        results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device,
-                                                    a.data_root, train), runs))
-    finally:  # stopping: the runs not started never start, the others end first
-        pool.shutdown(cancel_futures=True)
+        write_results(train_all(runs, a, train), a, seeds, layouts, only, train)
+    finally:
+        runfiles.disown(a.root)
+
+
+def write_results(results, a, seeds, layouts, only, train):
+    """The tables (JSON and Markdown), the curves and probe.py's figures of the runs' results."""
     dataset = trained_on(results)
     rows = aggregate(results, vanilla_params(a.n_embd), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
