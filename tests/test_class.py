@@ -164,7 +164,7 @@ def test_table1_lesson_is_six_runs_at_width_64_and_flags_override_it(capsys):
         "--overwrite=true"]
 
 
-def test_table1_reuses_a_finished_run_only_at_the_same_width_and_lr(tmp_path, monkeypatch, capsys):
+def test_table1_reuses_a_finished_run_only_at_the_same_width_and_lr(tmp_path, monkeypatch):
     from configurator import UsageError
     from tools import table1
     run = table1.plan(["mesh"], [0], ())[0]
@@ -175,8 +175,8 @@ def test_table1_reuses_a_finished_run_only_at_the_same_width_and_lr(tmp_path, mo
     assert table1.run_one(run, str(tmp_path), 5)["val_loss"] == 1.5  # the defaults: reused
     started = []
     monkeypatch.setattr(table1.CHILDREN, "run", lambda cmd, **kw: started.append(cmd) or 1)
-    for train in (dict(table1.TRAIN, n_embd=64), dict(table1.TRAIN, lr=2e-3)):
-        with pytest.raises(UsageError, match=f"{run['name']} failed"):  # trained again (here: a failing stand-in)
+    for flag, train in (("--n_embd=128, not --n_embd=64", dict(table1.TRAIN, n_embd=64)),
+                        ("--lr=0.001, not --lr=0.002", dict(table1.TRAIN, lr=2e-3))):
+        with pytest.raises(UsageError, match=f"holds a finished run of {flag}, which table1.py never replaces"):
             table1.run_one(run, str(tmp_path), 5, train=train)
-    assert ["--n_embd=64" in cmd for cmd in started] == [True, False]
-    assert ["--lr=0.002" in cmd for cmd in started] == [False, True]
+    assert started == []  # refused before anything trains

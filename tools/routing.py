@@ -15,9 +15,10 @@ For each checkpoint (base and MeSH side by side) it runs the sentence once with 
   to, which slots it reads its next state from, and where the routers treat tokens differently.
 
 Without --text the sentence is a fixed window of the checkpoint's validation split (--tokens long,
-from the start of a line, the same for every checkpoint of a dataset). It prints the numbers as a table (the slot of the
-largest weight for the routers), writes them as JSON (--json) and, with matplotlib, one PNG
-(--png): the effort of both checkpoints on top, then each MeSH checkpoint's write and read weights.
+from the start of a line, the same for every checkpoint of a dataset). It prints the numbers as a
+table (the slot of the largest weight for the routers), writes them as JSON (--json) and, with
+matplotlib, one PNG (--png): the effort of both checkpoints on top, then each MeSH checkpoint's
+write and read weights.
 """
 
 import json
@@ -35,9 +36,9 @@ from configurator import report as error_line  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 from support import runfiles, sampling  # noqa: E402
 from support.capture import capture  # noqa: E402
-from data.dataset import checkpoint_dataset  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 from tools.probe import json_ready, relative_update  # noqa: E402
+from data.dataset import checkpoint_dataset  # noqa: E402
 from data.loader import load_split  # noqa: E402
 
 SCAN = 100_000  # tokens searched for a line's start, at most
