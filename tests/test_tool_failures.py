@@ -410,7 +410,7 @@ def test_table1_refuses_a_finished_run_of_other_settings(how, tmp_path, capsys):
     assert e.value.code == 2
     folder = root / "vanilla_s1"
     assert one_line(capsys, "table1.py") == (
-        f"table1.py: error: {folder} holds a finished run of --max_iters=30, not 10, which table1.py never replaces; "
+        f"table1.py: error: {folder} holds a finished run of --max_iters=30, not --max_iters=10, which table1.py never replaces; "
         f"give another --root, or --max_iters=30 to use it, or delete {folder} to train it again\n")
     assert snapshot(root) == before and sorted(os.listdir(root)) == ["vanilla_s1"]
     assert not (tmp_path / "res").exists()

@@ -244,7 +244,8 @@ def check_redoable(run, out_dir, max_iters, train=TRAIN):
             ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True, map_location="cpu")
             saved = ckpt["train_config"]
             if isinstance(saved["max_iters"], int) and ckpt["iter_num"] >= saved["max_iters"]:
-                theirs = {k: saved[k] for k in ("max_iters", "n_embd", "lr")}
+                theirs = dict(max_iters=saved["max_iters"], n_embd=saved.get("n_embd", TRAIN["n_embd"]),
+                              lr=saved.get("lr", TRAIN["lr"]))
         except Exception:  # damaged or foreign: no finished run, as train.py judges by its own rules
             pass
     ours = dict(max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"])
