@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even if PYTHONSAFEPATH=1
 from configurator import UsageError, setting
 from data.loader import (check_fits, dataset_folder, dataset_record, load_split, random_windows,
                          sequential_windows)
@@ -327,6 +328,7 @@ def train(given):
                 print(guards.stopped(iter_num, tc, world))
             return 130
 
+    stop.finished()  # the run is saved: a signal now ends its closing sample at once
     # ---- a closing sample (every rank decodes the same tokens: FSDP gathers weights)
     if tc.sample_tokens > 0:
         torch.manual_seed(tc.seed)

@@ -8,6 +8,7 @@ processes, wrap, sync, save and load, with NAME and CHECKPOINT; train.py picks o
     ddp.save(out_dir, raw_model, optimizer, master, state)       # OUT_DIR/ckpt.pt, written by rank 0
 """
 
+import inspect
 import os
 from contextlib import nullcontext
 
@@ -18,6 +19,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from support import checkpoint
 
 NAME, CHECKPOINT = "", checkpoint.CKPT  # the startup line's word for it; the file a resume continues from
+# DDP's switch for syncing buffers at every forward: forward_sync_buffers from torch 2.13 on (where
+# broadcast_buffers, before it, warns of its deprecation at every launch)
+NO_BUFFER_SYNC = next(k for k in ("forward_sync_buffers", "broadcast_buffers")
+                      if k in inspect.signature(DDP).parameters)
 
 
 def wrap(model, device, tc, scratch):
@@ -25,9 +30,9 @@ def wrap(model, device, tc, scratch):
     process rank 0's weights when it wraps, so a scratch model needs nothing more."""
     raw = model.to(device)
     model = torch.compile(raw) if tc.compile else raw
-    if dist.is_initialized():  # no buffers to broadcast: the rotary tables are the same on every rank
+    if dist.is_initialized():  # no buffers to sync: the rotary tables are the same on every rank
         model = DDP(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None,
-                    broadcast_buffers=False)
+                    **{NO_BUFFER_SYNC: False})
     return raw, model
 
 
