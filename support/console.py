@@ -6,9 +6,9 @@ its ssh connection (EIO), a redirected log on a full disk, is given up: one note
 and in the run's log.jsonl, and the run goes on to its checkpoint. A character the stream's
 encoding lacks (PYTHONIOENCODING=ascii) is escaped, never an error.
 
-    console.keep("train.py")   # sys.stdout and sys.stderr through Stream, for the whole command
-    note = console.note()      # the note of a stream given up, once (RunLog puts it in the log)
-    console.restore()          # flushed (a failure given up, as ever) and put back
+    kept = console.keep("train.py")  # sys.stdout and sys.stderr through Stream, for the command
+    note = console.note()            # the note of a stream given up, once (RunLog logs it)
+    console.restore(kept)            # flushed (a failure given up, as ever) and put back
 """
 
 import errno
@@ -60,7 +60,7 @@ class Stream:
             try:
                 self.stream.write(text)
             except UnicodeEncodeError:  # an encoding without these characters: escaped (\xe9)
-                encoding = self.stream.encoding
+                encoding = self.stream.encoding or "ascii"
                 self.stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
         except OSError as e:
             self._give_up(e)
@@ -89,17 +89,17 @@ class Stream:
             sys.stderr.write(note + "\n")
 
 
-_kept = []  # (name in sys, the stream it replaced)
-
-
 def keep(prog):
-    """From now on sys.stdout and sys.stderr write through Stream (a stream that is None, as
+    """From now on sys.stdout and sys.stderr write through Stream: returns what restore() puts
+    back (nothing where they already do, in a command run by another; a stream that is None, as
     `>&-` leaves it, stays None: print then writes nothing)."""
+    kept = []
     for name, word in (("stdout", "output"), ("stderr", "error")):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, Stream):
-            _kept.append((name, stream))
+            kept.append((name, stream))
             setattr(sys, name, Stream(stream, word, prog))
+    return kept
 
 
 def note():
@@ -109,12 +109,12 @@ def note():
     return text
 
 
-def restore():
-    """Flush both streams, a failure given up as ever, and put the replaced streams back."""
-    while _kept:
-        name, stream = _kept.pop()
+def restore(kept):
+    """Flush the streams keep() replaced, a failure given up as ever, and put them back."""
+    for name, stream in kept:
         current = getattr(sys, name)
         if isinstance(current, Stream) and current.stream is stream:
             current.flush()
             setattr(sys, name, stream)
-    _notes.clear()
+    if kept:
+        _notes.clear()

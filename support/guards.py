@@ -30,8 +30,7 @@ def command(prog, settings, fn, argv, notes=""):
     Bad input (the project's errors are ValueErrors; a file that cannot be used, an OSError) is one line on
     stderr and exit 2; a model that blew up (FloatingPointError) one line and exit 1; --debug=true shows the
     traceback instead. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
-    given = {}
-    console.keep(prog)  # a failing stdout or stderr stops nothing: one note, and the run goes on
+    given, kept = {}, console.keep(prog)  # a failing stdout or stderr stops nothing: one note
     try:
         given = parse_flags(settings, argv, prog, notes)
         return fn(given)
@@ -62,7 +61,7 @@ def command(prog, settings, fn, argv, notes=""):
         Stop.restore()
         outdir.release()
         machine.stop()
-        console.restore()
+        console.restore(kept)
 
 
 class Stop:

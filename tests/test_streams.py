@@ -8,6 +8,7 @@ run under PYTHONSAFEPATH=1 and torchrun without a warning.
     python -m pytest tests/test_streams.py -q --all
 """
 
+import io
 import json
 import os
 import signal
@@ -120,6 +121,35 @@ def test_a_failing_stdout_never_stops_a_run_from_saving(case, data_root, tmp_pat
     assert log_notes(out)[0].startswith(note), log_notes(out)
     assert saved_iter(out) == last if last else saved_iter(out) >= 1
     resumes(data_root, out)
+
+
+def test_a_print_from_a_signal_handler_waits_for_the_write_it_interrupts(monkeypatch):
+    """A real signal arrives while stdout's buffered writer is in the middle of a write, and its
+    handler prints (as Stop's does): a buffered writer refuses that ("reentrant call"), so Stream
+    writes the handler's line once the interrupted write is done."""
+    from support import console
+
+    class Terminal(io.RawIOBase):  # a raw stream that takes its time to write
+        data = b""
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            if not self.data:
+                os.kill(os.getpid(), signal.SIGUSR1)  # its handler runs here, inside this write
+            self.data += bytes(b)
+            return len(b)
+
+    raw = Terminal()
+    monkeypatch.setattr(sys, "stdout", console.Stream(io.TextIOWrapper(io.BufferedWriter(raw)),
+                                                       "output", "train.py"))
+    previous = signal.signal(signal.SIGUSR1, lambda *_: print("SIGUSR1: stop", flush=True))
+    try:
+        print("iter 1: loss 2.5", flush=True)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert raw.data == b"iter 1: loss 2.5\nSIGUSR1: stop\n"
 
 
 def test_a_text_the_encoding_cannot_hold_is_escaped(tmp_path):
