@@ -1,7 +1,7 @@
 """
 Tests for the data pipeline (data/prepare.py, the write side; data/loader.py and data/tokenizer.py, the loading side). Fast, offline, and they only write under tmp_path.
 
-    python -m pytest tests/test_data.py -q
+    python -m pytest tests/test_data.py -q --all  # --all: its slow-marked tests too
 
 The GPT-2 tests need tiktoken's vocabulary: set TIKTOKEN_CACHE_DIR to a folder holding
 tiktoken's cached files when offline; without it they are skipped.
@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 
 import numpy as np
@@ -24,7 +25,7 @@ from data.loader import load_split
 from data.prepare import ensure_dataset, prepare
 from data.tokenizer import Tokenizer
 from conftest import train_bpe
-from support.checkpoint import checkpoint_dataset
+from data.dataset import checkpoint_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TEXT = "".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300))
@@ -173,7 +174,7 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
     # no fallback for GPT-2 Shakespeare (without tiktoken's files the vocabulary fails first)
     with pytest.raises(DataError, match="could not download|GPT-2 vocabulary"):
         ensure_dataset("shakespeare", out_root=str(tmp_path), log=quiet)
-    with pytest.raises(DataError, match="never prepared.*--dataset mine --input FILE"):
+    with pytest.raises(DataError, match=r"'mine' is not in --data_root=.*--dataset mine --input FILE --out_root"):
         ensure_dataset("mine", out_root=str(tmp_path), log=quiet)
 
 
@@ -269,8 +270,9 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
     monkeypatch.chdir(elsewhere)  # ... and from elsewhere: then data/ beside data/prepare.py
     monkeypatch.setattr(loader, "DEFAULT_ROOT", str(tmp_path / "data"))
     assert checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
-    with pytest.raises(DataError, match=r"dataset 'nope' is not prepared \(no data/nope/meta.json\); "
-                                           r"prepare it with: python data/prepare.py --dataset nope"):
+    with pytest.raises(DataError, match=r"dataset 'nope' is not in its --data_root=data \(no data/nope/meta.json\): "
+                                           r"give the folder it moved to with --data_root, or prepare it with: "
+                                           r"python data/prepare.py --dataset nope"):
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
 
@@ -485,3 +487,61 @@ def test_describe_indexed(tmp_path):
     with pytest.raises(DataError, match="has no meta.json beside it to name its tokenizer; write one with: python "
                                            "data/prepare.py --indexed .*document --tokenizer TOKENIZER"):
         loader.dataset_folder("data", str(tmp_path / "pile"))
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2", "bpe"])
+@pytest.mark.parametrize("chunk", [1 << 20, 1], ids=["one chunk", "byte chunks"])
+def test_a_byte_order_mark_is_not_a_character_of_the_text(tokenizer, chunk, tmp_path):
+    if tokenizer == "gpt2":
+        try:
+            Tokenizer("gpt2")
+        except DataError as e:
+            pytest.skip(f"GPT-2 vocabulary unavailable (set TIKTOKEN_CACHE_DIR): {e}")
+    if tokenizer == "bpe":
+        train_bpe(tmp_path / "tokenizer.json")
+        tokenizer = str(tmp_path / "tokenizer.json")
+    text = UNICODE[:300]
+    plain = write(tmp_path / "plain.txt", text)
+    marked = write(tmp_path / "marked.txt", b"\xef\xbb\xbf" + text.encode("utf-8"))
+    a = prepare("a", input=plain, tokenizer=tokenizer, out_root=str(tmp_path), log=quiet)
+    b = prepare("b", input=marked, tokenizer=tokenizer, out_root=str(tmp_path), chunk_bytes=chunk,
+                log=quiet)
+    (meta_a, train_a, val_a), (meta_b, train_b, val_b) = read_bins(a), read_bins(b)
+    assert "\ufeff" not in meta_b.get("chars", "") and meta_a.get("chars") == meta_b.get("chars")
+    assert meta_a["vocab_size"] == meta_b["vocab_size"]
+    if chunk > 1:  # BPE is per chunk: byte chunks cut the text elsewhere
+        assert (train_a.tolist(), val_a.tolist()) == (train_b.tolist(), val_b.tolist())
+    else:
+        assert Tokenizer.load(b).decode(np.concatenate([train_b, val_b])) == text
+    with open(marked, "rb") as f:  # the file as it is, mark included, is what its hash names
+        assert meta_b["sha256"] == hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.mark.slow  # two real training processes
+@pytest.mark.skipif(sys.platform == "win32", reason="folder locks need fcntl")
+def test_two_trainings_at_once_on_a_fresh_data_root(tmp_path):
+    """Two real train.py processes started at once on a data root without their dataset: one prepares
+    it, the other waits for it, and both train on it. The root's lock is held here until both wait, so
+    that they meet there whatever the order of their start-up; then it is let go."""
+    from conftest import TINY
+    from support import runfiles
+    root, outs, procs = tmp_path / "data", [], []
+    root.mkdir()
+    flags = [f for f in TINY if not f.startswith("--dataset")] + ["--dataset=pydoc", f"--data_root={root}",
+                                                                 "--max_iters=3", "--eval_interval=3"]
+    with runfiles.one_at_a_time(str(root), waiting=lambda: pytest.fail("the root is locked already")):
+        for i in range(2):
+            outs.append(tmp_path / f"train{i}.out")
+            with open(outs[-1], "w") as f:
+                procs.append(subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *flags,
+                                               f"--out_dir={tmp_path / f'out{i}'}", "--device=cpu"],
+                                              stdout=f, stderr=subprocess.STDOUT))
+        waiting = f"prepare: another process is preparing data in {root}; waiting for it"
+        while not all(waiting in out.read_text() for out in outs):
+            assert all(p.poll() is None for p in procs), [out.read_text() for out in outs]
+            time.sleep(0.1)
+    texts = [out.read_text() for out, p in zip(outs, procs) if p.wait(timeout=600) is not None]
+    assert [p.returncode for p in procs] == [0, 0], texts
+    assert sum("prepare: pydoc: " in t for t in texts) == 1  # one prepared it, the other found it
+    assert all("iter 3: train loss" in t for t in texts)
+    assert sorted(os.listdir(root)) == ["pydoc"]  # and nothing else: no staging folder left

@@ -1,7 +1,7 @@
 """
 The project's shape, held by the suite: the top level is the teaching path, the teaching files stay
 within their line budgets, mesh.py stands alone, tests share conftest.py rather than each other, and
-every command the README and results/ show names a script that exists and settings it takes.
+every command the README, LESSON.md and results/ show names a script that exists and settings it takes.
 
     python -m pytest tests/test_layout.py
 """
@@ -21,8 +21,8 @@ from conftest import HANG, ROOT
 TEACHING = ["mesh.py", "train.py", "sample.py", "configurator.py", "data/loader.py",
             "data/tokenizer.py"]  # what a default run reads: the files a student opens
 TOP_LEVEL_PY = {"mesh.py", "train.py", "sample.py", "configurator.py", "test_mesh.py"}
-BUDGETS = {"mesh.py": 560, "train.py": 350, "README.md": 300}  # lines
-TEACHING_BUDGET, WIDTH = 1400, 100  # lines together; characters a line, at most
+BUDGETS = {"mesh.py": 580, "train.py": 320, "README.md": 300}  # lines
+TEACHING_BUDGET, WIDTH = 1450, 100  # lines together; characters a line, at most
 
 
 def lines(name):
@@ -73,6 +73,16 @@ def imported(path):
     return names
 
 
+def test_layers_import_one_way():
+    """configurator.py, the lowest file, imports no project module; support/ never imports data/ (data/
+    uses support/'s locks and files)."""
+    project = {"mesh", "train", "sample", "configurator", "support", "data", "tools"}
+    assert not imported(os.path.join(ROOT, "configurator.py")) & project
+    for name in os.listdir(os.path.join(ROOT, "support")):
+        if name.endswith(".py"):
+            assert "data" not in imported(os.path.join(ROOT, "support", name)), f"support/{name}"
+
+
 def test_no_test_module_imports_another_and_the_model_tests_no_tool():
     tests = ["test_mesh.py"] + [f"tests/{n}" for n in os.listdir(os.path.join(ROOT, "tests"))
                                 if n.endswith(".py")]
@@ -92,6 +102,8 @@ def settings_of(script):
     module, cls = {"train.py": ("train", "TrainConfig"), "sample.py": ("sample", "SampleConfig"),
                    "tools/bench.py": ("tools.bench", "BenchConfig"),
                    "tools/probe.py": ("tools.probe", "ProbeConfig"),
+                   "tools/routing.py": ("tools.routing", "RoutingConfig"),
+                   "tools/draw.py": ("tools.draw", "DrawConfig"),
                    "tools/table1.py": ("tools.table1", "Table1Config"),
                    "tools/cycle.py": ("tools.cycle", "CycleConfig"),
                    "tools/consolidate.py": ("tools.consolidate", "ConsolidateConfig"),
@@ -102,7 +114,7 @@ def settings_of(script):
 
 def shown_commands():
     """(file, command line) for every `python SCRIPT ...` line of a code block in the Markdown files."""
-    docs = ["README.md", "data/README.md"] + [os.path.join(d, n).replace(ROOT + os.sep, "")
+    docs = ["README.md", "LESSON.md", "data/README.md"] + [os.path.join(d, n).replace(ROOT + os.sep, "")
                                               for d, _, files in os.walk(os.path.join(ROOT, "results"))
                                               for n in files if n.endswith(".md")]
     found = []

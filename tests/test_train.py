@@ -3,7 +3,7 @@ End-to-end tests of train.py and sample.py on a tiny prepared dataset: every sch
 trains, resume is exact, 1 vs 2 processes agree, bad input is one line and touches
 nothing, and crashes (kill -9, NaN, Ctrl-C) never lose the last good checkpoint.
 
-    python -m pytest tests/test_train.py -q
+    python -m pytest tests/test_train.py -q --all  # --all: its slow-marked tests too
 """
 
 import contextlib
@@ -205,7 +205,8 @@ def test_resume_never_prepares_or_swaps_its_dataset(data_root, tmp_path, capsys,
     capsys.readouterr()
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     err = capsys.readouterr().err
-    assert f"the checkpoint's dataset 'tiny' is not prepared (no {rel}/tiny/meta.json)" in err
+    assert (f"the checkpoint's dataset 'tiny' is not in its --data_root={rel} (no {rel}/tiny/meta.json): give "
+            f"the folder it moved to with --data_root") in err
     assert snapshot(tmp_path) == before and not os.path.exists(tmp_path / rel)
 
 
