@@ -16,6 +16,7 @@ the processes (support/spread.py); guards.py stops on a signal and refuses a mod
 
 import dataclasses
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -297,9 +298,8 @@ def train(given):
             run.stopped(iter_num, world)
             return 130
 
-    stop.finished()  # the run is saved: a signal now ends its closing sample at once
     # ---- a closing sample (every rank decodes the same tokens: FSDP gathers weights)
-    if tc.sample_tokens > 0:
+    if stop.finished() and tc.sample_tokens > 0:  # saved: a signal now ends the sample at once
         torch.manual_seed(tc.seed)
         tokenizer = data.tokenizer
         idx = torch.tensor([tokenizer.encode(tokenizer.default_prompt) or [0]], device=device)

@@ -103,6 +103,7 @@ class Stop:
         Stop.saved = True
         if self.asked:
             raise KeyboardInterrupt
+        return True
 
     @classmethod
     def restore(cls):
