@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even if PYTHONSAFEPATH=1
 from support import guards, sampling
 from configurator import UsageError, setting
 from data.dataset import checkpoint_dataset

@@ -16,6 +16,7 @@ the processes (support/spread.py); guards.py stops on a signal and refuses a mod
 
 import dataclasses
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even if PYTHONSAFEPATH=1
 from configurator import UsageError, setting
 from data.dataset import Dataset
 from data.loader import random_windows, sequential_windows
@@ -297,7 +299,7 @@ def train(given):
             return 130
 
     # ---- a closing sample (every rank decodes the same tokens: FSDP gathers weights)
-    if tc.sample_tokens > 0:
+    if stop.finished() and tc.sample_tokens > 0:  # saved: a signal now ends the sample at once
         torch.manual_seed(tc.seed)
         tokenizer = data.tokenizer
         idx = torch.tensor([tokenizer.encode(tokenizer.default_prompt) or [0]], device=device)

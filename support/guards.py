@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from support import machine, outdir
+from support import console, machine, outdir
 from configurator import UsageError, parse_flags, report
 from mesh import ConfigError
 
@@ -32,7 +32,7 @@ def command(prog, settings, fn, argv, notes=""):
     stderr and exit 2; a model that blew up (FloatingPointError) one line and exit 1; --debug=true shows the
     traceback instead. Any other exception is a bug (a ValueError from PyTorch included): its traceback shows
     the file and line. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
-    given = {}
+    given, kept = {}, console.keep(prog)  # a failing stdout or stderr stops nothing: one note
     try:
         given = parse_flags(settings, argv, prog, notes)
         return fn(given)
@@ -44,9 +44,13 @@ def command(prog, settings, fn, argv, notes=""):
         if given.get("debug"):
             raise
         return report(prog, e)
-    except KeyboardInterrupt:  # a Ctrl-C before training, or a second one while the first one's checkpoint is saved
+    except KeyboardInterrupt:  # a Ctrl-C before training, a second one while saving, or one in the sample
         if given.get("debug"):
             raise
+        if Stop.saved:
+            print(f"\n{prog}: interrupted after the run finished; its last checkpoint is saved, so "
+                  f"nothing is lost", file=sys.stderr)
+            return 130
         print(f"\n{prog}: interrupted, so stopped at once: a checkpoint being written, if any, was dropped, the "
               f"one before it is as it was", file=sys.stderr)
         return 130
@@ -59,23 +63,28 @@ def command(prog, settings, fn, argv, notes=""):
         Stop.restore()
         outdir.release()
         machine.stop()
+        console.restore(kept)
 
 
 class Stop:
     """Asks the training loop to stop after the current step and save a checkpoint: on Ctrl-C (SIGINT),
     SIGTERM or SIGHUP, and under torchrun when the launcher is gone (a killed torchrun leaves its workers
-    re-parented, so each worker checks its parent). A second signal stops at once."""
+    re-parented, so each worker checks its parent). A second signal stops at once, as does any signal once
+    the run is finished(). A signal ignored when the run started (nohup's SIGHUP) stays ignored."""
     _previous = []  # (signal, handler) pairs to restore
+    saved = False   # the run's last checkpoint is saved: only its closing sample is left
 
     def __init__(self, rank, distributed):
         self.rank, self.asked = rank, False
         self.launcher = os.getppid() if distributed else None
         for name in ("SIGINT", "SIGTERM", "SIGHUP"):  # SIGHUP: not on Windows
-            if hasattr(signal, name):
-                Stop._previous.append((getattr(signal, name), signal.signal(getattr(signal, name), self._on_signal)))
+            signum = getattr(signal, name, None)
+            if signum is None or signal.getsignal(signum) == signal.SIG_IGN:
+                continue  # ignored when the run started (nohup's SIGHUP): it stays ignored
+            Stop._previous.append((signum, signal.signal(signum, self._on_signal)))
 
     def _on_signal(self, signum, frame):
-        if self.asked:
+        if self.asked or Stop.saved:
             raise KeyboardInterrupt
         self.asked = True
         if self.rank == 0:
@@ -88,8 +97,17 @@ class Stop:
                   f"then saving a checkpoint", flush=True)
         return self.asked
 
+    def finished(self):
+        """The run has saved its last checkpoint: a signal now stops at once (the closing sample),
+        and so does one that came while it was saved."""
+        Stop.saved = True
+        if self.asked:
+            raise KeyboardInterrupt
+        return True
+
     @classmethod
     def restore(cls):
+        cls.saved = False
         while cls._previous:
             signal.signal(*cls._previous.pop())
 

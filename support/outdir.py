@@ -18,7 +18,7 @@ import os
 import shutil
 
 from configurator import UsageError
-from support import plain, runfiles
+from support import console, plain, runfiles
 from support.checkpoint import CKPT, POINTER, SHARDS, read_pointer
 
 LOG = "log.jsonl"
@@ -186,6 +186,8 @@ class RunLog:
     def write(self, record, text):
         """Print text, and append record to the log."""
         print(text, flush=True)
+        stream_lost = console.note()  # stdout given up: said in the log too, for a lost terminal
+        record = {**record, "note": stream_lost} if stream_lost else record
         line, end = memoryview((json.dumps(record) + "\n").encode()), os.lseek(self.fd, 0, os.SEEK_END)
         try:
             while line:

@@ -12,6 +12,7 @@ which it is.
     spread.load(ckpt, raw_model, optimizer)             # AdamW's state from a checkpoint
 """
 
+import inspect
 import os
 from contextlib import nullcontext
 
@@ -21,6 +22,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import UsageError
 from support import checkpoint
+
+# DDP's switch for syncing buffers at every forward: forward_sync_buffers from torch 2.13 on (where
+# broadcast_buffers, before it, warns of its deprecation at every launch)
+NO_BUFFER_SYNC = next(k for k in ("forward_sync_buffers", "broadcast_buffers")
+                      if k in inspect.signature(DDP).parameters)
 
 
 def spread_over(tc, distributed, world):
@@ -49,7 +55,7 @@ class Spread:
         model = torch.compile(raw) if tc.compile else raw
         if dist.is_initialized():  # no buffers to broadcast: the rotary tables are the same
             ids = [torch.device(device).index] if device.startswith("cuda") else None
-            model = DDP(model, device_ids=ids, broadcast_buffers=False)
+            model = DDP(model, device_ids=ids, **{NO_BUFFER_SYNC: False})
         return raw, model
 
     def sync(self, model, last):
