@@ -24,7 +24,7 @@ from support.machine import resolve_device
 @dataclass
 class SampleConfig:
     """Settings for sampling from OUT_DIR/ckpt.pt."""
-    out_dir: str = setting("out", "the run's folder, holding its checkpoint")
+    out_dir: str = setting("out", "the run's folder, holding its checkpoint", path=True)
     start: str = setting("\n", "the prompt, or FILE:path to read it from a file")
     num_samples: int = setting(1, "samples to draw")
     max_new_tokens: int = setting(300, "tokens to add to the prompt")

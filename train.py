@@ -47,11 +47,11 @@ class TrainConfig:
     dropout: float | None = setting(None, "dropout on attention and residual branches")
     # data and output
     dataset: str = setting("shakespeare_char", "a folder of data_root made by data/prepare.py, "
-                           "or PATH/document (indexed)")
-    data_root: str = setting("data", "the folder holding the datasets")
+                           "or PATH/document (indexed)", path=True)
+    data_root: str = setting("data", "the folder holding the datasets", path=True)
     data_order: str = setting("random", "random windows, or sequential: the data once, in order")
     epochs: int = setting(1, "sequential: passes over the data allowed before the run stops")
-    out_dir: str = setting("out", "the run's folder: ckpt.pt, log.jsonl")
+    out_dir: str = setting("out", "the run's folder: ckpt.pt, log.jsonl", path=True)
     overwrite: bool = setting(False, "let a scratch run replace the run in out_dir")
     init_from: str = setting("scratch", "scratch, resume, or hf:PATH (a GPT-NeoX folder)")
     # optimisation (Appendix B: AdamW (0.9, 0.95), wd 0.01 on matrices, clip 1.0, 1% linear
@@ -163,12 +163,10 @@ def train(given):
         if master and os.path.isdir(out_dir):  # before reading: a live run may be saving
             runfiles.own(out_dir)
         ckpt = resume.load(out_dir, sharded=bool(given.get("fsdp")))
-    # a resume keeps the run's settings, but how this launch spreads the model (--fsdp) is its own
-    fields = TrainConfig.__dataclass_fields__
-    saved = {k: v for k, v in (ckpt or {}).get("train_config", {}).items()
-             if k in fields and k != "fsdp"}
-    tc = TrainConfig(**{**dataclasses.asdict(TrainConfig()), **saved, **given})
-    as_given = {k: getattr(tc, k) for k in ("dtype", "compile", "lr", "min_lr")}  # saved as given
+    # a resume keeps the run's settings, but not its folder (it writes where it read) nor --fsdp
+    tc = resume.settings(ckpt, TrainConfig, given) if ckpt else TrainConfig(**given)
+    derived = ("dtype", "compile", "lr", "min_lr", "warmup_iters", "lr_decay_iters")
+    as_given = {k: getattr(tc, k) for k in derived}  # saved as given: a resume derives them again
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
         print(plan.plan(tc, ckpt["model"].config if ckpt else model_config(tc, vocab_size=None)))
         return 0
@@ -272,7 +270,7 @@ def train(given):
         done = iter_num >= steps
         if done and iter_num < tc.max_iters and master:  # sequential: its --epochs passes are read
             print(guards.ran_out(iter_num, tc, windows, window), flush=True)
-        new_here = iter_num != resumed_at or iter_num == 0  # a resume evaluated this step already
+        new_here = not ckpt or iter_num != resumed_at  # a resume evaluated this step already
         if done or (iter_num % tc.eval_interval == 0 and new_here):
             losses = evaluate(raw_model, {"train": train_data, "val": val_data}, tc, device,
                               autocast, rank, world)
@@ -302,8 +300,8 @@ def train(given):
         requested = torch.tensor(float(stop.requested()), device=device)
         state = torch.stack([loss_sum / local, requested])
         if distributed:  # every rank sees the same loss and stops at the same step
-            dist.all_reduce(state, op=dist.ReduceOp.AVG)
-        loss, stopping = state[0].item(), state[1].item() > 0
+            dist.all_reduce(state)  # summed, then divided: torch 2.7's gloo has no ReduceOp.AVG
+        loss, stopping = state[0].item() / world, state[1].item() > 0
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at iter {iter_num}; stopped without saving, "
                                      f"so {last_good()}")

@@ -394,16 +394,16 @@ def describe_indexed(path, tokenizer, log=_stderr):
 class PrepareConfig:
     """Tokenize a text dataset into NAME/train.bin, val.bin and meta.json (or document.bin/.idx)."""
     dataset: str | None = setting(None, "the output folder's name (known names below)")
-    input: str | None = setting(None, "a local text file (UTF-8) to use instead of downloading")
+    input: str | None = setting(None, "a local text file (UTF-8) to use instead of downloading", path=True)
     url: str | None = setting(None, "the download address (default: the canonical Tiny Shakespeare)")
     tokenizer: str | None = setting(None, "char, gpt2, or a tokenizer.json (or a model folder "
-                                    "holding one); default: the dataset's, or char")
-    out_root: str = setting(DEFAULT_ROOT, "where NAME/ is written")
+                                    "holding one); default: the dataset's, or char", path=True)
+    out_root: str = setting(DEFAULT_ROOT, "where NAME/ is written", path=True)
     format: str = setting("flat", "flat (train.bin + val.bin) or indexed (document.bin + .idx)")
     seq_len: int = setting(2049, "tokens per sequence of --format=indexed (Pythia's)")
     num_proc: int = setting(1, "processes that tokenize (the same output as one)")
     indexed: str | None = setting(None, "instead of tokenizing: write meta.json beside the indexed "
-                                  "dataset PATH (PATH.idx + PATH.bin), with --tokenizer")
+                                  "dataset PATH (PATH.idx + PATH.bin), with --tokenizer", path=True)
 
 
 def main(argv=None):

@@ -47,7 +47,12 @@ def start(name, distributed):
     Each process takes GPU LOCAL_RANK, so that RNG states, bf16 checks and kernels use it, not GPU 0."""
     device = resolve_device(name)
     if distributed and device.startswith("cuda"):
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        local, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if local >= count:
+            raise UsageError(f"this process is torchrun's local rank {local}, but this machine has "
+                             f"{count} GPU(s): start at most {count} process(es) a machine "
+                             f"(--nproc_per_node={count})")
+        device = f"cuda:{local}"
     if device.startswith("cuda:"):
         torch.cuda.set_device(device)
     if distributed:
@@ -99,6 +104,12 @@ def resolve_device(name):
         raise UsageError(f"unknown --device={name}; expected auto, cpu, cuda, cuda:N or mps")
     if not available[kind]:
         raise UsageError(f"--device={name} is not available on this machine; use --device=auto or --device=cpu")
+    index = name.partition(":")[2]
+    count = torch.cuda.device_count() if kind == "cuda" else 1  # mps and cpu: device 0 alone
+    if ":" in name and not (index.isdigit() and int(index) < count):
+        has = f" (it has {count} GPU(s), cuda:0 to cuda:{count - 1})" if kind == "cuda" else ""
+        raise UsageError(f"--device={name} is not a device of this machine{has}; use --device={kind}"
+                         + (" or one of those" if has else ""))
     return name
 
 

@@ -180,14 +180,16 @@ def test_evaluate_uses_the_same_batches_of_each_split(data_root, monkeypatch):
 
 
 def test_resume_resolves_lr_dtype_and_compile_afresh(data_root, tmp_path):
-    """The checkpoint keeps --dtype, --compile, --lr and --min_lr as given (auto / None: resolved again
-    on the machine that resumes), so a resume with a lower --lr also gets 10% of it as min_lr."""
+    """The checkpoint keeps --dtype, --compile, --lr, --min_lr and the schedule's lengths as given
+    (auto / None: resolved again on the machine that resumes, for its flags), so a resume with a
+    lower --lr also gets 10% of it as min_lr, and one given --lr_decay_iters keeps it."""
     out = tmp_path / "run"
     assert run(["--max_iters=2", "--eval_interval=2", "--lr=1e-2"], data_root, out) == 0
     saved = torch.load(out / "ckpt.pt", weights_only=True)["train_config"]
     assert (saved["dtype"], saved["compile"], saved["lr"], saved["min_lr"]) == ("auto", None, 1e-2, None)
-    assert saved["lr_decay_iters"] == 2  # the schedule's length stays the run's
-    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--lr=1e-3"]) == 0
+    assert (saved["lr_decay_iters"], saved["warmup_iters"]) == (None, None)
+    args = ["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--lr=1e-3", "--lr_decay_iters=2"]
+    assert train.main(args) == 0
     with open(out / "log.jsonl") as f:
         lrs = [r["lr"] for r in map(json.loads, f) if "lr" in r]
     assert lrs[2:] == [1e-4, 1e-4]  # past lr_decay_iters: min_lr, 10% of the new --lr

@@ -309,13 +309,13 @@ def write_pngs(results, folder):
 @dataclass
 class ProbeConfig:
     """MeSH diagnostics (the paper's Fig. 3-5) for trained checkpoints."""
-    out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)")
+    out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)", path=True)
     num_samples: int = setting(64, "validation sequences per checkpoint")
     seed: int = setting(0, "seed of the sequence positions")
     sigma_frac: float = setting(SIGMA_FRAC, "RBF bandwidth / the median distance")
     device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
-    json: str | None = setting(None, "write the numbers here")
-    png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)")
+    json: str | None = setting(None, "write the numbers here", path=True)
+    png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)", path=True)
 
 
 def main(argv=None):
