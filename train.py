@@ -78,6 +78,7 @@ class TrainConfig:
     compile: bool | None = setting(None, "torch.compile the model; None: on for CUDA only")
     grad_checkpoint: bool = setting(False, "recompute activations in backward to save memory")
     fsdp: bool = setting(False, "shard weights, gradients and AdamW state (FSDP2)")
+    dist_timeout: float = setting(900.0, "torchrun: seconds to wait on another process, then stop")
     seed: int = setting(1337, "the data order and the initial weights")
     # memory plan (support/plan.py)
     plan: bool = setting(False, "print per-GPU memory under DDP and FSDP, then exit")
@@ -186,7 +187,7 @@ def train(given):
 
     # ---- device and dtype: resolved for this machine, but saved as given, so that a resume on
     # another machine picks its own (and a new --lr brings its own 10% min_lr)
-    device = machine.start(tc.device, distributed)
+    device = machine.start(tc.device, distributed, tc.dist_timeout)
     device_type = device.split(":")[0]
     tc.dtype = machine.resolve_dtype(tc.dtype, device)
     tc.compile = machine.resolve_compile(tc.compile, device_type, master)

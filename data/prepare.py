@@ -51,7 +51,7 @@ if __package__ in (None, ""):  # run as a script (python data/prepare.py): the p
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
-from data import DataError  # noqa: E402
+from data import DataError, data_root  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
 from data.loader import DEFAULT_ROOT, dataset_folder, is_path  # noqa: E402
 from data.meta import dtype_for_vocab  # noqa: E402
@@ -418,7 +418,7 @@ def main(argv=None):
             return 0
         if not args.dataset:
             raise DataError("--dataset NAME is required (or --indexed PATH)")
-        prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer, out_root=args.out_root,
+        prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer, out_root=data_root(args.out_root),
                 format=args.format, seq_len=args.seq_len, num_proc=args.num_proc)
     except (UsageError, DataError, OSError) as e:  # OSError: e.g. an --out_root that is a file
         return report("prepare.py", e)

@@ -21,7 +21,7 @@ import zipfile
 import torch
 
 from support import plain, runfiles
-from data import DataError
+from data import DataError, data_root
 from data.loader import dataset_folder, dataset_record, is_path
 from mesh import Config, RecursiveGPT
 
@@ -160,19 +160,24 @@ def saved_full(out_dir):
         return -1, -1.0
 
 
-def checkpoint_dataset(train_config, trained_on=None):
+def checkpoint_dataset(train_config, trained_on=None, root=None):
     """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config:
     the TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data
-    (dataset_record); a folder whose meta.json now says otherwise is refused by name."""
-    root, name = train_config.get("data_root", "data"), train_config["dataset"]
+    (dataset_record); a folder whose meta.json now says otherwise is refused by name. root: a
+    --data_root given, where the data is now, instead of the saved one (absolute since it is saved
+    so; an older checkpoint's relative one is found as data_root says)."""
+    name = train_config["dataset"]
+    root = data_root(root or train_config.get("data_root", "data"))
     folder = dataset_folder(root, name)
     if folder is None and is_path(name):
         raise DataError(f"the checkpoint's dataset {name} is not there (no {name}.idx + .bin, nor "
                         f"{os.path.join(name, 'document')}.idx + .bin)")
     if folder is None:
         raise DataError(f"the checkpoint's dataset {name!r} is not prepared (no "
-                        f"{os.path.join(root, name)}/meta.json); prepare it with: "
-                        f"python data/prepare.py --dataset {name}")
+                        f"{os.path.join(root, name)}/meta.json); if it moved, give the folder "
+                        f"that holds it now as --data_root=FOLDER, else prepare it with: "
+                        f"python data/prepare.py --dataset {name}"
+                        + (f" --out_root={shlex.quote(root)}" if root != data_root("data") else ""))
     now, then = dataset_record(folder), trained_on or {}
     changed = [k for k in sorted(set(then) | set(now)) if then and then.get(k) != now.get(k)]
     if changed:

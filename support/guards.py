@@ -18,10 +18,11 @@ import sys
 import torch
 import torch.distributed as dist
 
+from data import data_root
 from support import machine, outdir
 from configurator import UsageError, check_ranges, parse_flags, report
 
-LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|timed out|Socket Timeout")  # a collective's
+LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|[Tt]imed out|Socket Timeout")  # a collective's
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
 
 
@@ -51,8 +52,7 @@ def command(prog, settings, fn, argv, notes=""):
     except RuntimeError as e:  # another process of the job is gone: one line here, not gloo's 50-line traceback
         if given.get("debug") or not LOST_PEER.search(str(e)) or not (dist.is_available() and dist.is_initialized()):
             raise
-        first = re.sub(r"^\[[^\]]*\]\s*", "", str(e).strip().splitlines()[0])[:120]  # without gloo's source line
-        return report(prog, f"another process of this torchrun job stopped ({first}); its own output says why", code=1)
+        return report(prog, machine.lost_peer(e), code=1)
     finally:
         Stop.restore()
         outdir.release()
@@ -138,6 +138,7 @@ RANGES = [  # train.py's settings: (names, the test each must pass, the range in
     ("seed", lambda v: v >= 0, "0 or more (numpy's generators take no negative seed)"),
     ("lr", lambda v: v > 0, "a finite number above 0"),
     ("gpu_memory", lambda v: v > 0, "a finite number of GiB above 0"),
+    ("dist_timeout", lambda v: v > 0, "a finite number of seconds above 0"),
     ("min_lr weight_decay", lambda v: v >= 0, "a finite number, 0 or more"),
     ("grad_clip", lambda v: v >= 0, "a finite number, 0 or more (0 disables clipping)"),
     ("beta1 beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
@@ -145,7 +146,8 @@ RANGES = [  # train.py's settings: (names, the test each must pass, the range in
 
 
 def check_settings(tc):
-    """train.py's settings, each in its range (None, unset, passes) and with the others."""
+    """train.py's settings, each in its range (None, unset, passes) and with the others; data_root
+    made absolute (data.data_root: `data` is the project's data/, whatever the working folder)."""
     check_ranges(tc, RANGES)
     if tc.data_order not in ("random", "sequential"):
         raise UsageError(f"--data_order={tc.data_order} is not random or sequential")
@@ -161,6 +163,7 @@ def check_settings(tc):
         if not getattr(tc, name).strip():
             default = type(tc).__dataclass_fields__[name].default
             raise UsageError(f"--{name} is empty; give it a name, e.g. --{name}={default} (its default)")
+    tc.data_root = data_root(tc.data_root)  # absolute: a checkpoint says where its data is, for any folder
 
 
 def ran_out(iter_num, tc, windows, window):

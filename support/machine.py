@@ -5,8 +5,10 @@ Where a run runs: its processes (torchrun), its device and dtype, and the chip's
     device = start(tc.device, distributed)       # "cuda:LOCAL_RANK" under torchrun, its process group started
 """
 
+import datetime
 import os
 import platform
+import re
 from contextlib import nullcontext
 
 import torch
@@ -19,6 +21,13 @@ from configurator import UsageError
 PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12, "NVIDIA H100 PCIe": 756e12,
                    "NVIDIA H100 NVL": 835e12, "NVIDIA H200": 989e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
                    "NVIDIA L4": 121e12, "NVIDIA A10": 125e12}
+
+
+class LaunchError(ValueError):
+    """This process could not join its torchrun job: one line, exit 2."""
+
+
+_started = {}  # the process group's settings, for the words of its errors
 
 
 def process_group():
@@ -42,7 +51,7 @@ def process_group():
     return True, rank, size
 
 
-def start(name, distributed):
+def start(name, distributed, timeout=1800.0):
     """The device of this process (--device); under torchrun also its process group (NCCL on GPUs, else gloo).
     Each process takes GPU LOCAL_RANK, so that RNG states, bf16 checks and kernels use it, not GPU 0."""
     device = resolve_device(name)
@@ -55,9 +64,35 @@ def start(name, distributed):
         device = f"cuda:{local}"
     if device.startswith("cuda:"):
         torch.cuda.set_device(device)
-    if distributed:
-        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    if distributed:  # timeout: how long a collective waits on the others (a frozen peer, then a line)
+        _started["timeout"] = timeout
+        try:
+            dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo",
+                                    timeout=datetime.timedelta(seconds=timeout))
+        except RuntimeError as e:  # torch's DistStoreError, DistNetworkError: the others never came
+            raise LaunchError(f"could not join the other processes of this torchrun job "
+                              f"({first_line(e)}): one failed before joining (its own output "
+                              f"says why), or did not come within --dist_timeout={timeout:g} s") from None
     return device
+
+
+def first_line(error):
+    """The first line of a torch.distributed error, without gloo's or c10d's source location."""
+    return re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0] if str(error).strip() else "")[:160]
+
+
+def lost_peer(error):
+    """The one line for a collective that failed: another process stopped (its own output says why),
+    or, past --dist_timeout, one never answered: frozen (stopped, swapping) or its machine unreachable,
+    named where it can be (of two processes, the other)."""
+    first = first_line(error)
+    if not re.search(r"timed out|timeout", first, re.IGNORECASE):
+        return f"another process of this torchrun job stopped ({first}); its own output says why"
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer = f"rank {1 - rank}" if world == 2 else f"one of the other {world - 1} processes"
+    return (f"rank {rank}: no answer from {peer} of this torchrun job within --dist_timeout="
+            f"{_started.get('timeout', 0):g} s ({first}): it is frozen (stopped, or swapping) or its "
+            f"machine cannot be reached; the last checkpoint is whole: continue with --init_from=resume")
 
 
 def launch(world):

@@ -192,3 +192,59 @@ def test_a_tilde_in_a_path_setting_is_the_home_folder(data_root, tmp_path):
     assert saved["data_root"] == str(home / "data")
     given = configurator.parse_flags(sample.SampleConfig, ["--start=~/x", "--out_dir=~"], "sample.py")
     assert given == {"start": "~/x", "out_dir": os.path.expanduser("~")}
+
+
+# -----------------------------------------------------------------------------
+# Runs and data are found from any folder: one rule for the data root, recorded absolutely
+
+def test_a_run_and_its_data_are_found_from_any_folder(data_root, tmp_path):
+    """Trained in folder a on a relative --data_root, the checkpoint records the root absolutely: sample.py and
+    probe.py run from folder b find its data. Moved, the data is named with --data_root, which both then take."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    shutil.copytree(data_root, a / "mine")
+    code, _, err = script("train.py", *TINY, "--data_root=mine", "--out_dir=run", "--max_iters=2", cwd=a)
+    assert code == 0, err
+    run_dir = str(a / "run")
+    assert torch.load(a / "run" / "ckpt.pt", weights_only=True)["train_config"]["data_root"] == str(a / "mine")
+    sampled = ["sample.py", f"--out_dir={run_dir}", "--max_new_tokens=4"]
+    probed = ["tools/probe.py", f"--out_dir={run_dir}", "--num_samples=2"]
+    for cmd in (sampled, probed):
+        code, out, err = script(*cmd, cwd=b)
+        assert code == 0 and out, err
+    os.rename(a / "mine", tmp_path / "moved")
+    before = snapshot(tmp_path)
+    for cmd in (sampled, probed):
+        code, out, err = script(*cmd, cwd=b)
+        assert code == 2 and err.count("\n") == 1, err
+        assert (f"the checkpoint's dataset 'tiny' is not prepared (no {a / 'mine'}/tiny/meta.json); if it moved, "
+                f"give the folder that holds it now as --data_root=FOLDER") in err
+        code, out, err = script(*cmd, "--data_root=../moved", cwd=b)
+        assert code == 0 and out, err
+    assert snapshot(tmp_path) == before
+
+
+def test_the_default_data_root_is_the_projects_from_any_folder(tmp_path):
+    """A copy of the project run from another folder: train.py makes its dataset in the project's data/ (as
+    prepare.py does, and prepare.py's --out_root=data too), never a data/ in the working folder; sample.py,
+    run from a third folder, finds it."""
+    clone, work, other = tmp_path / "clone", tmp_path / "work", tmp_path / "other"
+    shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(".git", "tests", "results", "dev", "runs",
+                                                               "__pycache__", "gpu-check"))
+    for leftover in (clone / "data").iterdir():
+        if leftover.is_dir() or leftover.name.endswith(".offline"):
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    work.mkdir(), other.mkdir()
+    train_py = str(clone / "train.py")
+    p = subprocess.run([sys.executable, train_py, *TINY, "--dataset=pydoc", "--out_dir=run", "--max_iters=1"],
+                       cwd=work, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr
+    assert (clone / "data" / "pydoc" / "meta.json").is_file() and sorted(os.listdir(work)) == ["run"]
+    (other / "t.txt").write_text("some text to tokenize, " * 200)
+    p = subprocess.run([sys.executable, str(clone / "data" / "prepare.py"), "--dataset=mine", "--input=t.txt",
+                        "--out_root=data"], cwd=other, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert (clone / "data" / "mine" / "meta.json").is_file() and os.listdir(other) == ["t.txt"]
+    p = subprocess.run([sys.executable, str(clone / "sample.py"), f"--out_dir={work / 'run'}", "--max_new_tokens=4"],
+                       cwd=other, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout, p.stderr

@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -196,19 +197,24 @@ def test_resume_resolves_lr_dtype_and_compile_afresh(data_root, tmp_path):
 
 
 def test_resume_never_prepares_or_swaps_its_dataset(data_root, tmp_path, capsys, monkeypatch):
-    """A run trained on data_root 'data' (relative), resumed from a folder without it, says where the
-    dataset is missing; nothing is downloaded, no other dataset stands in, nothing is created."""
-    monkeypatch.chdir(data_root + "/..")
-    rel = os.path.basename(data_root)
+    """A run trained on a relative data_root records it absolutely; resumed from another folder after the
+    data moved, it says where the dataset is missing and names --data_root; nothing is downloaded, no other
+    dataset stands in, nothing is created. Given --data_root, where the data is now, it continues."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    shutil.copytree(data_root, tmp_path / "a" / "mine")
+    monkeypatch.chdir(tmp_path / "a")
     out = tmp_path / "run"
-    assert train.main([*TINY, f"--data_root={rel}", f"--out_dir={out}", "--max_iters=2", "--eval_interval=2"]) == 0
-    monkeypatch.chdir(tmp_path)
+    assert train.main([*TINY, "--data_root=mine", f"--out_dir={out}", "--max_iters=2", "--eval_interval=2"]) == 0
+    os.rename(tmp_path / "a" / "mine", tmp_path / "moved")
+    monkeypatch.chdir(tmp_path / "b")
     before = snapshot(tmp_path)
     capsys.readouterr()
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     err = capsys.readouterr().err
-    assert f"the checkpoint's dataset 'tiny' is not prepared (no {rel}/tiny/meta.json)" in err
-    assert snapshot(tmp_path) == before and not os.path.exists(tmp_path / rel)
+    assert (f"the checkpoint's dataset 'tiny' is not prepared (no {tmp_path / 'a' / 'mine'}/tiny/meta.json); if it "
+            f"moved, give the folder that holds it now as --data_root=FOLDER") in err
+    assert snapshot(tmp_path) == before and os.listdir(tmp_path / "b") == []
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--data_root=../moved"]) == 0
 
 
 @pytest.mark.slow
