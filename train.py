@@ -157,6 +157,7 @@ def train(given):
     # ---- settings: the defaults, when resuming the run's own, then the flags given
     distributed, rank, world = machine.process_group()  # torchrun sets RANK and WORLD_SIZE
     master = rank == 0
+    given = machine.restarted(given, given.get("out_dir", TrainConfig.out_dir), master)
     ckpt = None  # the checkpoint a resumed run continues from
     if given.get("init_from") == "resume":
         from support import resume  # continuing a run: its checkpoint, its checks, its RNG state
@@ -249,7 +250,7 @@ def train(given):
             "model_config": cfg.to_dict(), "train_config": {**dataclasses.asdict(tc), **as_given},
             "iter_num": iter_num, "best_val_loss": best_val,
             "rng": checkpoint.rng_state(device_type), "data": record,
-            "saved_at": time.time()})
+            "saved_at": time.time(), "launch": machine.launch_id()})
         saved_iter = iter_num
         if master:
             log.commit()  # --overwrite: the new run replaces the old one with its first checkpoint

@@ -51,6 +51,32 @@ def process_group():
     return True, rank, size
 
 
+def launch_id():
+    """Which torchrun launch this process belongs to, as its checkpoints record it (None outside
+    torchrun): torchrun's run id, random for each --standalone launch, a multi-node job's --rdzv_id;
+    where that is torchrun's default "none", with this machine and its launcher's process."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run is None:
+        return None
+    return run if run != "none" else f"none@{platform.node()}:{os.getppid()}"
+
+
+def restarted(given, out_dir, master):
+    """The flags given, or, for a torchrun restart (--max-restarts: TORCHELASTIC_RESTART_COUNT > 0) of
+    a launch whose checkpoint is in out_dir, the flags that continue it (--init_from=resume): started
+    again, the run would begin at iter 0 over its own checkpoint (--overwrite) or refuse its folder."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if count in ("", "0") or given.get("init_from") == "resume" or launch_id() is None:
+        return given
+    from support import checkpoint  # (the model's modules: loaded only for a restart)
+    if launch_id() not in checkpoint.launches(out_dir):
+        return given  # this launch saved nothing there yet: it starts as it was asked to
+    if master:
+        print(f"torchrun restart {count} of this launch: continuing its run in {out_dir} from its "
+              f"last checkpoint (--init_from=resume)", flush=True)
+    return {**{k: v for k, v in given.items() if k != "overwrite"}, "init_from": "resume"}
+
+
 def start(name, distributed, timeout=1800.0):
     """The device of this process (--device); under torchrun also its process group (NCCL on GPUs, else gloo).
     Each process takes GPU LOCAL_RANK, so that RNG states, bf16 checks and kernels use it, not GPU 0."""
@@ -66,14 +92,28 @@ def start(name, distributed, timeout=1800.0):
         torch.cuda.set_device(device)
     if distributed:  # timeout: how long a collective waits on the others (a frozen peer, then a line)
         _started["timeout"] = timeout
+        wait = datetime.timedelta(seconds=timeout)
         try:
             dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo",
-                                    timeout=datetime.timedelta(seconds=timeout))
+                                    timeout=wait, **attempt_store(wait))
         except RuntimeError as e:  # torch's DistStoreError, DistNetworkError: the others never came
             raise LaunchError(f"could not join the other processes of this torchrun job "
                               f"({first_line(e)}): one failed before joining (its own output "
                               f"says why), or did not come within --dist_timeout={timeout:g} s") from None
     return device
+
+
+def attempt_store(wait):
+    """init_process_group's store under torchrun's agent store, keyed by the restart: torchrun keeps one
+    store for every attempt of a launch, so a restarted process could read the address a killed one
+    published (gloo: "Connection refused") before its new peer replaces it. {} outside torchrun."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=wait)
+    return {"store": dist.PrefixStore(f"nanomesh/attempt_{attempt}", agent),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 def first_line(error):

@@ -248,3 +248,125 @@ def test_the_default_data_root_is_the_projects_from_any_folder(tmp_path):
     p = subprocess.run([sys.executable, str(clone / "sample.py"), f"--out_dir={work / 'run'}", "--max_new_tokens=4"],
                        cwd=other, capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout, p.stderr
+
+
+# -----------------------------------------------------------------------------
+# torchrun: a restart continues its launch's run; a frozen peer and a failed join are one line
+
+def torchrun(*args):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+
+
+def worker(launcher, local_rank):
+    """The pid of the launcher's worker of LOCAL_RANK local_rank."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == launcher and f"LOCAL_RANK={local_rank}".encode() in env:
+            return int(pid)
+    raise AssertionError(f"no worker of local rank {local_rank} under {launcher}")
+
+
+def lines_until(p, prefix, seen):
+    for line in p.stdout:
+        seen.append(line)
+        if line.startswith(prefix):
+            return
+    raise AssertionError("".join(seen))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_a_torchrun_restart_continues_the_run(overwrite, finished, data_root, tmp_path):
+    """torchrun --max-restarts=1: a worker killed at iter 55 (checkpoint at 50), the restart continues from
+    iter 50, not 0 (with --overwrite its first checkpoint would replace the run), nor refuses the folder
+    (without): the run ends at 120 with one curve in its log."""
+    out = tmp_path / "run"
+    if overwrite:  # an older run there, which this launch replaces as asked
+        shutil.copytree(finished, out)
+    cmd = torchrun("--max-restarts=1", os.path.join(ROOT, "train.py"), *TINY, f"--data_root={data_root}",
+                   f"--out_dir={out}", "--grad_accum=2", "--max_iters=120", "--eval_interval=50",
+                   f"--overwrite={str(overwrite).lower()}")
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    seen = []
+    try:
+        lines_until(p, "iter 55:", seen)
+        os.kill(worker(p.pid, 1), signal.SIGKILL)
+        rest, _ = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    text = "".join(seen) + rest
+    assert p.returncode == 0, text[-3000:]
+    assert f"torchrun restart 1 of this launch: continuing its run in {out} from its last checkpoint" in text
+    assert iter_of(out) == 120
+    assert records(out, "loss") == list(range(1, 121))
+    assert records(out, "val_loss") == [0, 50, 100, 120]
+
+
+def test_a_torchrun_restart_of_another_launch_starts_as_asked(finished, data_root, tmp_path, monkeypatch):
+    """A restart (TORCHELASTIC_RESTART_COUNT=1) finding another launch's checkpoint is no continuation: without
+    --overwrite the folder is refused as for any scratch run."""
+    from support import machine
+    out = shutil.copytree(finished, tmp_path / "run")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another-launch")
+    assert machine.restarted({"max_iters": 4}, str(out), True) == {"max_iters": 4}
+    resave(out / "ckpt.pt", lambda c: c.update(launch="another-launch"))
+    assert machine.restarted({"max_iters": 4, "overwrite": True}, str(out), True) == {
+        "max_iters": 4, "init_from": "resume"}
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert machine.restarted({"max_iters": 4}, str(out), True) == {"max_iters": 4}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")
+def test_a_frozen_peer_is_named_after_dist_timeout(data_root, tmp_path):
+    """Two gloo processes under torchrun, rank 1 frozen by SIGSTOP: rank 0 stops after --dist_timeout=5 with one
+    line naming rank 1 and the problem, its checkpoint whole."""
+    out = tmp_path / "run"
+    cmd = torchrun(os.path.join(ROOT, "train.py"), *TINY, f"--data_root={data_root}", f"--out_dir={out}",
+                   "--grad_accum=2", "--max_iters=100000", "--eval_interval=100000", "--dist_timeout=5")
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    seen, frozen = [], None
+    try:
+        lines_until(p, "iter 3:", seen)
+        frozen = worker(p.pid, 1)
+        os.kill(frozen, signal.SIGSTOP)
+        lines_until(p, "train.py: error: ", seen)
+    finally:
+        if frozen:
+            os.kill(frozen, signal.SIGKILL)
+        p.communicate(timeout=120)
+    assert seen[-1] == ("train.py: error: rank 0: no answer from rank 1 of this torchrun job within --dist_timeout=5 s "
+                        "(Timed out waiting 5000ms for recv operation to complete): it is frozen (stopped, or "
+                        "swapping) or its machine cannot be reached; the last checkpoint is whole: continue with "
+                        "--init_from=resume\n")
+    assert p.returncode != 0 and iter_of(out) == 0
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_process_that_cannot_join_its_job_is_one_line(rank, data_root, tmp_path):
+    """A torchrun process whose peers never come (one failed before joining, or an elastic restart's rank that
+    fails in init_process_group): rank 0 waiting for them, rank 1 unable to reach rank 0; one line each."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    code, out, err = script("train.py", *TINY, f"--data_root={data_root}", "--out_dir=run", "--grad_accum=2",
+                            "--dist_timeout=3", cwd=tmp_path, env=env)
+    # (torch's C++ side may log its own retries first: no Python traceback, and this line last)
+    assert code == 2 and "Traceback" not in err and not os.path.exists(tmp_path / "run"), err
+    last = err.splitlines()[-1]
+    assert err.count("train.py: error: ") == 1 and last.startswith(
+        "train.py: error: could not join the other processes of this torchrun job ("), err
+    assert last.endswith("): one failed before joining (its own output says why), or did not come within "
+                         "--dist_timeout=3 s")
