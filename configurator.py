@@ -15,11 +15,11 @@ import difflib
 import json
 import math
 import os
+import re
+import stat
 import sys
 import types
 import typing
-
-from support import plain
 
 LARGEST = 2**63 - 1  # no integer setting may be larger (a seed included: torch takes 64 bits)
 WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "text", list: "text"}
@@ -29,7 +29,9 @@ TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class UsageError(ValueError):
-    """Bad input from the command line: the entry points print it as one line and exit 2."""
+    """Bad input the project names (a setting, a file, a folder): the entry points print it as one
+    line and exit 2. The project's other errors subclass it; any other exception is a bug, and
+    keeps its traceback."""
 
 
 def setting(default, help, path=False):
@@ -56,16 +58,6 @@ def report(prog, error, code=2):
                  f"and try again")
     print(f"{prog}: error: {error}", file=sys.stderr)
     return code
-
-
-def check_ranges(settings, ranges):
-    """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
-    range in words); None (unset) passes, anything else must be finite and pass the test."""
-    for names, ok, allowed in ranges:
-        for name in names.split():
-            value = getattr(settings, name)
-            if value is not None and not (math.isfinite(value) and ok(value)):
-                raise UsageError(f"--{name}={value} must be {allowed}")
 
 
 def value_of(field, value, file=None):
@@ -104,7 +96,8 @@ def value_of(field, value, file=None):
     if kind is int and value is not None and abs(value) > LARGEST:
         digits = str(abs(value))
         shown = digits if len(digits) < 24 else f"{digits[:6]}...({len(digits)} digits)"
-        raise UsageError(f"{where}{'-' * (value < 0)}{shown}, too large: an integer setting is "
+        sign = "-" if value < 0 else ""
+        raise UsageError(f"{where}{sign}{shown}, too large: an integer setting is "
                          f"at most 2**63 - 1")
     return value
 
@@ -123,13 +116,90 @@ def help_text(cls, prog, notes=""):
     return "\n".join(lines + ([""] + notes.splitlines() if notes else []))
 
 
-def read_config(path):
-    """A JSON config file's object of settings (plain data, read with support/plain.py's limits)."""
+# -----------------------------------------------------------------------------
+# Plain data read with limits: every JSON file the project reads (a config, meta.json, a pointer,
+# a result, a log) comes through here, so that none can hang a run, fill its memory or crash it.
+
+MAX_BYTES = 64 << 20  # larger than any config, meta.json, pointer or result file written here
+MAX_DEPTH = 64        # nesting: the project's own files are at most 4 deep
+
+
+class PlainDataError(UsageError):
+    """A file that is not the plain data it should be: one line, which its reader completes."""
+
+
+def read_bytes(path, max_bytes=MAX_BYTES):
+    """The bytes of the regular file path. A FIFO, a device or a folder is refused before it is read
+    (opened non-blocking, so that a FIFO with no writer cannot hang the open); so is a file over
+    max_bytes. OSError passes through for the caller to word."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PlainDataError("is not a regular file (a FIFO, a device or a folder)")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise PlainDataError(f"is larger than {max_bytes:,} bytes")
+    return data
+
+
+def read_text(path, max_bytes=MAX_BYTES):
+    """The UTF-8 text of the regular file path (read_bytes' checks first)."""
+    data = read_bytes(path, max_bytes)
     try:
-        values = plain.parse_json(text := plain.read_text(path))
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PlainDataError(f"is not UTF-8 text (byte {e.start})") from None
+
+
+def _no_duplicates(pairs):
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise PlainDataError(f"has the key {key!r:.40} twice")
+        obj[key] = value
+    return obj
+
+
+def _no_constant(name):
+    raise PlainDataError(f"holds {name}, which JSON does not allow (write a number)")
+
+
+STRING, BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"'), re.compile(r"[\[\]{}]")
+
+
+def _depth(text):
+    """The deepest nesting of [ and { in text, outside strings: checked before parsing, so that
+    json never recurses more than MAX_DEPTH levels."""
+    depth = deepest = 0
+    for m in BRACKET.finditer(STRING.sub("", text)):
+        depth += 1 if m[0] in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def parse_json(text, max_depth=MAX_DEPTH, nan=False):
+    """text -> the JSON value it holds. json.JSONDecodeError (a ValueError, with its position)
+    passes through for the caller to word; too deep, a repeated key and NaN / Infinity (unless
+    nan: a log's record of a loss that blew up) are PlainDataErrors."""
+    if _depth(text) > max_depth:
+        raise PlainDataError(f"is nested more than {max_depth} levels deep")
+    constant = None if nan else _no_constant  # None: json's own, which reads NaN and Infinity
+    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant)
+
+
+def read_json(path, max_bytes=MAX_BYTES):
+    """parse_json(read_text(path)): the plain data of a JSON file."""
+    return parse_json(read_text(path, max_bytes))
+
+
+def read_config(path):
+    """A JSON config file's object of settings (plain data, read with the limits above)."""
+    try:
+        values = parse_json(text := read_text(path))
     except OSError as e:
         raise UsageError(f"cannot read config file {path!r}: {e.strerror}") from None
-    except plain.PlainDataError as e:
+    except PlainDataError as e:
         raise UsageError(f"config file {path!r} {e}; fix it, or give the settings as flags") \
             from None
     except json.JSONDecodeError as e:
@@ -144,7 +214,8 @@ def read_config(path):
 def parse_flags(cls, argv, prog, notes=""):
     """argv -> {setting: value} of the settings given, checked against cls's fields. The caller
     merges it over the defaults (or a checkpoint's settings), so it knows what was given."""
-    fields, given, args = {f.name: f for f in dataclasses.fields(cls)}, {}, list(argv)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    given, args = {}, list(argv)  # the settings found so far; the arguments left to read
 
     def put(key, value, where, file=None):
         if key not in fields:

@@ -52,10 +52,14 @@ PRESETS = {
 }
 
 
+class ConfigError(ValueError):
+    """A setting the model cannot take: train.py and sample.py print it as one line."""
+
+
 def refuse(bad, message):
     """Every check of a setting: one line naming the problem and the fix."""
     if bad:
-        raise ValueError(message)
+        raise ConfigError(message)
 
 
 def one_of(kind, value, options):
@@ -63,7 +67,7 @@ def one_of(kind, value, options):
     if value not in options:
         near = difflib.get_close_matches(str(value), list(options), n=1, cutoff=0.5)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ValueError(f"unknown {kind} {value!r}{hint}; expected one of {', '.join(options)}")
+        raise ConfigError(f"unknown {kind} {value!r}{hint}; expected one of {', '.join(options)}")
 
 
 # -----------------------------------------------------------------------------
@@ -76,9 +80,14 @@ class Layout:
     schedule: tuple  # for each loop step t, the index of the core it runs
     coda: int        # blocks in f_coda
 
-    depth = property(lambda self: self.prelude + sum(self.cores[c] for c in self.schedule)
-                     + self.coda)  # unrolled: a shared core counts once per loop step
-    unique = property(lambda self: self.prelude + sum(self.cores) + self.coda)  # own parameters
+    @property
+    def depth(self):  # unrolled: a shared core counts once per loop step
+        looped = sum(self.cores[c] for c in self.schedule)
+        return self.prelude + looped + self.coda
+
+    @property
+    def unique(self):  # blocks with their own parameters
+        return self.prelude + sum(self.cores) + self.coda
 
 
 def parse_layout(text):
@@ -102,7 +111,7 @@ def parse_layout(text):
         if not m:
             lower = re.fullmatch(r"\d+r\d+", seg)
             upper = f": the R of CRN is upper case, {seg.upper()!r}" if lower else ""
-            raise ValueError(f"{bad} (segment {seg!r} is not 'C' or 'CRN'{upper})")
+            raise ConfigError(f"{bad} (segment {seg!r} is not 'C' or 'CRN'{upper})")
         size, repeats = int(m[1]), int(m[2] or 1)
         refuse(size < 1 or repeats < 1,
                f"{bad} (segment {seg!r} needs at least one block and one step)")
@@ -166,12 +175,27 @@ class Config:
                f"adjust rotary_pct or n_head")
         refuse(not 0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
 
-    head_dim = property(lambda self: self.n_embd // self.n_head)
-    rotary_dims = property(lambda self: int(self.head_dim * self.rotary_pct))
-    n_steps = property(lambda self: len(self.shape.schedule))  # K
-    slots = property(lambda self: self.n_steps + 3 if self.n_slots is None else self.n_slots)  # B
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
 
-    to_dict = asdict  # plain data, saved with every checkpoint
+    @property
+    def rotary_dims(self):
+        return int(self.head_dim * self.rotary_pct)
+
+    @property
+    def n_steps(self):  # K
+        return len(self.shape.schedule)
+
+    @property
+    def slots(self):  # B
+        if self.n_slots is None:
+            return self.n_steps + 3
+        return self.n_slots
+
+    def to_dict(self):
+        """Plain data, saved with every checkpoint."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d):
@@ -320,7 +344,9 @@ class RecursiveGPT(nn.Module):
         self.schedule = list(shape.schedule)  # loop step t runs cores[schedule[t]]
         self.coda = nn.ModuleList(Block(cfg) for _ in range(shape.coda))
         if cfg.scheme == "mesh":  # K+1 pairs (Table 5): the transitional cycle's, then each step's
-            n_routers = cfg.n_steps + (cfg.cycle == "routed")   # cycle="direct": no cycle router
+            n_routers = cfg.n_steps  # one per loop step
+            if cfg.cycle == "routed":  # and the cycle's (cycle="direct" has none)
+                n_routers += 1
             self.routers = nn.ModuleList(Router(cfg.n_embd, cfg.slots) for _ in range(n_routers))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=1e-5)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # untied, as Pythia
@@ -348,10 +374,12 @@ class RecursiveGPT(nn.Module):
             std = 0.02 / math.sqrt(2 * cfg.shape.depth)
             nn.init.normal_(module.proj.weight, mean=0.0, std=std)
         elif module is self and cfg.scheme == "mesh" and cfg.router_init == "base":  # visited last
-            bias, first = math.log(9 * (cfg.slots - 1)), 1 if cfg.cycle == "routed" else 2
+            bias = math.log(9 * (cfg.slots - 1))
+            slot = 1 if cfg.cycle == "routed" else 2  # the slot of the first router
             with torch.no_grad():
                 for i, router in enumerate(self.routers):
-                    router.write.bias[first + i] = router.read.bias[first + i] = bias
+                    router.write.bias[slot + i] = bias
+                    router.read.bias[slot + i] = bias
 
     def compute_dtype(self, device_type):
         """The dtype the Linear layers compute in, so also q, k and v (the rotary tables and the
@@ -385,7 +413,8 @@ class RecursiveGPT(nn.Module):
         tok = self.wte(idx)                                                   # (B, T, D)
         h_emb = tok * math.sqrt(cfg.n_embd) if cfg.scale_embeddings else tok  # Appendix B
         x, layer = self.run(self.prelude, h_emb, 0, rope, cache)              # f_pre(h_emb)
-        h, first = x, 0  # first: the router of loop step 0
+        h = x
+        step0 = 0  # the router of loop step 0: routers[0], unless the cycle has its own
         if cfg.scheme == "mesh":
             # Eq. 2: the buffer (B, T, S, D), S slots the shape of the state: slot 0 holds h_emb,
             # the others zero. [choice] slot0: h_emb scaled by sqrt(D) (Appendix B) or wte(idx).
@@ -396,14 +425,15 @@ class RecursiveGPT(nn.Module):
             if cfg.cycle == "routed":
                 w_write, w_read = self.routers[0](x)                          # Eq. 3: (B, T, S)
                 mem = buffer_write(mem, w_write, x)
-                h, first = buffer_read(mem, w_read), 1
+                h = buffer_read(mem, w_read)
+                step0 = 1
             else:
                 mem[:, :, 1] = x                                              # h(0) = x, set above
         h0 = h
         for t, c in enumerate(self.schedule):
             h_m, layer = self.run(self.cores[c], h, layer, rope, cache)       # Eq. 4: f_t(h(t))
             if cfg.scheme == "mesh":  # route on h(t) (Eq. 3), write h_m, read h(t+1) (Eq. 5)
-                w_write, w_read = self.routers[first + t](h)
+                w_write, w_read = self.routers[step0 + t](h)
                 mem = buffer_write(mem, w_write, h_m)
                 h = buffer_read(mem, w_read)
             else:  # the scheme's update rule, from the table at the top
@@ -441,7 +471,7 @@ class RecursiveGPT(nn.Module):
         the prompt is prefilled once, then each new token is one position; positions are absolute,
         so past block_size the last block_size are prefilled again each step. Same as without."""
         if not temperature >= 0 or (top_k is not None and top_k < 1):  # (not >= refuses nan)
-            raise ValueError(f"temperature={temperature} must be 0 (greedy) or more and "
+            raise ConfigError(f"temperature={temperature} must be 0 (greedy) or more and "
                              f"top_k={top_k} at least 1 (or None for no limit)")
         L, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
@@ -504,14 +534,16 @@ def summary(cfg):
     vanilla_cfg = Config(**{**cfg.to_dict(), "layout": str(cfg.shape.depth), "scheme": "base"})
     with torch.device("meta"):
         model, vanilla = RecursiveGPT(cfg), RecursiveGPT(vanilla_cfg)
-    s, first, spans = cfg.shape, 0, []
+    s, spans = cfg.shape, []
+    start = 0  # the first block of each part
     for n in (s.prelude, *s.cores, s.coda):  # the unique blocks in order: prelude, each core, coda
-        spans.append(f"blocks {first}-{first + n - 1}" if n else "(none)")
-        first += n
+        spans.append(f"blocks {start}-{start + n - 1}" if n else "(none)")
+        start += n
     slots = f", {cfg.slots} slots" if cfg.scheme == "mesh" else ""
     lines = [f"layout {cfg.layout}, scheme {cfg.scheme}{slots}", f"  prelude  {spans[0]}"]
-    lines += [f"  step {t:<3} core {c}: {spans[1 + c]}" + " (shared)" * (s.schedule.index(c) != t)
-              for t, c in enumerate(s.schedule)]
+    for t, c in enumerate(s.schedule):
+        shared = s.schedule.index(c) != t  # a core an earlier step ran already
+        lines.append(f"  step {t:<3} core {c}: {spans[1 + c]}" + (" (shared)" if shared else ""))
     ne, vne = model.num_params(), vanilla.num_params()
     routers = sum(p.numel() for n, p in model.named_parameters() if n.startswith("routers."))
     lines += [f"  coda     {spans[-1]}", f"compute depth {s.depth}, unique layers {s.unique}",

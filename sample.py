@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from support import checkpoint, guards, sampling
+from support import guards, sampling
 from configurator import UsageError, setting
+from data.dataset import checkpoint_dataset
 from data.tokenizer import Tokenizer
 from support.machine import resolve_device
 
@@ -58,7 +59,7 @@ def sample(given):
     model, ckpt = sampling.load(sc.out_dir, device)  # ckpt.pt, the run's latest checkpoint
     if sc.compile:  # the KV cache is preallocated: every one-token step has one shape, one graph
         model.compile()
-    data = checkpoint.checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), sc.data_root)
+    data = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), sc.data_root)
     tokenizer = Tokenizer.load(data)
     start = sampling.prompt(sc.start if "start" in given else tokenizer.default_prompt)
     sampling.check_memory(model, len(start), sc.num_samples, sc.max_new_tokens, device)

@@ -3,7 +3,7 @@ Tests for mesh.py: parameter counts, the five schemes against an independent imp
 the paper's equations, weight sharing, the exact reductions of Appendix D, config errors, the
 optimizer, generation and the KV cache.
 
-    python -m pytest test_mesh.py -q
+    python -m pytest test_mesh.py -q --all  # --all: its slow-marked tests too
 
 CPU only, fp32, small single-threaded models; about 20 s of CPU time in all.
 """

@@ -7,14 +7,15 @@ Train a nanoMeSH model, from a laptop CPU to multi-node torchrun DDP (FSDP2 past
     torchrun --standalone --nproc_per_node=8 train.py config/pythia-160m_mesh.json
 
 Every setting is a field of TrainConfig (--help). train() reads top to bottom: settings, device,
-data, model and optimizer, the loop, a closing sample. A step's batches depend on the step alone,
-never on the process count, so a resume sees the data it would have seen. Each safety net is one
-call into support/ (outdir, checkpoint, resume, guards, ddp, fsdp): a first reading skips them.
+data, model and optimizer, the run's folder, the loop, a closing sample. A step's batches depend on
+the step alone, never on the process count, so a resume sees the data it would have seen. The
+safety nets stand behind three objects, each a call a first reading can skip: the Dataset
+(data/dataset.py), the Run and its checkpoints (support/run.py), and how the model is spread over
+the processes (support/spread.py); guards.py stops on a signal and refuses a model that blew up.
 """
 
 import dataclasses
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -23,11 +24,12 @@ import torch
 import torch.distributed as dist
 
 from configurator import UsageError, setting
-from data.loader import (check_fits, dataset_folder, dataset_record, load_split, random_windows,
-                         sequential_windows)
-from data.tokenizer import Tokenizer
+from data.dataset import Dataset
+from data.loader import random_windows, sequential_windows
 from mesh import PRESETS, SCHEMES, Config, RecursiveGPT
-from support import checkpoint, ddp, guards, machine, outdir, plan, runfiles
+from support import checkpoint, guards, machine, plan
+from support.run import Run
+from support.spread import spread_over
 
 
 @dataclass
@@ -89,7 +91,6 @@ class TrainConfig:
     def __post_init__(self):  # every setting is checked before anything is read or written
         guards.check_settings(self)  # each in its range, and with the others
         model_config(self, vocab_size=None)  # the model settings, by mesh.Config's own checks
-        self.out_dir = outdir.held(self.out_dir)  # a link: its folder, held for good
 
 
 def ceil_div(a, b):
@@ -133,7 +134,8 @@ def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
     """{split: mean loss} over eval_iters fixed batches of each split (the same every time), shared
     out over the processes; each runs as many forwards as the others (FSDP gathers weights with
     all of them), the last round padded with batches whose losses are dropped."""
-    out, n, T = {}, tc.eval_iters, model.config.block_size
+    n, T = tc.eval_iters, model.config.block_size
+    out = {}
     for code, (split, data) in enumerate(splits.items(), start=1):
         keys = range(rank, ceil_div(n, world) * world, world)
         batches = (get_batch(data, tc, T, (code, 0, k % n), device) for k in keys)
@@ -145,46 +147,20 @@ def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
     return out
 
 
-def prepared(tc):
-    """--dataset, prepared first if it is not there (offline, shakespeare_char: pydoc's text)."""
-    if dataset_folder(tc.data_root, tc.dataset):
-        return tc.dataset
-    from data.prepare import ensure_dataset  # the write side, loaded only to make a dataset
-    return ensure_dataset(tc.dataset, tc.data_root)
-
-
 def train(given):
     # ---- settings: the defaults, when resuming the run's own, then the flags given
     distributed, rank, world = machine.process_group()  # torchrun sets RANK and WORLD_SIZE
     master = rank == 0
-    given = machine.restarted(given, given.get("out_dir", TrainConfig.out_dir), master)
-    ckpt = None  # the checkpoint a resumed run continues from
-    if given.get("init_from") == "resume":
-        from support import resume  # continuing a run: its checkpoint, its checks, its RNG state
-        out_dir = given.get("out_dir", TrainConfig.out_dir)
-        if master and os.path.isdir(out_dir):  # before reading: a live run may be saving
-            runfiles.own(out_dir)
-        ckpt = resume.load(out_dir, sharded=bool(given.get("fsdp")))
-    # a resume keeps the run's settings, but not its folder (it writes where it read) nor --fsdp
-    tc = resume.settings(ckpt, TrainConfig, given) if ckpt else TrainConfig(**given)
-    derived = ("dtype", "compile", "lr", "min_lr", "warmup_iters", "lr_decay_iters")
-    as_given = {k: getattr(tc, k) for k in derived}  # saved as given: a resume derives them again
+    run = Run(given.get("out_dir", TrainConfig.out_dir), master)  # OUT_DIR, from start to end
+    given = run.resume(given)  # --init_from=resume (or a torchrun restart): its latest checkpoint
+    tc = run.settings(TrainConfig, given)  # a resume's: its own, read as flags are, then the flags
+    as_given = run.as_given(tc)  # saved as given (auto, None): a resume derives them again
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
-        print(plan.plan(tc, ckpt["model"].config if ckpt else model_config(tc, vocab_size=None)))
+        print(plan.plan(tc, run.model_config or model_config(tc, vocab_size=None)))
         return 0
-    spread = ddp  # the whole model on every process: one process, or DDP under torchrun
-    if tc.fsdp:  # FSDP2: weights, gradients and AdamW state sharded over the processes
-        from support import fsdp as spread
-        spread.check_launch(distributed)
-    if ckpt:  # every reason it cannot continue with these flags (its model, data, optimizer)
-        data_dir = resume.check(ckpt, tc, given)
-        if resume.finished(ckpt, tc):  # said so: a finished run is left as it is
-            return 0
-    elif tc.init_from == "scratch" and master:
-        outdir.check_fresh(tc.out_dir, tc.overwrite)
-    if tc.grad_accum % world:
-        raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size "
-                         f"{world}; use a multiple of {world}")
+    spread = spread_over(tc, distributed, world)  # one process, DDP, or FSDP2 (--fsdp)
+    if not run.check(tc, given, spread):  # a finished run is left as it is
+        return 0
 
     # ---- device and dtype: resolved for this machine, but saved as given, so that a resume on
     # another machine picks its own (and a new --lr brings its own 10% min_lr)
@@ -196,92 +172,83 @@ def train(given):
     torch.manual_seed(tc.seed + rank)
 
     # ---- data: a folder of data/prepare.py's (made here on first use, by rank 0) or indexed
-    if not ckpt:
-        tc.dataset = machine.from_rank0(lambda: prepared(tc), distributed, master)
-        data_dir = dataset_folder(tc.data_root, tc.dataset)
-    runfiles.own(data_dir, "--dataset", note=False, shared=True)  # prepare.py waits for this run
-    record, tokenizer = dataset_record(data_dir), Tokenizer.load(data_dir)  # what it reads
-    train_data, val_data = load_split(data_dir, "train"), load_split(data_dir, "val")
-    vocab = tokenizer.vocab_size  # a BPE's padded to a multiple of 64
-    vocab = vocab if tokenizer.kind == "char" else ceil_div(vocab, 64) * 64
+    data = Dataset.open(tc, run.trained_on, distributed, master)
 
     # ---- model and optimizer: from scratch, the run's checkpoint, or a Hugging Face GPT-NeoX
     if tc.init_from == "scratch":  # refused first where it cannot fit in the device's memory
-        model = RecursiveGPT(plan.check_run(model_config(tc, vocab), tc, device, world))
-    elif ckpt:
-        model = ckpt["model"]  # its config was checked against the flags given
+        cfg = model_config(tc, data.vocab_size)
+        model = RecursiveGPT(plan.check_run(cfg, tc, device, world))
+    elif run.ckpt:
+        model = run.ckpt["model"]  # its config was checked against the flags given
     elif tc.init_from.startswith("hf:"):
         from support import hf
-        model = hf.for_training(tc.init_from[3:], tc, given, tokenizer, master)
+        model = hf.for_training(tc.init_from[3:], tc, given, data.tokenizer, master)
     else:
         raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, hf:PATH")
-    check_fits(model.config, tokenizer, train_data, val_data, tc.dataset)
-    tc.lr = PRESETS[tc.model]["lr"] if tc.lr is None else tc.lr
-    tc.min_lr = 0.1 * tc.lr if tc.min_lr is None else tc.min_lr
-    tc.lr_decay_iters = tc.max_iters if tc.lr_decay_iters is None else tc.lr_decay_iters
+    data.check_fits(model.config)
+    if tc.lr is None:
+        tc.lr = PRESETS[tc.model]["lr"]
+    if tc.min_lr is None:
+        tc.min_lr = 0.1 * tc.lr
+    if tc.lr_decay_iters is None:
+        tc.lr_decay_iters = tc.max_iters
     if tc.warmup_iters is None:
         tc.warmup_iters = max(1, tc.lr_decay_iters // 100)
     model.grad_checkpoint = tc.grad_checkpoint
     # raw_model: the plain module, saved and sampled; model: what trains (compiled, DDP, sharded)
-    raw_model, model = spread.wrap(model, device, tc, scratch=ckpt is None)
+    raw_model, model = spread.wrap(model, device, tc, scratch=run.ckpt is None)
     betas = (tc.beta1, tc.beta2)
     optimizer = raw_model.configure_optimizer(tc.weight_decay, tc.lr, betas, device_type)
-    iter_num, best_val, saved_iter = 0, float("inf"), None  # saved_iter: the last good checkpoint
-    if ckpt:
-        spread.load(ckpt, raw_model, optimizer)  # AdamW's state (FSDP: the weights too, sharded)
-        iter_num, best_val, saved_iter = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["iter_num"]
-        resume.restore_rng(ckpt, tc.seed, rank, world, device_type)
+    iter_num, best_val = 0, float("inf")
+    if run.ckpt:  # AdamW's state (FSDP: the weights too, sharded) and the random state
+        run.restore(raw_model, optimizer, tc.seed, rank, world, device_type)
+        iter_num = run.ckpt["iter_num"]
+        best_val = run.ckpt["best_val_loss"]
     cfg = raw_model.config
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.block_size
 
     # ---- all checked: now the run takes OUT_DIR (its lock, killed writes' leftovers, its log)
-    log = None
+    run.start(tc)
     if master:
-        log = outdir.start_run(tc.out_dir, ckpt is None, tc.overwrite, spread.CHECKPOINT, iter_num)
         print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
               f"{raw_model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
-              f"dataset {tc.dataset} ({len(train_data):,} train tokens, {tc.data_order} order), "
-              f"device {device} {tc.dtype}, {world} process(es){spread.NAME}, "
+              f"dataset {tc.dataset} ({len(data.train):,} train tokens, {tc.data_order} order), "
+              f"device {device} {tc.dtype}, {world} process(es){spread.name}, "
               f"{tokens_per_step:,} tokens/step", flush=True)
 
-    def save():
-        nonlocal saved_iter
-        spread.save(tc.out_dir, raw_model, optimizer, master, {
+    def save():  # what a checkpoint keeps besides the weights and AdamW's state
+        run.save(raw_model, optimizer, {
             "model_config": cfg.to_dict(), "train_config": {**dataclasses.asdict(tc), **as_given},
             "iter_num": iter_num, "best_val_loss": best_val,
-            "rng": checkpoint.rng_state(device_type), "data": record,
+            "rng": checkpoint.rng_state(device_type), "data": data.record,
             "saved_at": time.time(), "launch": machine.launch_id()})
-        saved_iter = iter_num
-        if master:
-            log.commit()  # --overwrite: the new run replaces the old one with its first checkpoint
-
-    def last_good():  # in words, for the error of a model that blew up
-        return guards.last_good(os.path.join(tc.out_dir, spread.CHECKPOINT), saved_iter)
 
     # ---- the loop: evaluate and save, learning rate, accumulated micro-batches, clip, step, log
     stop = guards.Stop(rank, distributed)  # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun: finish, save
     local = tc.grad_accum // world  # this process's micro-batches m = rank, rank + world, ...
     window = cfg.block_size + 1  # tokens of a training window: the inputs and one more
-    windows, steps = len(train_data) // window, tc.max_iters
+    windows = len(data.train) // window
+    steps = tc.max_iters
     if tc.data_order == "sequential":  # at most the steps of its --epochs passes over the data
         steps = min(steps, tc.epochs * windows // (tc.batch_size * tc.grad_accum))
     flops = machine.flops_per_token(cfg) * tokens_per_step
     peak = machine.peak_bf16_flops(device, tc.dtype)
-    resumed_at, t0, timed_from = iter_num, time.time(), iter_num
+    resumed_at = iter_num
+    t0, timed_from = time.time(), iter_num
     while True:
         done = iter_num >= steps
         if done and iter_num < tc.max_iters and master:  # sequential: its --epochs passes are read
             print(guards.ran_out(iter_num, tc, windows, window), flush=True)
-        new_here = not ckpt or iter_num != resumed_at  # a resume evaluated this step already
+        new_here = not run.ckpt or iter_num != resumed_at  # a resume evaluated this step already
         if done or (iter_num % tc.eval_interval == 0 and new_here):
-            losses = evaluate(raw_model, {"train": train_data, "val": val_data}, tc, device,
-                              autocast, rank, world)
+            splits = {"train": data.train, "val": data.val}
+            losses = evaluate(raw_model, splits, tc, device, autocast, rank, world)
             best_val = min(best_val, losses["val"])
-            if master:
-                row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]}
-                log.write(row, f"iter {iter_num}: train loss {losses['train']:.4f}, "
-                               f"val loss {losses['val']:.4f}")
-            guards.check_saveable(raw_model, optimizer, losses, iter_num, last_good, distributed)
+            record = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]}
+            run.write(record, f"iter {iter_num}: train loss {losses['train']:.4f}, "
+                              f"val loss {losses['val']:.4f}")
+            guards.check_saveable(raw_model, optimizer, losses, iter_num, run.last_good,
+                                  distributed)
             save()
             t0, timed_from = time.time(), iter_num  # evaluation stays out of ms/iter
         if done:
@@ -291,7 +258,7 @@ def train(given):
             group["lr"] = lr
         loss_sum = torch.zeros((), device=device)
         for j, m in enumerate(range(rank, tc.grad_accum, world)):
-            x, y = get_batch(train_data, tc, cfg.block_size, (0, iter_num, m), device)
+            x, y = get_batch(data.train, tc, cfg.block_size, (0, iter_num, m), device)
             with spread.sync(model, last=j == local - 1):  # DDP all-reduces at the last one
                 with autocast:
                     _, loss = model(x, y)
@@ -303,33 +270,35 @@ def train(given):
         state = torch.stack([loss_sum / local, requested])
         if distributed:  # every rank sees the same loss and stops at the same step
             dist.all_reduce(state)  # summed, then divided: torch 2.7's gloo has no ReduceOp.AVG
-        loss, stopping = state[0].item() / world, state[1].item() > 0
+        loss = state[0].item() / world
+        stopping = state[1].item() > 0
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at iter {iter_num}; stopped without saving, "
-                                     f"so {last_good()}")
+                                     f"so {run.last_good()}")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
         if iter_num % tc.log_interval == 0 or iter_num == tc.max_iters or stopping:
             dt = (time.time() - t0) / (iter_num - timed_from)
             t0, timed_from = time.time(), iter_num
-            mfu = flops / dt / (peak * world) if peak else None  # of all processes' peak
             eta = dt * (tc.max_iters - iter_num) / 60
-            if master:  # the log keeps MFU's full precision (a tiny model's prints as 0.0%)
-                log.write({"iter": iter_num, "loss": loss, "lr": lr, "ms": 1000 * dt,
-                           **({"mfu": mfu} if peak else {})},
-                          f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} "
-                          f"ms/iter, {tokens_per_step / dt:,.0f} tok/s, eta {eta:.1f} min"
-                          + (f", mfu {100 * mfu:.1f}%" if peak else ""))
+            record = {"iter": iter_num, "loss": loss, "lr": lr, "ms": 1000 * dt}
+            text = (f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms/iter, "
+                    f"{tokens_per_step / dt:,.0f} tok/s, eta {eta:.1f} min")
+            if peak:  # the log keeps MFU's full precision (a tiny model's prints as 0.0%)
+                mfu = flops / dt / (peak * world)  # of all processes' peak
+                record["mfu"] = mfu
+                text += f", mfu {100 * mfu:.1f}%"
+            run.write(record, text)
         if stopping:
             save()
-            if master:
-                print(guards.stopped(iter_num, tc, world))
+            run.stopped(iter_num, world)
             return 130
 
     # ---- a closing sample (every rank decodes the same tokens: FSDP gathers weights)
     if tc.sample_tokens > 0:
         torch.manual_seed(tc.seed)
+        tokenizer = data.tokenizer
         idx = torch.tensor([tokenizer.encode(tokenizer.default_prompt) or [0]], device=device)
         out = raw_model.eval().generate(idx, tc.sample_tokens, temperature=0.8)  # idx (1, T)
         text = tokenizer.decode(out[0].tolist())

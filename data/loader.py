@@ -9,15 +9,15 @@ them. train.py, sample.py, probe.py, table1.py and lm_eval_mesh.py all read data
 
 A dataset is a folder with meta.json (tokenizer, vocab_size, dtype, token counts, the source's
 sha256) and either train.bin + val.bin (flat token ids) or an indexed dataset, Megatron /
-GPT-NeoX's document.bin + document.idx (indexed.py). A checkpoint keeps dataset_record(folder):
-a dataset changed since it was trained is refused by name (support/checkpoint.py).
+GPT-NeoX's document.bin + document.idx (indexed.py). A run opens its dataset through dataset.py's
+Dataset, which also keeps the record a checkpoint holds of it.
 """
 import os
 
 import numpy as np
 
 from data import DataError, data_root
-from data.meta import read_meta
+from data.meta import check_intact, hold, read_meta
 
 DEFAULT_ROOT = os.path.dirname(os.path.abspath(__file__))  # data/, where prepare.py writes
 # load_split checks every token id of a split up to SCAN_BYTES; beyond, SCAN_PIECES pieces of
@@ -34,9 +34,8 @@ def is_path(dataset):
 
 
 def dataset_folder(root, name):
-    """The folder of prepared dataset `name` under data_root `root` (found as data_root says, so
-    the scripts run from anywhere: `data` is the project's data/), or None. A path (is_path) gives
-    the folder of the indexed dataset or the prepared folder it names (indexed.py's dataset_at)."""
+    """The folder of prepared dataset `name` under data_root `root` (data_root's rule), or None; a
+    path (is_path): the indexed dataset's folder, or the prepared one it names (dataset_at)."""
     if is_path(name):
         from data.indexed import dataset_at
         return dataset_at(name, os.path.dirname(DEFAULT_ROOT))
@@ -44,24 +43,16 @@ def dataset_folder(root, name):
     return folder if os.path.isfile(os.path.join(folder, "meta.json")) else None
 
 
-def dataset_record(folder):
-    """What a checkpoint records of its training data: the tokenizer and its vocabulary, dtype,
-    token counts and the source's sha256, from the dataset's meta.json."""
-    meta = read_meta(os.path.join(folder, "meta.json"))
-    keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
-            "sha256", "tokenizer_sha256", "sequences")
-    return {k: meta[k] for k in keys if k in meta}
-
-
-def load_split(data_dir, split):
+def load_split(data_dir, split, meta=None):
     """The train or val tokens of a prepared dataset, memory-mapped (read-only), as one 1-d array,
     checked against its meta.json first: size, token count, and every token id below the
     vocabulary size (past SCAN_BYTES, those of SCAN_PIECES evenly spread pieces). An indexed
     dataset's are its sequences back to back: train all but the last 1%, val those (indexed.py);
-    its index is checked against its .bin when opened."""
+    its index is checked against its .bin when opened. meta: its meta.json, read already."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
-    meta = read_meta(os.path.join(data_dir, "meta.json"))
+    if meta is None:
+        meta = read_meta(os.path.join(data_dir, "meta.json"))
     name = os.path.basename(os.path.normpath(data_dir))
     fix = f"prepare the dataset again: python data/prepare.py --dataset {name}"
     if meta.get("format") == "indexed":  # the Pile's format: indexed.py
@@ -84,6 +75,7 @@ def load_split(data_dir, split):
             raise DataError(f"{path} holds {size // item:,} tokens but meta.json says "
                             f"{expected:,}; {fix}")
         data = np.memmap(path, dtype=meta["dtype"], mode="r")
+    hold(data, path)
     piece = max(1, SCAN_PIECE_BYTES // data.itemsize)
     if data.nbytes <= SCAN_BYTES:
         starts = range(0, len(data), piece)
@@ -107,6 +99,7 @@ def random_windows(data, length, n, seed):
     if len(data) < length:
         raise DataError(f"the split has {len(data)} tokens, fewer than one window of {length}")
     starts = np.random.default_rng(seed).integers(0, len(data) - length + 1, size=n)
+    check_intact(data)
     return np.stack([np.asarray(data[s:s + length], dtype=np.int64) for s in starts])
 
 
@@ -119,20 +112,6 @@ def sequential_windows(data, length, first, n):
     if per_epoch == 0:
         raise DataError(f"the data ({len(data)} tokens) is shorter than one window of {length} "
                         f"tokens")
+    check_intact(data)
     return np.stack([np.asarray(data[s:s + length], dtype=np.int64)
                      for s in ((k % per_epoch) * length for k in range(first, first + n))])
-
-
-def check_fits(cfg, tokenizer, train, val, name):
-    """Raise DataError unless the model (its Config) can train on this data: every token id has a
-    row in its vocabulary, and each split holds at least one window of block_size + 1 tokens."""
-    if cfg.vocab_size < tokenizer.vocab_size:
-        raise DataError(f"dataset {name!r} has {tokenizer.vocab_size} tokens but the model's "
-                        f"vocabulary is {cfg.vocab_size}; use a dataset made with the model's "
-                        f"tokenizer")
-    for split, data in (("training", train), ("validation", val)):
-        if len(data) < cfg.block_size + 1:
-            where = f" in {data.filename}" if split == "training" else ""
-            raise DataError(f"block_size {cfg.block_size} is longer than the {split} split of "
-                            f"{name!r} ({len(data)} tokens{where}); use a smaller --block_size or "
-                            f"more text")

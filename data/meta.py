@@ -1,17 +1,23 @@
 """
 A dataset's meta.json, checked before use: what it must hold (tokenizer, vocab_size, a dtype that
 holds every id) and what it may name (files of the dataset's own folder only), so that a damaged
-or foreign one is one line naming it, never a traceback or a read outside the folder.
+or foreign one is one line naming it, never a traceback or a read outside the folder. And its
+splits' files, checked as they are read: one that shrank is one line, never a SIGBUS.
 
     from data.meta import read_meta
     meta = read_meta("data/shakespeare_char/meta.json")
 """
 import os
+import weakref
 
 import numpy as np
 
 from data import DataError
 from support import plain
+from support.plain import plain_name
+
+KINDS = ("char", "gpt2", "bpe")  # tokenizer.py's kinds
+GPT2_VOCAB = 50257  # tiktoken's GPT-2 BPE (bpe.py's GPT2.VOCAB_SIZE, without loading tiktoken)
 
 
 def dtype_for_vocab(vocab_size, indexed=False):
@@ -20,13 +26,6 @@ def dtype_for_vocab(vocab_size, indexed=False):
     if vocab_size <= 65535:
         return "uint16"
     return "int32" if indexed else "uint32"
-
-
-def plain_name(value):
-    """A file name of the folder itself (no path): what meta.json may name, so that nothing read
-    from it reaches outside the dataset's folder."""
-    return (isinstance(value, str) and value not in ("", ".", "..")
-            and os.path.basename(value) == value and "\\" not in value)
 
 
 def read_meta(path):
@@ -38,8 +37,15 @@ def read_meta(path):
         vocab = meta["vocab_size"]
         if not isinstance(vocab, int) or vocab < 1:
             raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
-        if meta["tokenizer"] == "char" and len(str(meta.get("chars") or "")) != vocab:
+        kind = meta["tokenizer"]
+        if kind not in KINDS:
+            raise ValueError(f"tokenizer {kind!r:.40} is not one of {', '.join(KINDS)}")
+        if kind == "char" and len(str(meta.get("chars") or "")) != vocab:
             raise ValueError(f"its {vocab} characters are missing")
+        if kind != "char" and "chars" in meta:  # the vocabulary of one kind, the name of another
+            raise ValueError(f"it holds a character vocabulary (chars) but says tokenizer {kind!r}")
+        if kind == "gpt2" and vocab != GPT2_VOCAB:
+            raise ValueError(f"vocab_size {vocab} is not GPT-2's {GPT2_VOCAB}")
         indexed = meta.get("format") == "indexed"
         if indexed:  # any integer dtype of the index that holds every id
             dtype = np.dtype(meta["dtype"])
@@ -57,3 +63,26 @@ def read_meta(path):
     except (OSError, ValueError, TypeError) as e:  # TypeError: np.dtype of a thing not a dtype
         raise DataError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again "
                         f"with python data/prepare.py") from None
+
+
+def hold(data, path):
+    """Keep path open beside data, its memory map (closed with it), and its size now, which
+    check_intact compares."""
+    fd = os.open(path, os.O_RDONLY)
+    weakref.finalize(data, os.close, fd)
+    data.held = (fd, os.fstat(fd).st_size, path)
+
+
+def check_intact(data):
+    """Raise DataError when the file under a split of load_split's has shrunk since it was opened
+    (another program truncated it, or rewrote it in place): a read past its new end would end the
+    process with SIGBUS, without a word. Checked before every read of windows, on the file's
+    own descriptor: a dataset replaced whole (prepare.py renames new files in) is not mistaken
+    for it."""
+    fd, size, path = getattr(data, "held", (None, 0, None))
+    now = size if fd is None else os.fstat(fd).st_size
+    if now < size:
+        raise DataError(f"{path} shrank from {size:,} to {now:,} bytes while this process read "
+                        f"it (another program truncated or rewrote it); nothing was read past "
+                        f"its end: prepare the dataset again (python data/prepare.py) and resume "
+                        f"the run")

@@ -29,9 +29,11 @@ offline, point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files.
 Files of any size are streamed in chunks of about chunk_bytes, cut after a newline, so
 memory stays bounded. GPT-2 BPE is applied per chunk, which is what you get by splitting
 the text after newlines and encoding the pieces separately. Outputs are staged in a
-temporary folder (.NAME-PID-HEX.tmp) and moved into place at the end, meta.json last, so an
-error never leaves a half-written dataset; the staging folders of killed prepares are removed
-by the next one. load_split checks the .bin files against meta.json before they are used.
+temporary folder (.NAME-PID-HEX.nanomesh.tmp) and moved into place at the end, meta.json
+last, so an error never leaves a half-written dataset; the staging folders of killed prepares
+are removed by the next one. load_split checks the .bin files against meta.json before they are used. A
+NAME/ folder that holds files but no meta.json is another tool's (nanoGPT's data/shakespeare):
+it is refused, never written over.
 """
 import contextlib
 import hashlib
@@ -39,6 +41,7 @@ import http.client
 import io
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -61,7 +64,9 @@ SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
 OFFLINE = ".shakespeare_char.offline"  # in OUT_ROOT: why the default dataset fell back on pydoc (ensure_dataset)
+REPLACING = ".meta.json.replacing"  # a dataset folder's old meta.json while its new files move in (prepare)
 PROGRESS_BYTES = 64 << 20  # one progress line per 64 MiB read
+NAME_BYTES = 200  # the longest dataset name: its staging folder's name (~35 bytes more) must fit in 255
 
 
 class DownloadError(DataError):
@@ -87,10 +92,12 @@ def _size(n):
 
 def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
     """Yield the text of `source` (a path or bytes) in pieces of about chunk_bytes, cut after
-    a newline (or, in a line longer than a chunk, between characters); checks it is UTF-8."""
+    a newline (or, in a line longer than a chunk, between characters); checks it is UTF-8. A
+    byte order mark that starts the text (Windows editors write one) is a marker, not a character:
+    it is dropped."""
     f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     total = len(source) if isinstance(source, bytes) else os.path.getsize(source)
-    carry, offset, done, mark = b"", 0, 0, PROGRESS_BYTES
+    carry, offset, done, mark, first = b"", 0, 0, PROGRESS_BYTES, True
     with f:
         while True:
             block = f.read(chunk_bytes)
@@ -117,6 +124,8 @@ def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
             if done >= mark:
                 log(f"prepare: {what} {_size(done)} / {_size(total)}")
                 mark += PROGRESS_BYTES
+            if text and first:  # the first character, whole (cuts fall between characters)
+                text, first = text.removeprefix("\ufeff"), False
             if text:
                 yield text
 
@@ -234,13 +243,42 @@ def tokenizer_kind(tokenizer):
     return "bpe"
 
 
+def foreign_files(folder):
+    """The names in a dataset folder that data/prepare.py did not make, where it did not make the folder
+    (it has no meta.json, nor the old one of a replacement cut short): [] for a folder of ours or an empty one.
+    nanoMeSH writes over nothing of another tool's (nanoGPT's train.bin, val.bin and meta.pkl, say)."""
+    if not os.path.isdir(folder) or any(os.path.isfile(os.path.join(folder, n)) for n in ("meta.json", REPLACING)):
+        return []
+    return sorted(n for n in os.listdir(folder) if not runfiles.TEMPORARY.match(n))
+
+
+def check_ours(folder, root_flag):
+    """Raise DataError when folder, where a dataset is to be written, holds another tool's files."""
+    foreign = foreign_files(folder)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 3 else "")
+        raise DataError(f"{folder} holds files that data/prepare.py did not make ({shown}) and no meta.json: "
+                        f"another tool's dataset, which nanoMeSH never writes over; give another {root_flag}, "
+                        f"or move those files away")
+
+
+def check_name(dataset):
+    """Raise DataError unless dataset is a name prepare can make a folder of: the rule, in its words."""
+    size = len(str(dataset).encode("utf-8", "surrogatepass"))
+    if not dataset or dataset.startswith(".") or any(c in dataset for c in ("/", "\\", os.sep, "\0")) \
+            or size > NAME_BYTES:
+        shown = repr(dataset) if len(dataset) <= 40 else f"{dataset[:40]!r}... ({size} bytes)"
+        raise DataError(f"invalid dataset name {shown}: a dataset's name is a plain folder name, not starting "
+                        f"with '.', without '/' or '\\', at most {NAME_BYTES} bytes; choose another --dataset")
+
+
 def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT,
-            chunk_bytes=1 << 20, log=_stderr, format="flat", seq_len=2049, num_proc=1):
+            chunk_bytes=1 << 20, log=_stderr, format="flat", seq_len=2049, num_proc=1, root_flag="--out_root"):
     """Tokenize a dataset into OUT_ROOT/dataset/ and return that folder's path. tokenizer: 'char', 'gpt2' or
     the path of a byte-level BPE tokenizer.json (or a model folder holding one); format: 'flat' (train.bin +
-    val.bin) or 'indexed' (document.bin + document.idx, sequences of seq_len tokens, data/indexed.py)."""
-    if not dataset or dataset.startswith(".") or os.sep in dataset or "/" in dataset:
-        raise DataError(f"invalid dataset name {dataset!r}; use a plain folder name")
+    val.bin) or 'indexed' (document.bin + document.idx, sequences of seq_len tokens, data/indexed.py).
+    A folder OUT_ROOT/dataset of another tool's is refused (check_ours), root_flag naming the fix."""
+    check_name(dataset)
     if input is not None and url is not None:
         raise DataError("pass either --input or --url, not both")
     if format not in ("flat", "indexed"):
@@ -268,10 +306,11 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
                            f"{', '.join(sorted(DATASETS))} (any other name needs --input FILE)")
     if input is not None and os.path.getsize(input) == 0:
         raise DataError(f"{label} is empty")
+    final = os.path.join(out_root, dataset)
+    check_ours(final, root_flag)  # before anything is made, downloaded or loaded
     # fail early if the vocabulary is missing
     tok = Tokenizer("gpt2") if kind == "gpt2" else Tokenizer("bpe", path=tokenizer) if kind == "bpe" else None
 
-    final = os.path.join(out_root, dataset)
     started = time.perf_counter()
     created_root, created = not os.path.isdir(out_root), not os.path.isdir(final)
     os.makedirs(out_root, exist_ok=True)
@@ -295,13 +334,16 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
         meta = {"dataset": dataset, **meta, "source": os.path.abspath(input) if input else label}
         with open(os.path.join(stage, "meta.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2, ensure_ascii=False)
-        # commit: drop the old meta.json first so a crash midway never pairs it with new .bin
-        # files, then move everything in, meta.json last (its presence marks a complete dataset)
+        # commit: set the old meta.json aside first so a crash midway never pairs it with new .bin
+        # files (yet the folder stays recognizably ours), then move everything in, meta.json last
+        # (its presence marks a complete dataset)
         os.makedirs(final, exist_ok=True)
         if os.path.exists(os.path.join(final, "meta.json")):
-            os.remove(os.path.join(final, "meta.json"))
+            os.replace(os.path.join(final, "meta.json"), os.path.join(final, REPLACING))
         for name in sorted(os.listdir(stage), key=lambda name: name == "meta.json"):
             os.replace(os.path.join(stage, name), os.path.join(final, name))
+        if os.path.exists(os.path.join(final, REPLACING)):
+            os.remove(os.path.join(final, REPLACING))
     except OSError as e:  # a full disk, most often: numpy reports it as a short write, naming no file
         raise DataError(f"could not write dataset {dataset!r} in {out_root}: {runfiles.why_write_failed(e, out_root)}; "
                            f"the dataset was not written") from None
@@ -321,6 +363,20 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
     return final
 
 
+def check_root_ours(out_root):
+    """A dataset is made on first use only in a data root of nanoMeSH's: the project's data/, a new or empty
+    folder, or one whose dataset folders are all data/prepare.py's; another project's data/ (nanoGPT's, whose
+    shakespeare/ holds train.bin, val.bin and meta.pkl) is refused, nothing written there."""
+    if not os.path.isdir(out_root) or os.path.samefile(out_root, DEFAULT_ROOT):
+        return
+    foreign = [n for n in sorted(os.listdir(out_root)) if not n.startswith(".")
+               and os.path.isdir(os.path.join(out_root, n)) and foreign_files(os.path.join(out_root, n))]
+    if foreign:
+        raise DataError(f"--data_root={out_root} holds another tool's datasets ({', '.join(foreign[:3])}: folders "
+                        f"without meta.json), where nanoMeSH makes none on its own; give another --data_root, or "
+                        f"prepare one there on purpose: python data/prepare.py --dataset NAME --out_root {out_root}")
+
+
 def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
     """Return the name of the dataset folder to train on, preparing a named dataset if needed (one already
     prepared is found as dataset_folder finds it; a path is an indexed dataset's). Offline, shakespeare_char
@@ -328,13 +384,22 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
     train on pydoc at once, saying why, until python data/prepare.py --dataset shakespeare_char succeeds."""
     if dataset_folder(out_root, dataset):
         return dataset
+    if is_path(dataset) and os.path.isdir(dataset) and foreign_files(dataset):  # e.g. nanoGPT's folder
+        kept = [n for n in ("train.bin", "val.bin", "meta.pkl") if n in foreign_files(dataset)]
+        other = f" (its {', '.join(kept)}: another tool's format, nanoGPT's?)" if kept else ""
+        raise DataError(f"{dataset} has no meta.json, by which nanoMeSH reads a dataset{other}; prepare "
+                        f"its text with: python data/prepare.py --dataset NAME --input FILE")
     if is_path(dataset):
         raise DataError(f"there is no indexed dataset at {dataset} (neither {dataset}.idx + .bin nor "
                            f"{os.path.join(dataset, 'document')}.idx + .bin); put Pythia's pre-tokenized Pile there "
                            f"(README: Reproduce the paper) or make one with data/prepare.py --format=indexed")
+    check_name(dataset)  # what is suggested below, prepare.py accepts
     if dataset not in DATASETS:
-        raise DataError(f"dataset {dataset!r} was never prepared (no {dataset}/meta.json in {out_root}); "
-                           f"prepare it with: python data/prepare.py --dataset {dataset} --input FILE")
+        there = "" if out_root in ("data", DEFAULT_ROOT) else f" --out_root {shlex.quote(out_root)}"
+        raise DataError(f"dataset {dataset!r} is not in --data_root={out_root} (no {dataset}/meta.json there); "
+                        f"give the --data_root that holds it, or prepare it with: python data/prepare.py "
+                        f"--dataset {dataset} --input FILE{there}")
+    check_root_ours(out_root)
     offline = os.path.join(out_root, OFFLINE)  # a failed download of Tiny Shakespeare, remembered
     if dataset == "shakespeare_char" and os.path.isfile(offline):
         with open(offline, encoding="utf-8") as f:
@@ -342,7 +407,7 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
                 f"--dataset shakespeare_char tries the download again")
         return ensure_dataset("pydoc", out_root, log)
     try:
-        prepare(dataset, out_root=out_root, log=log)
+        prepare(dataset, out_root=out_root, log=log, root_flag="--data_root")
     except DownloadError as e:
         if dataset != "shakespeare_char":
             raise

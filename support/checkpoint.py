@@ -1,6 +1,6 @@
 """
 Checkpoints: the one writer and loader that train.py, sample.py, probe.py, table1.py and
-lm_eval_mesh.py share, a sharded checkpoint's pointer, and the dataset a checkpoint trained on.
+lm_eval_mesh.py share, a sharded checkpoint's pointer, and which of a run's checkpoints is its latest.
 
     model, ckpt = checkpoint.load("out")      # OUT_DIR/ckpt.pt: the model, and the plain data saved with it
     meta = checkpoint.read_pointer("out")     # OUT_DIR/ckpt-sharded.json, every field checked; or None
@@ -9,8 +9,9 @@ A run's checkpoint is OUT_DIR/ckpt.pt, a torch.save'd dict of tensors and plain 
 train_config, iter_num, best_val_loss, rng, the data it trained on), or a sharded one (sharded.py): a
 folder OUT_DIR/shards-<iter>/ that OUT_DIR/ckpt-sharded.json names. Both are written atomically.
 ckpt.pt loads with weights_only=True (loading never runs code), its zip CRC-32s verified, its plain
-data checked and its weights finite, so a damaged file is refused, not used. Which of the two a
-resume continues from, and what else it checks, is resume.py's; the run's folder is outdir.py's.
+data checked and its weights finite, so a damaged file is refused, not used. Which of the two is the
+run's latest is latest()'s, for every reader; what else a resume checks is resume.py's, the run's folder
+outdir.py's, and the dataset a checkpoint trained on data/dataset.py's.
 """
 
 import os
@@ -20,16 +21,15 @@ import zipfile
 
 import torch
 
+from configurator import UsageError
 from support import plain, runfiles
-from data import DataError, data_root
-from data.loader import dataset_folder, dataset_record, is_path
 from mesh import Config, RecursiveGPT
 
 CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"  # a whole checkpoint; the pointer of a sharded one (sharded.py)
 SHARDS = re.compile(r"^shards-\d{8}(-1)?$")     # the folders of sharded checkpoints (sharded.shards_folder)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UsageError):
     """A checkpoint that is missing, damaged or cannot be used as asked: one line, exit 2."""
 
 
@@ -176,41 +176,15 @@ def saved_full(out_dir):
         return -1, -1.0
 
 
-def checkpoint_dataset(train_config, trained_on=None, root=None):
-    """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config:
-    the TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data
-    (dataset_record); a folder whose meta.json now says otherwise is refused by name. root: a
-    --data_root given, where the data is now, instead of the saved one (absolute since it is saved
-    so; an older checkpoint's relative one is found as data_root says)."""
-    name = train_config["dataset"]
-    root = data_root(root or train_config.get("data_root", "data"))
-    folder = dataset_folder(root, name)
-    if folder is None and is_path(name):
-        raise DataError(f"the checkpoint's dataset {name} is not there (no {name}.idx + .bin, nor "
-                        f"{os.path.join(name, 'document')}.idx + .bin)")
-    if folder is None:
-        raise DataError(f"the checkpoint's dataset {name!r} is not prepared (no "
-                        f"{os.path.join(root, name)}/meta.json); if it moved, give the folder "
-                        f"that holds it now as --data_root=FOLDER, else prepare it with: "
-                        f"python data/prepare.py --dataset {name}"
-                        + (f" --out_root={shlex.quote(root)}" if root != data_root("data") else ""))
-    now, then = dataset_record(folder), trained_on or {}
-    changed = [k for k in sorted(set(then) | set(now)) if then and then.get(k) != now.get(k)]
-    if changed:
-        raise DataError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was "
-                        f"trained on: " + ", ".join(_difference(k, then.get(k), now.get(k))
-                                                    for k in changed)
-                        + f"; prepare {name!r} again from its original text, or train a new run "
-                        f"on this data")
-    return folder
-
-
-def _difference(key, then, now):
-    """One field of two dataset records that differ, in words (a vocabulary as the characters
-    it gained or lost)."""
-    if key == "chars" and isinstance(then, str) and isinstance(now, str):
-        added, lost = "".join(sorted(set(now) - set(then))), "".join(sorted(set(then) - set(now)))
-        words = ([f"{added!r} added"] if added else []) + ([f"{lost!r} removed"] if lost else [])
-        return "characters " + (", ".join(words) or "in another order")
-    short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
-    return f"{key} {short(then)} then, {short(now)} now"
+def latest(out_dir):
+    """Which of OUT_DIR's checkpoints, ckpt.pt and a sharded one, is the run's latest: the one rule that a
+    resume, sample.py, tools/probe.py and tools/consolidate.py share. The one further in training (saved());
+    at the same iteration the one saved later by the clock, or the sharded one when they were saved together
+    (a consolidated ckpt.pt is its copy). -> (CKPT, POINTER or None when there is neither, ckpt.pt's saved()
+    or None, the sharded checkpoint's pointer or None)."""
+    meta, full = read_pointer(out_dir), saved_full(out_dir)
+    if meta is None:
+        return (CKPT if full else None), full, None
+    if full is not None and full > saved(meta):
+        return CKPT, full, meta
+    return POINTER, full, meta

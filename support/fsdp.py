@@ -14,10 +14,10 @@ float32 (MixedPrecisionPolicy); the root and the blocks' inputs stay float32 and
 under DDP, so the residual stream, the MeSH buffer, LayerNorms and the loss are float32 as there.
 (On CPU the weights are gathered in float32 and bf16 autocast does the rest.)
 
-train.py holds the model through the calls this file shares with ddp.py: wrap, sync, save and load,
-with NAME (the startup line's word) and CHECKPOINT (the file a resume continues from); check_launch
-is FSDP's own. Either format resumes in either mode, at any number of processes: a DDP checkpoint
-is cut into shards here (load), a sharded one loads whole under DDP (resume.py).
+train.py holds the model through Sharded, which makes spread.py's calls (wrap, sync, save and
+load, with its name and checkpoint file). Either format resumes in either mode, at any number of
+processes: a DDP checkpoint is cut into shards here (load), a sharded one loads whole under DDP
+(resume.py).
 """
 
 import os
@@ -28,9 +28,9 @@ import torch.distributed as dist
 
 from support import sharded
 from support.checkpoint import POINTER
+from support.spread import Spread
 from configurator import UsageError
 
-NAME, CHECKPOINT = " (FSDP)", POINTER  # the startup line's word for it; the file a resume continues from
 # torch.distributed's checkpoint, tensor and fsdp packages are imported in the functions that use them: loaded
 # into a DDP process (train.py imports this file), they make gloo's shutdown hang at exit now and then
 
@@ -71,42 +71,48 @@ def shard_optimizer_state(state_dict, optimizer):
 
 
 # -----------------------------------------------------------------------------
-# The calls train.py makes (ddp.py has the same for the whole model)
+# The calls train.py makes (spread.py's Spread makes them for the whole model)
 
-def check_launch(distributed):
-    if not distributed:
-        raise UsageError("--fsdp=true shards over processes started by torchrun, e.g. torchrun --standalone "
-                         "--nproc_per_node=8 train.py ... --fsdp=true (one process: --nproc_per_node=1)")
+class Sharded(Spread):
+    """The model's weights, gradients and AdamW state sharded over the processes (FSDP2)."""
+    name = " (FSDP)"       # the startup line's word for it
+    checkpoint = POINTER   # the file it saves, which a resume continues from
+    flag = " --fsdp=true"  # what the command that resumes it adds
 
+    def __init__(self, distributed):
+        if not distributed:
+            raise UsageError("--fsdp=true shards over processes started by torchrun, e.g. torchrun "
+                             "--standalone --nproc_per_node=8 train.py ... --fsdp=true (one "
+                             "process: --nproc_per_node=1)")
 
-def wrap(model, device, tc, scratch):
-    """(the sharded model, what trains: the same, compiled with --compile). A scratch model takes rank 0's
-    initial weights first, as DDP does, so that every shard comes from the same model."""
-    model = model.to(device)  # NCCL broadcasts GPU tensors; fully_shard keeps the shards where they are
-    if scratch:
-        for p in model.parameters():
-            dist.broadcast(p.data, src=0)
-    # bf16 gathering on GPUs only: CPU autocast runs LayerNorm in the input's dtype, so bf16 weights cannot meet
-    # a float32 residual stream there (CUDA autocast computes LayerNorm in float32)
-    cuda = device.startswith("cuda")
-    shard(model, device.split(":")[0], bf16=tc.dtype == "bfloat16" and cuda)
-    return model, torch.compile(model) if tc.compile else model
+    def wrap(self, model, device, tc, scratch):
+        """(the sharded model, what trains: the same, compiled with --compile). A scratch model
+        takes rank 0's initial weights first, as DDP does, so that every shard comes from the same
+        model."""
+        model = model.to(device)  # NCCL broadcasts GPU tensors; fully_shard keeps shards in place
+        if scratch:
+            for p in model.parameters():
+                dist.broadcast(p.data, src=0)
+        # bf16 gathering on GPUs only: CPU autocast runs LayerNorm in the input's dtype, so bf16
+        # weights cannot meet a float32 residual stream there (CUDA autocast: LayerNorm in float32)
+        cuda = device.startswith("cuda")
+        shard(model, device.split(":")[0], bf16=tc.dtype == "bfloat16" and cuda)
+        return model, torch.compile(model) if tc.compile else model
 
+    def sync(self, model, last):
+        """FSDP reduce-scatters the gradients at every micro-batch: no rank holds a whole one."""
+        return nullcontext()
 
-def sync(model, last):
-    """FSDP reduce-scatters the gradients at every micro-batch, so that no rank holds a whole gradient."""
-    return nullcontext()
+    def save(self, out_dir, model, optimizer, master, state):
+        """A sharded checkpoint (sharded.py's format): each rank writes its shards, rank 0 the
+        pointer."""
+        sharded.save(out_dir, model, optimizer, master, state)
 
-
-def load(resume, model, optimizer):
-    """Into the sharded model and its AdamW: a sharded checkpoint's shards (each rank its own), or a whole
-    checkpoint's optimizer state cut to this rank's shards (its weights came with the model)."""
-    if "folder" in resume:
-        sharded.load_sharded(os.path.dirname(resume["path"]), resume, model, optimizer)
-    else:
-        optimizer.load_state_dict(shard_optimizer_state(resume["optimizer"], optimizer))
-
-
-def save(out_dir, model, optimizer, master, data):
-    """A sharded checkpoint (sharded.py's format): every rank writes its own shards, rank 0 the pointer."""
-    sharded.save(out_dir, model, optimizer, master, data)
+    def load(self, resume, model, optimizer):
+        """Into the sharded model and its AdamW: a sharded checkpoint's shards (each rank its own),
+        or a whole checkpoint's optimizer state cut to this rank's shards (its weights came with
+        the model)."""
+        if "folder" in resume:
+            sharded.load_sharded(os.path.dirname(resume["path"]), resume, model, optimizer)
+        else:
+            optimizer.load_state_dict(shard_optimizer_state(resume["optimizer"], optimizer))

@@ -11,16 +11,15 @@ model that blew up. train.py reaches each by one call; sample.py uses command() 
 import math
 import os
 import re
-import shlex
 import signal
 import sys
 
 import torch
 import torch.distributed as dist
 
-from data import data_root
 from support import machine, outdir
-from configurator import UsageError, check_ranges, parse_flags, report
+from configurator import UsageError, parse_flags, report
+from mesh import ConfigError
 
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|[Tt]imed out|Socket Timeout")  # a collective's
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
@@ -28,9 +27,11 @@ DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a unifo
 
 def command(prog, settings, fn, argv, notes=""):
     """fn(given) as a command, given the flags of argv parsed against the dataclass `settings`: its exit code.
-    Bad input (the project's errors are ValueErrors; a file that cannot be used, an OSError) is one line on
+    Bad input (the project's errors are UsageErrors, and mesh.py's ConfigError, a setting the model cannot
+    take, which the model file raises standing alone; a file that cannot be used, an OSError) is one line on
     stderr and exit 2; a model that blew up (FloatingPointError) one line and exit 1; --debug=true shows the
-    traceback instead. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
+    traceback instead. Any other exception is a bug (a ValueError from PyTorch included): its traceback shows
+    the file and line. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
     given = {}
     try:
         given = parse_flags(settings, argv, prog, notes)
@@ -39,7 +40,7 @@ def command(prog, settings, fn, argv, notes=""):
         if given.get("debug"):
             raise
         return report(prog, e, code=1)
-    except (ValueError, OSError) as e:
+    except (UsageError, ConfigError, OSError) as e:
         if given.get("debug"):
             raise
         return report(prog, e)
@@ -110,14 +111,6 @@ def unsaveable(model, optimizer, losses):
     return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
 
 
-def last_good(path, saved_iter):
-    """The checkpoint a run that blew up leaves (path, saved at saved_iter, or none), in words."""
-    if saved_iter is None:
-        return "this run saved no checkpoint (start again with a lower --lr)"
-    return (f"{path} (iter {saved_iter}) is the last good checkpoint (resume with --init_from=resume "
-            f"and a lower --lr)")
-
-
 def check_saveable(model, optimizer, losses, iter_num, last_good, distributed):
     """Raise FloatingPointError, naming the last good checkpoint (last_good(), in words), unless the model may
     be saved. Every rank sees the same losses; under FSDP each checks its own shards, and all stop if any
@@ -129,6 +122,16 @@ def check_saveable(model, optimizer, losses, iter_num, last_good, distributed):
         reason = reason or ("a weight or optimizer state on another rank is not finite" if flag.item() else None)
     if reason:
         raise FloatingPointError(f"{reason} at iter {iter_num}; stopped without saving, so {last_good()}")
+
+
+def check_ranges(settings, ranges):
+    """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
+    range in words); None (unset) passes, anything else must be finite and pass the test."""
+    for names, ok, allowed in ranges:
+        for name in names.split():
+            value = getattr(settings, name)
+            if value is not None and not (math.isfinite(value) and ok(value)):
+                raise UsageError(f"--{name}={value} must be {allowed}")
 
 
 RANGES = [  # train.py's settings: (names, the test each must pass, the range in words)
@@ -146,8 +149,7 @@ RANGES = [  # train.py's settings: (names, the test each must pass, the range in
 
 
 def check_settings(tc):
-    """train.py's settings, each in its range (None, unset, passes) and with the others; data_root
-    made absolute (data.data_root: `data` is the project's data/, whatever the working folder)."""
+    """train.py's settings, each in its range (None, unset, passes) and with the others."""
     check_ranges(tc, RANGES)
     if tc.data_order not in ("random", "sequential"):
         raise UsageError(f"--data_order={tc.data_order} is not random or sequential")
@@ -163,7 +165,6 @@ def check_settings(tc):
         if not getattr(tc, name).strip():
             default = type(tc).__dataclass_fields__[name].default
             raise UsageError(f"--{name} is empty; give it a name, e.g. --{name}={default} (its default)")
-    tc.data_root = data_root(tc.data_root)  # absolute: a checkpoint says where its data is, for any folder
 
 
 def ran_out(iter_num, tc, windows, window):
@@ -173,10 +174,3 @@ def ran_out(iter_num, tc, windows, window):
             f"{seen / windows:.3f} epoch(s) of {windows:,} windows of {window} tokens read "
             f"in order, {seen * window:,} tokens seen; allow more passes with "
             f"--init_from=resume --epochs={tc.epochs + 1}")
-
-
-def stopped(iter_num, tc, world):
-    """The last line of a run stopped by a signal: the command that continues it."""
-    again = shlex.quote("--out_dir=" + tc.out_dir) + " --fsdp=true" * tc.fsdp
-    return (f"stopped at iter {iter_num}; checkpoint saved. Continue with "
-            f"{machine.launch(world)} train.py --init_from=resume {again}")

@@ -16,9 +16,9 @@ import os
 import torch
 
 from support import plain, plan
+from support.plain import plain_name
 from support.checkpoint import CheckpointError
 from configurator import UsageError
-from data.meta import plain_name
 from mesh import Config, RecursiveGPT
 
 
@@ -139,13 +139,13 @@ def for_training(path, tc, given, tokenizer, master):
 def check_tokenizer(path, tokenizer, dataset, master):
     """An imported model knows the ids of its own tokenizer (PATH/tokenizer.json): a dataset made with another
     one is refused. Without a tokenizer.json in PATH only a GPT-2 dataset gets a note (Pythia's is GPT-NeoX's)."""
-    from data.tokenizer import Tokenizer
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         if master and tokenizer.kind == "gpt2":
             print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; the ids of a GPT-2 "
                   "dataset mean other tokens to them")
         return
-    if Tokenizer("bpe", path=path).identity != tokenizer.identity:
+    theirs = type(tokenizer)("bpe", path=path)  # data/tokenizer.py's, through the dataset's own
+    if theirs.identity != tokenizer.identity:
         made = "another tokenizer.json" if tokenizer.kind == "bpe" else f"the {tokenizer.kind} tokenizer"
         raise UsageError(f"dataset {dataset!r} was made with {made}, not the imported model's own "
                          f"({os.path.join(path, 'tokenizer.json')}); prepare it with that one: python data/prepare.py "

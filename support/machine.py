@@ -158,7 +158,7 @@ def from_rank0(fn, distributed, master):
     if master:
         try:
             result = fn()
-        except ValueError as e:  # the project's one-line errors (UsageError, DataError, ...) are ValueErrors
+        except UsageError as e:  # the project's one-line errors (DataError, ...) are UsageErrors
             failed = e
     if distributed:
         shared = [result, None if failed is None else str(failed)]

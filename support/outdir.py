@@ -26,7 +26,7 @@ MAX_LOG = 1 << 30  # a log.jsonl of a million steps, one line each, is about 150
 _logs = []         # this process's open RunLogs, closed by release()
 
 
-class OutDirError(ValueError):
+class OutDirError(UsageError):
     """OUT_DIR holds something a run cannot use as it is (a link, a FIFO, a full disk): one line."""
 
 

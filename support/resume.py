@@ -1,10 +1,10 @@
 """
-Continuing a run (train.py --init_from=resume): which checkpoint it continues from, every check it must
-pass first, and the random state it had. train.py loads this file only when it resumes.
+Continuing a run (train.py --init_from=resume, through run.py's Run): the checkpoint it continues from,
+every check it must pass first, and the random state it had.
 
-    ckpt = resume.load("out", sharded=False)     # ckpt.pt or the sharded one, whichever trained further
+    ckpt = resume.load("out", sharded=False)     # the run's latest checkpoint (checkpoint.latest)
     tc = resume.settings(ckpt, TrainConfig, given)  # its saved settings, read as flags are, then the flags
-    data_dir = resume.check(ckpt, tc, given)     # any reason it cannot continue: one line, nothing touched
+    resume.check(ckpt, tc, given)                # any reason it cannot continue: one line, nothing touched
 
 A resume continues bit for bit: the same data (a step's batches depend on the step alone), the same
 random state, the same AdamW moments. Either format resumes in either mode: a sharded checkpoint
@@ -19,29 +19,27 @@ import torch
 from support import checkpoint
 from support.checkpoint import CheckpointError
 from configurator import UsageError, value_of
-from support.checkpoint import checkpoint_dataset
 from mesh import Config, RecursiveGPT
 
 
 def load(out_dir, sharded):
     """The run in OUT_DIR as the dict a resume continues from: the checkpoint's entries, "model" its model and
-    "path" its file. Of ckpt.pt and a sharded checkpoint, the one further in training (checkpoint.saved); at
-    the same iteration the one saved later by the clock, said in a note, or the sharded one when they were saved
-    together (a consolidated ckpt.pt is its copy). sharded (an FSDP launch): a sharded checkpoint gives its plain
-    data and a model of its config, whose shards fsdp.load reads, each rank its own; otherwise it is read whole
+    "path" its file. Of ckpt.pt and a sharded checkpoint, the run's latest (checkpoint.latest: the one further
+    in training; at the same iteration the one saved later by the clock, said in a note, or the sharded one
+    when they were saved together, a consolidated ckpt.pt being its copy). sharded (an FSDP launch): a sharded checkpoint gives its plain
+    data and a model of its config, whose shards fsdp.Sharded.load reads, each rank its own; otherwise it is read whole
     here."""
     if not out_dir.strip():  # "" would read the working folder's files
         raise UsageError("--out_dir is empty; give the run's folder: --init_from=resume --out_dir=OUT_DIR")
-    meta, full = checkpoint.read_pointer(out_dir), checkpoint.saved_full(out_dir)
-    if meta is None and full is None:
+    taken, full, meta = checkpoint.latest(out_dir)
+    if taken is None:
         raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
                          f"start with --init_from=scratch or point --out_dir at a run")
     pointed = checkpoint.saved(meta) if meta else None  # the sharded checkpoint's
     if pointed and full and full[0] == pointed[0] and full[1] != pointed[1]:
-        later = checkpoint.CKPT if full > pointed else checkpoint.POINTER
         print(f"note: {out_dir} holds two checkpoints of iter {full[0]}, {checkpoint.CKPT} and "
-              f"{checkpoint.POINTER}; resuming from {later}, saved later by the clock", flush=True)
-    if meta is None or full is not None and full > pointed:
+              f"{checkpoint.POINTER}; resuming from {taken}, saved later by the clock", flush=True)
+    if taken == checkpoint.CKPT:
         model, ckpt = checkpoint.load(out_dir)
         return {**ckpt, "model": model, "path": os.path.join(out_dir, checkpoint.CKPT)}
     from support import sharded as shards  # the sharded format, loaded only for a sharded checkpoint
@@ -82,8 +80,8 @@ def settings(ckpt, cls, given):
 
 def check(ckpt, tc, given):
     """Every reason the run in ckpt (load's dict) cannot continue as train.py was asked: something it needs is
-    missing or damaged, a model setting given contradicts it, its AdamW state does not fit its model, or its
-    dataset has changed since. Raises CheckpointError or UsageError; returns the dataset's folder."""
+    missing or damaged, a model setting given contradicts it, or its AdamW state does not fit its model (its
+    dataset, changed since, is data/dataset.py's to refuse). Raises CheckpointError or UsageError."""
     path, problem = ckpt["path"], None
     kinds = {"iter_num": int, "best_val_loss": float, "rng": dict, **({} if "folder" in ckpt else {"optimizer": dict})}
     missing = [k for k, kind in kinds.items() if not isinstance(ckpt.get(k), kind)]
@@ -108,7 +106,6 @@ def check(ckpt, tc, given):
                          f"{was}); with {now} windows a step it would go on at window {it * now}, not "
                          f"{it * was}; resume with the run's own --batch_size={old['batch_size']} "
                          f"--grad_accum={old['grad_accum']} (or as many windows a step in all)")
-    return checkpoint_dataset(dataclasses.asdict(tc), ckpt.get("data"))
 
 
 def finished(ckpt, tc):

@@ -7,8 +7,9 @@ datasets and the tools' results are all written through here.
     runfiles.atomic_write(path, lambda f: f.write(data))      # the old file or the new one, never half of one
     runfiles.remove_dead_temporaries(out_dir)                 # the .tmp files of writers that were killed
 
-Every temporary file or folder is named .NAME-PID-HEX.tmp beside its destination: the one cleaner tells a
-dead writer's leftovers (removed) from a live one's (never touched) by the pid.
+Every temporary file or folder is named .NAME-PID-HEX.nanomesh.tmp beside its destination (HEX: 12 digits):
+the one cleaner removes only names of exactly that form, a dead writer's (a live one's are never touched, told
+by the pid), so a user's file that merely looks like a leftover (.notes-1-ab.tmp) is never deleted.
 """
 
 import errno
@@ -21,14 +22,15 @@ import uuid
 
 from configurator import UsageError
 
-TEMPORARY = re.compile(r"^\..+-(\d+)-[0-9a-f]+\.tmp$")  # .NAME-PID-HEX.tmp
+MARK = ".nanomesh.tmp"  # the end of every temporary name the project makes, and of no other
+TEMPORARY = re.compile(r"^\..+-(\d+)-[0-9a-f]{12}" + re.escape(MARK) + "$")  # .NAME-PID-HEX{MARK}
 _owned = {}  # this process's folder locks: real path -> descriptor (or None: no lock could be taken)
 
 
 def temporary_name(path):
     """A fresh temporary name beside path, carrying this process's pid."""
     folder, name = os.path.split(os.path.abspath(path))
-    return os.path.join(folder, f".{name}-{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
+    return os.path.join(folder, f".{name}-{os.getpid()}-{uuid.uuid4().hex[:12]}{MARK}")
 
 
 def atomic_write(path, write, mode="wb"):
@@ -88,8 +90,8 @@ def process_alive(pid):
 
 
 def remove_dead_temporaries(folder):
-    """Remove the temporaries in folder (files and folders named .NAME-PID-HEX.tmp) whose writer is dead, or
-    is this process (none of whose writes is under way when it calls this)."""
+    """Remove the temporaries in folder (files and folders named .NAME-PID-HEX.nanomesh.tmp) whose writer is
+    dead, or is this process (none of whose writes is under way when it calls this)."""
     for name in os.listdir(folder):
         m = TEMPORARY.match(name)
         if m and (int(m[1]) == os.getpid() or not process_alive(int(m[1]))):
@@ -152,11 +154,32 @@ def release():
     _owned.clear()
 
 
+RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.out")  # a run folder's own
+DATA_FILES = ("meta.json", "train.bin", "val.bin", "document.bin", "document.idx", "tokenizer.json", "input.txt")
+
+
+def owner(path):
+    """(kind, file) where path (or the file a link there points to) is one of the files of a run's folder
+    (kind 'run': it holds a checkpoint or a log) or of a dataset's ('dataset': it holds meta.json); else None."""
+    for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+        folder, name = os.path.split(where)
+        if name in RUN_FILES and any(os.path.exists(os.path.join(folder, f)) for f in RUN_FILES[:3]):
+            return "run", where
+        if name in DATA_FILES and os.path.isfile(os.path.join(folder, "meta.json")):
+            return "dataset", where
+    return None
+
+
 def check_writable(path, flag):
     """Raise UsageError now, not after a long run, when --flag's output file path cannot be written
-    (its folders, where they are not there yet, the writer makes)."""
+    (its folders, where they are not there yet, the writer makes), or is a file of a run or a dataset,
+    which an output must never replace or append to."""
     if os.path.isdir(path):
         raise UsageError(f"--{flag}={path} is a folder; give a file name")
+    if owner(path):
+        kind, (folder, name) = owner(path)[0], os.path.split(owner(path)[1])
+        raise UsageError(f"--{flag}={path} is the {name} of the {kind} in {folder}, which this would write "
+                         f"over; give another file name")
     there = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(there):  # folders the writer will make: the nearest one there decides
         there = os.path.dirname(there)

@@ -15,7 +15,8 @@ import sys
 
 from support import checkpoint, plain
 from support.memory import device_memory
-from configurator import UsageError, check_ranges
+from configurator import UsageError
+from support.guards import check_ranges
 
 PROMPT_BYTES = 1 << 20  # a prompt file's largest size: far more text than any block_size holds
 
@@ -28,25 +29,26 @@ def check_settings(sc):
                       ("temperature", lambda v: v >= 0, "0 (greedy) or a finite number above it")])
 
 
-def load(out_dir, device):
-    """checkpoint.load(out_dir): OUT_DIR/ckpt.pt. Where a sharded checkpoint (ckpt-sharded.json)
-    stands beside it, the two are compared by training progress (iter_num, never the clock): a
-    sharded one that trained further is refused, naming consolidate.py, which writes ckpt.pt from
-    it; otherwise a line on stderr says which one is used."""
+def load(out_dir, device, prog="sample.py"):
+    """checkpoint.load(out_dir): OUT_DIR/ckpt.pt, which sample.py and tools/probe.py read. Where a
+    sharded checkpoint (ckpt-sharded.json) stands beside it, the run's latest (checkpoint.latest,
+    the rule a resume follows) is read: a sharded one is refused, naming consolidate.py, which
+    writes ckpt.pt from it, unless ckpt.pt is its copy; otherwise a line on stderr says which one
+    is used."""
     model, ckpt = checkpoint.load(out_dir, device)
-    pointer = checkpoint.read_pointer(out_dir)
+    taken, full, pointer = checkpoint.latest(out_dir)
     if pointer is None:
         return model, ckpt
-    full, sharded = ckpt.get("iter_num"), pointer["iter_num"]
-    full = full if isinstance(full, int) and not isinstance(full, bool) else -1  # unknown: earliest
+    full_iter, sharded = full[0], pointer["iter_num"]
     path = os.path.join(out_dir, checkpoint.CKPT)
     pointer_path = os.path.join(out_dir, checkpoint.POINTER)
-    if sharded > full:
-        raise UsageError(f"{pointer_path} (iter {sharded}) has trained further than {path} (iter "
-                         f"{full if full >= 0 else 'unknown'}), which is what sample.py reads; "
-                         f"write it from the sharded one first: python tools/consolidate.py "
-                         f"{shlex.quote('--out_dir=' + out_dir)}")
-    print(f"sample.py: using {path} (iter {full}); the sharded checkpoint beside it "
+    if taken == checkpoint.POINTER and full != checkpoint.saved(pointer):
+        than = "has trained further than" if sharded > full_iter else "was saved after"
+        raise UsageError(f"{pointer_path} (iter {sharded}) {than} {path} (iter "
+                         f"{full_iter if full_iter >= 0 else 'unknown'}), which is what {prog} "
+                         f"reads; write it from the sharded one first: python "
+                         f"tools/consolidate.py {shlex.quote('--out_dir=' + out_dir)}")
+    print(f"{prog}: using {path} (iter {full_iter}); the sharded checkpoint beside it "
           f"({pointer_path}, iter {sharded}) has not trained further", file=sys.stderr)
     return model, ckpt
 

@@ -2,13 +2,14 @@
 Smoke tests for bench.py: a tiny run end to end prints the table and writes valid JSON lines,
 and bad flags are one-line usage errors. No timing assertions: timing belongs to bench.py.
 
-    python -m pytest tests/test_bench.py
+    python -m pytest tests/test_bench.py --all  # marked slow: the fast tier leaves it out
 """
 
 import contextlib
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -223,3 +224,26 @@ def test_json_that_fails_later_is_not_created(tmp_path, capsys):
     out = tmp_path / "b.jsonl"
     assert bench.main([f"--json={out}", "--dtype=float16"]) == 2
     assert "--dtype=float16 is not supported" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("how, code", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_signal_stops_bench_in_one_line(how, code, tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it), SIGTERM or SIGHUP while the variants
+    are timed: one line, exit 128 + the signal's number, nothing written, no traceback."""
+    out = tmp_path / "b.jsonl"
+    p = subprocess.Popen([sys.executable, "tools/bench.py", *FLAGS[:-3], "--iters=1000000", "--warmup=1",
+                          "--threads=1", f"--json={out}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        first = p.stderr.readline()
+        assert first.startswith(f"bench.py: timing {len(bench.VARIANTS)} variant(s)"), first
+        sig = getattr(signal, how)
+        os.killpg(p.pid, sig) if how == "SIGINT" else p.send_signal(sig)
+        stdout, stderr = p.communicate(timeout=HANG)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == code, stderr
+    assert stderr.strip() == (f"bench.py: stopped by {how} before the table was done; nothing was printed or "
+                              f"written") and stdout == ""
+    assert not out.exists()

@@ -3,7 +3,7 @@ The one command grammar of every script (configurator.py): --key=value and --key
 setting alone for true, JSON config files, a did-you-mean for a typo, and --help describing every
 setting, without reading source text.
 
-    python -m pytest tests/test_cli.py
+    python -m pytest tests/test_cli.py --all  # --all: its slow-marked tests too
 """
 
 import dataclasses

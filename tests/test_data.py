@@ -1,7 +1,7 @@
 """
 Tests for the data pipeline (data/prepare.py, the write side; data/loader.py and data/tokenizer.py, the loading side). Fast, offline, and they only write under tmp_path.
 
-    python -m pytest tests/test_data.py -q
+    python -m pytest tests/test_data.py -q --all  # --all: its slow-marked tests too
 
 The GPT-2 tests need tiktoken's vocabulary: set TIKTOKEN_CACHE_DIR to a folder holding
 tiktoken's cached files when offline; without it they are skipped.
@@ -24,7 +24,7 @@ from data.loader import load_split
 from data.prepare import ensure_dataset, prepare
 from data.tokenizer import Tokenizer
 from conftest import train_bpe
-from support.checkpoint import checkpoint_dataset
+from data.dataset import checkpoint_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TEXT = "".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300))
@@ -173,7 +173,7 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
     # no fallback for GPT-2 Shakespeare (without tiktoken's files the vocabulary fails first)
     with pytest.raises(DataError, match="could not download|GPT-2 vocabulary"):
         ensure_dataset("shakespeare", out_root=str(tmp_path), log=quiet)
-    with pytest.raises(DataError, match="never prepared.*--dataset mine --input FILE"):
+    with pytest.raises(DataError, match=r"'mine' is not in --data_root=.*--dataset mine --input FILE --out_root"):
         ensure_dataset("mine", out_root=str(tmp_path), log=quiet)
 
 
@@ -271,12 +271,10 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
     monkeypatch.setattr(data, "PROJECT_DATA", str(tmp_path / "mine"))
     assert checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "mine" / "tiny")
     assert checkpoint_dataset({"data_root": "gone", "dataset": "tiny"}, root=str(tmp_path / "mine")).endswith("tiny")
-    with pytest.raises(DataError, match=rf"dataset 'nope' is not prepared \(no {tmp_path}/mine/nope/meta.json\); if it "
-                                        r"moved, give the folder that holds it now as --data_root=FOLDER, else "
-                                        r"prepare it with: python data/prepare.py --dataset nope$"):
+    with pytest.raises(DataError, match=rf"dataset 'nope' is not in its --data_root={tmp_path}/mine \(no "
+                                        rf"{tmp_path}/mine/nope/meta.json\): give the folder it moved to with "
+                                        r"--data_root, or prepare it with: python data/prepare.py --dataset nope"):
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
-    with pytest.raises(DataError, match=r"python data/prepare.py --dataset nope --out_root=/gone$"):
-        checkpoint_dataset({"data_root": "/gone", "dataset": "nope"})
 
 
 # -----------------------------------------------------------------------------
@@ -490,3 +488,31 @@ def test_describe_indexed(tmp_path):
     with pytest.raises(DataError, match="has no meta.json beside it to name its tokenizer; write one with: python "
                                            "data/prepare.py --indexed .*document --tokenizer TOKENIZER"):
         loader.dataset_folder("data", str(tmp_path / "pile"))
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2", "bpe"])
+@pytest.mark.parametrize("chunk", [1 << 20, 1], ids=["one chunk", "byte chunks"])
+def test_a_byte_order_mark_is_not_a_character_of_the_text(tokenizer, chunk, tmp_path):
+    if tokenizer == "gpt2":
+        try:
+            Tokenizer("gpt2")
+        except DataError as e:
+            pytest.skip(f"GPT-2 vocabulary unavailable (set TIKTOKEN_CACHE_DIR): {e}")
+    if tokenizer == "bpe":
+        train_bpe(tmp_path / "tokenizer.json")
+        tokenizer = str(tmp_path / "tokenizer.json")
+    text = UNICODE[:300]
+    plain = write(tmp_path / "plain.txt", text)
+    marked = write(tmp_path / "marked.txt", b"\xef\xbb\xbf" + text.encode("utf-8"))
+    a = prepare("a", input=plain, tokenizer=tokenizer, out_root=str(tmp_path), log=quiet)
+    b = prepare("b", input=marked, tokenizer=tokenizer, out_root=str(tmp_path), chunk_bytes=chunk,
+                log=quiet)
+    (meta_a, train_a, val_a), (meta_b, train_b, val_b) = read_bins(a), read_bins(b)
+    assert "\ufeff" not in meta_b.get("chars", "") and meta_a.get("chars") == meta_b.get("chars")
+    assert meta_a["vocab_size"] == meta_b["vocab_size"]
+    if chunk > 1:  # BPE is per chunk: byte chunks cut the text elsewhere
+        assert (train_a.tolist(), val_a.tolist()) == (train_b.tolist(), val_b.tolist())
+    else:
+        assert Tokenizer.load(b).decode(np.concatenate([train_b, val_b])) == text
+    with open(marked, "rb") as f:  # the file as it is, mark included, is what its hash names
+        assert meta_b["sha256"] == hashlib.sha256(f.read()).hexdigest()

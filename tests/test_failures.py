@@ -4,7 +4,7 @@ filesystem (where the machine allows mounting one) and a real kill -9 of torchru
 test: nothing is lost (no bad checkpoint replaces a good one, no run spoils another's files), and
 every bad input is one line naming the problem and the fix, exit 2, with nothing touched.
 
-    python -m pytest tests/test_failures.py -q
+    python -m pytest tests/test_failures.py -q --all  # marked slow: the fast tier leaves it out
 """
 
 import errno
@@ -25,6 +25,7 @@ import torch
 
 from support import checkpoint
 import configurator
+import data.dataset as dataset
 import data.loader as loader
 from support import guards
 import mesh
@@ -246,29 +247,53 @@ def test_two_runs_started_together_one_wins(data_root, tmp_path):  # noqa: F811
 
 @pytest.mark.parametrize("kind", ["checkpoint temporary file", "prepare staging folder"])
 def test_cleanup_removes_only_what_dead_processes_left(kind, tmp_path):
-    """A cleanup removes the leftovers of a dead process (and of its own), never those of a live one."""
+    """A cleanup removes the leftovers of a dead process (and of its own), never those of a live one, nor
+    a user's file or folder that only looks like a leftover."""
     live = subprocess.Popen(python("-c", "import time; time.sleep(60)"))
     dead = subprocess.Popen(python("-c", "pass"))
     dead.wait()
+    mark = runfiles.MARK
+    lookalikes = {f".notes-{dead.pid}-a1b2c3.tmp", f".ckpt.pt-{dead.pid}-0123abcd4567.tmp",
+                  f".x-{dead.pid}-0123abcd.nanomesh.tmp", f".y-{dead.pid}-0123abcd4567ef.nanomesh.tmp"}
     try:
         if kind == "checkpoint temporary file":
-            names = {pid: (f".ckpt.pt-{pid}-0123abcd.tmp", f".log.jsonl-{pid}-4567ef.tmp")
+            names = {pid: (f".ckpt.pt-{pid}-0123abcd4567{mark}", f".log.jsonl-{pid}-4567ef012345{mark}")
                      for pid in (live.pid, dead.pid, os.getpid())}
-            for name in sum(names.values(), ()):
+            for name in (*sum(names.values(), ()), *lookalikes):
                 (tmp_path / name).write_bytes(b"partial")
             runfiles.remove_dead_temporaries(str(tmp_path))
-            assert set(os.listdir(tmp_path)) == set(names[live.pid])
+            assert set(os.listdir(tmp_path)) == {*names[live.pid], *lookalikes}
         else:
-            names = {pid: f".tiny-{pid}-a1b2c3.tmp" for pid in (live.pid, dead.pid)}
-            for name in names.values():
+            names = {pid: f".tiny-{pid}-a1b2c3d4e5f6{mark}" for pid in (live.pid, dead.pid)}
+            for name in (*names.values(), *lookalikes):
                 (tmp_path / name).mkdir()
                 (tmp_path / name / "train.bin").write_bytes(b"12")
-            (tmp_path / f"keep-{dead.pid}-a1.tmp").mkdir()  # not hidden: not ours
+            (tmp_path / f"keep-{dead.pid}-a1b2c3d4e5f6{mark}").mkdir()  # not hidden: not ours
             runfiles.remove_dead_temporaries(str(tmp_path))
-            assert set(os.listdir(tmp_path)) == {names[live.pid], f"keep-{dead.pid}-a1.tmp"}
+            assert set(os.listdir(tmp_path)) == {names[live.pid], f"keep-{dead.pid}-a1b2c3d4e5f6{mark}",
+                                                 *lookalikes}
+            assert all((tmp_path / name / "train.bin").read_bytes() == b"12" for name in lookalikes)
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_users_lookalike_of_a_leftover_survives_a_real_run(data_root, tmp_path):  # noqa: F811
+    """A file of the user's named like the temporaries of old (.NAME-PID-HEX.tmp, its writer long gone)
+    survives a real train.py run and a real prepare, both of which clean their folders' leftovers."""
+    dead = subprocess.Popen(python("-c", "pass"))
+    dead.wait()
+    out, data = tmp_path / "out", copy_of(data_root, tmp_path, "data")
+    out.mkdir()
+    mine = {out / f".ckpt.pt-{dead.pid}-0123abcd.tmp", data / f".notes-{dead.pid}-beef.tmp"}
+    for path in mine:
+        path.write_text("my notes")
+    (data / "t.txt").write_text("a b c\n" * 300)
+    subprocess.run(python("data/prepare.py", "--dataset=t", "--input", str(data / "t.txt"),
+                          f"--out_root={data}"), check=True, cwd=ROOT, capture_output=True, timeout=HANG)
+    subprocess.run(train_cmd(str(data), out, "--max_iters=1"), check=True, cwd=ROOT, capture_output=True,
+                   timeout=HANG)
+    assert (out / "ckpt.pt").is_file() and all(path.read_text() == "my notes" for path in mine)
 
 
 # -----------------------------------------------------------------------------
@@ -391,6 +416,11 @@ DAMAGED_DATA = [  # (name, damage, words of the one-line error)
                                                    "a vocabulary of 26, uint16 does)"),
     ("meta without chars", edit_meta(chars=None), "meta.json is damaged (ValueError: its 26 characters are missing)"),
     ("meta without vocab_size", edit_meta(vocab_size=None), "no tokenizer, dtype or vocab_size"),
+    ("meta says gpt2", edit_meta(tokenizer="gpt2"), "meta.json is damaged (ValueError: it holds a character "
+                                                    "vocabulary (chars) but says tokenizer 'gpt2')"),
+    ("meta says gpt2, no chars", edit_meta(tokenizer="gpt2", chars=None), "vocab_size 26 is not GPT-2's 50257"),
+    ("meta says another kind", edit_meta(tokenizer="wordpiece"), "tokenizer 'wordpiece' is not one of char, "
+                                                                 "gpt2, bpe"),
     ("id at the vocabulary", set_token("train", 26), "train.bin holds token id 26, outside the vocabulary of 26"),
     ("id far above it", set_token("val", 60000), "val.bin holds token id 60000, outside the vocabulary of 26"),
     ("empty train.bin", edit_bin("train", lambda d: b""), "train.bin is empty"),
@@ -1076,14 +1106,14 @@ def test_a_dataset_a_live_run_reads_is_not_replaced(data_root, tmp_path):  # noq
                                                      f"a live train.py run reads it"), r.stderr
     assert p.returncode == 0 and snapshot(data) == before
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
-    assert ckpt["data"] == loader.dataset_record(str(data / "tiny"))
+    assert ckpt["data"] == dataset.dataset_record(str(data / "tiny"))
 
 
 def test_a_checkpoint_records_the_data_its_run_read(data_root, tmp_path, monkeypatch):  # noqa: F811
     """Where the folder cannot be locked (some NFS setups) and the dataset is prepared again mid-run, the run
     trains on the tokens it loaded, and its checkpoints say so: the record of the data it read, not the new."""
     data = copy_of(data_root, tmp_path, "data")
-    read = loader.dataset_record(str(data / "tiny"))
+    read = dataset.dataset_record(str(data / "tiny"))
     (tmp_path / "other.txt").write_text(TEXT.upper())
     get_batch = train.get_batch
 
@@ -1098,7 +1128,7 @@ def test_a_checkpoint_records_the_data_its_run_read(data_root, tmp_path, monkeyp
     monkeypatch.setattr(fcntl, "flock", no_flock)
     monkeypatch.setattr(train, "get_batch", prepare_again_at_step_2)
     assert run(["--max_iters=4", "--eval_interval=2"], str(data), tmp_path / "out") == 0
-    assert loader.dataset_record(str(data / "tiny")) != read
+    assert dataset.dataset_record(str(data / "tiny")) != read
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["data"] == read
 
 
@@ -1144,3 +1174,151 @@ def test_the_plan_and_bench_count_sizes_no_machine_holds(capsys):
     assert bench.main(["--vocab_size=10000000000", "--schemes=base"]) == 2
     err = one_line(capsys, "bench.py")
     assert "scheme base (layout 2+4R2+2, n_embd 128, 2,560,001,586,432 parameters, micro-batch 16 x 64) needs" in err
+
+
+def test_a_students_bug_shows_its_traceback_and_a_bad_flag_stays_one_line(data_root, tmp_path):  # noqa: F811
+    """A bug planted in a copy of mesh.py (the loss's targets cut short: PyTorch's ValueError) is the
+    student's own: train.py's output is the traceback, naming the copy's file and the planted line. Only
+    the project's errors are one line, as a misspelt flag still is."""
+    copy = tmp_path / "nanoMeSH"
+    copy.mkdir()
+    for name in ("mesh.py", "train.py", "configurator.py"):
+        shutil.copy(os.path.join(ROOT, name), copy / name)
+    for folder in ("support", "data"):
+        shutil.copytree(os.path.join(ROOT, folder), copy / folder,
+                        ignore=lambda d, names: [n for n in names if not n.endswith(".py")])
+    source = (copy / "mesh.py").read_text()
+    right = "targets.reshape(-1), ignore_index=-1)"
+    assert source.count(right) == 1
+    source = source.replace(right, "targets[:, 1:].reshape(-1), ignore_index=-1)")
+    (copy / "mesh.py").write_text(source)
+    planted = 1 + source[:source.index("targets[:, 1:]")].count("\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's modules, not ROOT's
+    command = [*TINY, f"--data_root={data_root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2"]
+    r = subprocess.run(python("train.py", *command), cwd=copy, env=env, capture_output=True, text=True,
+                       timeout=HANG)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stderr.startswith("Traceback (most recent call last):"), r.stderr[-3000:]
+    assert f'File "{copy / "mesh.py"}", line {planted}, in forward' in r.stderr, r.stderr[-3000:]
+    assert "ValueError: Expected input batch_size" in r.stderr.splitlines()[-1]
+    r = subprocess.run(python("train.py", *command, "--max_itres=2"), cwd=copy, env=env,
+                       capture_output=True, text=True, timeout=HANG)
+    assert (r.returncode, r.stderr) == (2, "train.py: error: unknown setting 'max_itres' in the command "
+                                           "line (did you mean --max_iters?); see python train.py --help\n")
+
+
+# -----------------------------------------------------------------------------
+# Another tool's data is never written over, nor into
+
+def nanogpt_data(root):
+    """A data/ folder as nanoGPT leaves it: each dataset's train.bin, val.bin, meta.pkl and its scripts."""
+    for name in ("shakespeare", "shakespeare_char"):
+        (root / name).mkdir(parents=True)
+        for file, content in (("train.bin", b"\x01\x00" * 40), ("val.bin", b"\x02\x00" * 8),
+                              ("meta.pkl", b"\x80\x04}q\x00."), ("prepare.py", b"# nanoGPT's\n")):
+            (root / name / file).write_bytes(content)
+    return root
+
+
+OFFLINE_ENV = {"NANOMESH_SHAKESPEARE_URL": "file:///nonexistent/input.txt"}  # the download fails at once
+FOREIGN = [  # (flags, words of the one-line error)
+    (["--dataset=shakespeare"], "holds another tool's datasets (shakespeare, shakespeare_char: folders without "
+                                "meta.json), where nanoMeSH makes none on its own; give another --data_root"),
+    (["--dataset=shakespeare_char"], "holds another tool's datasets (shakespeare, shakespeare_char"),
+    (["--dataset=pydoc"], "holds another tool's datasets (shakespeare, shakespeare_char"),
+    (["--dataset={root}/shakespeare"], "shakespeare has no meta.json, by which nanoMeSH reads a dataset (its "
+                                       "train.bin, val.bin, meta.pkl: another tool's format, nanoGPT's?)"),
+]
+
+
+@pytest.mark.parametrize("flags, words", FOREIGN, ids=[f[0] for f, _ in FOREIGN])
+def test_another_projects_data_root_is_never_written(flags, words, tmp_path):
+    root = nanogpt_data(tmp_path / "nanoGPT" / "data")
+    before = snapshot(root)
+    flags = [f.format(root=root) for f in flags]
+    r = subprocess.run(train_cmd(str(root), tmp_path / "out", "--max_iters=1", *flags), cwd=tmp_path,
+                       env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert words in r.stderr and str(root) in r.stderr, r.stderr
+    assert snapshot(root) == before and sorted(os.listdir(root)) == ["shakespeare", "shakespeare_char"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_refuses_a_dataset_folder_of_another_tool_and_reuses_its_own(tmp_path):
+    root = nanogpt_data(tmp_path / "data")
+    text = write_text(tmp_path / "t.txt", TEXT)
+    before = snapshot(root)
+    r = subprocess.run(python("data/prepare.py", "--dataset=shakespeare", f"--input={text}", f"--out_root={root}"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert (f"{root / 'shakespeare'} holds files that data/prepare.py did not make (meta.pkl, prepare.py, "
+            f"train.bin, ... (4 in all)) and no meta.json: another tool's dataset, which nanoMeSH never writes "
+            f"over; give another --out_root, or move those files away") in r.stderr
+    assert snapshot(root) == before and sorted(os.listdir(root)) == ["shakespeare", "shakespeare_char"]
+    # a folder of its own is prepared again: an empty one, one prepared, one whose replacement was cut short
+    (root / "empty").mkdir()
+    folder = prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
+    prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
+    os.replace(os.path.join(folder, "meta.json"), os.path.join(folder, ".meta.json.replacing"))
+    prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
+    assert sorted(os.listdir(folder)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def write_text(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+# -----------------------------------------------------------------------------
+# A dataset's name: refused up front by its rule, or a suggestion that works
+
+@pytest.mark.parametrize("name", ["..", ".hidden", "x" * 240, "é" * 125], ids=["..", ".hidden", "240 bytes", "250 bytes"])
+@pytest.mark.parametrize("tool", ["train.py", "data/prepare.py"])
+def test_a_dataset_name_that_cannot_be_a_folder_is_refused_by_its_rule(name, tool, tmp_path):
+    root, text = tmp_path / "data", write_text(tmp_path / "t.txt", TEXT)
+    root.mkdir()
+    cmd = (train_cmd(str(root), tmp_path / "out", "--max_iters=1", f"--dataset={name}") if tool == "train.py"
+           else python("data/prepare.py", f"--dataset={name}", f"--input={text}", f"--out_root={root}"))
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "invalid dataset name" in r.stderr and ("a dataset's name is a plain folder name, not starting with "
+                                                    "'.', without '/' or '\\', at most 200 bytes") in r.stderr
+    assert os.listdir(root) == [] and not (tmp_path / "out").exists()
+
+
+def test_the_prepare_command_train_suggests_runs_and_names_the_data_root(tmp_path):
+    root, text = tmp_path / "moved", write_text(tmp_path / "t.txt", TEXT)
+    r = subprocess.run(train_cmd(str(root), tmp_path / "out", "--max_iters=1", "--dataset=mine"), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"dataset 'mine' is not in --data_root={root} (no mine/meta.json there); give the --data_root" in r.stderr
+    suggested = r.stderr.split("prepare it with: ")[1].strip()
+    assert suggested == f"python data/prepare.py --dataset mine --input FILE --out_root {root}"
+    argv = [sys.executable if a == "python" else text if a == "FILE" else a for a in shlex.split(suggested)]
+    subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=HANG)
+    r = subprocess.run(train_cmd(str(root), tmp_path / "out", "--max_iters=1", "--dataset=mine"), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 0 and (tmp_path / "out" / "ckpt.pt").is_file(), r.stderr
+
+
+# -----------------------------------------------------------------------------
+# A split truncated under a live run: one line, never a SIGBUS
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_split_truncated_under_a_live_run_is_one_line(split, data_root, tmp_path):  # noqa: F811
+    data = copy_of(data_root, tmp_path, "data")
+    p = subprocess.Popen(train_cmd(str(data), tmp_path / "out", "--max_iters=100000", "--eval_interval=50"),
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(p, "iter 1:", [])
+        size = os.path.getsize(data / "tiny" / f"{split}.bin")
+        os.truncate(data / "tiny" / f"{split}.bin", 64)  # in place, as a program rewriting it would
+        err = p.communicate(timeout=HANG)[1]
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 2, (p.returncode, err)  # not -SIGBUS
+    assert err.strip().splitlines()[-1] == (
+        f"train.py: error: {data / 'tiny' / f'{split}.bin'} shrank from {size:,} to 64 "
+        f"bytes while this process read it (another program truncated or rewrote it); nothing was read past its "
+        f"end: prepare the dataset again (python data/prepare.py) and resume the run"), err

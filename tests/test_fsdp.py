@@ -2,7 +2,7 @@
 train.py --fsdp=true (fsdp.py) on CPU with gloo: 2-process FSDP trains as 1 process does, sharded
 checkpoints resume exactly in either mode, consolidate to a ckpt.pt that samples, and fail cleanly.
 
-    python -m pytest tests/test_fsdp.py -q
+    python -m pytest tests/test_fsdp.py -q --all  # marked slow: the fast tier leaves it out
 """
 
 import json

@@ -3,7 +3,7 @@ Tests for the Hugging Face bridges: hf.load_hf (GPT-NeoX / Pythia import) and th
 lm-evaluation-harness model in lm_eval_mesh.py. Each part is skipped, with the reason, when its
 optional package (transformers, lm_eval) is missing; CI installs both.
 
-    python -m pytest -q tests/test_hf.py
+    python -m pytest -q tests/test_hf.py --all  # marked slow: the fast tier leaves it out
 """
 import json
 import math

@@ -21,8 +21,8 @@ from conftest import HANG, ROOT
 TEACHING = ["mesh.py", "train.py", "sample.py", "configurator.py", "data/loader.py",
             "data/tokenizer.py"]  # what a default run reads: the files a student opens
 TOP_LEVEL_PY = {"mesh.py", "train.py", "sample.py", "configurator.py", "test_mesh.py"}
-BUDGETS = {"mesh.py": 560, "train.py": 350, "README.md": 300}  # lines
-TEACHING_BUDGET, WIDTH = 1400, 100  # lines together; characters a line, at most
+BUDGETS = {"mesh.py": 580, "train.py": 320, "README.md": 300}  # lines
+TEACHING_BUDGET, WIDTH = 1450, 100  # lines together; characters a line, at most
 
 
 def lines(name):
@@ -71,6 +71,16 @@ def imported(path):
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module.split(".")[0])
     return names
+
+
+def test_layers_import_one_way():
+    """configurator.py, the lowest file, imports no project module; support/ never imports data/ (data/
+    uses support/'s locks and files)."""
+    project = {"mesh", "train", "sample", "configurator", "support", "data", "tools"}
+    assert not imported(os.path.join(ROOT, "configurator.py")) & project
+    for name in os.listdir(os.path.join(ROOT, "support")):
+        if name.endswith(".py"):
+            assert "data" not in imported(os.path.join(ROOT, "support", name)), f"support/{name}"
 
 
 def test_no_test_module_imports_another_and_the_model_tests_no_tool():

@@ -1,4 +1,8 @@
-"""support/plain.py: the limits on every JSON file the project reads."""
+"""
+support/plain.py (configurator.py's readers): the limits on every JSON file the project reads.
+
+    python -m pytest tests/test_plain.py -q
+"""
 import json
 import os
 import sys

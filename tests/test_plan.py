@@ -2,7 +2,7 @@
 The memory plan (plan.py, `train.py --plan=true`): its activation formula against measured peak memory,
 and the plan's table.
 
-    python -m pytest tests/test_plan.py -q
+    python -m pytest tests/test_plan.py -q --all  # --all: its slow-marked tests too
 """
 
 import os

@@ -4,7 +4,7 @@ resource, no os.statvfs, no /proc), and offline. Each command runs in a fresh Py
 sitecustomize takes those away (for its children too): a short training, a sample, a two-run
 table1.py, a tiny bench.py and every script's --help.
 
-    python -m pytest -q tests/test_portable.py
+    python -m pytest -q tests/test_portable.py --all  # marked slow: the fast tier leaves it out
 """
 
 import json

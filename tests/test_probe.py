@@ -1,7 +1,7 @@
 """
 Tests for probe.py (the paper's diagnostics) and table1.py's pure parts.
 
-    python -m pytest -q tests/test_probe.py
+    python -m pytest -q tests/test_probe.py --all  # marked slow: the fast tier leaves it out
 """
 
 import json

@@ -217,8 +217,8 @@ def test_a_run_and_its_data_are_found_from_any_folder(data_root, tmp_path):
     for cmd in (sampled, probed):
         code, out, err = script(*cmd, cwd=b)
         assert code == 2 and err.count("\n") == 1, err
-        assert (f"the checkpoint's dataset 'tiny' is not prepared (no {a / 'mine'}/tiny/meta.json); if it moved, "
-                f"give the folder that holds it now as --data_root=FOLDER") in err
+        assert (f"the checkpoint's dataset 'tiny' is not in its --data_root={a / 'mine'} (no {a / 'mine'}/tiny/"
+                f"meta.json): give the folder it moved to with --data_root") in err
         code, out, err = script(*cmd, "--data_root=../moved", cwd=b)
         assert code == 0 and out, err
     assert snapshot(tmp_path) == before

@@ -60,9 +60,10 @@ def write_pointer(out, iter_num, saved_at):
 # sample.py
 
 def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, capsys):
-    """Which checkpoint is newer is decided by training progress: a sharded one at iter 6 beside ckpt.pt at
-    iter 4 is refused, naming consolidate.py, however early its clock says it was saved; one not further
-    on is named in the line that says ckpt.pt is used."""
+    """sample.py reads the run's latest checkpoint by the rule a resume follows (checkpoint.latest): training
+    progress first, so a sharded one at iter 6 beside ckpt.pt at iter 4 is refused, naming consolidate.py,
+    however early its clock says it was saved; at the same iteration the clock decides, and a copy (the same
+    iteration and time, as consolidate.py writes) is named in the line that says ckpt.pt is used."""
     out = tiny_ckpt
     write_pointer(out, 6, saved_at=0.0)  # saved "before" ckpt.pt by the clock, yet further on
     before = snapshot(out)
@@ -72,7 +73,19 @@ def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, cap
         f"(iter 4), which is what sample.py reads; write it from the sharded one first: python "
         f"tools/consolidate.py --out_dir={out}\n")
     assert snapshot(out) == before
-    write_pointer(out, 4, saved_at=time.time() + 3600)  # the same progress, a later clock: ckpt.pt it is
+    with pytest.raises(SystemExit) as e:  # the probe reads by the same rule
+        probe.main([f"--out_dir={out}", "--num_samples=2"])
+    assert e.value.code == 2
+    assert one_line(capsys, "probe.py").startswith(f"probe.py: error: {out / 'ckpt-sharded.json'} (iter 6) "
+                                                   f"has trained further than {out / 'ckpt.pt'} (iter 4), "
+                                                   f"which is what probe.py reads;")
+    write_pointer(out, 4, saved_at=time.time() + 3600)  # the same progress, a later clock: the sharded one
+    assert sample.main([f"--out_dir={out}", "--max_new_tokens=3"]) == 2
+    assert one_line(capsys, "sample.py") == (
+        f"sample.py: error: {out / 'ckpt-sharded.json'} (iter 4) was saved after {out / 'ckpt.pt'} "
+        f"(iter 4), which is what sample.py reads; write it from the sharded one first: python "
+        f"tools/consolidate.py --out_dir={out}\n")
+    write_pointer(out, 4, saved_at=0.0)  # saved together (ckpt.pt keeps no time: 0.0): ckpt.pt is its copy
     assert sample.main([f"--out_dir={out}", "--start=Then", "--max_new_tokens=3"]) == 0
     captured = capsys.readouterr()
     assert captured.err == (f"sample.py: using {out / 'ckpt.pt'} (iter 4); the sharded checkpoint beside it "
@@ -307,3 +320,131 @@ def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
                     "checkpoint saved" in text, text
                 assert (r / "ckpt.pt").exists()
     assert not (tmp_path / "res").exists()
+
+
+BAD_CYCLE_INPUTS = [  # (which file, its content, words of the one-line error)
+    ("sweep", "[1, 2]", "is not a table1.json of tools/table1.py (it holds no list of \"runs\", but list); "
+                        "give --sweep the table1.json of a tools/table1.py run"),
+    ("sweep", '{"version": 1, "rows": []}', "is not a table1.json of tools/table1.py (it holds no list of "
+                                            "\"runs\", but other keys)"),
+    ("choices", '{"runs": [[1]]}', "holds a run record that is not a JSON object ([1]); give --choices"),
+    ("choices", '{"runs": [{"variant": "mesh", "layout": "2+4R2+2", "seed": 0}]}',
+     "holds a run whose val_loss is None, not a number; give --choices the table1.json"),
+    ("sweep", '{"runs": [', "is not JSON (Expecting value, line 1)"),
+    ("result", '{"params": 3}', "holds a run whose variant is None, not a name; delete that run's folder"),
+    ("result", '"done"', "holds a run record that is not a JSON object ('done')"),
+]
+
+
+@pytest.mark.parametrize("which, content, words", BAD_CYCLE_INPUTS, ids=[f"{w} {c[:20]}" for w, c, _ in BAD_CYCLE_INPUTS])
+def test_cycle_names_a_file_of_another_kind_in_one_line(which, content, words, tmp_path, capsys):
+    good = json.dumps({"runs": [dict(variant="base", layout="2+4R2+2", seed=0, val_loss=1.9)]})
+    files = {name: tmp_path / f"{name}.json" for name in ("sweep", "choices")}
+    for name, path in files.items():
+        path.write_text(content if name == which else good)
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    bad = files.get(which, tmp_path / "runs" / "a" / "result.json")
+    if which == "result":
+        bad.write_text(content)
+    from tools import cycle
+    with pytest.raises(SystemExit) as e:
+        cycle.main([f"--sweep={files['sweep']}", f"--choices={files['choices']}", f"--root={tmp_path / 'runs'}",
+                    f"--results={tmp_path / 'out'}"])
+    err = one_line(capsys, "tools/cycle.py")
+    assert e.value.code == 2 and err.startswith(f"tools/cycle.py: error: {bad} ") and words in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("tool", ["probe", "bench"])
+@pytest.mark.parametrize("target", ["ckpt.pt", "log.jsonl", "a link to ckpt.pt", "the dataset's meta.json",
+                                    "the dataset's train.bin"])
+def test_an_output_file_is_never_a_file_of_a_run_or_a_dataset(tool, target, tiny_ckpt, data_root, tmp_path, capsys):
+    from tools import bench
+    (tiny_ckpt / "log.jsonl").write_text('{"iter": 0, "loss": 3.2}\n')
+    (tmp_path / "link.json").symlink_to(tiny_ckpt / "ckpt.pt")
+    path, kind, folder = {"ckpt.pt": (tiny_ckpt / "ckpt.pt", "run", tiny_ckpt),
+                          "log.jsonl": (tiny_ckpt / "log.jsonl", "run", tiny_ckpt),
+                          "a link to ckpt.pt": (tmp_path / "link.json", "run", tiny_ckpt),
+                          "the dataset's meta.json": (os.path.join(data_root, "tiny", "meta.json"), "dataset", None),
+                          "the dataset's train.bin": (os.path.join(data_root, "tiny", "train.bin"), "dataset",
+                                                      None)}[target]
+    folder = folder or os.path.join(data_root, "tiny")
+    name = "ckpt.pt" if target == "a link to ckpt.pt" else os.path.basename(path)
+    before = snapshot(tiny_ckpt, data_root)
+    if tool == "probe":
+        with pytest.raises(SystemExit) as e:
+            probe.main([f"--out_dir={tiny_ckpt}", "--num_samples=2", f"--json={path}"])
+        code = e.value.code
+    else:
+        code = bench.main(["--n_embd=32", "--n_head=2", "--layout=1+1R2+1", "--block_size=16", f"--json={path}"])
+    err = one_line(capsys, f"{tool}.py")
+    assert code == 2 and err.strip().endswith(f"error: --json={path} is the {name} of the {kind} in {folder}, which "
+                                              f"this would write over; give another file name"), err
+    assert snapshot(tiny_ckpt, data_root) == before
+
+
+def finished_run(folder, max_iters, how):
+    """A run folder holding a finished run of max_iters: its result.json, or (killed while evaluated) its final
+    checkpoint alone."""
+    folder.mkdir(parents=True)
+    if how == "result.json":
+        (folder / "result.json").write_text(json.dumps(dict(
+            name=folder.name, seed=0, max_iters=max_iters, params=1, val_loss=1.5, ms_per_iter=None)))
+        return
+    model = RecursiveGPT(Config(vocab_size=8, block_size=16, n_embd=32, n_head=2, layout="1+1R2+1"))
+    checkpoint.save(dict(model=model.state_dict(), model_config=model.config.to_dict(), iter_num=max_iters,
+                         train_config=dict(dataset="tiny", data_root="data", max_iters=max_iters)),
+                    str(folder / "ckpt.pt"))
+
+
+@pytest.mark.parametrize("how", ["result.json", "its final checkpoint"])
+def test_table1_refuses_a_finished_run_of_other_settings(how, tmp_path, capsys):
+    """A finished 30-iteration run asked again with --max_iters=10 is refused, naming --root, before anything
+    trains: neither it nor the run beside it is touched."""
+    root = tmp_path / "root"
+    finished_run(root / "vanilla_s1", 30, how)
+    before = snapshot(root)
+    with pytest.raises(SystemExit) as e:
+        table1.main(["--only=vanilla", "--seeds=0,1", "--max_iters=10", f"--root={root}",
+                     f"--results={tmp_path / 'res'}"])
+    assert e.value.code == 2
+    folder = root / "vanilla_s1"
+    assert one_line(capsys, "table1.py") == (
+        f"table1.py: error: {folder} holds a finished run of --max_iters=30, not 10, which table1.py never replaces; "
+        f"give another --root, or --max_iters=30 to use it, or delete {folder} to train it again\n")
+    assert snapshot(root) == before and sorted(os.listdir(root)) == ["vanilla_s1"]
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to list processes")
+def test_a_second_table1_on_one_root_is_refused_at_once(tmp_path):
+    """Two table1.py on one --root: the second is refused at once in one line, trains nothing, and the first
+    goes on training its run."""
+    (tmp_path / "text.txt").write_text(TEXT)
+    prepare("shakespeare_char", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"),
+            log=lambda *a: None)
+    root = tmp_path / "root"
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "table1.py"), "--seeds=0", "--max_iters=100000",
+           f"--root={root}", f"--results={tmp_path / 'res'}", f"--data_root={tmp_path / 'data'}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen([*cmd, "--only=vanilla"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=tmp_path, env=env)
+    try:
+        wait_for(lambda: printed(root / "vanilla_s0", "iter 0: train loss"), "the first trains", first)
+        second = subprocess.run([*cmd, "--only=vanilla,base"], capture_output=True, text=True, cwd=tmp_path,
+                                timeout=HANG)
+        assert second.returncode == 2 and second.stderr == (
+            f"table1.py: error: another run is using --root={root} (it holds the folder's lock); wait for it to "
+            f"end, or choose another --root\n"), second.stderr
+        assert sorted(os.listdir(root)) == ["vanilla_s0"] and first.poll() is None
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=HANG)
+    finally:
+        for pid in set(live_processes(str(root))):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert first.returncode == 130 and "stopped by SIGTERM" in err, (out, err)
+    assert "checkpoint saved" in (root / "vanilla_s0" / "train.out").read_text()

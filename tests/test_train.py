@@ -3,7 +3,7 @@ End-to-end tests of train.py and sample.py on a tiny prepared dataset: every sch
 trains, resume is exact, 1 vs 2 processes agree, bad input is one line and touches
 nothing, and crashes (kill -9, NaN, Ctrl-C) never lose the last good checkpoint.
 
-    python -m pytest tests/test_train.py -q
+    python -m pytest tests/test_train.py -q --all  # --all: its slow-marked tests too
 """
 
 import contextlib
@@ -80,8 +80,9 @@ def test_checkpoint_layout_is_plain_data_and_tensors(data_root, tmp_path):
     iteration, best val loss and the data record as plain data, model, optimizer and RNG states as tensors."""
     assert run(["--max_iters=1", "--eval_interval=1"], data_root, tmp_path / "o") == 0
     ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert sorted(ckpt) == ["best_val_loss", "data", "iter_num", "model", "model_config", "optimizer", "rng",
-                            "saved_at", "train_config"]  # saved_at: when (which of two formats is the later)
+    assert sorted(ckpt) == ["best_val_loss", "data", "iter_num", "launch", "model", "model_config", "optimizer",
+                            "rng", "saved_at", "train_config"]  # saved_at: when (which of two formats is the later)
+    assert ckpt["launch"] is None  # launch: the torchrun launch that saved it (machine.launch_id), None outside
     assert json.loads(json.dumps([ckpt[k] for k in ("model_config", "train_config", "data", "iter_num")]))
     assert sorted(ckpt["rng"]) == ["torch"] and ckpt["train_config"]["dtype"] == "auto"  # saved as given
 
@@ -211,8 +212,9 @@ def test_resume_never_prepares_or_swaps_its_dataset(data_root, tmp_path, capsys,
     capsys.readouterr()
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     err = capsys.readouterr().err
-    assert (f"the checkpoint's dataset 'tiny' is not prepared (no {tmp_path / 'a' / 'mine'}/tiny/meta.json); if it "
-            f"moved, give the folder that holds it now as --data_root=FOLDER") in err
+    mine = tmp_path / "a" / "mine"
+    assert (f"the checkpoint's dataset 'tiny' is not in its --data_root={mine} (no {mine}/tiny/meta.json): give "
+            f"the folder it moved to with --data_root") in err
     assert snapshot(tmp_path) == before and os.listdir(tmp_path / "b") == []
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--data_root=../moved"]) == 0
 

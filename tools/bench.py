@@ -53,6 +53,7 @@ import dataclasses
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -264,18 +265,27 @@ def cuda_peak_mb(model, opt, x, y, autocast, device, eager=False):
 
 def in_fresh_process(fn, *args):
     """fn(*args, conn) in a new interpreter (spawn, not fork: nothing of this process's memory comes along);
-    returns what it sends, or (None, None) if it dies."""
+    returns what it sends, or (None, None) if it dies. Stopped meanwhile (a signal), the child ends first."""
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=fn, args=(*args, send))
+    child = ctx.Process(target=in_child, args=(fn, *args, send))
     child.start()
     send.close()  # so that a child that dies reads as EOF here
     try:
         return recv.recv()
     except EOFError:
         return None, None
+    except BaseException:  # Ctrl-C, SIGTERM: the measurement is dropped with the child
+        child.terminate()
+        raise
     finally:
         child.join()
+
+
+def in_child(fn, *args):
+    """A fresh process's start: the terminal's Ctrl-C is the parent's to answer (it ends this child)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fn(*args)
 
 
 @torch.no_grad()
@@ -331,6 +341,8 @@ def run(bc):
         plan.check_fits(cfg, B, device, 2 if dtype == torch.bfloat16 else 4, what=f"scheme {name}",
                         fix="use smaller settings")
     models = {name: build(cfg, bc, device) for name, cfg in todo}
+    print(f"bench.py: timing {len(models)} variant(s), {bc.warmup} warm-up step(s) and {bc.iters} round(s) "
+          f"each", file=sys.stderr, flush=True)
 
     # ---- training: warm-up (with --compile, compilation: timed, its graphs counted), then rounds
     # that interleave the variants and the peak matmul
@@ -466,7 +478,32 @@ def table(rows, info):
     return "\n".join(lines)
 
 
+class Stopped(BaseException):
+    """bench.py was asked to stop by SIGTERM or SIGHUP (its number), raised as Ctrl-C's KeyboardInterrupt is."""
+
+
+def on_signal(signum, frame):
+    raise Stopped(signum)
+
+
 def main(argv):
+    """bench.py's command: its exit code. Ctrl-C, SIGTERM and SIGHUP stop it at once, in one line, with
+    128 + the signal's number (130, 143, 129) and nothing written."""
+    stops = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    previous = [(signal.SIGINT, signal.getsignal(signal.SIGINT))] + [(s, signal.signal(s, on_signal)) for s in stops]
+    try:
+        return measure(argv)
+    except (KeyboardInterrupt, Stopped) as e:
+        signum = e.args[0] if isinstance(e, Stopped) else signal.SIGINT
+        print(f"\nbench.py: stopped by {signal.Signals(signum).name} before the table was done; nothing "
+              f"was printed or written", file=sys.stderr)
+        return 128 + signum
+    finally:
+        for s, handler in previous:
+            signal.signal(s, handler)
+
+
+def measure(argv):
     try:
         bc = BenchConfig(**parse_flags(BenchConfig, argv, "tools/bench.py", NOTES))
         if min(bc.iters, bc.batch_size, 1 if bc.threads is None else bc.threads) < 1 or bc.warmup < 0:
@@ -480,12 +517,13 @@ def main(argv):
         info["command"] = " ".join(["python tools/bench.py", *argv])
     except (UsageError, ValueError) as e:
         return report("bench.py", e)
+    for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)):
+        signal.signal(s, signal.SIG_IGN)  # measured: the table and its records go out whole
     print(table(rows, info))
     if bc.json:
         os.makedirs(os.path.dirname(os.path.abspath(bc.json)), exist_ok=True)
         with open(bc.json, "a") as f:
-            for record in rows + [info]:
-                f.write(json.dumps(record) + "\n")
+            f.write("".join(json.dumps(record) + "\n" for record in rows + [info]))
     return 0
 
 

@@ -32,12 +32,11 @@ def consolidate(out_dir):
         raise CheckpointError(f"no sharded checkpoint in {out_dir} (no {POINTER}); train one with "
                               f"torchrun ... train.py --fsdp=true --out_dir={out_dir}")
     path = os.path.join(out_dir, checkpoint.CKPT)
-    if os.path.isfile(path):
-        full = checkpoint.saved_full(out_dir)
-        if full > checkpoint.saved(meta):
-            than = "is further in training than" if full[0] > meta["iter_num"] else "was saved after"
-            raise CheckpointError(f"{path} (iter {full[0]}) {than} the sharded checkpoint (iter "
-                                  f"{meta['iter_num']}), which would replace it; it needs no consolidation")
+    taken, full, _ = checkpoint.latest(out_dir)  # the run's latest, as a resume would take it
+    if taken == checkpoint.CKPT:
+        than = "is further in training than" if full[0] > meta["iter_num"] else "was saved after"
+        raise CheckpointError(f"{path} (iter {full[0]}) {than} the sharded checkpoint (iter "
+                              f"{meta['iter_num']}), which would replace it; it needs no consolidation")
     ckpt = sharded.load_whole(out_dir, meta)
     del ckpt["path"]
     checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()}, os.path.join(out_dir, checkpoint.CKPT))
@@ -56,7 +55,7 @@ def main(argv):
         if not out_dir:
             raise UsageError(f"name the run: python {PROG} --out_dir=OUT_DIR")
         it = consolidate(out_dir)
-    except (ValueError, OSError) as e:  # CheckpointError, UsageError (a live run owns OUT_DIR), ...
+    except (UsageError, OSError) as e:  # CheckpointError, UsageError (a live run owns OUT_DIR), ...
         return report("consolidate.py", e)
     finally:
         runfiles.release()

@@ -33,16 +33,41 @@ class CycleConfig:
     results: str = setting("results/cycle", "cycle.md and cycle.json go here", path=True)
 
 
+RUN_FIELDS = {"variant": ((str,), "a name"), "layout": ((str,), "a layout"), "seed": ((int,), "an integer"),
+              "val_loss": ((int, float), "a number")}  # what this table reads of a run's record
+
+
+def records(path, flag=None):
+    """The run records of a table1.json (flag: the setting that named it) or, flag None, of one run's
+    result.json, each checked: a damaged file, or another tool's JSON, is one line naming it."""
+    try:
+        data = plain.read_json(path)
+        if flag and not (isinstance(data, dict) and isinstance(data.get("runs"), list)):
+            raise ValueError(f"is not a table1.json of tools/table1.py (it holds no list of \"runs\", "
+                             f"but {type(data).__name__ if not isinstance(data, dict) else 'other keys'})")
+        found = data["runs"] if flag else [data]
+        for r in found:
+            if not isinstance(r, dict):
+                raise ValueError(f"holds a run record that is not a JSON object ({r!r:.40})")
+            for key, (kinds, word) in RUN_FIELDS.items():
+                if not isinstance(r.get(key), kinds) or isinstance(r.get(key), bool):
+                    raise ValueError(f"holds a run whose {key} is {r.get(key)!r:.40}, not {word}")
+    except ValueError as e:  # plain's and json's errors are ValueErrors
+        why = f"is not JSON ({e.msg}, line {e.lineno})" if isinstance(e, json.JSONDecodeError) else e
+        fix = (f"give {flag} the table1.json of a tools/table1.py run" if flag else
+               "delete that run's folder (table1.py trains it again) or move it out of --root")
+        raise UsageError(f"{path} {why}; {fix}") from None
+    return found
+
+
 def runs(cfg):
     """{(variant, layout, seed): val loss} of every run: the two tables', then --root's over them."""
-    found = []
-    for path in (cfg.sweep, cfg.choices):
-        found += plain.read_json(path)["runs"]
+    found = records(cfg.sweep, "--sweep") + records(cfg.choices, "--choices")
     if os.path.isdir(cfg.root):
         for name in sorted(os.listdir(cfg.root)):
             path = os.path.join(cfg.root, name, "result.json")
             if os.path.isfile(path):
-                found.append(plain.read_json(path))
+                found += records(path)
     return {(r["variant"], r["layout"], r["seed"]): r["val_loss"] for r in found}
 
 
@@ -116,7 +141,7 @@ def main(argv=None):
         runfiles.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md), mode="w")
         runfiles.write_json(os.path.join(cfg.results, "cycle.json"), rows)
         print(md + f"wrote {cfg.results}/cycle.md and cycle.json")
-    except (UsageError, OSError, ValueError, KeyError) as e:
+    except (UsageError, OSError) as e:  # anything else is a bug: its traceback
         raise SystemExit(report("tools/cycle.py", e))
 
 

@@ -30,8 +30,10 @@ stderr) into DIR/PART.log. A part that exits non-zero is recorded as failed, one
 as overran: its process group gets SIGTERM, then SIGKILL GRACE seconds later, and the report keeps
 its time and last lines; the check goes on with the next part. After every part the report so far
 is written (DIR/report.md) and the part's section printed, so that the output's last 12,000
-characters alone tell the story; a SIGTERM or Ctrl-C ends the running part's group and writes the
-report with what did not run. Exit status: 1 if a part failed or overran, else 0; 2 for bad input.
+characters alone tell the story; a SIGTERM, SIGHUP or Ctrl-C ends the running part's group and
+writes the report with what did not run. A tier whose every test skipped (no GPU to be seen) is
+reported as skipped, never as passed. Exit status: 1 if a part failed, overran, was stopped or
+skipped every test, else 0; 2 for bad input, or another check holding DIR (one check per --out).
 DIR holds at most 7 files, flat: report.md, PART.log of each part, bench-*.jsonl (bench.py's rows).
 
 For the suite's test of the check itself (tests/test_gpu_check.py): --fail=PART runs, in PART's
@@ -76,6 +78,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
+from support import runfiles  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder, for the parts' imports
@@ -102,12 +105,12 @@ OVERRUN = ("import os, signal, subprocess, sys, time; "
 
 
 class Stopped(Exception):
-    """SIGTERM or Ctrl-C: the check ends the running part and writes what it has."""
+    """SIGTERM, SIGHUP or Ctrl-C (its name): the check ends the running part and writes what it has."""
 
 
 @dataclass
 class Outcome:
-    """How one part went: status is passed, failed, overran, stopped, not needed or not run."""
+    """How one part went: status is passed, failed, overran, stopped, skipped, not needed or not run."""
     status: str
     seconds: float = 0.0
     deadline: float = 0.0   # seconds from the check's start
@@ -152,6 +155,10 @@ class Part:
 
     def needed(self, out):
         """None, or why this part need not run, given what the parts before it left in out."""
+        return None
+
+    def skipped(self, out):
+        """None, or why a part that exited 0 checked nothing (so it did not pass)."""
         return None
 
 
@@ -229,6 +236,13 @@ class Tier(Part):
 
     def section(self, out):
         return tier_lines(read_log(out, self.name)), compiles(read_log(out, self.name))
+
+    def skipped(self, out):
+        summary = tier_lines(read_log(out, self.name))[0]
+        if "skipped" in summary and not re.search(r"\d+ passed", summary):
+            reason = re.search(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", read_log(out, self.name), re.M)
+            return f"every test skipped{f' ({reason.group(1)[:80]})' if reason else ''}"
+        return None
 
 
 def tier_lines(log):
@@ -354,8 +368,8 @@ def run_part(cmd, env, log_path, timeout):
             status, note = ("passed", "") if rc == 0 else ("failed", f"exit {rc}")
         except subprocess.TimeoutExpired:
             status, note = "overran", "ended at its deadline, with its process group"
-        except Stopped:  # recorded, then raised again by the caller
-            status, note = "stopped", "the check was stopped (SIGTERM or Ctrl-C) while it ran"
+        except Stopped as e:  # recorded, then raised again by the caller
+            status, note = "stopped", f"the check was stopped by {e} while it ran"
         finally:
             end_group(proc)  # after an exit too: nothing it started outlives it
     return status, note, time.time() - t0
@@ -394,7 +408,7 @@ class Report:
         for n in self.names:
             o = self.outcomes[n]
             status = o.status + (f": {o.note}" if o.note else "")
-            ran = o.status in ("passed", "failed", "overran", "stopped")
+            ran = o.status in ("passed", "failed", "overran", "stopped", "skipped")
             cells = [f"{o.seconds:.0f} s", f"{o.deadline:.0f} s"] if ran else ["-", "-"]
             compiled = self.sections.get(n, ([], "-"))[1]
             lines.append(f"| {n} | {status} | {' | '.join(cells)} | {compiled} | "
@@ -509,16 +523,22 @@ def main(argv=None):
     except OSError as e:
         print(f"gpu_check.py: error: cannot create --out={a.out}: {e.strerror}", file=sys.stderr)
         return 2
+    try:  # one check per --out, held to its end: a second would write over its files
+        runfiles.own(a.out, flag="--out", note=False)
+    except UsageError as e:
+        return error_line("gpu_check.py", e)
     report = Report(a, names, argv)
     scale = a.budget / sum(reserve.values())
     end = report.started + a.budget
 
+    stops = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)]
+
     def stop(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the ending itself is not interrupted
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise Stopped()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+        for s in stops:  # once: the ending itself is not interrupted
+            signal.signal(s, signal.SIG_IGN)
+        raise Stopped(signal.Signals(signum).name)
+    for s in stops:
+        signal.signal(s, stop)
     # logs whole when a part is killed; no .pyc files written into the project
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     injected = {**dict.fromkeys((a.fail or "").split(","), FAIL),
@@ -545,6 +565,8 @@ def main(argv=None):
                 if status in ("passed", "failed"):  # a failed tier still names its failures
                     try:
                         report.sections[name] = part.section(a.out)
+                        if status == "passed" and part.skipped(a.out):  # it ran, but checked nothing
+                            o.status, o.note = "skipped", part.skipped(a.out)
                     except (OSError, ValueError, KeyError, IndexError) as e:
                         if status == "passed":  # it passed, but left no result
                             o.status, o.note = "failed", f"its result unreadable ({e!r})"
@@ -552,7 +574,7 @@ def main(argv=None):
                 if status == "stopped":
                     raise Stopped()
             report.write()
-            print("\n".join(report.part_lines(name)) + "\n", flush=True)
+            say("\n".join(report.part_lines(name)) + "\n")
     except Stopped:
         for name in names:
             if report.outcomes[name].note == "not reached yet":
@@ -560,11 +582,20 @@ def main(argv=None):
     report.done = True
     report.write()
     lines = report.lines()
-    print("\n".join(lines[lines.index("## Targets"):]), flush=True)
-    bad = [n for n in names if report.outcomes[n].status in ("failed", "overran", "stopped")]
-    print(f"wrote {os.path.join(a.out, 'report.md')}: "
-          f"{'every part passed' if not bad else 'not passed: ' + ', '.join(bad)}", flush=True)
+    say("\n".join(lines[lines.index("## Targets"):]))
+    bad = [n + " (every test skipped)" * (report.outcomes[n].status == "skipped") for n in names
+           if report.outcomes[n].status in ("failed", "overran", "stopped", "skipped")]
+    say(f"wrote {os.path.join(a.out, 'report.md')}: "
+        f"{'every part passed' if not bad else 'not passed: ' + ', '.join(bad)}")
     return 1 if bad else 0
+
+
+def say(text):
+    """Print, where a terminal is still there (after a SIGHUP it may be gone): report.md holds it all."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -33,12 +33,12 @@ import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import checkpoint  # noqa: E402
+from support import sampling  # noqa: E402
 from support.capture import capture  # noqa: E402
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
 from data.loader import load_split, random_windows  # noqa: E402
-from support.checkpoint import checkpoint_dataset  # noqa: E402
+from data.dataset import checkpoint_dataset  # noqa: E402
 from support.machine import resolve_device  # noqa: E402
 from support.memory import physical_memory  # noqa: E402
 from support import runfiles  # noqa: E402
@@ -117,8 +117,8 @@ def spectrum(X, k=TOP_K):
 
 def validation_windows(ckpt, length, n, seed, data_root=None):
     """n windows of `length` tokens of the validation split of the dataset the checkpoint trained on (refused
-    by name when it has changed since; data_root: where it is now, if given), at positions from a generator
-    seeded by seed -> int64 tensor (n, length): the same for every checkpoint of that dataset."""
+    by name when it has changed since), at positions from a generator seeded by seed -> int64 tensor (n, length):
+    the same for every checkpoint of that dataset."""
     val = load_split(checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), data_root), "val")
     return torch.from_numpy(random_windows(val, length, n, seed))
 
@@ -184,7 +184,7 @@ def json_ready(value):
 
 
 def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None):
-    model, ckpt = checkpoint.load(out_dir, device)
+    model, ckpt = sampling.load(out_dir, device, "probe.py")  # the run's latest checkpoint
     cfg = model.config
     states = cfg.n_steps + 3  # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
     need, total = num_samples * 8 * (cfg.block_size + 2 * (TOP_K * states + states ** 2)), physical_memory()
@@ -324,7 +324,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         return command(argv)
-    except (ValueError, OSError) as e:  # a missing or damaged checkpoint, a changed dataset, a file unwritable
+    except (UsageError, OSError) as e:  # a missing or damaged checkpoint, a changed dataset, a file unwritable
         raise SystemExit(error_line("probe.py", e))
 
 

@@ -17,8 +17,10 @@ the table also gives each variant's paired differences to base (same layout) and
 seed.
 
 Runs go through `python train.py` (one at a time, or --jobs at once) into ROOT/NAME/; a run whose
-result.json exists is skipped, so an interrupted table resumes where it stopped. SIGTERM, SIGINT
-(Ctrl-C) or SIGHUP to table1.py stops its runs too (each saves a checkpoint) and waits for them.
+result.json exists is skipped, so an interrupted table resumes where it stopped; a finished run of
+another --max_iters is refused, never replaced. One table1.py per --root (it holds the folder's
+lock). SIGTERM, SIGINT (Ctrl-C) or SIGHUP to table1.py stops its runs too (each saves a checkpoint)
+and waits for them.
 The final validation loss is measured here, not taken from train.py's log: each final checkpoint is
 evaluated on the same fixed EVAL_BATCHES batches of the validation split (identical batches for
 every variant). Results go to RESULTS/table1.json and RESULTS/table1.md, which name the dataset the
@@ -46,7 +48,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from support import checkpoint, outdir, plain, runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from data.loader import load_split, random_windows  # noqa: E402
-from support.checkpoint import checkpoint_dataset  # noqa: E402
+from data.dataset import checkpoint_dataset  # noqa: E402
 from support.machine import machine_name  # noqa: E402
 from mesh import SCHEMES, Config, RecursiveGPT  # noqa: E402
 
@@ -96,8 +98,8 @@ def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
 
 
 def train_command(run, out_dir, max_iters, device="cpu", data_root="data"):
-    """train.py's command line for a run. --overwrite=true: an interrupted or shorter run of ours there is
-    replaced, by train.py's own rules (at its first checkpoint, never while another run owns the folder)."""
+    """train.py's command line for a run. --overwrite=true: an interrupted run of ours there is
+    replaced (a finished one never reaches here: check_redoable), by train.py's own rules (at its first checkpoint, never while another run owns the folder)."""
     flags = dict(out_dir=out_dir, **TRAIN, max_iters=max_iters, eval_interval=max(1, max_iters // 4),
                  layout=run["layout"], scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
                  **CHOICES.get(run["variant"], {}), device=device, data_root=data_root, overwrite="true")
@@ -223,9 +225,29 @@ def read_result(path, run):
     return result
 
 
+def check_redoable(run, out_dir, max_iters):
+    """Raise UsageError when out_dir holds a finished run of another --max_iters (its result.json says so, or
+    its checkpoint reached its own max_iters): only an interrupted run, or none, is trained (again) there."""
+    result_path, theirs = os.path.join(out_dir, "result.json"), None
+    if os.path.lexists(result_path):
+        theirs = read_result(result_path, run)["max_iters"]
+    elif os.path.isfile(os.path.join(out_dir, checkpoint.CKPT)):
+        try:
+            ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True, map_location="cpu")
+            its = ckpt["train_config"]["max_iters"]
+            theirs = its if isinstance(its, int) and ckpt["iter_num"] >= its else None
+        except Exception:  # damaged or foreign: no finished run, as train.py judges by its own rules
+            pass
+    if theirs is not None and theirs != max_iters:
+        raise UsageError(f"{out_dir} holds a finished run of --max_iters={theirs}, not {max_iters}, which table1.py "
+                         f"never replaces; give another --root, or --max_iters={theirs} to use it, or delete "
+                         f"{out_dir} to train it again")
+
+
 def run_one(run, root, max_iters, env=None, device="cpu", data_root="data"):
     out_dir = os.path.join(root, run["name"])
     result_path = os.path.join(out_dir, "result.json")
+    check_redoable(run, out_dir, max_iters)
     if os.path.lexists(result_path):
         result = read_result(result_path, run)
         if result["max_iters"] == max_iters:
@@ -444,6 +466,20 @@ def fail(message):
     raise UsageError(message)
 
 
+def train_all(runs, a):
+    """Every run's result: each trained unless done, --jobs at a time; a finished run of other settings
+    refused before any trains."""
+    for run in runs:
+        check_redoable(run, os.path.join(a.root, run["name"]), a.max_iters)
+    threads = max(1, (os.cpu_count() or 1) // a.jobs)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    pool = ThreadPoolExecutor(a.jobs)  # each run is its own process; threads only wait on them
+    try:
+        return list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device, a.data_root), runs))
+    finally:  # stopping: the runs not started never start, the others end first
+        pool.shutdown(cancel_futures=True)
+
+
 def table1(argv):
     a = Table1Config(**parse_flags(Table1Config, argv, "tools/table1.py",
                                    f"names for --only: {', '.join([*SCHEME, 'ablation'])}"))
@@ -477,14 +513,16 @@ def table1(argv):
         return
     if not os.path.isfile(os.path.join(ROOT, "train.py")):
         fail("train.py not found in the project folder")
-    threads = max(1, (os.cpu_count() or 1) // a.jobs)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    pool = ThreadPoolExecutor(a.jobs)  # each run is its own process; threads only wait on them
+    os.makedirs(a.root, exist_ok=True)
+    runfiles.own(a.root, flag="--root")  # one table1.py per root, held to its end: a second is refused at once
     try:
-        results = list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device,
-                                                    a.data_root), runs))
-    finally:  # stopping: the runs not started never start, the others end first
-        pool.shutdown(cancel_futures=True)
+        write_results(train_all(runs, a), a, seeds, layouts, only)
+    finally:
+        runfiles.disown(a.root)
+
+
+def write_results(results, a, seeds, layouts, only):
+    """The tables (JSON and Markdown), the curves and probe.py's figures of the runs' results."""
     dataset = trained_on(results)
     rows = aggregate(results, vanilla_params(), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []

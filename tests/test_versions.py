@@ -1,0 +1,80 @@
+"""
+The versions the README names hold: every file parses as Python 3.10 (the floor it states), and the
+floors of the README, requirements.txt and CI's install agree, with this machine above them.
+
+    python -m pytest tests/test_versions.py -q
+"""
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import HANG, ROOT
+
+PYTHON = (3, 10)  # the oldest Python the README names
+TORCH = (2, 13)   # the oldest torch: the one CI installs (its CPU build)
+
+
+def project_files():
+    """Every .py file of the project (not git's, not caches)."""
+    found = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        found += [os.path.join(folder, n) for n in files if n.endswith(".py")]
+    return sorted(found)
+
+
+def test_every_file_parses_as_the_oldest_python_named():
+    assert len(project_files()) > 40
+    for path in project_files():
+        with open(path, encoding="utf-8") as f:
+            ast.parse(f.read(), path, feature_version=PYTHON)  # a SyntaxError names the file
+
+
+def version(text):
+    return tuple(int(x) for x in text.split("."))
+
+
+def test_the_floors_named_agree_and_hold_here():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8") as f:
+        requirements = f.read()
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = f.read()
+    assert re.search(r"\*\*Python\*\* (\d+\.\d+)\+", readme)[1] == "%d.%d" % PYTHON
+    assert re.search(r"\*\*PyTorch\*\* (\d+\.\d+)\+ \(CI tests (\d+\.\d+)'s CPU build\)", readme).groups() == \
+        ("%d.%d" % TORCH,) * 2
+    assert re.search(r"^torch>=(\S+)$", requirements, re.M)[1] == "%d.%d" % TORCH
+    assert re.search(r"Python (\d+\.\d+) or later", requirements)[1] == "%d.%d" % PYTHON
+    assert version(re.search(r"torch==(\S+)", ci)[1])[:2] == TORCH
+    assert sys.version_info[:2] >= PYTHON
+    assert version(re.match(r"\d+\.\d+", torch.__version__)[0]) >= TORCH
+
+
+def python_3_10():
+    """A python3.10 on PATH that runs (pyenv's shim runs one when told its version), or None."""
+    env = {**os.environ, "PYENV_VERSION": "3.10"}  # (pyenv's shims run the version it names)
+    if shutil.which("python3.10") and subprocess.run(["python3.10", "-c", ""], env=env,
+                                                    capture_output=True).returncode == 0:
+        return env
+    return None
+
+
+def test_every_file_compiles_with_a_real_python_3_10(tmp_path):
+    """The real 3.10 grammar (ast's feature_version is best effort), byte-compiling into tmp_path."""
+    env = python_3_10()
+    if env is None:
+        pytest.skip("no python3.10 on PATH to compile with")
+    code = ("import py_compile, sys\n"
+            "for p in sys.argv[2:]:\n"
+            "    py_compile.compile(p, cfile=sys.argv[1] + '/x.pyc', doraise=True)\n"
+            "print(sys.version_info[:2])")
+    r = subprocess.run(["python3.10", "-c", code, str(tmp_path), *project_files()], capture_output=True, text=True,
+                       timeout=HANG, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "(3, 10)", r.stderr
