@@ -381,7 +381,9 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
     """Return the name of the dataset folder to train on, preparing a named dataset if needed (one already
     prepared is found as dataset_folder finds it; a path is an indexed dataset's). Offline, shakespeare_char
     falls back on the 'pydoc' corpus so that training still runs, and remembers it (OFFLINE): later runs
-    train on pydoc at once, saying why, until python data/prepare.py --dataset shakespeare_char succeeds."""
+    train on pydoc at once, saying why, until python data/prepare.py --dataset shakespeare_char succeeds.
+    Processes that meet a dataset not prepared yet take turns on OUT_ROOT's lock: the first prepares it,
+    the others wait for it, then find it prepared and train on it."""
     if dataset_folder(out_root, dataset):
         return dataset
     if is_path(dataset) and os.path.isdir(dataset) and foreign_files(dataset):  # e.g. nanoGPT's folder
@@ -400,12 +402,28 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
                         f"give the --data_root that holds it, or prepare it with: python data/prepare.py "
                         f"--dataset {dataset} --input FILE{there}")
     check_root_ours(out_root)
+    created = not os.path.isdir(out_root)
+    os.makedirs(out_root, exist_ok=True)
+    waiting = lambda: log(f"prepare: another process is preparing data in {out_root}; waiting for it")
+    try:
+        with runfiles.one_at_a_time(out_root, waiting):
+            return _first_use(dataset, out_root, log)
+    finally:
+        if created:  # left empty (a failed prepare): we made it, it goes
+            with contextlib.suppress(OSError):
+                os.rmdir(out_root)
+
+
+def _first_use(dataset, out_root, log):
+    """ensure_dataset's work, in OUT_ROOT's turn: the dataset may have been prepared while this one waited."""
+    if dataset_folder(out_root, dataset):
+        return dataset
     offline = os.path.join(out_root, OFFLINE)  # a failed download of Tiny Shakespeare, remembered
     if dataset == "shakespeare_char" and os.path.isfile(offline):
         with open(offline, encoding="utf-8") as f:
             log(f"prepare: training on the offline 'pydoc' corpus: {f.read().strip()}; python data/prepare.py "
                 f"--dataset shakespeare_char tries the download again")
-        return ensure_dataset("pydoc", out_root, log)
+        return _first_use("pydoc", out_root, log)
     try:
         prepare(dataset, out_root=out_root, log=log, root_flag="--data_root")
     except DownloadError as e:
@@ -413,7 +431,7 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
             raise
         log(f"prepare: Tiny Shakespeare could not be downloaded ({e.reason}); "
             "training on the offline 'pydoc' corpus instead")
-        fallback = ensure_dataset("pydoc", out_root, log)  # (makes out_root)
+        fallback = _first_use("pydoc", out_root, log)
         why = f"Tiny Shakespeare could not be downloaded on {time.strftime('%Y-%m-%d %H:%M')} ({e.reason})"
         runfiles.atomic_write(offline, lambda f: f.write(why), mode="w")
         return fallback

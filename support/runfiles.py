@@ -12,6 +12,7 @@ the one cleaner removes only names of exactly that form, a dead writer's (a live
 by the pid), so a user's file that merely looks like a leftover (.notes-1-ab.tmp) is never deleted.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -131,6 +132,31 @@ def own(folder, flag="--out_dir", note=True, shown=None, shared=False):
         if note:
             print(f"note: cannot lock {flag}={folder} ({e.strerror}); make sure no other run uses it", flush=True)
     _owned[key] = fd
+
+
+@contextlib.contextmanager
+def one_at_a_time(folder, waiting):
+    """Hold an exclusive lock on folder for the with-block, waiting for it while another process holds
+    it (waiting() is called once, first, to say so): the processes that meet here take turns. The
+    lock is the folder's own flock, as own() takes it, so a killed holder never blocks the others.
+    Where no lock can be taken (a file system without flock, or Windows): no turns, no wait."""
+    try:
+        import fcntl
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waiting()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # no flock on folders here (some NFS setups): go on without turns
+            pass
+        yield
+    finally:
+        os.close(fd)  # (closing the descriptor drops the lock)
 
 
 def disown(folder):

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 
 import numpy as np
@@ -516,3 +517,33 @@ def test_a_byte_order_mark_is_not_a_character_of_the_text(tokenizer, chunk, tmp_
         assert Tokenizer.load(b).decode(np.concatenate([train_b, val_b])) == text
     with open(marked, "rb") as f:  # the file as it is, mark included, is what its hash names
         assert meta_b["sha256"] == hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.mark.slow  # two real training processes
+@pytest.mark.skipif(sys.platform == "win32", reason="folder locks need fcntl")
+def test_two_trainings_at_once_on_a_fresh_data_root(tmp_path):
+    """Two real train.py processes started at once on a data root without their dataset: one prepares
+    it, the other waits for it, and both train on it. The root's lock is held here until both wait, so
+    that they meet there whatever the order of their start-up; then it is let go."""
+    from conftest import TINY
+    from support import runfiles
+    root, outs, procs = tmp_path / "data", [], []
+    root.mkdir()
+    flags = [f for f in TINY if not f.startswith("--dataset")] + ["--dataset=pydoc", f"--data_root={root}",
+                                                                 "--max_iters=3", "--eval_interval=3"]
+    with runfiles.one_at_a_time(str(root), waiting=lambda: pytest.fail("the root is locked already")):
+        for i in range(2):
+            outs.append(tmp_path / f"train{i}.out")
+            with open(outs[-1], "w") as f:
+                procs.append(subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *flags,
+                                               f"--out_dir={tmp_path / f'out{i}'}", "--device=cpu"],
+                                              stdout=f, stderr=subprocess.STDOUT))
+        waiting = f"prepare: another process is preparing data in {root}; waiting for it"
+        while not all(waiting in out.read_text() for out in outs):
+            assert all(p.poll() is None for p in procs), [out.read_text() for out in outs]
+            time.sleep(0.1)
+    texts = [out.read_text() for out, p in zip(outs, procs) if p.wait(timeout=600) is not None]
+    assert [p.returncode for p in procs] == [0, 0], texts
+    assert sum("prepare: pydoc: " in t for t in texts) == 1  # one prepared it, the other found it
+    assert all("iter 3: train loss" in t for t in texts)
+    assert sorted(os.listdir(root)) == ["pydoc"]  # and nothing else: no staging folder left

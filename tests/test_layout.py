@@ -1,7 +1,7 @@
 """
 The project's shape, held by the suite: the top level is the teaching path, the teaching files stay
 within their line budgets, mesh.py stands alone, tests share conftest.py rather than each other, and
-every command the README and results/ show names a script that exists and settings it takes.
+every command the README, LESSON.md and results/ show names a script that exists and settings it takes.
 
     python -m pytest tests/test_layout.py
 """
@@ -102,6 +102,8 @@ def settings_of(script):
     module, cls = {"train.py": ("train", "TrainConfig"), "sample.py": ("sample", "SampleConfig"),
                    "tools/bench.py": ("tools.bench", "BenchConfig"),
                    "tools/probe.py": ("tools.probe", "ProbeConfig"),
+                   "tools/routing.py": ("tools.routing", "RoutingConfig"),
+                   "tools/draw.py": ("tools.draw", "DrawConfig"),
                    "tools/table1.py": ("tools.table1", "Table1Config"),
                    "tools/cycle.py": ("tools.cycle", "CycleConfig"),
                    "tools/consolidate.py": ("tools.consolidate", "ConsolidateConfig"),
@@ -112,7 +114,7 @@ def settings_of(script):
 
 def shown_commands():
     """(file, command line) for every `python SCRIPT ...` line of a code block in the Markdown files."""
-    docs = ["README.md", "data/README.md"] + [os.path.join(d, n).replace(ROOT + os.sep, "")
+    docs = ["README.md", "LESSON.md", "data/README.md"] + [os.path.join(d, n).replace(ROOT + os.sep, "")
                                               for d, _, files in os.walk(os.path.join(ROOT, "results"))
                                               for n in files if n.endswith(".md")]
     found = []

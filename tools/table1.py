@@ -6,6 +6,7 @@ table1.py: the paper's Table 1 in a classroom: Tiny Shakespeare (characters) on 
                                                       # a quick subset, away from the full table's runs and results
     python tools/table1.py --layouts=2+4R2+2,3+2R3+3,2+2R4+2,3+1R6+3 --only=vanilla,base,anchor,mesh \
         --results=results/depth_sweep                 # the same table at K = 2, 3, 4, 6 loop steps
+    python tools/table1.py --lesson                   # one class period (LESSON.md): vanilla, base, mesh
 
 Every variant has the same compute depth (12 applied blocks), width 128, 4 heads, context 64,
 batch 16, peak LR 1e-3 with train.py's schedule (the paper's: 1% warmup, cosine to 10%), and
@@ -27,7 +28,8 @@ every variant). Results go to RESULTS/table1.json and RESULTS/table1.md, which n
 runs trained on (offline, train.py falls back on the pydoc text: the table says so, and refuses runs
 of different datasets); the validation loss of every variant against the iteration (mean over seeds,
 their spread shaded) to RESULTS/table1_curves.png; probe.py's figures of the base and mesh runs
-(seed 0) to RESULTS/table1_probe/. Figures need matplotlib (pip install matplotlib).
+(seed 0) to RESULTS/table1_probe/, routing.py's view of one validation window, token by token, to
+RESULTS/table1_routing.png (and .json). Figures need matplotlib (pip install matplotlib).
 """
 
 import json
@@ -63,6 +65,8 @@ DATASETS = {"shakespeare_char": "Tiny Shakespeare (characters)",  # what the tab
             "pydoc": "Python's pydoc text (characters; Tiny Shakespeare could not be downloaded)"}
 MODEL = dict(n_embd=128, n_head=4, block_size=64)
 TRAIN = dict(dataset="shakespeare_char", batch_size=16, lr=1e-3, eval_iters=20, sample_tokens=0, **MODEL)
+LESSON = dict(layouts="3+2R3+3", only="vanilla,base,mesh", seeds="0,1", jobs=2, n_embd=64, lr=2e-3,
+              max_iters=700, root="runs/lesson", results="runs/lesson")  # --lesson: a class period, 2 cores
 EVAL_BATCHES, EVAL_SEED = 100, 1337  # 100 x 16 x 64 = 102,400 targets in random windows: the same for every
                                      # run; drawn with replacement, so some positions repeat and some are unseen
 
@@ -97,10 +101,11 @@ def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
     return list(unique.values())
 
 
-def train_command(run, out_dir, max_iters, device="cpu", data_root="data"):
-    """train.py's command line for a run. --overwrite=true: an interrupted run of ours there is
-    replaced (a finished one never reaches here: check_redoable), by train.py's own rules (at its first checkpoint, never while another run owns the folder)."""
-    flags = dict(out_dir=out_dir, **TRAIN, max_iters=max_iters, eval_interval=max(1, max_iters // 4),
+def train_command(run, out_dir, max_iters, device="cpu", data_root="data", train=TRAIN):
+    """train.py's command line for a run. --overwrite=true: an interrupted run of ours there is replaced
+    (a finished one never reaches here: check_redoable), by train.py's own rules (at its first
+    checkpoint, never while another run owns the folder)."""
+    flags = dict(out_dir=out_dir, **train, max_iters=max_iters, eval_interval=max(1, max_iters // 4),
                  layout=run["layout"], scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
                  **CHOICES.get(run["variant"], {}), device=device, data_root=data_root, overwrite="true")
     return [sys.executable, os.path.join(ROOT, "train.py")] + [f"--{k}={v}" for k, v in flags.items() if v is not None]
@@ -225,42 +230,48 @@ def read_result(path, run):
     return result
 
 
-def check_redoable(run, out_dir, max_iters):
-    """Raise UsageError when out_dir holds a finished run of another --max_iters (its result.json says so, or
-    its checkpoint reached its own max_iters): only an interrupted run, or none, is trained (again) there."""
+def check_redoable(run, out_dir, max_iters, train=TRAIN):
+    """Raise UsageError when out_dir holds a finished run of other settings (--max_iters, --n_embd, --lr;
+    its result.json says so, or its checkpoint reached its own max_iters): only an interrupted run, a
+    finished one of these settings, or none, is trained (again) or reused there."""
     result_path, theirs = os.path.join(out_dir, "result.json"), None
     if os.path.lexists(result_path):
-        theirs = read_result(result_path, run)["max_iters"]
+        result = read_result(result_path, run)
+        theirs = dict(max_iters=result["max_iters"], n_embd=result.get("n_embd", TRAIN["n_embd"]),
+                      lr=result.get("lr", TRAIN["lr"]))  # (older results: the defaults)
     elif os.path.isfile(os.path.join(out_dir, checkpoint.CKPT)):
         try:
             ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True, map_location="cpu")
-            its = ckpt["train_config"]["max_iters"]
-            theirs = its if isinstance(its, int) and ckpt["iter_num"] >= its else None
+            saved = ckpt["train_config"]
+            if isinstance(saved["max_iters"], int) and ckpt["iter_num"] >= saved["max_iters"]:
+                theirs = {k: saved[k] for k in ("max_iters", "n_embd", "lr")}
         except Exception:  # damaged or foreign: no finished run, as train.py judges by its own rules
             pass
-    if theirs is not None and theirs != max_iters:
-        raise UsageError(f"{out_dir} holds a finished run of --max_iters={theirs}, not {max_iters}, which table1.py "
-                         f"never replaces; give another --root, or --max_iters={theirs} to use it, or delete "
-                         f"{out_dir} to train it again")
+    ours = dict(max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"])
+    if theirs is not None and theirs != ours:
+        other = ", ".join(f"--{k}={theirs[k]}" for k in ours if theirs[k] != ours[k])
+        mine = ", ".join(f"--{k}={ours[k]}" for k in ours if theirs[k] != ours[k])
+        raise UsageError(f"{out_dir} holds a finished run of {other}, not {mine}, which table1.py never "
+                         f"replaces; give another --root, or {other} to use it, or delete {out_dir} to "
+                         f"train it again")
 
 
-def run_one(run, root, max_iters, env=None, device="cpu", data_root="data"):
+def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", train=TRAIN):
     out_dir = os.path.join(root, run["name"])
     result_path = os.path.join(out_dir, "result.json")
-    check_redoable(run, out_dir, max_iters)
-    if os.path.lexists(result_path):
+    check_redoable(run, out_dir, max_iters, train)
+    if os.path.lexists(result_path):  # a finished run of these settings (check_redoable): reused
         result = read_result(result_path, run)
-        if result["max_iters"] == max_iters:
-            if "dataset" not in result:  # written before results named their data: from the checkpoint
-                ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True)
-                result.update(dataset=ckpt["train_config"]["dataset"], data_sha256=ckpt.get("data", {}).get("sha256"),
-                              val_curve=val_curve(os.path.join(out_dir, "log.jsonl")))
-                runfiles.write_json(result_path, result)
-            print(f"{run['name']}: done (val loss {result['val_loss']:.4f})")
-            return result
+        if "dataset" not in result:  # written before results named their data: from the checkpoint
+            ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True)
+            result.update(dataset=ckpt["train_config"]["dataset"], data_sha256=ckpt.get("data", {}).get("sha256"),
+                          val_curve=val_curve(os.path.join(out_dir, "log.jsonl")))
+            runfiles.write_json(result_path, result)
+        print(f"{run['name']}: done (val loss {result['val_loss']:.4f})")
+        return result
     os.makedirs(out_dir, exist_ok=True)
     runfiles.check_free(out_dir, flag="--root", shown=out_dir)  # a live run there: touch nothing of it
-    cmd = train_command(run, out_dir, max_iters, device, data_root)
+    cmd = train_command(run, out_dir, max_iters, device, data_root, train)
     print(f"{run['name']}: training ({' '.join(cmd[2:])})", flush=True)
     out = runfiles.temporary_name(os.path.join(out_dir, "train.out"))  # train.out only once it has trained
     with open(out, "w", encoding="utf-8") as f:
@@ -272,10 +283,11 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data"):
         raise UsageError(f"{tail.strip().splitlines()[-1].partition('error: ')[2]} ({run['name']})")
     os.replace(out, os.path.join(out_dir, "train.out"))
     if rc:
-        raise UsageError(f"{run['name']} failed (exit {rc}); its last words: {tail.strip().splitlines()[-1]} (full "
-                         f"output in {out_dir}/train.out)")
+        last = (tail.strip().splitlines() or ["(none: it printed nothing)"])[-1]
+        raise UsageError(f"{run['name']} failed (exit {rc}); its last words: {last} (full output in "
+                         f"{out_dir}/train.out)")
     model, ckpt = checkpoint.load(out_dir)
-    result = dict(run, max_iters=max_iters, iter_num=ckpt.get("iter_num"), n_slots=model.config.slots
+    result = dict(run, max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"], iter_num=ckpt.get("iter_num"), n_slots=model.config.slots
                   if run["scheme"] == "mesh" else None, params=model.num_params(),
                   val_loss=val_loss(model, eval_batches(ckpt, model)), eval_batches=EVAL_BATCHES,
                   ms_per_iter=ms_per_iter(os.path.join(out_dir, "log.jsonl")), out_dir=out_dir,
@@ -301,9 +313,9 @@ def trained_on(results):
     return next(iter(seen))[0]
 
 
-def vanilla_params():
+def vanilla_params(n_embd=MODEL["n_embd"]):
     with torch.device("meta"):  # counts only, no weights
-        return RecursiveGPT(Config(**MODEL, layout=DEPTH_LAYOUT)).num_params()
+        return RecursiveGPT(Config(**dict(MODEL, n_embd=n_embd), layout=DEPTH_LAYOUT)).num_params()
 
 
 def mean_std(values):
@@ -361,10 +373,10 @@ def pm(mean, std, spec=".4f", sign=""):
     return f"{mean:{sign}{spec}}" + ("" if std is None else f" ± {std:{spec}}")
 
 
-def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT):
+def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT, train=TRAIN):
     refs = ["base", "vanilla"] + (["mesh"] if any(r.get("vs_mesh") is not None for r in rows) else [])
-    lines = [f"{DATASETS.get(dataset, f'Dataset {dataset!r}')}, compute depth 12, width {MODEL['n_embd']}, {MODEL['n_head']} heads, "
-             f"context {MODEL['block_size']}, batch {TRAIN['batch_size']}, {max_iters} iterations, peak LR {TRAIN['lr']}. "
+    lines = [f"{DATASETS.get(dataset, f'Dataset {dataset!r}')}, compute depth 12, width {train['n_embd']}, {train['n_head']} heads, "
+             f"context {train['block_size']}, batch {train['batch_size']}, {max_iters} iterations, peak LR {train['lr']}. "
              f"Machine: {machine}.", "",
              "| variant | layout | K | non-emb params | % of vanilla | val loss (mean ± std, seeds) | "
              + " | ".join(f"- {ref}" for ref in refs) + " | ms/iter |", "|---|---|---:|---:|---:|---|" + "---|" * len(refs)
@@ -436,6 +448,8 @@ class Table1Config:
     layouts: str = setting(LOOP_LAYOUT, "comma-separated loop layouts, each of compute depth 12")
     seeds: str = setting("0,1,2", "comma-separated seeds")
     max_iters: int = setting(1200, "train.py's --max_iters for every run")
+    n_embd: int = setting(MODEL["n_embd"], "train.py's --n_embd (width D) for every run")
+    lr: float = setting(TRAIN["lr"], "train.py's --lr (peak learning rate) for every run")
     only: str = setting(",".join([*VARIANTS, "ablation"]),
                         f"a comma-separated subset of the names below (default: all but "
                         f"{', '.join(CHOICES)})")
@@ -445,6 +459,7 @@ class Table1Config:
     data_root: str = setting("data", "train.py's --data_root: where the dataset is, or is made", path=True)
     jobs: int = setting(1, "runs at once, each with cores/jobs threads")
     dry_run: bool = setting(False, "print the train.py commands and stop")
+    lesson: bool = setting(False, "one class period (LESSON.md): " + ", ".join(f"--{k}={v}" for k, v in LESSON.items()))
 
 
 def main(argv=None):
@@ -466,23 +481,24 @@ def fail(message):
     raise UsageError(message)
 
 
-def train_all(runs, a):
+def train_all(runs, a, train):
     """Every run's result: each trained unless done, --jobs at a time; a finished run of other settings
     refused before any trains."""
     for run in runs:
-        check_redoable(run, os.path.join(a.root, run["name"]), a.max_iters)
+        check_redoable(run, os.path.join(a.root, run["name"]), a.max_iters, train)
     threads = max(1, (os.cpu_count() or 1) // a.jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     pool = ThreadPoolExecutor(a.jobs)  # each run is its own process; threads only wait on them
     try:
-        return list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device, a.data_root), runs))
+        return list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device, a.data_root, train),
+                             runs))
     finally:  # stopping: the runs not started never start, the others end first
         pool.shutdown(cancel_futures=True)
 
 
 def table1(argv):
-    a = Table1Config(**parse_flags(Table1Config, argv, "tools/table1.py",
-                                   f"names for --only: {', '.join([*SCHEME, 'ablation'])}"))
+    given = parse_flags(Table1Config, argv, "tools/table1.py", f"names for --only: {', '.join([*SCHEME, 'ablation'])}")
+    a = Table1Config(**{**(LESSON if given.get("lesson") else {}), **given})  # flags given override the lesson's
     try:
         seeds = [int(s) for s in a.seeds.split(",")]
     except ValueError:
@@ -496,6 +512,7 @@ def table1(argv):
         fail(f"--max_iters={a.max_iters} must be at least 1")
     if a.jobs < 1:
         fail(f"--jobs={a.jobs} must be at least 1")
+    train = dict(TRAIN, n_embd=a.n_embd, lr=a.lr)
     layouts = a.layouts.split(",")
     for layout in layouts:
         try:
@@ -509,40 +526,43 @@ def table1(argv):
                 layouts)
     if a.dry_run:
         for run in runs:
-            print(" ".join(train_command(run, os.path.join(a.root, run["name"]), a.max_iters, a.device, a.data_root)[1:]))
+            print(" ".join(train_command(run, os.path.join(a.root, run["name"]), a.max_iters, a.device, a.data_root,
+                                         train)[1:]))
         return
     if not os.path.isfile(os.path.join(ROOT, "train.py")):
         fail("train.py not found in the project folder")
     os.makedirs(a.root, exist_ok=True)
     runfiles.own(a.root, flag="--root")  # one table1.py per root, held to its end: a second is refused at once
     try:
-        write_results(train_all(runs, a), a, seeds, layouts, only)
+        write_results(train_all(runs, a, train), a, seeds, layouts, only, train)
     finally:
         runfiles.disown(a.root)
 
 
-def write_results(results, a, seeds, layouts, only):
+def write_results(results, a, seeds, layouts, only, train):
     """The tables (JSON and Markdown), the curves and probe.py's figures of the runs' results."""
     dataset = trained_on(results)
-    rows = aggregate(results, vanilla_params(), seeds, layouts)
+    rows = aggregate(results, vanilla_params(a.n_embd), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
     os.makedirs(a.results, exist_ok=True)
-    md = markdown(rows, abl, a.max_iters, machine(a.jobs), dataset, layouts[0])
+    md = markdown(rows, abl, a.max_iters, machine(a.jobs), dataset, layouts[0], train)
     runfiles.write_json(os.path.join(a.results, "table1.json"), dict(
-        settings=dict(TRAIN, dataset=dataset, data_root=a.data_root, device=a.device, max_iters=a.max_iters,
+        settings=dict(train, dataset=dataset, data_root=a.data_root, device=a.device, max_iters=a.max_iters,
                       seeds=seeds, eval_batches=EVAL_BATCHES, eval_seed=EVAL_SEED),
         machine=machine(a.jobs), table=rows, ablation=abl, runs=results))
     runfiles.atomic_write(os.path.join(a.results, "table1.md"), lambda f: f.write(md), mode="w")
     curves = write_curves(results, rows, layouts, os.path.join(a.results, "table1_curves.png"), dataset)
     print(md + f"wrote {a.results}/table1.json, {a.results}/table1.md" + (f" and {curves}" if curves else ""))
-    for layout in layouts:  # probe.py's figures of base and mesh, seed 0, per layout
+    for layout in layouts:  # probe.py's and routing.py's figures of base and mesh, seed 0, per layout
         names = [run_name(v, layout, 0) for v in ("base", "mesh")]
         figures = [os.path.join(a.root, n) for n in names if any(r["name"] == n for r in results)]
         tag = "" if layout == LOOP_LAYOUT else f"_{layout}"
-        if figures and CHILDREN.run([sys.executable, os.path.join(ROOT, "tools", "probe.py"), *(
-                f"--out_dir={d}" for d in figures), f"--json={a.results}/table1_probe{tag}.json",
-                f"--png={a.results}/table1_probe{tag}"]):  # probe.py as a command, as train.py is
-            fail(f"probe.py failed on {', '.join(figures)}; its own lines above say why")
+        for tool, out in (("probe.py", f"--png={a.results}/table1_probe{tag}"),
+                          ("routing.py", f"--png={a.results}/table1_routing{tag}.png")):
+            stem = out.partition("=")[2].removesuffix(".png")  # the tools as commands, as train.py is
+            if figures and CHILDREN.run([sys.executable, os.path.join(ROOT, "tools", tool), *(
+                    f"--out_dir={d}" for d in figures), f"--json={stem}.json", out]):
+                fail(f"{tool} failed on {', '.join(figures)}; its own lines above say why")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,227 @@
+"""
+routing.py: what a recursive model does to each token of one sentence, loop step by loop step.
+
+    python tools/routing.py --out_dir=runs/class/base_3+2R3+3_s0 --out_dir=runs/class/mesh_3+2R3+3_s0 \
+        --text="The return statement leaves a function" --json=routing.json --png=routing.png
+
+For each checkpoint (base and MeSH side by side) it runs the sentence once with state capture
+(support/capture.py) and shows, per token:
+
+- effort: the relative update 2 ||f(h) - h|| / (||f(h)|| + ||h||) of each token's state through
+  the prelude, each loop step and the coda (probe.py's Fig. 3, here token by token): base's shared
+  core leaves most tokens almost unchanged at its later steps, MeSH's keeps changing them.
+- routing (mesh only): for the transitional cycle and each loop step, the write weight and the read
+  weight of every buffer slot (Eq. 3), token by token: which slot each token writes its step's output
+  to, which slots it reads its next state from, and where the routers treat tokens differently.
+
+Without --text the sentence is a fixed window of the checkpoint's validation split (--tokens long,
+from the start of a line, the same for every checkpoint of a dataset). It prints the numbers as a table (the slot of the
+largest weight for the routers), writes them as JSON (--json) and, with matplotlib, one PNG
+(--png): the effort of both checkpoints on top, then each MeSH checkpoint's write and read weights.
+"""
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configurator import UsageError, parse_flags, setting  # noqa: E402
+from configurator import report as error_line  # noqa: E402
+from data.tokenizer import Tokenizer  # noqa: E402
+from support import checkpoint, runfiles  # noqa: E402
+from support.capture import capture  # noqa: E402
+from support.checkpoint import checkpoint_dataset  # noqa: E402
+from support.runfiles import check_writable  # noqa: E402
+from tools.probe import json_ready, relative_update  # noqa: E402
+from data.loader import load_split  # noqa: E402
+
+SCAN = 100_000  # tokens searched for a line's start, at most
+SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
+
+
+def token_text(tokenizer, i):
+    """Token id i as the text a slide can show: whitespace made visible."""
+    text = tokenizer.decode([i])
+    return "".join(SHOWN.get(c, c) for c in text)
+
+
+@torch.no_grad()
+def routing(model, idx):
+    """idx (1, T) -> {"effort": {part: [T floats]}, "routers": {name: {"write", "read": [T x B]}} or None}."""
+    model.eval()
+    with capture(model) as cap:
+        model(idx)
+    effort = {name: relative_update(h.unsqueeze(-2), fh.unsqueeze(-2))[0].tolist()  # each token a (1, D) state
+              for name, h, fh in cap["blocks"]}                                     # (1, T, 1, D) -> (T,)
+    routers = {name: {"write": w_write[0].double().tolist(), "read": w_read[0].double().tolist()}  # (T, B)
+               for name, w_write, w_read in cap["routers"]} or None
+    return {"effort": effort, "routers": routers}
+
+
+def line_window(val, tokenizer, length, seed, scan=SCAN):
+    """(1, length) token ids of the validation split val: from the first line that starts with a letter
+    at or after a start drawn by np.random.default_rng(seed) (within scan tokens; else at that start),
+    so that a slide shows words rather than the middle of a run of spaces."""
+    if len(val) < length:
+        raise UsageError(f"the validation split has {len(val)} tokens, fewer than --tokens={length}")
+    start = int(np.random.default_rng(seed).integers(0, len(val) - length + 1))
+    for p in range(start, min(start + scan, len(val) - length)):
+        if tokenizer.decode([int(val[p])]).endswith("\n") and tokenizer.decode([int(val[p + 1])])[:1].isalpha():
+            start = p + 1
+            break
+    return torch.from_numpy(np.asarray(val[start:start + length], dtype=np.int64))[None]
+
+
+def sentence(ckpt, model, text, tokens, seed):
+    """The token ids (1, T) to show: text encoded with the checkpoint's tokenizer, or a validation window."""
+    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
+    tokenizer = Tokenizer.load(folder)
+    T = model.config.block_size
+    if text is None:
+        return line_window(load_split(folder, "val"), tokenizer, min(tokens, T), seed), tokenizer
+    ids = tokenizer.encode(text)  # a character not in a char vocabulary: one line naming it
+    if not 0 < len(ids) <= T:
+        raise UsageError(f"--text is {len(ids)} tokens; give 1 to {T} (the model's block_size)")
+    return torch.tensor([ids]), tokenizer
+
+
+def routing_checkpoint(out_dir, text, tokens, seed, device):
+    model, ckpt = checkpoint.load(out_dir, device)
+    idx, tokenizer = sentence(ckpt, model, text, tokens, seed)
+    cfg = model.config
+    return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "dataset": ckpt["train_config"]["dataset"],
+            "n_slots": cfg.slots if cfg.scheme == "mesh" else None, "ids": idx[0].tolist(),
+            "tokens": [token_text(tokenizer, i) for i in idx[0].tolist()], **routing(model, idx.to(device))}
+
+
+# -----------------------------------------------------------------------------
+# Report: a table on stdout, an optional PNG
+
+def report(r):
+    w = max(5, *(len(t) + 1 for t in r["tokens"]))  # a column per token
+    row = lambda label, cells: f"{label:<14}" + "".join(f"{c:>{w}}" for c in cells)
+    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, {len(r['tokens'])} tokens of "
+             f"{r['dataset']} ==", row("token", r["tokens"]), "effort (relative update, per token):"]
+    lines += [row(f"  {part}", [f"{v:.2f}" for v in values]) for part, values in r["effort"].items()]
+    if r["routers"]:
+        lines.append(f"routing (the slot of the largest weight, m0 .. m{r['n_slots'] - 1}, per token):")
+        for name, weights in r["routers"].items():
+            for kind in ("write", "read"):
+                top = [f"m{max(range(len(p)), key=p.__getitem__)}" for p in weights[kind]]  # p: one token's
+                lines.append(row(f"  {name} {kind}", top))
+    return "\n".join(lines)
+
+
+def title(r):
+    return f"{os.path.basename(os.path.normpath(r['out_dir']))} ({r['layout']} {r['scheme']})"
+
+
+def write_png(results, path):
+    """One figure: each checkpoint's per-token effort side by side on top; below, for each MeSH checkpoint,
+    a row per router with its write and read weights (slots x tokens). Returns path, or None without
+    matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("routing.py: matplotlib is not installed, so no figure, only the numbers (pip install matplotlib)")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    meshes = [r for r in results if r["routers"]]
+    rows = 1 + sum(len(r["routers"]) for r in meshes)
+    cols = max(2, len(results))
+    T = max(len(r["tokens"]) for r in results)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(8, 0.32 * T * cols), 2.6 + 1.8 * rows), squeeze=False,
+                             layout="constrained")
+    top = max(max(v for values in r["effort"].values() for v in values) for r in results)
+
+    def tokens_axis(ax, r):
+        ax.set_xticks(range(len(r["tokens"])), r["tokens"], fontsize=9, fontfamily="monospace")
+        ax.set_xlabel("token")
+
+    for ax, r in zip(axes[0], results):
+        parts = list(r["effort"])
+        im = ax.imshow(np.array([r["effort"][p] for p in parts]), vmin=0, vmax=top, cmap="viridis", aspect="auto")
+        ax.set_yticks(range(len(parts)), parts)
+        ax.set_ylabel("part of the model")
+        tokens_axis(ax, r)
+        ax.set_title(f"{title(r)}\neach token's relative update, part by part", fontsize=10)
+    fig.colorbar(im, ax=axes[0].tolist(), label="relative update (0: unchanged)", shrink=0.9)
+    for ax in axes[0][len(results):]:
+        ax.axis("off")
+    row = 1
+    for r in meshes:
+        for name, weights in r["routers"].items():
+            for ax, kind in zip(axes[row], ("write", "read")):
+                im = ax.imshow(np.array(weights[kind]).T, vmin=0, vmax=1, cmap="magma", aspect="auto")  # (B, T)
+                ax.set_yticks(range(r["n_slots"]), [f"m{b}" for b in range(r["n_slots"])])
+                ax.set_ylabel("buffer slot")
+                tokens_axis(ax, r)
+                what = "writes its output to" if kind == "write" else "reads its next state from"
+                ax.set_title(f"{title(r)}, {name}: how much each token {what} each slot", fontsize=10)
+            for ax in axes[row][2:]:
+                ax.axis("off")
+            fig.colorbar(im, ax=axes[row][:2].tolist(), label="routing weight", shrink=0.9)
+            row += 1
+    fig.suptitle("One sentence, token by token: how much each part of the model changes each token, and "
+                 "where MeSH's routers write and read it", fontsize=12)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+@dataclass
+class RoutingConfig:
+    """Each token's effort and MeSH routing on one sentence, checkpoints side by side."""
+    out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)")
+    text: str | None = setting(None, "the sentence; None: a window of the validation split")
+    tokens: int = setting(32, "the window's length without --text (at most block_size)")
+    seed: int = setting(0, "where the validation window starts (as probe.py's --seed)")
+    device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
+    json: str | None = setting(None, "write the numbers here")
+    png: str | None = setting(None, "write the figure here (needs matplotlib)")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return command(argv)
+    except (ValueError, OSError) as e:  # a missing checkpoint, a changed dataset, a character not in the vocabulary
+        raise SystemExit(error_line("routing.py", e))
+
+
+def command(argv):
+    from support.machine import resolve_device
+    a = RoutingConfig(**parse_flags(RoutingConfig, argv, "tools/routing.py"))
+    if not a.out_dir:
+        raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
+    if a.tokens < 1:
+        raise UsageError(f"--tokens={a.tokens} must be at least 1")
+    for flag in ("json", "png"):  # find out now, not after the model ran
+        if getattr(a, flag):
+            check_writable(getattr(a, flag), flag)
+    device = resolve_device(a.device)
+    results = []
+    for out_dir in a.out_dir:
+        results.append(routing_checkpoint(out_dir, a.text, a.tokens, a.seed, device))
+        print(report(results[-1]))
+    for path in filter(None, (a.json, a.png)):  # their folders, once the model has run
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if a.json:
+        runfiles.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1, ensure_ascii=False,
+                                                          allow_nan=False), mode="w")
+        print(f"wrote {a.json}")
+    if a.png and write_png(results, a.png):
+        print(f"wrote {a.png}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
