@@ -35,7 +35,7 @@ from configurator import report as error_line  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 from support import checkpoint, runfiles  # noqa: E402
 from support.capture import capture  # noqa: E402
-from support.checkpoint import checkpoint_dataset  # noqa: E402
+from data.dataset import checkpoint_dataset  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 from tools.probe import json_ready, relative_update  # noqa: E402
 from data.loader import load_split  # noqa: E402
