@@ -23,7 +23,7 @@ PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12, "NVID
                    "NVIDIA L4": 121e12, "NVIDIA A10": 125e12}
 
 
-class LaunchError(ValueError):
+class LaunchError(UsageError):
     """This process could not join its torchrun job: one line, exit 2."""
 
 
