@@ -34,12 +34,13 @@ class UsageError(ValueError):
     keeps its traceback."""
 
 
-def setting(default, help):
+def setting(default, help, path=False):
     """A dataclass field with its one-line description, which --help shows; a list default
-    makes a flag that may be given several times."""
+    makes a flag that may be given several times. path: a leading ~ means the home folder."""
+    metadata = {"help": help, "path": path}
     if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def closest(name, options, flag=False):
@@ -61,13 +62,13 @@ def report(prog, error, code=2):
 
 def value_of(field, value, file=None):
     """A setting's value in its field's type (int, float, bool, str, list, or X | None), from
-    --key=TEXT, or from a config file's JSON value, which must already be of that type ("100" for
-    an integer, or an object for a path, is refused rather than converted)."""
+    --key=TEXT, or from a file's JSON value (file: its name in words), which must already be of
+    that type ("100" for an integer, or an object for a path, is refused rather than converted)."""
     union = isinstance(field.type, types.UnionType)  # X | None
     origin = typing.get_origin(field.type) or field.type  # list[str] -> list
     accepted = typing.get_args(field.type) if union else (origin,)
     kind, null = next(k for k in accepted if k is not type(None)), type(None) in accepted
-    where = f"config file {file!r}: {field.name} is " if file else f"--{field.name}="
+    where = f"{file}: {field.name} is " if file else f"--{field.name}="
     bad = UsageError(f"{where}{value} is not {WORDS[kind]}" + (" (or None)" if null else ""))
     if file is not None:  # null, or a value of the field's own type (an integer for a float)
         number = (kind is float and type(value) is int) or (
@@ -90,6 +91,8 @@ def value_of(field, value, file=None):
             value = kind(value)
         except ValueError:
             raise bad from None
+    if field.metadata.get("path") and isinstance(value, str):  # not a folder named "~"
+        value = os.path.expanduser(value)
     if kind is int and value is not None and abs(value) > LARGEST:
         digits = str(abs(value))
         shown = digits if len(digits) < 24 else f"{digits[:6]}...({len(digits)} digits)"
@@ -221,7 +224,7 @@ def parse_flags(cls, argv, prog, notes=""):
         if isinstance(value, str) and "\0" in value:  # (from a file: no command line holds one)
             raise UsageError(f"{key} in {where} holds a NUL byte, which no path or name can; "
                              f"remove it")
-        value = value_of(fields[key], value, file)
+        value = value_of(fields[key], value, file and f"config file {file!r}")
         if fields[key].default_factory is not dataclasses.MISSING:  # a list: each adds to it
             value = given.get(key, []) + (value if isinstance(value, list) else [value])
         given[key] = value

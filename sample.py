@@ -26,7 +26,8 @@ from support.machine import resolve_device
 @dataclass
 class SampleConfig:
     """Settings for sampling from OUT_DIR/ckpt.pt."""
-    out_dir: str = setting("out", "the run's folder, holding its checkpoint")
+    out_dir: str = setting("out", "the run's folder, holding its checkpoint", path=True)
+    data_root: str | None = setting(None, "its data's folder; None: where it trained", path=True)
     start: str = setting("\n", "the prompt, or FILE:path to read it from a file")
     num_samples: int = setting(1, "samples to draw")
     max_new_tokens: int = setting(300, "tokens to add to the prompt")
@@ -59,7 +60,7 @@ def sample(given):
     model, ckpt = sampling.load(sc.out_dir, device)  # ckpt.pt, the run's latest checkpoint
     if sc.compile:  # the KV cache is preallocated: every one-token step has one shape, one graph
         model.compile()
-    data = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
+    data = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), sc.data_root)
     tokenizer = Tokenizer.load(data)
     start = sampling.prompt(sc.start if "start" in given else tokenizer.default_prompt)
     sampling.check_memory(model, len(start), sc.num_samples, sc.max_new_tokens, device)

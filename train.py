@@ -51,11 +51,11 @@ class TrainConfig:
     dropout: float | None = setting(None, "dropout on attention and residual branches")
     # data and output
     dataset: str = setting("shakespeare_char", "a folder of data_root made by data/prepare.py, "
-                           "or PATH/document (indexed)")
-    data_root: str = setting("data", "the folder holding the datasets")
+                           "or PATH/document (indexed)", path=True)
+    data_root: str = setting("data", "the folder holding the datasets", path=True)
     data_order: str = setting("random", "random windows, or sequential: the data once, in order")
     epochs: int = setting(1, "sequential: passes over the data allowed before the run stops")
-    out_dir: str = setting("out", "the run's folder: ckpt.pt, log.jsonl")
+    out_dir: str = setting("out", "the run's folder: ckpt.pt, log.jsonl", path=True)
     overwrite: bool = setting(False, "let a scratch run replace the run in out_dir")
     init_from: str = setting("scratch", "scratch, resume, or hf:PATH (a GPT-NeoX folder)")
     # optimisation (Appendix B: AdamW (0.9, 0.95), wd 0.01 on matrices, clip 1.0, 1% linear
@@ -82,6 +82,7 @@ class TrainConfig:
     compile: bool | None = setting(None, "torch.compile the model; None: on for CUDA only")
     grad_checkpoint: bool = setting(False, "recompute activations in backward to save memory")
     fsdp: bool = setting(False, "shard weights, gradients and AdamW state (FSDP2)")
+    dist_timeout: float = setting(900.0, "torchrun: seconds to wait on another process, then stop")
     seed: int = setting(1337, "the data order and the initial weights")
     # memory plan (support/plan.py)
     plan: bool = setting(False, "print per-GPU memory under DDP and FSDP, then exit")
@@ -153,11 +154,9 @@ def train(given):
     distributed, rank, world = machine.process_group()  # torchrun sets RANK and WORLD_SIZE
     master = rank == 0
     run = Run(given.get("out_dir", TrainConfig.out_dir), master)  # OUT_DIR, from start to end
-    if given.get("init_from") == "resume":  # its checkpoint, its settings, its random state
-        run.resume(sharded=bool(given.get("fsdp")))
-    defaults = dataclasses.asdict(TrainConfig())
-    tc = TrainConfig(**{**defaults, **run.settings(defaults), **given})
-    as_given = {k: getattr(tc, k) for k in ("dtype", "compile", "lr", "min_lr")}  # saved as given
+    given = run.resume(given)  # --init_from=resume (or a torchrun restart): its latest checkpoint
+    tc = run.settings(TrainConfig, given)  # a resume's: its own, read as flags are, then the flags
+    as_given = run.as_given(tc)  # saved as given (auto, None): a resume derives them again
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
         print(plan.plan(tc, run.model_config or model_config(tc, vocab_size=None)))
         return 0
@@ -167,7 +166,7 @@ def train(given):
 
     # ---- device and dtype: resolved for this machine, but saved as given, so that a resume on
     # another machine picks its own (and a new --lr brings its own 10% min_lr)
-    device = machine.start(tc.device, distributed)
+    device = machine.start(tc.device, distributed, tc.dist_timeout)
     device_type = device.split(":")[0]
     tc.dtype = machine.resolve_dtype(tc.dtype, device)
     tc.compile = machine.resolve_compile(tc.compile, device_type, master)
@@ -224,7 +223,7 @@ def train(given):
             "model_config": cfg.to_dict(), "train_config": {**dataclasses.asdict(tc), **as_given},
             "iter_num": iter_num, "best_val_loss": best_val,
             "rng": checkpoint.rng_state(device_type), "data": data.record,
-            "saved_at": time.time()})
+            "saved_at": time.time(), "launch": machine.launch_id()})
 
     # ---- the loop: evaluate and save, learning rate, accumulated micro-batches, clip, step, log
     stop = guards.Stop(rank, distributed)  # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun: finish, save
@@ -242,7 +241,7 @@ def train(given):
         done = iter_num >= steps
         if done and iter_num < tc.max_iters and master:  # sequential: its --epochs passes are read
             print(guards.ran_out(iter_num, tc, windows, window), flush=True)
-        new_here = iter_num != resumed_at or iter_num == 0  # a resume evaluated this step already
+        new_here = not run.ckpt or iter_num != resumed_at  # a resume evaluated this step already
         if done or (iter_num % tc.eval_interval == 0 and new_here):
             splits = {"train": data.train, "val": data.val}
             losses = evaluate(raw_model, splits, tc, device, autocast, rank, world)
@@ -272,8 +271,8 @@ def train(given):
         requested = torch.tensor(float(stop.requested()), device=device)
         state = torch.stack([loss_sum / local, requested])
         if distributed:  # every rank sees the same loss and stops at the same step
-            dist.all_reduce(state, op=dist.ReduceOp.AVG)
-        loss = state[0].item()
+            dist.all_reduce(state)  # summed, then divided: torch 2.7's gloo has no ReduceOp.AVG
+        loss = state[0].item() / world
         stopping = state[1].item() > 0
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at iter {iter_num}; stopped without saving, "

@@ -12,7 +12,7 @@ checkpoint_dataset.
 """
 import os
 
-from data import DataError
+from data import DataError, data_root
 from data.loader import dataset_folder, is_path, load_split
 from data.meta import read_meta
 from data.tokenizer import Tokenizer
@@ -41,7 +41,9 @@ class Dataset:
         """The dataset of TrainConfig tc (--data_root, --dataset). A fresh run's (trained_on None)
         is prepared first where it is not there (by rank 0; offline, shakespeare_char trains on
         pydoc's text, and tc.dataset says so). A resumed run's (trained_on: its checkpoint's record,
-        or {}) is the one it trained on, refused by name if it changed since."""
+        or {}) is the one it trained on, refused by name if it changed since. tc.data_root is made
+        absolute (data_root's rule), so that a checkpoint says where its data is, for any folder."""
+        tc.data_root = data_root(tc.data_root)
         if trained_on is None:
             tc.dataset = machine.from_rank0(lambda: prepared(tc.data_root, tc.dataset),
                                             distributed, master)
@@ -93,11 +95,14 @@ def prepared(root, name):
     return ensure_dataset(name, root)
 
 
-def checkpoint_dataset(train_config, trained_on=None):
+def checkpoint_dataset(train_config, trained_on=None, root=None):
     """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config:
     the TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data
-    (dataset_record); a folder whose meta.json now says otherwise is refused by name."""
-    root, name = train_config.get("data_root", "data"), train_config["dataset"]
+    (dataset_record); a folder whose meta.json now says otherwise is refused by name. root: a
+    --data_root given, where the data is now, instead of the saved one (absolute since it is saved
+    so; an older checkpoint's relative one is found by data_root's rule)."""
+    name = train_config["dataset"]
+    root = data_root(root or train_config.get("data_root", "data"))
     folder = trained_folder(root, name)
     check_unchanged(folder, name, trained_on, dataset_record(folder))
     return folder

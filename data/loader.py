@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from data import DataError
+from data import DataError, data_root
 from data.meta import check_intact, hold, read_meta
 
 DEFAULT_ROOT = os.path.dirname(os.path.abspath(__file__))  # data/, where prepare.py writes
@@ -34,18 +34,13 @@ def is_path(dataset):
 
 
 def dataset_folder(root, name):
-    """The folder of prepared dataset `name` under data_root `root`, or None. A relative root is
-    tried from the working folder, then from the project folder (where data/prepare.py puts
-    datasets by default), so the scripts run from anywhere. A path (is_path) gives the folder of
-    the indexed dataset or the prepared folder it names (indexed.py's dataset_at)."""
-    project = os.path.dirname(DEFAULT_ROOT)
+    """The folder of prepared dataset `name` under data_root `root` (data_root's rule), or None; a
+    path (is_path): the indexed dataset's folder, or the prepared one it names (dataset_at)."""
     if is_path(name):
         from data.indexed import dataset_at
-        return dataset_at(name, project)
-    folders = [os.path.join(root, name)]
-    if not os.path.isabs(root):
-        folders.append(os.path.join(project, root, name))
-    return next((f for f in folders if os.path.isfile(os.path.join(f, "meta.json"))), None)
+        return dataset_at(name, os.path.dirname(DEFAULT_ROOT))
+    folder = os.path.join(data_root(root), name)
+    return folder if os.path.isfile(os.path.join(folder, "meta.json")) else None
 
 
 def load_split(data_dir, split, meta=None):

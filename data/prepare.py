@@ -54,7 +54,7 @@ if __package__ in (None, ""):  # run as a script (python data/prepare.py): the p
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
-from data import DataError  # noqa: E402
+from data import DataError, data_root  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
 from data.loader import DEFAULT_ROOT, dataset_folder, is_path  # noqa: E402
 from data.meta import dtype_for_vocab  # noqa: E402
@@ -477,16 +477,16 @@ def describe_indexed(path, tokenizer, log=_stderr):
 class PrepareConfig:
     """Tokenize a text dataset into NAME/train.bin, val.bin and meta.json (or document.bin/.idx)."""
     dataset: str | None = setting(None, "the output folder's name (known names below)")
-    input: str | None = setting(None, "a local text file (UTF-8) to use instead of downloading")
+    input: str | None = setting(None, "a local text file (UTF-8) to use instead of downloading", path=True)
     url: str | None = setting(None, "the download address (default: the canonical Tiny Shakespeare)")
     tokenizer: str | None = setting(None, "char, gpt2, or a tokenizer.json (or a model folder "
-                                    "holding one); default: the dataset's, or char")
-    out_root: str = setting(DEFAULT_ROOT, "where NAME/ is written")
+                                    "holding one); default: the dataset's, or char", path=True)
+    out_root: str = setting(DEFAULT_ROOT, "where NAME/ is written", path=True)
     format: str = setting("flat", "flat (train.bin + val.bin) or indexed (document.bin + .idx)")
     seq_len: int = setting(2049, "tokens per sequence of --format=indexed (Pythia's)")
     num_proc: int = setting(1, "processes that tokenize (the same output as one)")
     indexed: str | None = setting(None, "instead of tokenizing: write meta.json beside the indexed "
-                                  "dataset PATH (PATH.idx + PATH.bin), with --tokenizer")
+                                  "dataset PATH (PATH.idx + PATH.bin), with --tokenizer", path=True)
 
 
 def main(argv=None):
@@ -501,7 +501,7 @@ def main(argv=None):
             return 0
         if not args.dataset:
             raise DataError("--dataset NAME is required (or --indexed PATH)")
-        prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer, out_root=args.out_root,
+        prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer, out_root=data_root(args.out_root),
                 format=args.format, seq_len=args.seq_len, num_proc=args.num_proc)
     except (UsageError, DataError, OSError) as e:  # OSError: e.g. an --out_root that is a file
         return report("prepare.py", e)

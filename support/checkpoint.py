@@ -141,6 +141,22 @@ def read_pointer(out_dir):
                               f"or point --out_dir at another run") from None
 
 
+def launches(out_dir):
+    """The torchrun launches (machine.launch_id) that saved OUT_DIR's checkpoints, ckpt.pt and the
+    sharded one; an unreadable one is left out (a resume says what is wrong with it)."""
+    found, path = [], os.path.join(out_dir, CKPT)
+    try:
+        if os.path.isfile(path):
+            found.append(torch.load(path, mmap=True, weights_only=True, map_location="cpu").get("launch"))
+    except Exception:  # a damaged file: not this launch's to continue
+        pass
+    try:
+        found.append((read_pointer(out_dir) or {}).get("launch"))
+    except CheckpointError:
+        pass
+    return {launch for launch in found if isinstance(launch, str)}
+
+
 def saved(ckpt):
     """How far a checkpoint (a ckpt.pt dict or a sharded one's pointer) had trained, as a key to compare:
     (iter_num, saved_at). Training progress decides; the clock, which may have been set back or copied from

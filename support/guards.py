@@ -21,7 +21,7 @@ from support import console, machine, outdir
 from configurator import UsageError, parse_flags, report
 from mesh import ConfigError
 
-LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|timed out|Socket Timeout")  # a collective's
+LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|[Tt]imed out|Socket Timeout")  # a collective's
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
 
 
@@ -57,8 +57,7 @@ def command(prog, settings, fn, argv, notes=""):
     except RuntimeError as e:  # another process of the job is gone: one line here, not gloo's 50-line traceback
         if given.get("debug") or not LOST_PEER.search(str(e)) or not (dist.is_available() and dist.is_initialized()):
             raise
-        first = re.sub(r"^\[[^\]]*\]\s*", "", str(e).strip().splitlines()[0])[:120]  # without gloo's source line
-        return report(prog, f"another process of this torchrun job stopped ({first}); its own output says why", code=1)
+        return report(prog, machine.lost_peer(e), code=1)
     finally:
         Stop.restore()
         outdir.release()
@@ -160,6 +159,7 @@ RANGES = [  # train.py's settings: (names, the test each must pass, the range in
     ("seed", lambda v: v >= 0, "0 or more (numpy's generators take no negative seed)"),
     ("lr", lambda v: v > 0, "a finite number above 0"),
     ("gpu_memory", lambda v: v > 0, "a finite number of GiB above 0"),
+    ("dist_timeout", lambda v: v > 0, "a finite number of seconds above 0"),
     ("min_lr weight_decay", lambda v: v >= 0, "a finite number, 0 or more"),
     ("grad_clip", lambda v: v >= 0, "a finite number, 0 or more (0 disables clipping)"),
     ("beta1 beta2", lambda v: 0 <= v < 1, "in [0, 1)"),

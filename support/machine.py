@@ -5,8 +5,10 @@ Where a run runs: its processes (torchrun), its device and dtype, and the chip's
     device = start(tc.device, distributed)       # "cuda:LOCAL_RANK" under torchrun, its process group started
 """
 
+import datetime
 import os
 import platform
+import re
 from contextlib import nullcontext
 
 import torch
@@ -19,6 +21,13 @@ from configurator import UsageError
 PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12, "NVIDIA H100 PCIe": 756e12,
                    "NVIDIA H100 NVL": 835e12, "NVIDIA H200": 989e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
                    "NVIDIA L4": 121e12, "NVIDIA A10": 125e12}
+
+
+class LaunchError(UsageError):
+    """This process could not join its torchrun job: one line, exit 2."""
+
+
+_started = {}  # the process group's settings, for the words of its errors
 
 
 def process_group():
@@ -42,17 +51,88 @@ def process_group():
     return True, rank, size
 
 
-def start(name, distributed):
+def launch_id():
+    """Which torchrun launch this process belongs to, as its checkpoints record it (None outside
+    torchrun): torchrun's run id, random for each --standalone launch, a multi-node job's --rdzv_id;
+    where that is torchrun's default "none", with this machine and its launcher's process."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run is None:
+        return None
+    return run if run != "none" else f"none@{platform.node()}:{os.getppid()}"
+
+
+def restarted(given, out_dir, master):
+    """The flags given, or, for a torchrun restart (--max-restarts: TORCHELASTIC_RESTART_COUNT > 0) of
+    a launch whose checkpoint is in out_dir, the flags that continue it (--init_from=resume): started
+    again, the run would begin at iter 0 over its own checkpoint (--overwrite) or refuse its folder."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if count in ("", "0") or given.get("init_from") == "resume" or launch_id() is None:
+        return given
+    from support import checkpoint  # (the model's modules: loaded only for a restart)
+    if launch_id() not in checkpoint.launches(out_dir):
+        return given  # this launch saved nothing there yet: it starts as it was asked to
+    if master:
+        print(f"torchrun restart {count} of this launch: continuing its run in {out_dir} from its "
+              f"last checkpoint (--init_from=resume)", flush=True)
+    return {**{k: v for k, v in given.items() if k != "overwrite"}, "init_from": "resume"}
+
+
+def start(name, distributed, timeout=1800.0):
     """The device of this process (--device); under torchrun also its process group (NCCL on GPUs, else gloo).
     Each process takes GPU LOCAL_RANK, so that RNG states, bf16 checks and kernels use it, not GPU 0."""
     device = resolve_device(name)
     if distributed and device.startswith("cuda"):
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        local, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if local >= count:
+            raise UsageError(f"this process is torchrun's local rank {local}, but this machine has "
+                             f"{count} GPU(s): start at most {count} process(es) a machine "
+                             f"(--nproc_per_node={count})")
+        device = f"cuda:{local}"
     if device.startswith("cuda:"):
         torch.cuda.set_device(device)
-    if distributed:
-        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    if distributed:  # timeout: how long a collective waits on the others (a frozen peer, then a line)
+        _started["timeout"] = timeout
+        wait = datetime.timedelta(seconds=timeout)
+        try:
+            dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo",
+                                    timeout=wait, **attempt_store(wait))
+        except RuntimeError as e:  # torch's DistStoreError, DistNetworkError: the others never came
+            raise LaunchError(f"could not join the other processes of this torchrun job "
+                              f"({first_line(e)}): one failed before joining (its own output "
+                              f"says why), or did not come within --dist_timeout={timeout:g} s") from None
     return device
+
+
+def attempt_store(wait):
+    """init_process_group's store under torchrun's agent store, keyed by the restart: torchrun keeps one
+    store for every attempt of a launch, so a restarted process could read the address a killed one
+    published (gloo: "Connection refused") before its new peer replaces it. {} outside torchrun."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=wait)
+    return {"store": dist.PrefixStore(f"nanomesh/attempt_{attempt}", agent),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+
+
+def first_line(error):
+    """The first line of a torch.distributed error, without gloo's or c10d's source location."""
+    return re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0] if str(error).strip() else "")[:160]
+
+
+def lost_peer(error):
+    """The one line for a collective that failed: another process stopped (its own output says why),
+    or, past --dist_timeout, one never answered: frozen (stopped, swapping) or its machine unreachable,
+    named where it can be (of two processes, the other)."""
+    first = first_line(error)
+    if not re.search(r"timed out|timeout", first, re.IGNORECASE):
+        return f"another process of this torchrun job stopped ({first}); its own output says why"
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer = f"rank {1 - rank}" if world == 2 else f"one of the other {world - 1} processes"
+    return (f"rank {rank}: no answer from {peer} of this torchrun job within --dist_timeout="
+            f"{_started.get('timeout', 0):g} s ({first}): it is frozen (stopped, or swapping) or its "
+            f"machine cannot be reached; the last checkpoint is whole: continue with --init_from=resume")
 
 
 def launch(world):
@@ -99,6 +179,12 @@ def resolve_device(name):
         raise UsageError(f"unknown --device={name}; expected auto, cpu, cuda, cuda:N or mps")
     if not available[kind]:
         raise UsageError(f"--device={name} is not available on this machine; use --device=auto or --device=cpu")
+    index = name.partition(":")[2]
+    count = torch.cuda.device_count() if kind == "cuda" else 1  # mps and cpu: device 0 alone
+    if ":" in name and not (index.isdigit() and int(index) < count):
+        has = f" (it has {count} GPU(s), cuda:0 to cuda:{count - 1})" if kind == "cuda" else ""
+        raise UsageError(f"--device={name} is not a device of this machine{has}; use --device={kind}"
+                         + (" or one of those" if has else ""))
     return name
 
 

@@ -3,6 +3,7 @@ Continuing a run (train.py --init_from=resume, through run.py's Run): the checkp
 every check it must pass first, and the random state it had.
 
     ckpt = resume.load("out", sharded=False)     # the run's latest checkpoint (checkpoint.latest)
+    tc = resume.settings(ckpt, TrainConfig, given)  # its saved settings, read as flags are, then the flags
     resume.check(ckpt, tc, given)                # any reason it cannot continue: one line, nothing touched
 
 A resume continues bit for bit: the same data (a step's batches depend on the step alone), the same
@@ -10,13 +11,14 @@ random state, the same AdamW moments. Either format resumes in either mode: a sh
 loads whole into one process or DDP, ckpt.pt is cut into shards under FSDP.
 """
 
+import dataclasses
 import os
 
 import torch
 
 from support import checkpoint
 from support.checkpoint import CheckpointError
-from configurator import UsageError
+from configurator import UsageError, value_of
 from mesh import Config, RecursiveGPT
 
 
@@ -45,6 +47,35 @@ def load(out_dir, sharded):
         return shards.load_whole(out_dir, meta)
     return {**meta, "rng": shards.rng_from_json(meta["rng"]), "model": RecursiveGPT(Config.from_dict(meta["model_config"])),
             "path": os.path.join(out_dir, checkpoint.POINTER)}
+
+
+NOT_KEPT = ("out_dir", "fsdp")  # a resume writes where it read; how it spreads the model is the launch's
+
+
+def settings(ckpt, cls, given):
+    """The settings (a cls, train.py's TrainConfig) a resume of ckpt continues with: the checkpoint's
+    saved ones, each read as a config file's value is (configurator.value_of: "4" or 2.5 is no
+    integer), then the flags given over them. Not kept: out_dir, for a resume writes where it read
+    (a run copied elsewhere keeps another folder's name), and fsdp, the launch's own. A saved value
+    that is wrong, or out of range, is named as the checkpoint's, with the flag that replaces it."""
+    fields, path = {f.name: f for f in dataclasses.fields(cls)}, ckpt["path"]
+    saved = {}
+    for key, value in ckpt["train_config"].items():
+        if key in fields and key not in NOT_KEPT and key not in given:
+            try:
+                saved[key] = value_of(fields[key], value, f"{path}'s saved train_config")
+            except UsageError as e:
+                raise CheckpointError(f"{e}; it is damaged or was edited: give --{key}=VALUE to "
+                                      f"replace it") from None
+    try:
+        return cls(**{**saved, **given})
+    except UsageError as e:
+        named = [key for key in saved if f"--{key}=" in str(e)]
+        if not named:
+            raise
+        flags = " ".join(f"--{key}=VALUE" for key in named)
+        raise UsageError(f"{e} ({', '.join(named)}: the checkpoint's saved value, in {path}; "
+                         f"give {flags} to replace it)") from None
 
 
 def check(ckpt, tc, given):
@@ -82,8 +113,8 @@ def finished(ckpt, tc):
     if ckpt["iter_num"] < tc.max_iters:
         return False
     print(f"{ckpt['path']} is at iter {ckpt['iter_num']}, already --max_iters={tc.max_iters}: nothing "
-          f"to do (raise --max_iters to train further, and --lr_decay_iters to stretch the cosine: past "
-          f"it the learning rate stays at min_lr)")
+          f"to do (raise --max_iters to train further: the cosine stretches to it, unless the run was "
+          f"given --lr_decay_iters, past which the learning rate stays at min_lr)")
     return True
 
 

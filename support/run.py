@@ -5,7 +5,7 @@ in words, a finished run left alone, and the line that says how to continue a st
 makes one Run; outdir.py, resume.py and checkpoint.py do the work.
 
     run = Run(given.get("out_dir", "out"), master)
-    run.resume(sharded=False)              # --init_from=resume: its latest checkpoint, run.ckpt
+    given = run.resume(given)              # --init_from=resume: its latest checkpoint, run.ckpt
     if not run.check(tc, given, spread):   # the folder held; a resume's checks, or a fresh run's
         return 0                           # a finished run, left as it is
     run.start(tc)                          # all checked: the run takes OUT_DIR (lock, log)
@@ -30,19 +30,35 @@ class Run:
         self.spread = None      # how the model is spread: what it saves, and how
         self.saved_iter = None  # the iteration of the last good checkpoint, None before one
 
-    def resume(self, sharded):
-        """Load the run's latest checkpoint, to continue from it (checkpoint.latest's rule); the
-        folder is owned first, since a live run may be saving into it."""
+    def resume(self, given):
+        """For --init_from=resume, load the run's latest checkpoint, to continue from it
+        (checkpoint.latest's rule); the folder is owned first, since a live run may be saving into
+        it. A torchrun restart of the launch that saved it resumes too (machine.restarted). Returns
+        the flags given, with --init_from=resume for such a restart."""
+        given = machine.restarted(given, self.out_dir, self.master)
+        if given.get("init_from") != "resume":
+            return given
         from support import resume  # continuing a run: its checkpoint, its checks, its RNG state
         if self.master and os.path.isdir(self.out_dir):
             runfiles.own(self.out_dir)
-        self.ckpt = resume.load(self.out_dir, sharded)
+        self.ckpt = resume.load(self.out_dir, sharded=bool(given.get("fsdp")))
+        return given
 
-    def settings(self, fields):
-        """The settings the resumed run was trained with, of the names in fields, but for how the
-        model is spread (--fsdp), which is each launch's own; {} for a fresh run."""
-        saved = (self.ckpt or {}).get("train_config", {})
-        return {k: v for k, v in saved.items() if k in fields and k != "fsdp"}
+    def settings(self, cls, given):
+        """The run's settings, a cls (TrainConfig): a resumed run's saved ones, read as flags are,
+        but for its folder (it writes where it read) and --fsdp (resume.settings), then the flags
+        given over them."""
+        if not self.ckpt:
+            return cls(**given)
+        from support import resume
+        return resume.settings(self.ckpt, cls, given)
+
+    @staticmethod
+    def as_given(tc):
+        """The settings a checkpoint keeps as given, not as resolved or derived here (auto, None),
+        so that a resume, on its machine and with its flags, resolves and derives them again."""
+        derived = ("dtype", "compile", "lr", "min_lr", "warmup_iters", "lr_decay_iters")
+        return {k: getattr(tc, k) for k in derived}
 
     @property
     def model_config(self):

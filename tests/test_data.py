@@ -261,18 +261,20 @@ def test_damaged_dataset_names_the_file_and_the_fix(tmp_path):
 
 
 def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch):
-    prepare("tiny", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path / "data"), log=quiet)
-    assert checkpoint_dataset({"data_root": str(tmp_path / "data"), "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
-    monkeypatch.chdir(tmp_path)  # a relative data_root, from the folder the run was trained in
-    assert checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == os.path.join("data", "tiny")
+    import data
+    prepare("tiny", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path / "mine"), log=quiet)
+    assert checkpoint_dataset({"data_root": str(tmp_path / "mine"), "dataset": "tiny"}) == str(tmp_path / "mine" / "tiny")
+    monkeypatch.chdir(tmp_path)  # an older checkpoint's relative data_root, from the folder the run was trained in
+    assert checkpoint_dataset({"data_root": "mine", "dataset": "tiny"}) == str(tmp_path / "mine" / "tiny")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)  # ... and from elsewhere: then data/ beside data/prepare.py
-    monkeypatch.setattr(loader, "DEFAULT_ROOT", str(tmp_path / "data"))
-    assert checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "data" / "tiny")
-    with pytest.raises(DataError, match=r"dataset 'nope' is not in its --data_root=data \(no data/nope/meta.json\): "
-                                           r"give the folder it moved to with --data_root, or prepare it with: "
-                                           r"python data/prepare.py --dataset nope"):
+    monkeypatch.chdir(elsewhere)  # ... and from elsewhere, `data` (the default) is data/ beside data/prepare.py
+    monkeypatch.setattr(data, "PROJECT_DATA", str(tmp_path / "mine"))
+    assert checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "mine" / "tiny")
+    assert checkpoint_dataset({"data_root": "gone", "dataset": "tiny"}, root=str(tmp_path / "mine")).endswith("tiny")
+    with pytest.raises(DataError, match=rf"dataset 'nope' is not in its --data_root={tmp_path}/mine \(no "
+                                        rf"{tmp_path}/mine/nope/meta.json\): give the folder it moved to with "
+                                        r"--data_root, or prepare it with: python data/prepare.py --dataset nope"):
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
 

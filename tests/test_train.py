@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,8 +80,9 @@ def test_checkpoint_layout_is_plain_data_and_tensors(data_root, tmp_path):
     iteration, best val loss and the data record as plain data, model, optimizer and RNG states as tensors."""
     assert run(["--max_iters=1", "--eval_interval=1"], data_root, tmp_path / "o") == 0
     ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert sorted(ckpt) == ["best_val_loss", "data", "iter_num", "model", "model_config", "optimizer", "rng",
-                            "saved_at", "train_config"]  # saved_at: when (which of two formats is the later)
+    assert sorted(ckpt) == ["best_val_loss", "data", "iter_num", "launch", "model", "model_config", "optimizer",
+                            "rng", "saved_at", "train_config"]  # saved_at: when (which of two formats is the later)
+    assert ckpt["launch"] is None  # launch: the torchrun launch that saved it (machine.launch_id), None outside
     assert json.loads(json.dumps([ckpt[k] for k in ("model_config", "train_config", "data", "iter_num")]))
     assert sorted(ckpt["rng"]) == ["torch"] and ckpt["train_config"]["dtype"] == "auto"  # saved as given
 
@@ -180,34 +182,41 @@ def test_evaluate_uses_the_same_batches_of_each_split(data_root, monkeypatch):
 
 
 def test_resume_resolves_lr_dtype_and_compile_afresh(data_root, tmp_path):
-    """The checkpoint keeps --dtype, --compile, --lr and --min_lr as given (auto / None: resolved again
-    on the machine that resumes), so a resume with a lower --lr also gets 10% of it as min_lr."""
+    """The checkpoint keeps --dtype, --compile, --lr, --min_lr and the schedule's lengths as given
+    (auto / None: resolved again on the machine that resumes, for its flags), so a resume with a
+    lower --lr also gets 10% of it as min_lr, and one given --lr_decay_iters keeps it."""
     out = tmp_path / "run"
     assert run(["--max_iters=2", "--eval_interval=2", "--lr=1e-2"], data_root, out) == 0
     saved = torch.load(out / "ckpt.pt", weights_only=True)["train_config"]
     assert (saved["dtype"], saved["compile"], saved["lr"], saved["min_lr"]) == ("auto", None, 1e-2, None)
-    assert saved["lr_decay_iters"] == 2  # the schedule's length stays the run's
-    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--lr=1e-3"]) == 0
+    assert (saved["lr_decay_iters"], saved["warmup_iters"]) == (None, None)
+    args = ["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--lr=1e-3", "--lr_decay_iters=2"]
+    assert train.main(args) == 0
     with open(out / "log.jsonl") as f:
         lrs = [r["lr"] for r in map(json.loads, f) if "lr" in r]
     assert lrs[2:] == [1e-4, 1e-4]  # past lr_decay_iters: min_lr, 10% of the new --lr
 
 
 def test_resume_never_prepares_or_swaps_its_dataset(data_root, tmp_path, capsys, monkeypatch):
-    """A run trained on data_root 'data' (relative), resumed from a folder without it, says where the
-    dataset is missing; nothing is downloaded, no other dataset stands in, nothing is created."""
-    monkeypatch.chdir(data_root + "/..")
-    rel = os.path.basename(data_root)
+    """A run trained on a relative data_root records it absolutely; resumed from another folder after the
+    data moved, it says where the dataset is missing and names --data_root; nothing is downloaded, no other
+    dataset stands in, nothing is created. Given --data_root, where the data is now, it continues."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    shutil.copytree(data_root, tmp_path / "a" / "mine")
+    monkeypatch.chdir(tmp_path / "a")
     out = tmp_path / "run"
-    assert train.main([*TINY, f"--data_root={rel}", f"--out_dir={out}", "--max_iters=2", "--eval_interval=2"]) == 0
-    monkeypatch.chdir(tmp_path)
+    assert train.main([*TINY, "--data_root=mine", f"--out_dir={out}", "--max_iters=2", "--eval_interval=2"]) == 0
+    os.rename(tmp_path / "a" / "mine", tmp_path / "moved")
+    monkeypatch.chdir(tmp_path / "b")
     before = snapshot(tmp_path)
     capsys.readouterr()
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     err = capsys.readouterr().err
-    assert (f"the checkpoint's dataset 'tiny' is not in its --data_root={rel} (no {rel}/tiny/meta.json): give "
+    mine = tmp_path / "a" / "mine"
+    assert (f"the checkpoint's dataset 'tiny' is not in its --data_root={mine} (no {mine}/tiny/meta.json): give "
             f"the folder it moved to with --data_root") in err
-    assert snapshot(tmp_path) == before and not os.path.exists(tmp_path / rel)
+    assert snapshot(tmp_path) == before and os.listdir(tmp_path / "b") == []
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--data_root=../moved"]) == 0
 
 
 @pytest.mark.slow

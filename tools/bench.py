@@ -105,7 +105,7 @@ class BenchConfig:
     decode: bool = setting(True, "also time decoding, with and without the KV cache")
     profile: bool = setting(
         False, "also profile train steps (CPU): time share of matmuls and attention")
-    json: str | None = setting(None, "append JSON lines to this file")
+    json: str | None = setting(None, "append JSON lines to this file", path=True)
     seed: int = setting(1337, "the initial weights and the random batch")
 
 

@@ -46,7 +46,7 @@ def consolidate(out_dir):
 @dataclass
 class ConsolidateConfig:
     """Write OUT_DIR/ckpt.pt from OUT_DIR's sharded checkpoint (train.py --fsdp=true)."""
-    out_dir: str | None = setting(None, "the run's folder, holding ckpt-sharded.json")
+    out_dir: str | None = setting(None, "the run's folder, holding ckpt-sharded.json", path=True)
 
 
 def main(argv):

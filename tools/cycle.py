@@ -27,10 +27,10 @@ DIRECT = ("mesh_direct", "mesh_direct_base_init")        # the variants compared
 @dataclass
 class CycleConfig:
     """The transitional cycle's table: routed against direct, by K."""
-    sweep: str = setting("results/depth_sweep/table1.json", "the depth sweep's table1.json")
-    choices: str = setting("results/choices/table1.json", "the K = 4 choices' table1.json")
-    root: str = setting("runs/cycle", "folders of the cycle=direct runs (each with result.json)")
-    results: str = setting("results/cycle", "cycle.md and cycle.json go here")
+    sweep: str = setting("results/depth_sweep/table1.json", "the depth sweep's table1.json", path=True)
+    choices: str = setting("results/choices/table1.json", "the K = 4 choices' table1.json", path=True)
+    root: str = setting("runs/cycle", "folders of the cycle=direct runs (each with result.json)", path=True)
+    results: str = setting("results/cycle", "cycle.md and cycle.json go here", path=True)
 
 
 RUN_FIELDS = {"variant": ((str,), "a name"), "layout": ((str,), "a layout"), "seed": ((int,), "an integer"),

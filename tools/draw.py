@@ -133,7 +133,7 @@ class DrawConfig:
     n_slots: int | None = setting(None, "mesh buffer slots; None means K+3")
     cycle: str | None = setting(None, "mesh transitional cycle: routed (default) or direct")
     n_embd: int | None = setting(None, "width D; None: the preset's")
-    png: str | None = setting(None, "draw it into this PNG file (needs matplotlib)")
+    png: str | None = setting(None, "draw it into this PNG file (needs matplotlib)", path=True)
 
 
 def main(argv=None):

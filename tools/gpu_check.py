@@ -486,7 +486,7 @@ def tail(out, name):
 class CheckConfig:
     """The one GPU check: bench.py at Pythia widths, the CUDA tier and a profile, each under a
     deadline, reported as it goes."""
-    out: str = setting("gpu-check", "folder for every file the check writes")
+    out: str = setting("gpu-check", "folder for every file the check writes", path=True)
     budget: float | None = setting(None, "seconds for the whole check (None: 540; with --tiny 100)")
     tiny: bool = setting(False, "tiny shapes, uncompiled, on whatever device there is")
     only: str | None = setting(None, "comma-separated parts to run (listed below)")

@@ -115,11 +115,11 @@ def spectrum(X, k=TOP_K):
 # -----------------------------------------------------------------------------
 # Data: the checkpoint's own validation split
 
-def validation_windows(ckpt, length, n, seed):
+def validation_windows(ckpt, length, n, seed, data_root=None):
     """n windows of `length` tokens of the validation split of the dataset the checkpoint trained on (refused
     by name when it has changed since), at positions from a generator seeded by seed -> int64 tensor (n, length):
     the same for every checkpoint of that dataset."""
-    val = load_split(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")), "val")
+    val = load_split(checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), data_root), "val")
     return torch.from_numpy(random_windows(val, length, n, seed))
 
 
@@ -183,7 +183,7 @@ def json_ready(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device):
+def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None):
     model, ckpt = sampling.load(out_dir, device, "probe.py")  # the run's latest checkpoint
     cfg = model.config
     states = cfg.n_steps + 3  # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
@@ -191,7 +191,7 @@ def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device):
     if total and need > total / 2:
         raise UsageError(f"--num_samples={num_samples}: its windows and measures need about {need / 2**30:,.1f} "
                          f"GiB, more than half of this machine's {total / 2**30:,.1f} GiB; use fewer")
-    idx = validation_windows(ckpt, cfg.block_size, num_samples, seed).to(device)
+    idx = validation_windows(ckpt, cfg.block_size, num_samples, seed, data_root).to(device)
     result = {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"], "layout": cfg.layout,
               "scheme": cfg.scheme, "num_samples": num_samples, "seq_len": cfg.block_size, "seed": seed}
     result.update(probe(model, idx, sigma_frac))
@@ -309,13 +309,15 @@ def write_pngs(results, folder):
 @dataclass
 class ProbeConfig:
     """MeSH diagnostics (the paper's Fig. 3-5) for trained checkpoints."""
-    out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)")
+    out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)", path=True)
     num_samples: int = setting(64, "validation sequences per checkpoint")
     seed: int = setting(0, "seed of the sequence positions")
     sigma_frac: float = setting(SIGMA_FRAC, "RBF bandwidth / the median distance")
     device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
-    json: str | None = setting(None, "write the numbers here")
-    png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)")
+    data_root: str | None = setting(None, "where the checkpoints' dataset is now; None: where each trained",
+                                    path=True)
+    json: str | None = setting(None, "write the numbers here", path=True)
+    png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)", path=True)
 
 
 def main(argv=None):
@@ -341,7 +343,7 @@ def command(argv):
         raise UsageError(f"--png={a.png} is a file; give a folder for the figures")
     results = []
     for out_dir in a.out_dir:
-        results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device))
+        results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device, a.data_root))
         print(report(results[-1]))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

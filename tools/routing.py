@@ -78,9 +78,9 @@ def line_window(val, tokenizer, length, seed, scan=SCAN):
     return torch.from_numpy(np.asarray(val[start:start + length], dtype=np.int64))[None]
 
 
-def sentence(ckpt, model, text, tokens, seed):
+def sentence(ckpt, model, text, tokens, seed, data_root=None):
     """The token ids (1, T) to show: text encoded with the checkpoint's tokenizer, or a validation window."""
-    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
+    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), data_root)
     tokenizer = Tokenizer.load(folder)
     T = model.config.block_size
     if text is None:
@@ -91,9 +91,9 @@ def sentence(ckpt, model, text, tokens, seed):
     return torch.tensor([ids]), tokenizer
 
 
-def routing_checkpoint(out_dir, text, tokens, seed, device):
+def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None):
     model, ckpt = sampling.load(out_dir, device, "routing.py")  # the run's latest, as a resume's
-    idx, tokenizer = sentence(ckpt, model, text, tokens, seed)
+    idx, tokenizer = sentence(ckpt, model, text, tokens, seed, data_root)
     cfg = model.config
     return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "dataset": ckpt["train_config"]["dataset"],
             "n_slots": cfg.slots if cfg.scheme == "mesh" else None, "ids": idx[0].tolist(),
@@ -186,8 +186,10 @@ class RoutingConfig:
     tokens: int = setting(32, "the window's length without --text (at most block_size)")
     seed: int = setting(0, "where the validation window starts (as probe.py's --seed)")
     device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
-    json: str | None = setting(None, "write the numbers here")
-    png: str | None = setting(None, "write the figure here (needs matplotlib)")
+    data_root: str | None = setting(None, "where the checkpoints' dataset is now; None: where each trained",
+                                    path=True)
+    json: str | None = setting(None, "write the numbers here", path=True)
+    png: str | None = setting(None, "write the figure here (needs matplotlib)", path=True)
 
 
 def main(argv=None):
@@ -211,7 +213,7 @@ def command(argv):
     device = resolve_device(a.device)
     results = []
     for out_dir in a.out_dir:
-        results.append(routing_checkpoint(out_dir, a.text, a.tokens, a.seed, device))
+        results.append(routing_checkpoint(out_dir, a.text, a.tokens, a.seed, device, a.data_root))
         print(report(results[-1]))
     for path in filter(None, (a.json, a.png)):  # their folders, once the model has run
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

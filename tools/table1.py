@@ -454,10 +454,10 @@ class Table1Config:
     only: str = setting(",".join([*VARIANTS, "ablation"]),
                         f"a comma-separated subset of the names below (default: all but "
                         f"{', '.join(CHOICES)})")
-    root: str = setting("runs/table1", "one folder per run in here")
-    results: str = setting("runs/table1", "table1.json, table1.md and the figures go here")
+    root: str = setting("runs/table1", "one folder per run in here", path=True)
+    results: str = setting("runs/table1", "table1.json, table1.md and the figures go here", path=True)
     device: str = setting("cpu", "train.py's --device for every run (mps or cuda: with --jobs=1)")
-    data_root: str = setting("data", "train.py's --data_root: where the dataset is, or is made")
+    data_root: str = setting("data", "train.py's --data_root: where the dataset is, or is made", path=True)
     jobs: int = setting(1, "runs at once, each with cores/jobs threads")
     dry_run: bool = setting(False, "print the train.py commands and stop")
     lesson: bool = setting(False, "one class period (LESSON.md): " + ", ".join(f"--{k}={v}" for k, v in LESSON.items()))

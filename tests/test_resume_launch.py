@@ -1,0 +1,372 @@
+"""
+Resuming and launching from anywhere: a resume writes only where it read and logs one curve, its
+saved settings are read as flags are, torchrun restarts continue the run they restart, a frozen peer
+is named, and runs, data and paths resolve the same way from any working folder.
+
+    python -m pytest tests/test_resume_launch.py -q --all
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from conftest import ROOT, TINY, poison_micro_batch, run, snapshot
+
+pytestmark = pytest.mark.slow  # real training runs and processes: python -m pytest --all
+
+
+@pytest.fixture(scope="module")
+def finished(data_root, tmp_path_factory):  # noqa: F811
+    """A finished tiny run (iter 2, checkpoints at 0 and 2); tests copy it before changing anything."""
+    out = tmp_path_factory.mktemp("runs") / "finished"
+    assert run(["--max_iters=2", "--eval_interval=2"], data_root, out) == 0
+    return out
+
+
+def one_line(capsys, prog="train.py"):
+    err = capsys.readouterr().err
+    assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def script(name, *flags, cwd, env=None):
+    """python ROOT/name flags, run in the folder cwd: (exit code, stdout, stderr)."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, name), *flags], cwd=cwd, text=True,
+                       capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                       timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def records(out, key):
+    with open(os.path.join(out, "log.jsonl")) as f:
+        return [r["iter"] for r in map(json.loads, f) if key in r]
+
+
+def iter_of(out, name="ckpt.pt"):
+    return torch.load(os.path.join(out, name), weights_only=True)["iter_num"]
+
+
+def resave(path, change):
+    ckpt = torch.load(path, weights_only=True)
+    change(ckpt)
+    torch.save(ckpt, path)
+
+
+# -----------------------------------------------------------------------------
+# A resume writes where it read, and its log stays one curve
+
+def test_a_resume_writes_where_it_read_not_where_the_run_was_saved(finished, tmp_path):
+    """A copied run (its checkpoint names the folder it came from) resumed with the default --out_dir
+    continues in out/, where it read, and leaves the folder it was copied from as it was."""
+    before = snapshot(finished)
+    work = tmp_path / "work"
+    shutil.copytree(finished, work / "out")
+    code, out, err = script("train.py", "--init_from=resume", "--max_iters=4", cwd=work)
+    assert code == 0, err
+    assert iter_of(work / "out") == 4 and records(work / "out", "val_loss") == [0, 2, 4]
+    assert snapshot(finished) == before
+    assert torch.load(work / "out" / "ckpt.pt", weights_only=True)["train_config"]["out_dir"] == "out"
+
+
+def test_a_run_killed_before_its_second_checkpoint_logs_one_curve(data_root, tmp_path, monkeypatch):
+    """Killed at iter 2 with one checkpoint, iter 0's, and resumed: iter 0 is evaluated (and logged)
+    once, not again."""
+    out = tmp_path / "run"
+    poison_micro_batch(monkeypatch, 3)  # iter 2's
+    assert run(["--max_iters=10", "--eval_interval=4"], data_root, out) == 1
+    monkeypatch.undo()
+    assert iter_of(out) == 0
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 0
+    assert records(out, "val_loss") == [0, 4]
+    assert records(out, "loss") == [1, 2, 3, 4]
+
+
+# -----------------------------------------------------------------------------
+# Saved settings are read as flags are, and named as the checkpoint's
+
+SAVED_SETTINGS = [  # (setting, its saved value, words of the one-line error)
+    ("batch_size", "4", "saved train_config: batch_size is \"4\" (a string), not an integer"),
+    ("batch_size", 2.5, "saved train_config: batch_size is 2.5 (a number), not an integer"),
+    ("lr", "x", "saved train_config: lr is \"x\" (a string), not a number or null"),
+    ("data_order", 5, "saved train_config: data_order is 5 (a number), not text"),
+    ("compile", "yes", "saved train_config: compile is \"yes\" (a string), not true or false or null"),
+]
+
+
+@pytest.mark.parametrize("key, value, message", SAVED_SETTINGS, ids=[f"{k}={v!r}" for k, v, _ in SAVED_SETTINGS])
+def test_saved_settings_are_read_as_flags_are(key, value, message, finished, tmp_path, capsys):
+    out = shutil.copytree(finished, tmp_path / "run")
+    resave(out / "ckpt.pt", lambda c: c["train_config"].update({key: value}))
+    before = snapshot(out)
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
+    err = one_line(capsys)
+    assert f"{out / 'ckpt.pt'}'s {message}; it is damaged or was edited: give --{key}=VALUE to replace it" in err
+    assert snapshot(out) == before
+    fixed = {"batch_size": "4", "lr": "1e-3", "data_order": "random", "compile": "false"}[key]
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", f"--{key}={fixed}"]) == 0
+    assert iter_of(out) == 4
+
+
+def test_derived_settings_are_derived_again_on_resume(data_root, tmp_path, capsys):
+    """A run of --max_iters=0 saves lr_decay_iters and warmup_iters as given (None), so that a resume
+    to 4 derives them from its own --max_iters; a saved value out of range is named as the checkpoint's."""
+    out = tmp_path / "run"
+    assert run(["--max_iters=0"], data_root, out) == 0
+    saved = torch.load(out / "ckpt.pt", weights_only=True)["train_config"]
+    assert (saved["lr_decay_iters"], saved["warmup_iters"], saved["lr"], saved["min_lr"]) == (None,) * 4
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 0
+    assert iter_of(out) == 4
+    resave(out / "ckpt.pt", lambda c: c["train_config"].update(lr_decay_iters=0))
+    capsys.readouterr()
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=10"]) == 2
+    err = one_line(capsys)
+    assert err == (f"train.py: error: --lr_decay_iters=0 must be at least 1 (lr_decay_iters: the checkpoint's "
+                   f"saved value, in {out / 'ckpt.pt'}; give --lr_decay_iters=VALUE to replace it)\n")
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6", "--lr_decay_iters=6"]) == 0
+
+
+# -----------------------------------------------------------------------------
+# A device this machine does not have is one line
+
+DEVICES = [  # (--device, GPUs the machine shows, words of the one-line error)
+    ("cuda:7", 2, "--device=cuda:7 is not a device of this machine (it has 2 GPU(s), cuda:0 to cuda:1); "
+     "use --device=cuda or one of those"),
+    ("cuda:x", 1, "--device=cuda:x is not a device of this machine (it has 1 GPU(s), cuda:0 to cuda:0)"),
+    ("cuda", 0, "--device=cuda is not available on this machine; use --device=auto or --device=cpu"),
+    ("cpu:1", 0, "--device=cpu:1 is not a device of this machine; use --device=cpu\n"),
+]
+
+
+@pytest.mark.parametrize("device, gpus, message", DEVICES, ids=[d[0] for d in DEVICES])
+@pytest.mark.parametrize("prog", ["train.py", "sample.py"])
+def test_a_device_the_machine_lacks_is_one_line(device, gpus, message, prog, finished, data_root, tmp_path,
+                                                  capsys, monkeypatch):
+    import sample
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    before = snapshot(finished)
+    if prog == "train.py":
+        assert run([f"--device={device}"], data_root, tmp_path / "out") == 2
+    else:
+        assert sample.main([f"--out_dir={finished}", f"--device={device}"]) == 2
+    assert message in one_line(capsys, prog)
+    assert snapshot(finished) == before and not (tmp_path / "out").exists()
+
+
+def test_more_torchrun_processes_than_gpus_is_one_line(monkeypatch):
+    from configurator import UsageError
+    from support import machine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    with pytest.raises(UsageError, match=r"^this process is torchrun's local rank 3, but this machine has 2 GPU\(s\): "
+                                         r"start at most 2 process\(es\) a machine \(--nproc_per_node=2\)$"):
+        machine.start("cuda", distributed=True)
+
+
+# -----------------------------------------------------------------------------
+# A ~ the shell left in a path setting means the home folder
+
+def test_a_tilde_in_a_path_setting_is_the_home_folder(data_root, tmp_path):
+    """--out_dir=~/runs/x (quoted, or after = where the shell leaves ~) writes into $HOME/runs/x, and no
+    folder named ~ appears; a config file's path setting too; text such as sample.py's --start stays as given."""
+    import configurator
+    import sample
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    config = work / "c.json"
+    config.write_text(json.dumps({"data_root": "~/data"}))
+    shutil.copytree(data_root, home / "data")
+    code, out, err = script("train.py", *TINY, str(config), "--out_dir=~/runs/x", "--max_iters=2", cwd=work,
+                            env={"HOME": str(home)})
+    assert code == 0, err
+    assert iter_of(home / "runs" / "x") == 2 and os.listdir(work) == ["c.json"]
+    saved = torch.load(home / "runs" / "x" / "ckpt.pt", weights_only=True)["train_config"]
+    assert saved["data_root"] == str(home / "data")
+    given = configurator.parse_flags(sample.SampleConfig, ["--start=~/x", "--out_dir=~"], "sample.py")
+    assert given == {"start": "~/x", "out_dir": os.path.expanduser("~")}
+
+
+# -----------------------------------------------------------------------------
+# Runs and data are found from any folder: one rule for the data root, recorded absolutely
+
+def test_a_run_and_its_data_are_found_from_any_folder(data_root, tmp_path):
+    """Trained in folder a on a relative --data_root, the checkpoint records the root absolutely: sample.py and
+    probe.py run from folder b find its data. Moved, the data is named with --data_root, which both then take."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    shutil.copytree(data_root, a / "mine")
+    code, _, err = script("train.py", *TINY, "--data_root=mine", "--out_dir=run", "--max_iters=2", cwd=a)
+    assert code == 0, err
+    run_dir = str(a / "run")
+    assert torch.load(a / "run" / "ckpt.pt", weights_only=True)["train_config"]["data_root"] == str(a / "mine")
+    sampled = ["sample.py", f"--out_dir={run_dir}", "--max_new_tokens=4"]
+    probed = ["tools/probe.py", f"--out_dir={run_dir}", "--num_samples=2"]
+    for cmd in (sampled, probed):
+        code, out, err = script(*cmd, cwd=b)
+        assert code == 0 and out, err
+    os.rename(a / "mine", tmp_path / "moved")
+    before = snapshot(tmp_path)
+    for cmd in (sampled, probed):
+        code, out, err = script(*cmd, cwd=b)
+        assert code == 2 and err.count("\n") == 1, err
+        assert (f"the checkpoint's dataset 'tiny' is not in its --data_root={a / 'mine'} (no {a / 'mine'}/tiny/"
+                f"meta.json): give the folder it moved to with --data_root") in err
+        code, out, err = script(*cmd, "--data_root=../moved", cwd=b)
+        assert code == 0 and out, err
+    assert snapshot(tmp_path) == before
+
+
+def test_the_default_data_root_is_the_projects_from_any_folder(tmp_path):
+    """A copy of the project run from another folder: train.py makes its dataset in the project's data/ (as
+    prepare.py does, and prepare.py's --out_root=data too), never a data/ in the working folder; sample.py,
+    run from a third folder, finds it."""
+    clone, work, other = tmp_path / "clone", tmp_path / "work", tmp_path / "other"
+    shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(".git", "tests", "results", "dev", "runs",
+                                                               "__pycache__", "gpu-check"))
+    for leftover in (clone / "data").iterdir():
+        if leftover.is_dir() or leftover.name.endswith(".offline"):
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    work.mkdir(), other.mkdir()
+    train_py = str(clone / "train.py")
+    p = subprocess.run([sys.executable, train_py, *TINY, "--dataset=pydoc", "--out_dir=run", "--max_iters=1"],
+                       cwd=work, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr
+    assert (clone / "data" / "pydoc" / "meta.json").is_file() and sorted(os.listdir(work)) == ["run"]
+    (other / "t.txt").write_text("some text to tokenize, " * 200)
+    p = subprocess.run([sys.executable, str(clone / "data" / "prepare.py"), "--dataset=mine", "--input=t.txt",
+                        "--out_root=data"], cwd=other, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert (clone / "data" / "mine" / "meta.json").is_file() and os.listdir(other) == ["t.txt"]
+    p = subprocess.run([sys.executable, str(clone / "sample.py"), f"--out_dir={work / 'run'}", "--max_new_tokens=4"],
+                       cwd=other, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout, p.stderr
+
+
+# -----------------------------------------------------------------------------
+# torchrun: a restart continues its launch's run; a frozen peer and a failed join are one line
+
+def torchrun(*args):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+
+
+def worker(launcher, local_rank):
+    """The pid of the launcher's worker of LOCAL_RANK local_rank."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == launcher and f"LOCAL_RANK={local_rank}".encode() in env:
+            return int(pid)
+    raise AssertionError(f"no worker of local rank {local_rank} under {launcher}")
+
+
+def lines_until(p, prefix, seen):
+    for line in p.stdout:
+        seen.append(line)
+        if line.startswith(prefix):
+            return
+    raise AssertionError("".join(seen))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_a_torchrun_restart_continues_the_run(overwrite, finished, data_root, tmp_path):
+    """torchrun --max-restarts=1: a worker killed at iter 55 (checkpoint at 50), the restart continues from
+    iter 50, not 0 (with --overwrite its first checkpoint would replace the run), nor refuses the folder
+    (without): the run ends at 120 with one curve in its log."""
+    out = tmp_path / "run"
+    if overwrite:  # an older run there, which this launch replaces as asked
+        shutil.copytree(finished, out)
+    cmd = torchrun("--max-restarts=1", os.path.join(ROOT, "train.py"), *TINY, f"--data_root={data_root}",
+                   f"--out_dir={out}", "--grad_accum=2", "--max_iters=120", "--eval_interval=50",
+                   f"--overwrite={str(overwrite).lower()}")
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    seen = []
+    try:
+        lines_until(p, "iter 55:", seen)
+        os.kill(worker(p.pid, 1), signal.SIGKILL)
+        rest, _ = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    text = "".join(seen) + rest
+    assert p.returncode == 0, text[-3000:]
+    assert f"torchrun restart 1 of this launch: continuing its run in {out} from its last checkpoint" in text
+    assert iter_of(out) == 120
+    assert records(out, "loss") == list(range(1, 121))
+    assert records(out, "val_loss") == [0, 50, 100, 120]
+
+
+def test_a_torchrun_restart_of_another_launch_starts_as_asked(finished, data_root, tmp_path, monkeypatch):
+    """A restart (TORCHELASTIC_RESTART_COUNT=1) finding another launch's checkpoint is no continuation: without
+    --overwrite the folder is refused as for any scratch run."""
+    from support import machine
+    out = shutil.copytree(finished, tmp_path / "run")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another-launch")
+    assert machine.restarted({"max_iters": 4}, str(out), True) == {"max_iters": 4}
+    resave(out / "ckpt.pt", lambda c: c.update(launch="another-launch"))
+    assert machine.restarted({"max_iters": 4, "overwrite": True}, str(out), True) == {
+        "max_iters": 4, "init_from": "resume"}
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert machine.restarted({"max_iters": 4}, str(out), True) == {"max_iters": 4}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")
+def test_a_frozen_peer_is_named_after_dist_timeout(data_root, tmp_path):
+    """Two gloo processes under torchrun, rank 1 frozen by SIGSTOP: rank 0 stops after --dist_timeout=5 with one
+    line naming rank 1 and the problem, its checkpoint whole."""
+    out = tmp_path / "run"
+    cmd = torchrun(os.path.join(ROOT, "train.py"), *TINY, f"--data_root={data_root}", f"--out_dir={out}",
+                   "--grad_accum=2", "--max_iters=100000", "--eval_interval=100000", "--dist_timeout=5")
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    seen, frozen = [], None
+    try:
+        lines_until(p, "iter 3:", seen)
+        frozen = worker(p.pid, 1)
+        os.kill(frozen, signal.SIGSTOP)
+        lines_until(p, "train.py: error: ", seen)
+    finally:
+        if frozen:
+            os.kill(frozen, signal.SIGKILL)
+        p.communicate(timeout=120)
+    assert seen[-1] == ("train.py: error: rank 0: no answer from rank 1 of this torchrun job within --dist_timeout=5 s "
+                        "(Timed out waiting 5000ms for recv operation to complete): it is frozen (stopped, or "
+                        "swapping) or its machine cannot be reached; the last checkpoint is whole: continue with "
+                        "--init_from=resume\n")
+    assert p.returncode != 0 and iter_of(out) == 0
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_process_that_cannot_join_its_job_is_one_line(rank, data_root, tmp_path):
+    """A torchrun process whose peers never come (one failed before joining, or an elastic restart's rank that
+    fails in init_process_group): rank 0 waiting for them, rank 1 unable to reach rank 0; one line each."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    code, out, err = script("train.py", *TINY, f"--data_root={data_root}", "--out_dir=run", "--grad_accum=2",
+                            "--dist_timeout=3", cwd=tmp_path, env=env)
+    # (torch's C++ side may log its own retries first: no Python traceback, and this line last)
+    assert code == 2 and "Traceback" not in err and not os.path.exists(tmp_path / "run"), err
+    last = err.splitlines()[-1]
+    assert err.count("train.py: error: ") == 1 and last.startswith(
+        "train.py: error: could not join the other processes of this torchrun job ("), err
+    assert last.endswith("): one failed before joining (its own output says why), or did not come within "
+                         "--dist_timeout=3 s")
