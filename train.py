@@ -95,11 +95,6 @@ class TrainConfig:
         model_config(self, vocab_size=None)  # the model settings, by mesh.Config's own checks
 
 
-def ceil_div(a, b):
-    """a / b rounded up, for integers."""
-    return -(-a // b)
-
-
 def model_config(tc, vocab_size):
     """The model's Config: the preset's, with every model setting that was given."""
     shape = {k: getattr(tc, k) for k in Config.__dataclass_fields__ if hasattr(tc, k)}
@@ -139,7 +134,7 @@ def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
     n, T = tc.eval_iters, model.config.block_size
     out = {}
     for code, (split, data) in enumerate(splits.items(), start=1):
-        keys = range(rank, ceil_div(n, world) * world, world)
+        keys = range(rank, math.ceil(n / world) * world, world)  # whole rounds of world batches
         batches = (get_batch(data, tc, T, (code, 0, k % n), device) for k in keys)
         losses = [loss for k, loss in zip(keys, model.evaluate(batches, autocast)) if k < n]
         total = torch.tensor([sum(losses), len(losses)], device=device, dtype=torch.float64)
