@@ -8,6 +8,7 @@ processes (torchrun, kill -9 children) share the CI machine's 2 cores.
 import hashlib
 import json
 import os
+import shutil
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the subprocesses the tests start
 
@@ -48,6 +49,27 @@ def losses(out_dir, key="loss"):
     evaluations."""
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         return [(r["iter"], r[key]) for r in map(json.loads, f) if key in r]
+
+
+def copy_with_a_bug(tmp_path):
+    """A copy of the project's code (its top-level files, support/, data/ and tools/) whose mesh.py
+    holds a student's bug: the loss's targets cut short, which PyTorch refuses with a ValueError.
+    Returns (the copy's folder, the planted line's number); run it without PYTHONPATH, so that its
+    own modules are the ones imported."""
+    copy = tmp_path / "nanoMeSH"
+    copy.mkdir()
+    for name in os.listdir(ROOT):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(ROOT, name), copy / name)
+    for folder in ("support", "data", "tools"):
+        shutil.copytree(os.path.join(ROOT, folder), copy / folder,
+                        ignore=lambda d, names: [n for n in names if not n.endswith(".py")])
+    source = (copy / "mesh.py").read_text()
+    right = "targets.reshape(-1), ignore_index=-1)"
+    assert source.count(right) == 1
+    source = source.replace(right, "targets[:, 1:].reshape(-1), ignore_index=-1)")
+    (copy / "mesh.py").write_text(source)
+    return copy, 1 + source[:source.index("targets[:, 1:]")].count("\n")
 
 
 def snapshot(*folders):

@@ -35,7 +35,7 @@ import sample
 import train
 from data import DataError
 from data.prepare import prepare
-from conftest import HANG, ROOT, TEXT, TINY, poison_micro_batch, run, snapshot
+from conftest import HANG, ROOT, TEXT, TINY, copy_with_a_bug, poison_micro_batch, run, snapshot
 
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
 
@@ -1180,19 +1180,7 @@ def test_a_students_bug_shows_its_traceback_and_a_bad_flag_stays_one_line(data_r
     """A bug planted in a copy of mesh.py (the loss's targets cut short: PyTorch's ValueError) is the
     student's own: train.py's output is the traceback, naming the copy's file and the planted line. Only
     the project's errors are one line, as a misspelt flag still is."""
-    copy = tmp_path / "nanoMeSH"
-    copy.mkdir()
-    for name in ("mesh.py", "train.py", "configurator.py"):
-        shutil.copy(os.path.join(ROOT, name), copy / name)
-    for folder in ("support", "data"):
-        shutil.copytree(os.path.join(ROOT, folder), copy / folder,
-                        ignore=lambda d, names: [n for n in names if not n.endswith(".py")])
-    source = (copy / "mesh.py").read_text()
-    right = "targets.reshape(-1), ignore_index=-1)"
-    assert source.count(right) == 1
-    source = source.replace(right, "targets[:, 1:].reshape(-1), ignore_index=-1)")
-    (copy / "mesh.py").write_text(source)
-    planted = 1 + source[:source.index("targets[:, 1:]")].count("\n")
+    copy, planted = copy_with_a_bug(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's modules, not ROOT's
     command = [*TINY, f"--data_root={data_root}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2"]
     r = subprocess.run(python("train.py", *command), cwd=copy, env=env, capture_output=True, text=True,

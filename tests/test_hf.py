@@ -258,6 +258,52 @@ def test_cli_task_data_offline_is_one_line(mesh_lm):
     assert last.startswith("lm_eval_mesh.py: error: ") and "run once online" in last, last
 
 
+@pytest.mark.parametrize("args, words", [
+    (dict(out_dir_="out"), "unknown model_args key 'out_dir_' (did you mean 'out_dir'?); the mesh model "
+                           "takes out_dir, dtype, max_gen_toks, pretrained"),
+    (dict(max_gen_toks="x"), "max_gen_toks='x': expected a whole number of at least 1"),
+    (dict(batch_size="0"), "--batch_size='0': expected a whole number of at least 1"),
+    (dict(dtype="float64"), "dtype='float64': expected float32, bfloat16 or float16"),
+])
+def test_bad_model_args_are_the_projects_errors(mesh_lm, args, words):
+    """A model_args key or value the mesh model cannot take is a UsageError (one line from the
+    command), named before the checkpoint is read."""
+    from configurator import UsageError
+    from tools import lm_eval_mesh
+    with pytest.raises(UsageError) as e:
+        lm_eval_mesh.MeshLM(**{"out_dir": str(mesh_lm[2] / "out"), **args})
+    assert str(e.value) == words
+
+
+def test_lm_evals_own_refusals_are_one_line_and_a_bug_is_not(mesh_lm):
+    """lm_eval's checks of its command line refuse with ValueError: bad_input makes them
+    UsageErrors; any other exception (a bug) passes through as it was."""
+    from configurator import UsageError
+    from tools import lm_eval_mesh
+
+    def refuses():
+        raise ValueError("Tasks not found: piqaa")
+
+    def bug():
+        raise TypeError("a bug")
+    with pytest.raises(UsageError, match="^Tasks not found: piqaa$"):
+        lm_eval_mesh.bad_input(refuses)()
+    with pytest.raises(TypeError, match="a bug"):
+        lm_eval_mesh.bad_input(bug)()
+    assert lm_eval_mesh.bad_input(lambda x, y=1: x + y)(2, y=3) == 5
+
+
+def test_cli_unknown_task_is_one_line(mesh_lm):
+    """A task name lm_eval does not know: its own words, in one line, exit 2."""
+    _, _, root = mesh_lm
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "tools/lm_eval_mesh.py", "--model_args", f"out_dir={root / 'out'}",
+                        "--tasks", "no_such_task_xyz", "--device", "cpu"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == "lm_eval_mesh.py: error: Tasks not found: no_such_task_xyz"
+
+
 def test_cli_without_lm_eval_is_one_line(tmp_path):
     """Run as a script where lm_eval cannot be imported: one line that says what to install, exit 2."""
     (tmp_path / "lm_eval").mkdir()

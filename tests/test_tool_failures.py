@@ -2,7 +2,8 @@
 When things go wrong around the tools that read a run (sample.py, probe.py, table1.py): a newer
 sharded checkpoint, a prompt file that is a device or a FIFO, sizes that cannot fit, settings that
 are not finite, a damaged result file, a signal to table1.py. Every bad input is one line naming
-the problem and the fix, exit 2, with nothing touched; table1.py's runs stop with it.
+the problem and the fix, exit 2, with nothing touched; table1.py's runs stop with it. A bug (a
+ValueError inside the model) is not bad input: a tool shows its traceback.
 
     python -m pytest tests/test_tool_failures.py -q --all
 """
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 import sample
-from conftest import HANG, ROOT, TEXT, snapshot
+from conftest import HANG, ROOT, TEXT, copy_with_a_bug, snapshot
 from data.prepare import prepare
 from data.tokenizer import Tokenizer
 from mesh import Config, RecursiveGPT
@@ -448,3 +449,28 @@ def test_a_second_table1_on_one_root_is_refused_at_once(tmp_path):
                 pass
     assert first.returncode == 130 and "stopped by SIGTERM" in err, (out, err)
     assert "checkpoint saved" in (root / "vanilla_s0" / "train.out").read_text()
+
+
+# -----------------------------------------------------------------------------
+# A bug is not bad input
+
+@pytest.mark.slow
+def test_a_bug_run_through_a_tool_shows_its_traceback_and_a_bad_flag_stays_one_line(tmp_path):
+    """A student's bug planted in a copy of mesh.py (PyTorch's ValueError in the loss), timed by
+    bench.py: the output is the traceback, naming the copy's file and the planted line. Only the
+    project's errors are one line, as a misspelt flag of the same tool still is."""
+    copy, planted = copy_with_a_bug(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's modules, not ROOT's
+    flags = ["--layout=1+1R2+1", "--n_embd=32", "--n_head=2", "--block_size=16", "--batch_size=2",
+             "--schemes=base", "--iters=1", "--warmup=1", "--threads=1", "--decode=false"]
+    r = subprocess.run([sys.executable, "tools/bench.py", *flags], cwd=copy, env=env,
+                       capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback (most recent call last):" in r.stderr, r.stderr[-3000:]
+    assert f'File "{copy / "mesh.py"}", line {planted}, in forward' in r.stderr, r.stderr[-3000:]
+    assert "ValueError: Expected input batch_size" in r.stderr.splitlines()[-1]
+    r = subprocess.run([sys.executable, "tools/bench.py", *flags, "--iter=1"], cwd=copy, env=env,
+                       capture_output=True, text=True, timeout=HANG)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", "bench.py: error: unknown setting 'iter' in the command line (did you mean --iters?); "
+               "see python tools/bench.py --help\n")

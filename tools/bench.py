@@ -69,7 +69,7 @@ from support import plan  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from support import machine  # noqa: E402
 from support.machine import machine_name, peak_bf16_flops, resolve_device, resolve_dtype  # noqa: E402
-from mesh import PRESETS, SCHEMES, Config, RecursiveGPT  # noqa: E402
+from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
 VARIANTS = ("vanilla", *SCHEMES)  # vanilla: the layout's compute depth as one unshared stack
@@ -117,13 +117,19 @@ def variants(bc):
             raise UsageError(f"unknown scheme {n!r} in --schemes{closest(n, VARIANTS)}; expected some of {', '.join(VARIANTS)}")
     if not names:
         raise UsageError(f"--schemes is empty; name some of {', '.join(VARIANTS)}")
-    cfg = Config.from_preset(bc.model, layout=bc.layout, n_embd=bc.n_embd, n_head=bc.n_head, block_size=bc.block_size,
-                             vocab_size=bc.vocab_size, n_slots=bc.n_slots, scheme="base")
-    if not cfg.shape.schedule and set(names) - {"vanilla", "base"}:
-        raise UsageError(f"layout {cfg.layout!r} has no loop steps, so only vanilla and base apply; pass a "
-                         f"recursive --layout such as 1+2R2+1, or --schemes=vanilla,base")
-    vanilla = dict(layout=str(cfg.shape.depth), scheme="base")
-    return [(n, Config(**{**cfg.to_dict(), **(vanilla if n == "vanilla" else dict(scheme=n))})) for n in names]
+    try:
+        cfg = Config.from_preset(bc.model, layout=bc.layout, n_embd=bc.n_embd, n_head=bc.n_head,
+                                 block_size=bc.block_size, vocab_size=bc.vocab_size,
+                                 n_slots=bc.n_slots, scheme="base")
+        if not cfg.shape.schedule and set(names) - {"vanilla", "base"}:
+            raise UsageError(f"layout {cfg.layout!r} has no loop steps, so only vanilla and base "
+                             f"apply; pass a recursive --layout such as 1+2R2+1, or "
+                             f"--schemes=vanilla,base")
+        vanilla = dict(layout=str(cfg.shape.depth), scheme="base")
+        return [(n, Config(**{**cfg.to_dict(), **(vanilla if n == "vanilla" else dict(scheme=n))}))
+                for n in names]
+    except ConfigError as e:  # a size, layout or scheme the model cannot take, in mesh.py's words
+        raise UsageError(str(e)) from None
 
 
 def sync(device):
@@ -515,7 +521,7 @@ def measure(argv):
             check_writable(bc.json, "json")
         rows, info = run(bc)
         info["command"] = " ".join(["python tools/bench.py", *argv])
-    except (UsageError, ValueError) as e:
+    except (UsageError, OSError) as e:  # anything else is a bug: its traceback
         return report("bench.py", e)
     for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)):
         signal.signal(s, signal.SIG_IGN)  # measured: the table and its records go out whole

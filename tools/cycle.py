@@ -18,6 +18,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, report, setting  # noqa: E402
 from support import plain, runfiles  # noqa: E402
+from support.plain import PlainDataError  # noqa: E402
 from tools.table1 import mean_std, pm, steps  # noqa: E402
 
 LAYOUTS = ["2+4R2+2", "3+2R3+3", "2+2R4+2", "3+1R6+3"]  # K = 2, 3, 4, 6: the depth sweep's
@@ -43,16 +44,18 @@ def records(path, flag=None):
     try:
         data = plain.read_json(path)
         if flag and not (isinstance(data, dict) and isinstance(data.get("runs"), list)):
-            raise ValueError(f"is not a table1.json of tools/table1.py (it holds no list of \"runs\", "
-                             f"but {type(data).__name__ if not isinstance(data, dict) else 'other keys'})")
+            holds = type(data).__name__ if not isinstance(data, dict) else "other keys"
+            raise PlainDataError(f"is not a table1.json of tools/table1.py (it holds no list of "
+                                 f"\"runs\", but {holds})")
         found = data["runs"] if flag else [data]
         for r in found:
             if not isinstance(r, dict):
-                raise ValueError(f"holds a run record that is not a JSON object ({r!r:.40})")
+                raise PlainDataError(f"holds a run record that is not a JSON object ({r!r:.40})")
             for key, (kinds, word) in RUN_FIELDS.items():
                 if not isinstance(r.get(key), kinds) or isinstance(r.get(key), bool):
-                    raise ValueError(f"holds a run whose {key} is {r.get(key)!r:.40}, not {word}")
-    except ValueError as e:  # plain's and json's errors are ValueErrors
+                    raise PlainDataError(f"holds a run whose {key} is {r.get(key)!r:.40}, "
+                                         f"not {word}")
+    except (json.JSONDecodeError, PlainDataError) as e:  # a damaged file, or another's JSON
         why = f"is not JSON ({e.msg}, line {e.lineno})" if isinstance(e, json.JSONDecodeError) else e
         fix = (f"give {flag} the table1.json of a tools/table1.py run" if flag else
                "delete that run's folder (table1.py trains it again) or move it out of --root")

@@ -145,10 +145,14 @@ def main(argv=None):
         if a.png:
             check_writable(a.png, "png")
         chosen = {k: v for k, v in asdict(a).items() if k not in ("model", "png")}
-        if a.scheme is None and a.layout and not parse_layout(a.layout).schedule:
-            chosen["scheme"] = "base"  # a vanilla layout (no loop steps): the preset's scheme cannot apply
-        cfg = Config.from_preset(a.model, **chosen)
-    except (UsageError, ConfigError) as e:
+        try:
+            if a.scheme is None and a.layout and not parse_layout(a.layout).schedule:
+                # a vanilla layout (no loop steps): the preset's scheme cannot apply
+                chosen["scheme"] = "base"
+            cfg = Config.from_preset(a.model, **chosen)
+        except ConfigError as e:  # a model mesh.py cannot build, in its words
+            raise UsageError(str(e)) from None
+    except UsageError as e:
         raise SystemExit(report("draw.py", e))
     print(text(cfg) + "\n\n" + summary(cfg))
     if a.png and draw(cfg, a.png):

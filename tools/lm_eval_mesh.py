@@ -32,7 +32,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import checkpoint  # noqa: E402
-from configurator import report  # noqa: E402
+from configurator import UsageError, closest, report  # noqa: E402
 from data.dataset import checkpoint_dataset  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 from support.hf import load_hf  # noqa: E402
@@ -48,21 +48,43 @@ except ImportError as e:
     sys.exit(report("lm_eval_mesh.py", f"{e.name or 'lm_eval'} is not installed; pip install lm_eval"))
 
 
+MODEL_ARGS = ("out_dir", "dtype", "max_gen_toks", "pretrained")  # what --model_args may set
+
+
+def bad_input(check):
+    """lm_eval's own check of what it was given (its command line, the task names), whose
+    refusals are ValueErrors: as UsageErrors, one line each."""
+    def checked(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    return checked
+
+
 @register_model("mesh")
 class MeshLM(TemplateLM):
     """An lm_eval LM over a RecursiveGPT; TemplateLM turns (context, continuation) strings into tokens."""
 
     def __init__(self, out_dir="out", device=None, batch_size=1, max_batch_size=None, dtype="float32",
-                 max_gen_toks=256, pretrained=None):  # max_batch_size: lm_eval passes it for automatic batch sizes; unused
+                 max_gen_toks=256, pretrained=None, **unknown):
+        # max_batch_size: lm_eval passes it for automatic batch sizes; unused
         super().__init__()
+        if unknown:
+            key = next(iter(unknown))
+            raise UsageError(f"unknown model_args key {key!r}{closest(key, MODEL_ARGS)}; the mesh "
+                             f"model takes {', '.join(MODEL_ARGS)}")
         if device is None or str(device).startswith("cuda") and not torch.cuda.is_available():
             if device is not None:  # lm_eval's CLI asks for cuda:0 unless told otherwise
                 print(f"lm_eval_mesh: {device} is not available, running on the CPU", file=sys.stderr)
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if str(batch_size).startswith("auto"):
-            raise ValueError("the mesh model has no automatic batch size: pass --batch_size N")
+            raise UsageError("the mesh model has no automatic batch size: pass --batch_size N")
         if dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype={dtype!r}: expected float32, bfloat16 or float16")
+            raise UsageError(f"dtype={dtype!r}: expected float32, bfloat16 or float16")
+        for name, value in (("--batch_size", batch_size), ("max_gen_toks", max_gen_toks)):
+            if not str(value).isdigit() or int(value) < 1:
+                raise UsageError(f"{name}={value!r}: expected a whole number of at least 1")
         if pretrained:  # a Hugging Face GPT-NeoX folder (a Pythia download), with its own tokenizer.json
             model, self.tokenizer = load_hf(pretrained, device), Tokenizer("bpe", path=pretrained)
         else:
@@ -78,10 +100,10 @@ class MeshLM(TemplateLM):
         if self.tokenizer.eot_id is not None:
             return self.tokenizer.eot_id
         if self.tokenizer.kind != "char":
-            raise ValueError("this tokenizer has no <|endoftext|> token to condition an empty context on; "
+            raise UsageError("this tokenizer has no <|endoftext|> token to condition an empty context on; "
                              "give every request a non-empty context")
         if "\n" not in self.tokenizer.chars:
-            raise ValueError("this character vocabulary has no newline to condition an empty context on; "
+            raise UsageError("this character vocabulary has no newline to condition an empty context on; "
                              "give every request a non-empty context")
         return self.tokenizer.encode("\n")[0]
 
@@ -104,7 +126,8 @@ class MeshLM(TemplateLM):
             for i in batch:
                 _, context, cont = requests[i]
                 if len(cont) > L:
-                    raise ValueError(f"a continuation of {len(cont)} tokens cannot be scored in a {L}-token window")
+                    raise UsageError(f"a continuation of {len(cont)} tokens cannot be scored in a "
+                                     f"{L}-token window")
                 rows.append(((context or [self.eot_token_id]) + cont)[-(L + 1):-1])
             x = torch.zeros(len(rows), max(1, *map(len, rows)), dtype=torch.long)
             for r, row in enumerate(rows):
@@ -164,11 +187,17 @@ class MeshLM(TemplateLM):
 
 if __name__ == "__main__":
     from lm_eval.__main__ import cli_evaluate
+    try:  # where lm_eval checks its command line and task names (not in older versions)
+        from lm_eval.config.evaluate_config import EvaluatorConfig
+        EvaluatorConfig.from_cli = classmethod(bad_input(EvaluatorConfig.from_cli.__func__))
+        EvaluatorConfig.process_tasks = bad_input(EvaluatorConfig.process_tasks)
+    except ImportError:
+        pass
 
     sys.argv[1:1] = ["run", "--model", "mesh"]
     try:
         cli_evaluate()
-    except (ValueError, TypeError) as e:  # a bad out_dir, model_args, task or character: one line
+    except UsageError as e:  # a bad out_dir, model_args, task or character: one line
         sys.exit(report("lm_eval_mesh.py", e))
     except OSError as e:  # e.g. a task's dataset that is neither cached nor downloadable (offline)
         sys.exit(report("lm_eval_mesh.py", f"{type(e).__name__}: {e} (lm_eval downloads each task's data from "

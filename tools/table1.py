@@ -52,7 +52,7 @@ from configurator import UsageError, closest, parse_flags, report, setting  # no
 from data.loader import load_split, random_windows  # noqa: E402
 from data.dataset import checkpoint_dataset  # noqa: E402
 from support.machine import machine_name  # noqa: E402
-from mesh import SCHEMES, Config, RecursiveGPT  # noqa: E402
+from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
@@ -210,21 +210,24 @@ def read_result(path, run):
     try:
         result = plain.read_json(path)
         if not isinstance(result, dict):
-            raise ValueError("is not a JSON object")
+            raise plain.PlainDataError("is not a JSON object")
         for key, (kinds, word) in {**RESULT_FIELDS, **RECENT_FIELDS}.items():
             if key in RECENT_FIELDS and key not in result:
                 continue
             value = result.get(key)
             if not isinstance(value, kinds) or isinstance(value, bool) or key == "val_curve" and not all(
                     isinstance(p, list) and len(p) == 2 and all(isinstance(v, NUMBER) for v in p) for p in value):
-                raise ValueError(f"has {key} {value!r:.40}, not {word}")
+                raise plain.PlainDataError(f"has {key} {value!r:.40}, not {word}")
         if result["name"] != run["name"]:
-            raise ValueError(f"is the result of run {result['name']!r:.40}, not of {run['name']}")
+            raise plain.PlainDataError(f"is the result of run {result['name']!r:.40}, "
+                                       f"not of {run['name']}")
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}; check the file, or delete the folder "
                          f"{os.path.dirname(path)} to train that run again") from None
-    except ValueError as e:  # (json's errors are ValueErrors, plain's too)
-        why = f"is not JSON ({e.msg}, line {e.lineno} column {e.colno})" if isinstance(e, json.JSONDecodeError) else e
+    except (json.JSONDecodeError, plain.PlainDataError) as e:
+        why = e
+        if isinstance(e, json.JSONDecodeError):
+            why = f"is not JSON ({e.msg}, line {e.lineno} column {e.colno})"
         raise UsageError(f"{path} {why}; delete the folder {os.path.dirname(path)} to train that run "
                          f"again") from None
     return result
@@ -518,7 +521,7 @@ def table1(argv):
     for layout in layouts:
         try:
             shape = Config(layout=layout).shape
-        except ValueError as e:
+        except ConfigError as e:
             fail(f"--layouts: {e}")
         if shape.depth != 12 or not shape.schedule:
             fail(f"--layouts: {layout!r} has compute depth {shape.depth} and {len(shape.schedule)} loop steps; the "
