@@ -51,6 +51,16 @@ def losses(out_dir, key="loss"):
         return [(r["iter"], r[key]) for r in map(json.loads, f) if key in r]
 
 
+def stdout_note(prog, why):
+    """The one note on stderr of a command whose standard output failed (support/console.py)."""
+    return (f"{prog}: note: cannot write to standard output ({why}); nothing more is printed "
+            f"there, and nothing else stops")
+
+
+EPIPE = "Broken pipe: the program reading it has stopped"
+ENOSPC = "No space left on device: the file it is redirected to is full"
+
+
 def copy_with_a_bug(tmp_path):
     """A copy of the project's code (its top-level files, support/, data/ and tools/) whose mesh.py
     holds a student's bug: the loss's targets cut short, which PyTorch refuses with a ValueError.

@@ -19,14 +19,11 @@ import time
 import pytest
 import torch
 
-from conftest import HANG, ROOT, TINY
+from conftest import ENOSPC, EPIPE, HANG, ROOT, TINY, stdout_note
 
 pytestmark = pytest.mark.slow  # real training runs in processes: python -m pytest --all
 
 LOOP = ["--max_iters=100000", "--eval_interval=100000", "--log_interval=100000"]  # quiet after iter 0
-NOTE = ("train.py: note: cannot write to standard output ({why}); nothing more is printed there, "
-        "and nothing else stops")
-EPIPE = "Broken pipe: the program reading it has stopped"
 
 
 def train_cmd(data_root, out, *flags):
@@ -79,7 +76,7 @@ def full_device(data_root, out):
     with open("/dev/full", "w") as full:
         r = subprocess.run(train_cmd(data_root, out, "--max_iters=6"), cwd=ROOT, stdout=full,
                            stderr=subprocess.PIPE, text=True, timeout=HANG)
-    return r.returncode, r.stderr, 6, "No space left on device: the file it is redirected to is full"
+    return r.returncode, r.stderr, 6, ENOSPC
 
 
 def reader_gone_then_ctrl_c(data_root, out):
@@ -115,7 +112,7 @@ def test_a_failing_stdout_never_stops_a_run_from_saving(case, data_root, tmp_pat
     one note names standard output, on stderr where stderr works, and in log.jsonl; it resumes."""
     out = tmp_path / "run"
     code, stderr, last, why = case(data_root, out)
-    note = NOTE.format(why=why)
+    note = stdout_note("train.py", why)
     assert code == (0 if last else 130), stderr
     assert stderr == (f"{note}\n" if stderr else ""), stderr  # once, and never "the disk"
     assert log_notes(out)[0].startswith(note), log_notes(out)

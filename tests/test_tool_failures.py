@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import sample
-from conftest import HANG, ROOT, TEXT, copy_with_a_bug, snapshot
+from conftest import ENOSPC, EPIPE, HANG, ROOT, TEXT, copy_with_a_bug, snapshot, stdout_note
 from data.prepare import prepare
 from data.tokenizer import Tokenizer
 from mesh import Config, RecursiveGPT
@@ -474,3 +474,57 @@ def test_a_bug_run_through_a_tool_shows_its_traceback_and_a_bad_flag_stays_one_l
     assert (r.returncode, r.stdout, r.stderr) == (
         2, "", "bench.py: error: unknown setting 'iter' in the command line (did you mean --iters?); "
                "see python tools/bench.py --help\n")
+
+
+# -----------------------------------------------------------------------------
+# A tool's stdout that fails stops nothing
+
+def full_device(cmd):
+    """cmd > /dev/full: every write of stdout fails (a full disk under a log)."""
+    with open("/dev/full", "w") as full:
+        return subprocess.run(cmd, cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=HANG), ENOSPC
+
+
+def reader_gone(cmd):
+    """cmd | a reader that has already left: every write of stdout meets a broken pipe."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(cmd, cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True,
+                              timeout=HANG), EPIPE
+    finally:
+        os.close(write)
+
+
+def tool_runs(tiny_ckpt, tmp_path):
+    """(tool, the name its lines start with, its flags, the files it writes) of three tools that
+    print and write."""
+    for name in ("sweep", "choices"):
+        (tmp_path / f"{name}.json").write_text('{"runs": []}')
+    cycle = [f"--sweep={tmp_path / 'sweep.json'}", f"--choices={tmp_path / 'choices.json'}",
+             f"--root={tmp_path / 'none'}", f"--results={tmp_path / 'cycle'}"]
+    return [
+        ("probe.py", "probe.py", [f"--out_dir={tiny_ckpt}", "--num_samples=2",
+                                  f"--json={tmp_path / 'p.json'}"], ["p.json"]),
+        ("routing.py", "routing.py", [f"--out_dir={tiny_ckpt}", "--tokens=8",
+                                      f"--json={tmp_path / 'r.json'}"], ["r.json"]),
+        ("cycle.py", "tools/cycle.py", cycle, ["cycle/cycle.md", "cycle/cycle.json"]),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/full") or not hasattr(os, "pipe"),
+                    reason="needs /dev/full (Linux) and pipes")
+@pytest.mark.parametrize("stdout", [full_device, reader_gone], ids=lambda f: f.__name__)
+def test_a_tools_failing_stdout_stops_nothing(stdout, tiny_ckpt, tmp_path):
+    """A tool whose stdout fails (> /dev/full, a reader gone) writes its files and exits 0, with one
+    note on stderr that names standard output; never a traceback."""
+    for tool, prog, flags, files in tool_runs(tiny_ckpt, tmp_path):
+        r, why = stdout([sys.executable, os.path.join("tools", tool), *flags])
+        assert (r.returncode, r.stderr) == (0, stdout_note(prog, why) + "\n"), r.stderr[-3000:]
+        for name in files:
+            path = tmp_path / name
+            assert path.stat().st_size > 0, path
+            if name.endswith(".json"):
+                plain.read_json(str(path))  # whole JSON

@@ -67,7 +67,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import plan  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
-from support import machine  # noqa: E402
+from support import console, machine  # noqa: E402
 from support.machine import machine_name, peak_bf16_flops, resolve_device, resolve_dtype  # noqa: E402
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
@@ -495,6 +495,7 @@ def on_signal(signum, frame):
 def main(argv):
     """bench.py's command: its exit code. Ctrl-C, SIGTERM and SIGHUP stop it at once, in one line, with
     128 + the signal's number (130, 143, 129) and nothing written."""
+    kept = console.keep("bench.py")  # a failing stdout stops nothing: one note on stderr
     stops = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
     previous = [(signal.SIGINT, signal.getsignal(signal.SIGINT))] + [(s, signal.signal(s, on_signal)) for s in stops]
     try:
@@ -507,6 +508,7 @@ def main(argv):
     finally:
         for s, handler in previous:
             signal.signal(s, handler)
+        console.restore(kept)
 
 
 def measure(argv):

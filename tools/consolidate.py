@@ -15,7 +15,7 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, report, setting  # noqa: E402
-from support import checkpoint, runfiles, sharded  # noqa: E402
+from support import checkpoint, console, runfiles, sharded  # noqa: E402
 from support.checkpoint import POINTER, CheckpointError  # noqa: E402
 
 PROG = "tools/consolidate.py"
@@ -50,17 +50,20 @@ class ConsolidateConfig:
 
 
 def main(argv):
+    kept = console.keep("consolidate.py")  # a failing stdout stops nothing: one note on stderr
     try:
         out_dir = ConsolidateConfig(**parse_flags(ConsolidateConfig, argv, PROG)).out_dir
         if not out_dir:
             raise UsageError(f"name the run: python {PROG} --out_dir=OUT_DIR")
         it = consolidate(out_dir)
+        print(f"wrote {os.path.join(out_dir, 'ckpt.pt')} (iter {it}) from "
+              f"{os.path.join(out_dir, POINTER)}")
+        return 0
     except (UsageError, OSError) as e:  # CheckpointError, UsageError (a live run owns OUT_DIR), ...
         return report("consolidate.py", e)
     finally:
         runfiles.release()
-    print(f"wrote {os.path.join(out_dir, 'ckpt.pt')} (iter {it}) from {os.path.join(out_dir, POINTER)}")
-    return 0
+        console.restore(kept)
 
 
 if __name__ == "__main__":

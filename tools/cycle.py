@@ -17,7 +17,7 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, report, setting  # noqa: E402
-from support import plain, runfiles  # noqa: E402
+from support import console, plain, runfiles  # noqa: E402
 from support.plain import PlainDataError  # noqa: E402
 from tools.table1 import mean_std, pm, steps  # noqa: E402
 
@@ -135,6 +135,7 @@ def markdown(rows):
 
 
 def main(argv=None):
+    kept = console.keep("tools/cycle.py")  # a failing stdout stops nothing: one note on stderr
     try:
         cfg = CycleConfig(**parse_flags(CycleConfig, sys.argv[1:] if argv is None else argv,
                                         "tools/cycle.py"))
@@ -146,6 +147,8 @@ def main(argv=None):
         print(md + f"wrote {cfg.results}/cycle.md and cycle.json")
     except (UsageError, OSError) as e:  # anything else is a bug: its traceback
         raise SystemExit(report("tools/cycle.py", e))
+    finally:
+        console.restore(kept)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, report, setting  # noqa: E402
 from mesh import MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout, summary  # noqa: E402
+from support import console  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
 RULES = {"base": "h(t+1) = f_t(h(t))", "residual": "h(t+1) = f_t(h(t)) + h(t)",  # the README's table
@@ -140,6 +141,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     notes = (f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}\n"
              f"cycles: {', '.join(MESH_CHOICES['cycle'])}")
+    kept = console.keep("draw.py")  # a failing stdout stops nothing: one note on stderr
     try:
         a = DrawConfig(**parse_flags(DrawConfig, argv, "tools/draw.py", notes))
         if a.png:
@@ -152,12 +154,14 @@ def main(argv=None):
             cfg = Config.from_preset(a.model, **chosen)
         except ConfigError as e:  # a model mesh.py cannot build, in its words
             raise UsageError(str(e)) from None
+        print(text(cfg) + "\n\n" + summary(cfg))
+        if a.png and draw(cfg, a.png):
+            print(f"wrote {a.png}")
+        return cfg
     except UsageError as e:
         raise SystemExit(report("draw.py", e))
-    print(text(cfg) + "\n\n" + summary(cfg))
-    if a.png and draw(cfg, a.png):
-        print(f"wrote {a.png}")
-    return cfg
+    finally:
+        console.restore(kept)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
-from support import runfiles  # noqa: E402
+from support import console, runfiles  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder, for the parts' imports
@@ -513,6 +513,14 @@ def parse(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    kept = console.keep("gpu_check.py")  # a failing stdout stops nothing: report.md holds it all
+    try:
+        return check(argv)
+    finally:
+        console.restore(kept)
+
+
+def check(argv):
     a = parse(argv)
     a.out = os.path.abspath(a.out)  # the parts run in the project folder
     reserve = TINY_RESERVE if a.tiny else RESERVE
@@ -574,7 +582,7 @@ def main(argv=None):
                 if status == "stopped":
                     raise Stopped()
             report.write()
-            say("\n".join(report.part_lines(name)) + "\n")
+            print("\n".join(report.part_lines(name)) + "\n", flush=True)
     except Stopped:
         for name in names:
             if report.outcomes[name].note == "not reached yet":
@@ -582,20 +590,12 @@ def main(argv=None):
     report.done = True
     report.write()
     lines = report.lines()
-    say("\n".join(lines[lines.index("## Targets"):]))
+    print("\n".join(lines[lines.index("## Targets"):]), flush=True)
     bad = [n + " (every test skipped)" * (report.outcomes[n].status == "skipped") for n in names
            if report.outcomes[n].status in ("failed", "overran", "stopped", "skipped")]
-    say(f"wrote {os.path.join(a.out, 'report.md')}: "
-        f"{'every part passed' if not bad else 'not passed: ' + ', '.join(bad)}")
+    print(f"wrote {os.path.join(a.out, 'report.md')}: "
+          f"{'every part passed' if not bad else 'not passed: ' + ', '.join(bad)}", flush=True)
     return 1 if bad else 0
-
-
-def say(text):
-    """Print, where a terminal is still there (after a SIGHUP it may be gone): report.md holds it all."""
-    try:
-        print(text, flush=True)
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":

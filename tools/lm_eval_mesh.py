@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import checkpoint  # noqa: E402
+from support import checkpoint, console  # noqa: E402
 from configurator import UsageError, closest, report  # noqa: E402
 from data.dataset import checkpoint_dataset  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
@@ -195,6 +195,7 @@ if __name__ == "__main__":
         pass
 
     sys.argv[1:1] = ["run", "--model", "mesh"]
+    kept = console.keep("lm_eval_mesh.py")  # a failing stdout stops nothing: one note on stderr
     try:
         cli_evaluate()
     except UsageError as e:  # a bad out_dir, model_args, task or character: one line
@@ -202,3 +203,5 @@ if __name__ == "__main__":
     except OSError as e:  # e.g. a task's dataset that is neither cached nor downloadable (offline)
         sys.exit(report("lm_eval_mesh.py", f"{type(e).__name__}: {e} (lm_eval downloads each task's data from "
                         f"the Hugging Face Hub on first use; run once online, then HF_DATASETS_OFFLINE=1 works)"))
+    finally:
+        console.restore(kept)

@@ -41,7 +41,7 @@ from data.loader import load_split, random_windows  # noqa: E402
 from data.dataset import checkpoint_dataset  # noqa: E402
 from support.machine import resolve_device  # noqa: E402
 from support.memory import physical_memory  # noqa: E402
-from support import runfiles  # noqa: E402
+from support import console, runfiles  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance between distinct
@@ -322,10 +322,13 @@ class ProbeConfig:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    kept = console.keep("probe.py")  # a failing stdout stops nothing: one note on stderr
     try:
         return command(argv)
     except (UsageError, OSError) as e:  # a missing or damaged checkpoint, a changed dataset, a file unwritable
         raise SystemExit(error_line("probe.py", e))
+    finally:
+        console.restore(kept)
 
 
 def command(argv):

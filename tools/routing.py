@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
-from support import runfiles, sampling  # noqa: E402
+from support import console, runfiles, sampling  # noqa: E402
 from support.capture import capture  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 from tools.probe import json_ready, relative_update  # noqa: E402
@@ -194,10 +194,13 @@ class RoutingConfig:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    kept = console.keep("routing.py")  # a failing stdout stops nothing: one note on stderr
     try:
         return command(argv)
     except (UsageError, OSError) as e:  # a missing checkpoint, a changed dataset, a character not in the vocabulary
         raise SystemExit(error_line("routing.py", e))
+    finally:
+        console.restore(kept)
 
 
 def command(argv):

@@ -47,7 +47,7 @@ import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import checkpoint, outdir, plain, runfiles  # noqa: E402
+from support import checkpoint, console, outdir, plain, runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from data.loader import load_split, random_windows  # noqa: E402
 from data.dataset import checkpoint_dataset  # noqa: E402
@@ -468,6 +468,7 @@ class Table1Config:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    kept = console.keep("table1.py")  # a failing stdout stops nothing: one note on stderr
     CHILDREN.listen()
     try:
         return table1(argv)
@@ -479,6 +480,7 @@ def main(argv=None):
         raise SystemExit(130)
     finally:
         CHILDREN.restore()
+        console.restore(kept)
 
 
 def fail(message):
