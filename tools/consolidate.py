@@ -2,7 +2,8 @@
 The consolidation command: a sharded checkpoint (train.py --fsdp=true) -> one ckpt.pt, the file
 sample.py, tools/probe.py, tools/table1.py and tools/lm_eval_mesh.py read.
 
-    python tools/consolidate.py --out_dir=OUT_DIR    # OUT_DIR/ckpt-sharded.json and its shards -> OUT_DIR/ckpt.pt
+    # OUT_DIR/ckpt-sharded.json and its shards -> OUT_DIR/ckpt.pt
+    python tools/consolidate.py --out_dir=OUT_DIR
 
 It needs the whole model and its AdamW state in this machine's memory; it owns OUT_DIR while it
 works, and refuses to replace a ckpt.pt saved after the sharded checkpoint.
@@ -22,9 +23,10 @@ PROG = "tools/consolidate.py"
 
 
 def consolidate(out_dir):
-    """OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (written atomically), the file sample.py, probe.py,
-    table1.py and lm_eval_mesh.py read. Needs the whole model and its AdamW state in this machine's memory.
-    It owns OUT_DIR while it writes (never beside a live run), and never replaces a ckpt.pt saved later."""
+    """OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (written atomically), the file sample.py,
+    probe.py, table1.py and lm_eval_mesh.py read. Needs the whole model and its AdamW state in this
+    machine's memory. It owns OUT_DIR while it writes (never beside a live run), and never replaces
+    a ckpt.pt saved later."""
     if os.path.isdir(out_dir):
         runfiles.own(out_dir, flag="OUT_DIR")
     meta = checkpoint.read_pointer(out_dir)
@@ -36,10 +38,12 @@ def consolidate(out_dir):
     if taken == checkpoint.CKPT:
         than = "is further in training than" if full[0] > meta["iter_num"] else "was saved after"
         raise CheckpointError(f"{path} (iter {full[0]}) {than} the sharded checkpoint (iter "
-                              f"{meta['iter_num']}), which would replace it; it needs no consolidation")
+                              f"{meta['iter_num']}), which would replace it; it needs no "
+                              f"consolidation")
     ckpt = sharded.load_whole(out_dir, meta)
     del ckpt["path"]
-    checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()}, os.path.join(out_dir, checkpoint.CKPT))
+    checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()},
+                    os.path.join(out_dir, checkpoint.CKPT))
     return ckpt["iter_num"]
 
 

@@ -2,7 +2,8 @@
 Which transitional cycle, by K: MeSH's routed cycle (the paper's: routers[0] on the prelude output)
 against cycle=direct, paired seed by seed with the depth sweep's vanilla, base and routed runs.
 
-    python tools/table1.py --layouts=3+2R3+3 --only=mesh_direct --seeds=0,1,2 --root=runs/cycle  # each K
+    # for each K's layout:
+    python tools/table1.py --layouts=3+2R3+3 --only=mesh_direct --seeds=0,1,2 --root=runs/cycle
     python tools/cycle.py --root=runs/cycle --results=results/cycle
 
 Reads the sweep's runs (--sweep, a table1.json; K = 4's direct runs from --choices) and the
@@ -28,19 +29,24 @@ DIRECT = ("mesh_direct", "mesh_direct_base_init")        # the variants compared
 @dataclass
 class CycleConfig:
     """The transitional cycle's table: routed against direct, by K."""
-    sweep: str = setting("results/depth_sweep/table1.json", "the depth sweep's table1.json", path=True)
-    choices: str = setting("results/choices/table1.json", "the K = 4 choices' table1.json", path=True)
-    root: str = setting("runs/cycle", "folders of the cycle=direct runs (each with result.json)", path=True)
+    sweep: str = setting("results/depth_sweep/table1.json", "the depth sweep's table1.json",
+                         path=True)
+    choices: str = setting("results/choices/table1.json", "the K = 4 choices' table1.json",
+                           path=True)
+    root: str = setting("runs/cycle", "folders of the cycle=direct runs (each with result.json)",
+                        path=True)
     results: str = setting("results/cycle", "cycle.md and cycle.json go here", path=True)
 
 
-RUN_FIELDS = {"variant": ((str,), "a name"), "layout": ((str,), "a layout"), "seed": ((int,), "an integer"),
-              "val_loss": ((int, float), "a number")}  # what this table reads of a run's record
+# what this table reads of a run's record
+RUN_FIELDS = {"variant": ((str,), "a name"), "layout": ((str,), "a layout"),
+              "seed": ((int,), "an integer"), "val_loss": ((int, float), "a number")}
 
 
 def records(path, flag=None):
-    """The run records of a table1.json (flag: the setting that named it) or, flag None, of one run's
-    result.json, each checked: a damaged file, or another tool's JSON, is one line naming it."""
+    """The run records of a table1.json (flag: the setting that named it) or, flag None, of one
+    run's result.json, each checked: a damaged file, or another tool's JSON, is one line naming
+    it."""
     try:
         data = plain.read_json(path)
         if flag and not (isinstance(data, dict) and isinstance(data.get("runs"), list)):
@@ -56,7 +62,9 @@ def records(path, flag=None):
                     raise PlainDataError(f"holds a run whose {key} is {r.get(key)!r:.40}, "
                                          f"not {word}")
     except (json.JSONDecodeError, PlainDataError) as e:  # a damaged file, or another's JSON
-        why = f"is not JSON ({e.msg}, line {e.lineno})" if isinstance(e, json.JSONDecodeError) else e
+        why = e
+        if isinstance(e, json.JSONDecodeError):
+            why = f"is not JSON ({e.msg}, line {e.lineno})"
         fix = (f"give {flag} the table1.json of a tools/table1.py run" if flag else
                "delete that run's folder (table1.py trains it again) or move it out of --root")
         raise UsageError(f"{path} {why}; {fix}") from None
@@ -64,7 +72,8 @@ def records(path, flag=None):
 
 
 def runs(cfg):
-    """{(variant, layout, seed): val loss} of every run: the two tables', then --root's over them."""
+    """{(variant, layout, seed): val loss} of every run: the two tables', then --root's over
+    them."""
     found = records(cfg.sweep, "--sweep") + records(cfg.choices, "--choices")
     if os.path.isdir(cfg.root):
         for name in sorted(os.listdir(cfg.root)):
@@ -129,7 +138,8 @@ def markdown(rows):
                       f"{cell(r['mesh_direct_base_init_vs_mesh'])} against routed mesh "
                       f"({share(r['mesh_direct_base_init_closes'])} of the gap closed)."]
     lines += ["", "Val loss differences, paired seed by seed (mean ± std over the seeds, how many "
-                  "in brackets); closes: the share of base's gap to vanilla that the variant removes "
+                  "in brackets); closes: the share of base's gap to vanilla that the variant "
+                  "removes "
                   "(its mean difference to base over the mean gap, on the same seeds)."]
     return "\n".join(lines) + "\n"
 
@@ -142,7 +152,8 @@ def main(argv=None):
         rows = table(runs(cfg))
         os.makedirs(cfg.results, exist_ok=True)
         md = markdown(rows)
-        runfiles.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md), mode="w")
+        runfiles.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md),
+                              mode="w")
         runfiles.write_json(os.path.join(cfg.results, "cycle.json"), rows)
         print(md + f"wrote {cfg.results}/cycle.md and cycle.json")
     except (UsageError, OSError) as e:  # anything else is a bug: its traceback

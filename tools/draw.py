@@ -1,14 +1,15 @@
 """
-draw.py: a picture of a model, drawn from its mesh.Layout and mesh.Config, so it always matches the code.
+draw.py: a picture of a model, drawn from its mesh.Layout and mesh.Config, so it always matches
+the code.
 
     python tools/draw.py --layout=3+2R3+3 --scheme=mesh --png=model.png    # any P+CRN+Q, any scheme
     python tools/draw.py --layout=4+8+8+4                                  # text only: no --png
 
 The blocks in the order forward applies them: the prelude, each loop step's core (a core applied
 again is the same weights: shared), the coda. For mesh, the buffer's slots and, between the steps,
-the routers that write each step's output into the slots and read the next state from them (Eq. 2-5);
-for the other schemes, the update rule between steps. It prints the text form (mesh.summary's counts
-below it) and, with matplotlib and --png, draws the same picture.
+the routers that write each step's output into the slots and read the next state from them
+(Eq. 2-5); for the other schemes, the update rule between steps. It prints the text form
+(mesh.summary's counts below it) and, with matplotlib and --png, draws the same picture.
 """
 
 import os
@@ -18,17 +19,20 @@ from dataclasses import asdict, dataclass
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, report, setting  # noqa: E402
-from mesh import MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout, summary  # noqa: E402
+from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout,  # noqa: E402
+                  summary)
 from support import console  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
-RULES = {"base": "h(t+1) = f_t(h(t))", "residual": "h(t+1) = f_t(h(t)) + h(t)",  # the README's table
+# the update rules between steps, as the README's table writes them
+RULES = {"base": "h(t+1) = f_t(h(t))", "residual": "h(t+1) = f_t(h(t)) + h(t)",
          "anchor": "h(t+1) = f_t(h(t)) + h(0)", "anchor_emb": "h(t+1) = f_t(h(t)) + h_emb"}
 
 
 def parts(cfg):
-    """The model in forward's order: [(part, [unique block index of each applied block], shared)], where
-    shared says a loop step runs a core that an earlier step already ran (the same weights again)."""
+    """The model in forward's order: [(part, [unique block index of each applied block], shared)],
+    where shared says a loop step runs a core that an earlier step already ran (the same weights
+    again)."""
     s, first, spans = cfg.shape, 0, []
     for n in (s.prelude, *s.cores, s.coda):  # unique blocks are numbered prelude, each core, coda
         spans.append(list(range(first, first + n)))
@@ -39,7 +43,8 @@ def parts(cfg):
 
 
 def routers(cfg):
-    """MeSH's routers by name, in order (K+1 with the routed cycle, K with the direct one); [] otherwise."""
+    """MeSH's routers by name, in order (K+1 with the routed cycle, K with the direct one); []
+    otherwise."""
     if cfg.scheme != "mesh":
         return []
     return ["cycle"] * (cfg.cycle == "routed") + [f"step {t}" for t in range(cfg.n_steps)]
@@ -52,25 +57,28 @@ def text(cfg):
         if not blocks:
             continue
         drawn = "".join(f"[b{b}]" for b in blocks)
-        lines.append(f"{name:<8} {drawn}" + ("  shared: the weights of an earlier step" if shared else ""))
+        mark = "  shared: the weights of an earlier step" if shared else ""
+        lines.append(f"{name:<8} {drawn}" + mark)
         if name.startswith("step") and cfg.scheme != "mesh":
-            lines.append(f"{'':<8}   {RULES.get(cfg.scheme, f'scheme {cfg.scheme!r} (mesh.SCHEMES)')}")
+            rule = RULES.get(cfg.scheme, f"scheme {cfg.scheme!r} (mesh.SCHEMES)")
+            lines.append(f"{'':<8}   {rule}")
     lines.append("-> ln_f -> lm_head -> logits (B, T, vocab)")
     if cfg.scheme == "mesh":
-        lines.append(f"buffer: {cfg.slots} slots m0..m{cfg.slots - 1} (B, T, {cfg.slots}, {cfg.n_embd}), m0 = h_emb, "
-                     f"the others 0 at the start; routers (write + read, each a softmax over the slots): "
-                     f"{', '.join(routers(cfg))}")
+        lines.append(f"buffer: {cfg.slots} slots m0..m{cfg.slots - 1} (B, T, {cfg.slots}, "
+                     f"{cfg.n_embd}), m0 = h_emb, the others 0 at the start; routers (write + "
+                     f"read, each a softmax over the slots): {', '.join(routers(cfg))}")
     return "\n".join(lines)
 
 
 def draw(cfg, path):
-    """The same picture as a PNG: applied blocks left to right, coloured by unique block (a shared core
-    repeats its colour, hatched), the buffer's slots below for mesh with each router's write and read
-    arrows. Returns path, or None without matplotlib."""
+    """The same picture as a PNG: applied blocks left to right, coloured by unique block (a shared
+    core repeats its colour, hatched), the buffer's slots below for mesh with each router's write
+    and read arrows. Returns path, or None without matplotlib."""
     try:
         import matplotlib
     except ImportError:
-        print("draw.py: matplotlib is not installed, so no picture, only the text above (pip install matplotlib)")
+        print("draw.py: matplotlib is not installed, so no picture, only the text above "
+              "(pip install matplotlib)")
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -79,7 +87,8 @@ def draw(cfg, path):
     shown = [p for p in parts(cfg) if p[1]]
     n = sum(len(blocks) for _, blocks, _ in shown) + len(shown) - 1  # a gap between parts
     mesh = cfg.scheme == "mesh"
-    fig, ax = plt.subplots(figsize=(max(7, 0.55 * n + 2), 4.2 if mesh else 2.8), layout="constrained")
+    fig, ax = plt.subplots(figsize=(max(7, 0.55 * n + 2), 4.2 if mesh else 2.8),
+                           layout="constrained")
     colours = plt.get_cmap("tab20")
     x, centres = 0, {}
     for name, blocks, shared in shown:
@@ -90,31 +99,39 @@ def draw(cfg, path):
             ax.text(x + 0.45, 1.5, f"b{b}", ha="center", va="center", fontsize=8)
             x += 1
         centres[name] = (start + x - 0.1) / 2
-        ax.text(centres[name], 2.15, name + ("\n(shared)" if shared else ""), ha="center", va="bottom", fontsize=9)
+        ax.text(centres[name], 2.15, name + ("\n(shared)" if shared else ""), ha="center",
+                va="bottom", fontsize=9)
         x += 1
     ax.annotate("", (0, 1.5), (-1, 1.5), arrowprops=dict(arrowstyle="->"))
     ax.text(-1.1, 1.5, "h_emb", ha="right", va="center", fontsize=9)
     ax.annotate("", (x, 1.5), (x - 1, 1.5), arrowprops=dict(arrowstyle="->"))
     ax.text(x + 0.1, 1.5, "logits", ha="left", va="center", fontsize=9)
     legend = [Patch(facecolor="w", edgecolor="k", label="a block (b: its weights' index)"),
-              Patch(facecolor="w", edgecolor="k", hatch="//", label="a core applied again: shared weights")]
+              Patch(facecolor="w", edgecolor="k", hatch="//",
+                    label="a core applied again: shared weights")]
     if mesh:
         width = max(n, cfg.slots)
         for b in range(cfg.slots):
             left = b * width / cfg.slots
-            ax.add_patch(Rectangle((left, -1), 0.9 * width / cfg.slots, 0.7, facecolor="#ddd", edgecolor="k"))
-            ax.text(left + 0.45 * width / cfg.slots, -0.65, f"m{b}" + (" = h_emb" if b == 0 else ""), ha="center",
-                    va="center", fontsize=8)
+            ax.add_patch(Rectangle((left, -1), 0.9 * width / cfg.slots, 0.7, facecolor="#ddd",
+                                   edgecolor="k"))
+            label = f"m{b}" + (" = h_emb" if b == 0 else "")
+            ax.text(left + 0.45 * width / cfg.slots, -0.65, label, ha="center", va="center",
+                    fontsize=8)
         ax.text(-1.1, -0.65, f"buffer\n{cfg.slots} slots", ha="right", va="center", fontsize=9)
         for name in routers(cfg):
             at = centres["prelude" if name == "cycle" else name]
-            ax.add_patch(FancyArrowPatch((at - 0.2, 0.95), (at - 0.2, -0.25), arrowstyle="-|>", mutation_scale=14, color="tab:red"))
-            ax.add_patch(FancyArrowPatch((at + 0.2, -0.25), (at + 0.2, 0.95), arrowstyle="-|>", mutation_scale=14, color="tab:blue"))
+            ax.add_patch(FancyArrowPatch((at - 0.2, 0.95), (at - 0.2, -0.25), arrowstyle="-|>",
+                                         mutation_scale=14, color="tab:red"))
+            ax.add_patch(FancyArrowPatch((at + 0.2, -0.25), (at + 0.2, 0.95), arrowstyle="-|>",
+                                         mutation_scale=14, color="tab:blue"))
         legend += [Patch(color="tab:red", label="router: write the output into the slots"),
                    Patch(color="tab:blue", label="router: read the next state from the slots")]
     else:
-        ax.text(n / 2, 0.6, f"between steps: {RULES.get(cfg.scheme, cfg.scheme)}", ha="center", fontsize=9)
-    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, fontsize=8, frameon=False)
+        ax.text(n / 2, 0.6, f"between steps: {RULES.get(cfg.scheme, cfg.scheme)}", ha="center",
+                fontsize=9)
+    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, fontsize=8,
+              frameon=False)
     ax.set(xlim=(-2.5, x + 1.5), ylim=(-1.2 if mesh else 0.4, 2.9))
     ax.axis("off")
     ax.set_title(f"layout {cfg.layout}, scheme {cfg.scheme}: compute depth {cfg.shape.depth}, "

@@ -50,8 +50,8 @@ assumed ones). Compiles: 13 (against some 25 before), every other cost is small 
     bench-410m  44.7 TFLOP a step (2.727 GFLOP/token x 16,384): 189 ms, 6 s of steps; 2 compiles
                 x 55 s (24 blocks; Triton kernels are shared by identical blocks); start: 128 s
     tier        8 tiny compiles x 8 s (3 graphs each for base and mesh, train.py's 2); 21 tests
-                on tiny models 20 s; 2 torchrun runs with sample.py and consolidate.py 50 s; pytest 8 s:
-                142 s
+                on tiny models 20 s; 2 torchrun runs with sample.py and consolidate.py 50 s;
+                pytest 8 s: 142 s
     profile     mesh at 410m again, from inductor's on-disk cache that bench-410m filled (graph,
                 AOTAutograd): ~15 s, start 10 s, 5 steps: 27 s
     total       ~393 s, under 8 minutes (480 s); of it 269 s are compiles, so it still fits if they
@@ -82,7 +82,8 @@ from support import console, runfiles  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder, for the parts' imports
-BENCH, TIER = "tools/bench.py", "tests/test_cuda.py"  # from the project folder, where every part runs
+# from the project folder, where every part runs
+BENCH, TIER = "tools/bench.py", "tests/test_cuda.py"
 GRACE, TAIL = 3, 15  # seconds from SIGTERM to SIGKILL; last lines kept of a failed or overrun part
 FULL = ["--dtype=bfloat16", "--compile=true", "--iters=10", "--warmup=3", "--decode=false"]
 SHAPES = {  # part -> bench.py flags: the Pythia widths, their micro-batches, context 2048
@@ -105,12 +106,14 @@ OVERRUN = ("import os, signal, subprocess, sys, time; "
 
 
 class Stopped(Exception):
-    """SIGTERM, SIGHUP or Ctrl-C (its name): the check ends the running part and writes what it has."""
+    """SIGTERM, SIGHUP or Ctrl-C (its name): the check ends the running part and writes what it
+    has."""
 
 
 @dataclass
 class Outcome:
-    """How one part went: status is passed, failed, overran, stopped, skipped, not needed or not run."""
+    """How one part went: status is passed, failed, overran, stopped, skipped, not needed or not
+    run."""
     status: str
     seconds: float = 0.0
     deadline: float = 0.0   # seconds from the check's start
@@ -501,7 +504,8 @@ def parse(argv):
         for flag in ("only", "fail", "overrun"):
             for name in (getattr(a, flag) or "").split(","):
                 if name and name not in PARTS:
-                    raise UsageError(f"--{flag}={name} is not a part; name one of {', '.join(PARTS)}")
+                    raise UsageError(f"--{flag}={name} is not a part; name one of "
+                                     f"{', '.join(PARTS)}")
         if a.budget is not None and not 0 < a.budget < math.inf:
             raise UsageError(f"--budget={a.budget:g} must be a positive number of seconds")
         if os.path.exists(a.out) and not os.path.isdir(a.out):
@@ -573,7 +577,8 @@ def check(argv):
                 if status in ("passed", "failed"):  # a failed tier still names its failures
                     try:
                         report.sections[name] = part.section(a.out)
-                        if status == "passed" and part.skipped(a.out):  # it ran, but checked nothing
+                        # it ran, but checked nothing
+                        if status == "passed" and part.skipped(a.out):
                             o.status, o.note = "skipped", part.skipped(a.out)
                     except (OSError, ValueError, KeyError, IndexError) as e:
                         if status == "passed":  # it passed, but left no result

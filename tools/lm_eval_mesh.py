@@ -1,11 +1,12 @@
 """
-The lm-evaluation-harness model `mesh`: scores a nanoMeSH checkpoint (OUT_DIR/ckpt.pt) on lm_eval tasks.
+The lm-evaluation-harness model `mesh`: scores a nanoMeSH checkpoint (OUT_DIR/ckpt.pt) on lm_eval
+tasks.
 
 lm_eval is optional (pip install lm_eval); it has to import this file to know the model, so run it
 through this file, which is lm_eval's own command line with `--model mesh` filled in:
 
-    python tools/lm_eval_mesh.py --model_args out_dir=out --device cuda --batch_size 16 \\
-        --tasks lambada_openai,piqa,hellaswag,winogrande,arc_easy,arc_challenge,sciq,mmlu_continuation
+    python tools/lm_eval_mesh.py --model_args out_dir=out --device cuda --batch_size 16 --tasks \\
+        lambada_openai,piqa,hellaswag,winogrande,arc_easy,arc_challenge,sciq,mmlu_continuation
 
 (the paper's zero-shot suite; every other lm_eval flag works as usual: --num_fewshot, --limit,
 --output_path, ...). model_args: out_dir (default out), dtype (float32, bfloat16 or float16) and
@@ -14,14 +15,15 @@ download) instead, imported as hf.load_hf does, with the folder's own tokenizer.
 
     python tools/lm_eval_mesh.py --model_args pretrained=pythia-160m --tasks lambada_openai,piqa
 
-From Python: `import lm_eval_mesh` registers the model, then `lm_eval.simple_evaluate(model="mesh", model_args="out_dir=out", tasks=[...])`.
+From Python: `import lm_eval_mesh` registers the model, then
+`lm_eval.simple_evaluate(model="mesh", model_args="out_dir=out", tasks=[...])`.
 
 Token boundaries follow lm_eval's causal models: context + continuation are encoded together and
 split where the context's own encoding ends, so a BPE merge across the boundary cannot shift a
 token between them. The tokenizer is the one the checkpoint trained with (its dataset's
 meta.json). An empty context, and the first window of a rolling log-likelihood, are conditioned on
-one prefix token: <|endoftext|> (GPT-2's, GPT-NeoX's), or for character models, which have no such token, a
-newline, which separates paragraphs in their training text [choice].
+one prefix token: <|endoftext|> (GPT-2's, GPT-NeoX's), or for character models, which have no such
+token, a newline, which separates paragraphs in their training text [choice].
 """
 import os
 import sys
@@ -45,7 +47,8 @@ try:
 except ImportError as e:
     if __name__ != "__main__":
         raise
-    sys.exit(report("lm_eval_mesh.py", f"{e.name or 'lm_eval'} is not installed; pip install lm_eval"))
+    sys.exit(report("lm_eval_mesh.py",
+                    f"{e.name or 'lm_eval'} is not installed; pip install lm_eval"))
 
 
 MODEL_ARGS = ("out_dir", "dtype", "max_gen_toks", "pretrained")  # what --model_args may set
@@ -64,10 +67,11 @@ def bad_input(check):
 
 @register_model("mesh")
 class MeshLM(TemplateLM):
-    """An lm_eval LM over a RecursiveGPT; TemplateLM turns (context, continuation) strings into tokens."""
+    """An lm_eval LM over a RecursiveGPT; TemplateLM turns (context, continuation) strings into
+    tokens."""
 
-    def __init__(self, out_dir="out", device=None, batch_size=1, max_batch_size=None, dtype="float32",
-                 max_gen_toks=256, pretrained=None, **unknown):
+    def __init__(self, out_dir="out", device=None, batch_size=1, max_batch_size=None,
+                 dtype="float32", max_gen_toks=256, pretrained=None, **unknown):
         # max_batch_size: lm_eval passes it for automatic batch sizes; unused
         super().__init__()
         if unknown:
@@ -76,7 +80,8 @@ class MeshLM(TemplateLM):
                              f"model takes {', '.join(MODEL_ARGS)}")
         if device is None or str(device).startswith("cuda") and not torch.cuda.is_available():
             if device is not None:  # lm_eval's CLI asks for cuda:0 unless told otherwise
-                print(f"lm_eval_mesh: {device} is not available, running on the CPU", file=sys.stderr)
+                print(f"lm_eval_mesh: {device} is not available, running on the CPU",
+                      file=sys.stderr)
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if str(batch_size).startswith("auto"):
             raise UsageError("the mesh model has no automatic batch size: pass --batch_size N")
@@ -85,11 +90,13 @@ class MeshLM(TemplateLM):
         for name, value in (("--batch_size", batch_size), ("max_gen_toks", max_gen_toks)):
             if not str(value).isdigit() or int(value) < 1:
                 raise UsageError(f"{name}={value!r}: expected a whole number of at least 1")
-        if pretrained:  # a Hugging Face GPT-NeoX folder (a Pythia download), with its own tokenizer.json
+        # a Hugging Face GPT-NeoX folder (a Pythia download), with its own tokenizer.json
+        if pretrained:
             model, self.tokenizer = load_hf(pretrained, device), Tokenizer("bpe", path=pretrained)
         else:
             model, ckpt = checkpoint.load(out_dir, device)
-            self.tokenizer = Tokenizer.load(checkpoint_dataset(ckpt["train_config"], ckpt.get("data")))
+            dataset = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
+            self.tokenizer = Tokenizer.load(dataset)
         self.model = model.to(getattr(torch, dtype)).eval()
         self._device = torch.device(device)
         self.batch_size, self.max_gen_toks = int(batch_size), int(max_gen_toks)
@@ -100,11 +107,11 @@ class MeshLM(TemplateLM):
         if self.tokenizer.eot_id is not None:
             return self.tokenizer.eot_id
         if self.tokenizer.kind != "char":
-            raise UsageError("this tokenizer has no <|endoftext|> token to condition an empty context on; "
-                             "give every request a non-empty context")
+            raise UsageError("this tokenizer has no <|endoftext|> token to condition an empty "
+                             "context on; give every request a non-empty context")
         if "\n" not in self.tokenizer.chars:
-            raise UsageError("this character vocabulary has no newline to condition an empty context on; "
-                             "give every request a non-empty context")
+            raise UsageError("this character vocabulary has no newline to condition an empty "
+                             "context on; give every request a non-empty context")
         return self.tokenizer.encode("\n")[0]
 
     def tok_encode(self, string, add_special_tokens=None, **kwargs):
@@ -112,14 +119,16 @@ class MeshLM(TemplateLM):
 
     @torch.no_grad()
     def _loglikelihood_tokens(self, requests, disable_tqdm=False):
-        """requests: (cache key or None, context tokens, continuation tokens) -> [(log p, is_greedy)].
+        """requests: (cache key or None, context tokens, continuation tokens) ->
+        [(log p, is_greedy)].
 
-        One forward pass per batch over context + continuation without its last token, cut from the left
-        to block_size; the continuation's log-probs are read at the positions just before each of its
-        tokens. Rows are right-padded, which causal attention keeps from reaching real positions, and
-        sorted longest first so each batch holds similar lengths."""
+        One forward pass per batch over context + continuation without its last token, cut from
+        the left to block_size; the continuation's log-probs are read at the positions just before
+        each of its tokens. Rows are right-padded, which causal attention keeps from reaching real
+        positions, and sorted longest first so each batch holds similar lengths."""
         L, results = self.block_size, [None] * len(requests)
-        order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
+        order = sorted(range(len(requests)),
+                       key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
         for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm):
             batch = order[start:start + self.batch_size]
             rows = []
@@ -135,8 +144,10 @@ class MeshLM(TemplateLM):
             logits, _ = self.model(x.to(self.device))                                   # (B, T, V)
             for r, i in enumerate(batch):
                 cont = torch.tensor(requests[i][2], device=self.device)               # (n,)
-                logp = F.log_softmax(logits[r, len(rows[r]) - len(cont):len(rows[r])].float(), dim=-1)  # (n, V)
-                results[i] = (logp.gather(-1, cont[:, None]).sum().item(), bool((logp.argmax(-1) == cont).all()))
+                end = len(rows[r])
+                logp = F.log_softmax(logits[r, end - len(cont):end].float(), dim=-1)  # (n, V)
+                greedy = bool((logp.argmax(-1) == cont).all())
+                results[i] = (logp.gather(-1, cont[:, None]).sum().item(), greedy)
                 if requests[i][0] is not None:
                     self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
         return results
@@ -147,8 +158,8 @@ class MeshLM(TemplateLM):
         windows, owner = [], []
         for j, req in enumerate(requests):
             tokens = self.tok_encode(req.args[0])
-            for context, cont in map(make_disjoint_window,
-                                     get_rolling_token_windows(tokens, self.eot_token_id, self.block_size, 1)):
+            rolling = get_rolling_token_windows(tokens, self.eot_token_id, self.block_size, 1)
+            for context, cont in map(make_disjoint_window, rolling):
                 windows.append((None, context, cont))
                 owner.append(j)
         totals = [0.0] * len(requests)
@@ -159,9 +170,9 @@ class MeshLM(TemplateLM):
         return totals
 
     def generate_until(self, requests, disable_tqdm=False, chunk=32):
-        """Greedy (or sampled, with do_sample) decoding with the model's KV cache, one request at a time,
-        `chunk` tokens per generate call (each call prefills the prompt once more) so that it stops
-        soon after any `until` string appears."""
+        """Greedy (or sampled, with do_sample) decoding with the model's KV cache, one request at a
+        time, `chunk` tokens per generate call (each call prefills the prompt once more) so that it
+        stops soon after any `until` string appears."""
         outputs = []
         for req in tqdm(requests, disable=disable_tqdm):
             context, kwargs = req.args
@@ -170,8 +181,10 @@ class MeshLM(TemplateLM):
             until += ["<|endoftext|>"] if self.tokenizer.eot_id is not None else []
             max_new = int(kwargs.get("max_gen_toks", self.max_gen_toks))
             temperature = float(kwargs.get("temperature", 1.0)) if kwargs.get("do_sample") else 0.0
-            # keep room for the answer in one window: past block_size, generate re-prefills every token
-            ctx = (self.tok_encode(context) or [self.eot_token_id])[-max(1, self.block_size - max_new):]
+            # keep room for the answer in one window: past block_size, generate re-prefills every
+            # token
+            room = max(1, self.block_size - max_new)
+            ctx = (self.tok_encode(context) or [self.eot_token_id])[-room:]
             idx = torch.tensor([ctx], device=self.device)
             text = ""
             while idx.size(1) - len(ctx) < max_new and not any(u in text for u in until):
@@ -201,7 +214,8 @@ if __name__ == "__main__":
     except UsageError as e:  # a bad out_dir, model_args, task or character: one line
         sys.exit(report("lm_eval_mesh.py", e))
     except OSError as e:  # e.g. a task's dataset that is neither cached nor downloadable (offline)
-        sys.exit(report("lm_eval_mesh.py", f"{type(e).__name__}: {e} (lm_eval downloads each task's data from "
-                        f"the Hugging Face Hub on first use; run once online, then HF_DATASETS_OFFLINE=1 works)"))
+        sys.exit(report("lm_eval_mesh.py", f"{type(e).__name__}: {e} (lm_eval downloads each "
+                        f"task's data from the Hugging Face Hub on first use; run once online, "
+                        f"then HF_DATASETS_OFFLINE=1 works)"))
     finally:
         console.restore(kept)
