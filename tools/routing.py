@@ -1,7 +1,8 @@
 """
 routing.py: what a recursive model does to each token of one sentence, loop step by loop step.
 
-    python tools/routing.py --out_dir=runs/class/base_3+2R3+3_s0 --out_dir=runs/class/mesh_3+2R3+3_s0 \
+    python tools/routing.py --out_dir=runs/class/base_3+2R3+3_s0 \
+        --out_dir=runs/class/mesh_3+2R3+3_s0 \
         --text="The return statement leaves a function" --json=routing.json --png=routing.png
 
 For each checkpoint (base and MeSH side by side) it runs the sentence once with state capture
@@ -11,8 +12,9 @@ For each checkpoint (base and MeSH side by side) it runs the sentence once with 
   the prelude, each loop step and the coda (probe.py's Fig. 3, here token by token): base's shared
   core leaves most tokens almost unchanged at its later steps, MeSH's keeps changing them.
 - routing (mesh only): for the transitional cycle and each loop step, the write weight and the read
-  weight of every buffer slot (Eq. 3), token by token: which slot each token writes its step's output
-  to, which slots it reads its next state from, and where the routers treat tokens differently.
+  weight of every buffer slot (Eq. 3), token by token: which slot each token writes its step's
+  output to, which slots it reads its next state from, and where the routers treat tokens
+  differently.
 
 Without --text the sentence is a fixed window of the checkpoint's validation split (--tokens long,
 from the start of a line, the same for every checkpoint of a dataset). It prints the numbers as a
@@ -53,33 +55,39 @@ def token_text(tokenizer, i):
 
 @torch.no_grad()
 def routing(model, idx):
-    """idx (1, T) -> {"effort": {part: [T floats]}, "routers": {name: {"write", "read": [T x B]}} or None}."""
+    """idx (1, T) -> {"effort": {part: [T floats]},
+    "routers": {name: {"write", "read": [T x B]}} or None}."""
     model.eval()
     with capture(model) as cap:
         model(idx)
-    effort = {name: relative_update(h.unsqueeze(-2), fh.unsqueeze(-2))[0].tolist()  # each token a (1, D) state
-              for name, h, fh in cap["blocks"]}                                     # (1, T, 1, D) -> (T,)
-    routers = {name: {"write": w_write[0].double().tolist(), "read": w_read[0].double().tolist()}  # (T, B)
+    # each token a (1, D) state: (1, T, 1, D) -> (T,)
+    effort = {name: relative_update(h.unsqueeze(-2), fh.unsqueeze(-2))[0].tolist()
+              for name, h, fh in cap["blocks"]}
+    routers = {name: {"write": w_write[0].double().tolist(),    # (T, B)
+                      "read": w_read[0].double().tolist()}      # (T, B)
                for name, w_write, w_read in cap["routers"]} or None
     return {"effort": effort, "routers": routers}
 
 
 def line_window(val, tokenizer, length, seed, scan=SCAN):
-    """(1, length) token ids of the validation split val: from the first line that starts with a letter
-    at or after a start drawn by np.random.default_rng(seed) (within scan tokens; else at that start),
-    so that a slide shows words rather than the middle of a run of spaces."""
+    """(1, length) token ids of the validation split val: from the first line that starts with a
+    letter at or after a start drawn by np.random.default_rng(seed) (within scan tokens; else at
+    that start), so that a slide shows words rather than the middle of a run of spaces."""
     if len(val) < length:
-        raise UsageError(f"the validation split has {len(val)} tokens, fewer than --tokens={length}")
+        raise UsageError(f"the validation split has {len(val)} tokens, fewer than "
+                         f"--tokens={length}")
     start = int(np.random.default_rng(seed).integers(0, len(val) - length + 1))
     for p in range(start, min(start + scan, len(val) - length)):
-        if tokenizer.decode([int(val[p])]).endswith("\n") and tokenizer.decode([int(val[p + 1])])[:1].isalpha():
+        line_ends = tokenizer.decode([int(val[p])]).endswith("\n")
+        if line_ends and tokenizer.decode([int(val[p + 1])])[:1].isalpha():
             start = p + 1
             break
     return torch.from_numpy(np.asarray(val[start:start + length], dtype=np.int64))[None]
 
 
 def sentence(ckpt, model, text, tokens, seed, data_root=None):
-    """The token ids (1, T) to show: text encoded with the checkpoint's tokenizer, or a validation window."""
+    """The token ids (1, T) to show: text encoded with the checkpoint's tokenizer, or a validation
+    window."""
     folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), data_root)
     tokenizer = Tokenizer.load(folder)
     T = model.config.block_size
@@ -95,9 +103,11 @@ def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None):
     model, ckpt = sampling.load(out_dir, device, "routing.py")  # the run's latest, as a resume's
     idx, tokenizer = sentence(ckpt, model, text, tokens, seed, data_root)
     cfg = model.config
-    return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "dataset": ckpt["train_config"]["dataset"],
+    return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme,
+            "dataset": ckpt["train_config"]["dataset"],
             "n_slots": cfg.slots if cfg.scheme == "mesh" else None, "ids": idx[0].tolist(),
-            "tokens": [token_text(tokenizer, i) for i in idx[0].tolist()], **routing(model, idx.to(device))}
+            "tokens": [token_text(tokenizer, i) for i in idx[0].tolist()],
+            **routing(model, idx.to(device))}
 
 
 # -----------------------------------------------------------------------------
@@ -106,14 +116,18 @@ def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None):
 def report(r):
     w = max(5, *(len(t) + 1 for t in r["tokens"]))  # a column per token
     row = lambda label, cells: f"{label:<14}" + "".join(f"{c:>{w}}" for c in cells)
-    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, {len(r['tokens'])} tokens of "
-             f"{r['dataset']} ==", row("token", r["tokens"]), "effort (relative update, per token):"]
-    lines += [row(f"  {part}", [f"{v:.2f}" for v in values]) for part, values in r["effort"].items()]
+    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, "
+             f"{len(r['tokens'])} tokens of {r['dataset']} ==", row("token", r["tokens"]),
+             "effort (relative update, per token):"]
+    lines += [row(f"  {part}", [f"{v:.2f}" for v in values])
+              for part, values in r["effort"].items()]
     if r["routers"]:
-        lines.append(f"routing (the slot of the largest weight, m0 .. m{r['n_slots'] - 1}, per token):")
+        lines.append(f"routing (the slot of the largest weight, m0 .. m{r['n_slots'] - 1}, "
+                     f"per token):")
         for name, weights in r["routers"].items():
             for kind in ("write", "read"):
-                top = [f"m{max(range(len(p)), key=p.__getitem__)}" for p in weights[kind]]  # p: one token's
+                # p: one token's weights over the slots
+                top = [f"m{max(range(len(p)), key=p.__getitem__)}" for p in weights[kind]]
                 lines.append(row(f"  {name} {kind}", top))
     return "\n".join(lines)
 
@@ -123,13 +137,14 @@ def title(r):
 
 
 def write_png(results, path):
-    """One figure: each checkpoint's per-token effort side by side on top; below, for each MeSH checkpoint,
-    a row per router with its write and read weights (slots x tokens). Returns path, or None without
-    matplotlib."""
+    """One figure: each checkpoint's per-token effort side by side on top; below, for each MeSH
+    checkpoint, a row per router with its write and read weights (slots x tokens). Returns path, or
+    None without matplotlib."""
     try:
         import matplotlib
     except ImportError:
-        print("routing.py: matplotlib is not installed, so no figure, only the numbers (pip install matplotlib)")
+        print("routing.py: matplotlib is not installed, so no figure, only the numbers "
+              "(pip install matplotlib)")
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -139,8 +154,8 @@ def write_png(results, path):
     rows = 1 + sum(len(r["routers"]) for r in meshes)
     cols = max(2, len(results))
     T = max(len(r["tokens"]) for r in results)
-    fig, axes = plt.subplots(rows, cols, figsize=(max(8, 0.32 * T * cols), 2.6 + 1.8 * rows), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(rows, cols, figsize=(max(8, 0.32 * T * cols), 2.6 + 1.8 * rows),
+                             squeeze=False, layout="constrained")
     top = max(max(v for values in r["effort"].values() for v in values) for r in results)
 
     def tokens_axis(ax, r):
@@ -149,7 +164,8 @@ def write_png(results, path):
 
     for ax, r in zip(axes[0], results):
         parts = list(r["effort"])
-        im = ax.imshow(np.array([r["effort"][p] for p in parts]), vmin=0, vmax=top, cmap="viridis", aspect="auto")
+        im = ax.imshow(np.array([r["effort"][p] for p in parts]), vmin=0, vmax=top, cmap="viridis",
+                       aspect="auto")
         ax.set_yticks(range(len(parts)), parts)
         ax.set_ylabel("part of the model")
         tokens_axis(ax, r)
@@ -161,18 +177,20 @@ def write_png(results, path):
     for r in meshes:
         for name, weights in r["routers"].items():
             for ax, kind in zip(axes[row], ("write", "read")):
-                im = ax.imshow(np.array(weights[kind]).T, vmin=0, vmax=1, cmap="magma", aspect="auto")  # (B, T)
+                im = ax.imshow(np.array(weights[kind]).T, vmin=0, vmax=1, cmap="magma",  # (B, T)
+                               aspect="auto")
                 ax.set_yticks(range(r["n_slots"]), [f"m{b}" for b in range(r["n_slots"])])
                 ax.set_ylabel("buffer slot")
                 tokens_axis(ax, r)
                 what = "writes its output to" if kind == "write" else "reads its next state from"
-                ax.set_title(f"{title(r)}, {name}: how much each token {what} each slot", fontsize=10)
+                ax.set_title(f"{title(r)}, {name}: how much each token {what} each slot",
+                             fontsize=10)
             for ax in axes[row][2:]:
                 ax.axis("off")
             fig.colorbar(im, ax=axes[row][:2].tolist(), label="routing weight", shrink=0.9)
             row += 1
-    fig.suptitle("One sentence, token by token: how much each part of the model changes each token, and "
-                 "where MeSH's routers write and read it", fontsize=12)
+    fig.suptitle("One sentence, token by token: how much each part of the model changes each "
+                 "token, and where MeSH's routers write and read it", fontsize=12)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -186,8 +204,8 @@ class RoutingConfig:
     tokens: int = setting(32, "the window's length without --text (at most block_size)")
     seed: int = setting(0, "where the validation window starts (as probe.py's --seed)")
     device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
-    data_root: str | None = setting(None, "where the checkpoints' dataset is now; None: where each trained",
-                                    path=True)
+    data_root: str | None = setting(
+        None, "where the checkpoints' dataset is now; None: where each trained", path=True)
     json: str | None = setting(None, "write the numbers here", path=True)
     png: str | None = setting(None, "write the figure here (needs matplotlib)", path=True)
 
@@ -197,7 +215,8 @@ def main(argv=None):
     kept = console.keep("routing.py")  # a failing stdout stops nothing: one note on stderr
     try:
         return command(argv)
-    except (UsageError, OSError) as e:  # a missing checkpoint, a changed dataset, a character not in the vocabulary
+    # a missing checkpoint, a changed dataset, a character not in the vocabulary
+    except (UsageError, OSError) as e:
         raise SystemExit(error_line("routing.py", e))
     finally:
         console.restore(kept)
@@ -221,8 +240,9 @@ def command(argv):
     for path in filter(None, (a.json, a.png)):  # their folders, once the model has run
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if a.json:
-        runfiles.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1, ensure_ascii=False,
-                                                          allow_nan=False), mode="w")
+        runfiles.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1,
+                                                          ensure_ascii=False, allow_nan=False),
+                              mode="w")
         print(f"wrote {a.json}")
     if a.png and write_png(results, a.png):
         print(f"wrote {a.png}")
