@@ -1,7 +1,8 @@
 """
 probe.py: the MeSH paper's diagnostics (its Figures 3, 4 and 5, Section 3) for trained checkpoints.
 
-    python tools/probe.py --out_dir=runs/base --out_dir=runs/mesh --num_samples=64 --json=probe.json --png=figs
+    python tools/probe.py --out_dir=runs/base --out_dir=runs/mesh --num_samples=64 \
+        --json=probe.json --png=figs
 
 For each checkpoint it draws N validation sequences (block_size tokens each, at positions from a
 fixed-seed generator, so every checkpoint of a dataset sees the same text), runs the model once with
@@ -44,14 +45,14 @@ from support.memory import physical_memory  # noqa: E402
 from support import console, runfiles  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
-# [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance between distinct
-# tokens of the state. A bandwidth relative to the median makes CKA invariant to an isotropic scaling
-# of either side, which the residual stream's growing norm needs. Kornblith et al. (2019) report RBF
-# CKA at 0.2, 0.4 and 0.8 x the median; we take 0.8, the widest, which sees the global geometry of
-# the T tokens rather than only nearest neighbours, so it is the least noisy with T = 64 tokens per
-# sample. (Their demo code defaults to 1.0 x sqrt(median squared distance over all pairs, self-pairs
-# included); we leave out self-pairs and duplicate rows, e.g. repeated characters in h_emb, whose zero
-# distances would only drag the median down.)
+# [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance
+# between distinct tokens of the state. A bandwidth relative to the median makes CKA invariant to an
+# isotropic scaling of either side, which the residual stream's growing norm needs. Kornblith et al.
+# (2019) report RBF CKA at 0.2, 0.4 and 0.8 x the median; we take 0.8, the widest, which sees the
+# global geometry of the T tokens rather than only nearest neighbours, so it is the least noisy with
+# T = 64 tokens per sample. (Their demo code defaults to 1.0 x sqrt(median squared distance over all
+# pairs, self-pairs included); we leave out self-pairs and duplicate rows, e.g. repeated characters
+# in h_emb, whose zero distances would only drag the median down.)
 SIGMA_FRAC = 0.8
 TOP_K = 50         # singular values per state (Fig. 5)
 CHUNK = 8          # sequences per forward pass
@@ -61,31 +62,36 @@ CHUNK = 8          # sequences per forward pass
 # Metrics: small pure functions on tensors; everything in float64
 
 def relative_update(h, fh):
-    """Effort of one block application (Fig. 3): 2 ||f(h) - h||_F / (||f(h)||_F + ||h||_F) over the last
-    two dims, so (T, D) -> scalar and (B, T, D) -> (B,). 0 for the identity; 2/3 for f(h) = 2h."""
+    """Effort of one block application (Fig. 3): 2 ||f(h) - h||_F / (||f(h)||_F + ||h||_F) over the
+    last two dims, so (T, D) -> scalar and (B, T, D) -> (B,). 0 for the identity; 2/3 for
+    f(h) = 2h."""
     h, fh = h.double(), fh.double()
     norm = torch.linalg.matrix_norm  # Frobenius over the last two dims
     return 2 * norm(fh - h) / (norm(fh) + norm(h))
 
 
 def median(x):
-    """torch.quantile(x, 0.5) (the mean of the two middle values for an even count), without quantile's
-    limit of 2^24 elements: T tokens give T(T-1)/2 distances, over that limit from T = 5794."""
+    """torch.quantile(x, 0.5) (the mean of the two middle values for an even count), without
+    quantile's limit of 2^24 elements: T tokens give T(T-1)/2 distances, over that limit from
+    T = 5794."""
     n = x.numel()
     low = x.kthvalue((n + 1) // 2).values
-    return low if n % 2 else torch.lerp(low, x.kthvalue(n // 2 + 1).values, 0.5)  # as quantile interpolates
+    if n % 2:
+        return low
+    return torch.lerp(low, x.kthvalue(n // 2 + 1).values, 0.5)  # as quantile interpolates
 
 
 def centered_rbf_gram(X, sigma_frac=SIGMA_FRAC):
-    """X (T, D) -> H K H (T, T), K_ij = exp(-||x_i - x_j||^2 / (2 sigma^2)), sigma = sigma_frac x the
-    median non-zero pairwise distance, H = I - 11^T/T the centering matrix. All zeros when every row of
-    X is the same (no distance to take a median of): such a state carries no information."""
+    """X (T, D) -> H K H (T, T), K_ij = exp(-||x_i - x_j||^2 / (2 sigma^2)), sigma = sigma_frac x
+    the median non-zero pairwise distance, H = I - 11^T/T the centering matrix. All zeros when every
+    row of X is the same (no distance to take a median of): such a state carries no information."""
     X = X.double()
     sq = (X * X).sum(-1)                                              # (T,)
     d2 = (sq[:, None] + sq[None, :] - 2 * X @ X.T).clamp_min(0)       # (T, T) squared distances
     i, j = torch.triu_indices(len(X), len(X), offset=1)
     pairs = d2[i, j]
-    pairs = pairs[pairs > 1e-12 * pairs.max()] if pairs.numel() else pairs  # rounding noise of equal rows is not a distance
+    if pairs.numel():  # rounding noise of equal rows is not a distance
+        pairs = pairs[pairs > 1e-12 * pairs.max()]
     if pairs.numel() == 0:
         return torch.zeros_like(d2)
     sigma = sigma_frac * median(pairs.sqrt())
@@ -102,23 +108,26 @@ def cka_from_grams(Kc, Lc):
 
 
 def rbf_cka(X, Y, sigma_frac=SIGMA_FRAC):
-    """RBF-kernel CKA (Kornblith et al. 2019) between X (T, D1) and Y (T, D2), rows paired by token."""
+    """RBF-kernel CKA (Kornblith et al. 2019) between X (T, D1) and Y (T, D2), rows paired by
+    token."""
     return cka_from_grams(centered_rbf_gram(X, sigma_frac), centered_rbf_gram(Y, sigma_frac))
 
 
 def spectrum(X, k=TOP_K):
-    """Top min(k, T, D) singular values of X (..., T, D), divided by the largest: starts at 1, never increases."""
+    """Top min(k, T, D) singular values of X (..., T, D), divided by the largest: starts at 1, never
+    increases."""
     s = torch.linalg.svdvals(X.double())                              # (..., min(T, D)), descending
-    return (s / s[..., :1].clamp_min(torch.finfo(s.dtype).tiny))[..., :k]  # an all-zero state gives zeros
+    largest = s[..., :1].clamp_min(torch.finfo(s.dtype).tiny)  # an all-zero state gives zeros
+    return (s / largest)[..., :k]
 
 
 # -----------------------------------------------------------------------------
 # Data: the checkpoint's own validation split
 
 def validation_windows(ckpt, length, n, seed, data_root=None):
-    """n windows of `length` tokens of the validation split of the dataset the checkpoint trained on (refused
-    by name when it has changed since), at positions from a generator seeded by seed -> int64 tensor (n, length):
-    the same for every checkpoint of that dataset."""
+    """n windows of `length` tokens of the validation split of the dataset the checkpoint trained on
+    (refused by name when it has changed since), at positions from a generator seeded by seed ->
+    int64 tensor (n, length): the same for every checkpoint of that dataset."""
     val = load_split(checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), data_root), "val")
     return torch.from_numpy(random_windows(val, length, n, seed))
 
@@ -127,8 +136,8 @@ def validation_windows(ckpt, length, n, seed, data_root=None):
 # Probing one checkpoint
 
 def mean_std(rows, ddof=0):
-    """Mean and standard deviation over the first axis (population std by default; ddof=1 for the sample
-    std, None when there are too few rows for it)."""
+    """Mean and standard deviation over the first axis (population std by default; ddof=1 for the
+    sample std, None when there are too few rows for it)."""
     a = np.asarray(rows, dtype=np.float64)
     return a.mean(0), (a.std(0, ddof=ddof) if len(a) > ddof else None)
 
@@ -151,31 +160,38 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
             grams = [centered_rbf_gram(x[b], sigma_frac) for _, x in cap["states"]]
             cka.append([[cka_from_grams(K, L) for L in grams] for K in grams])
         for name, w_write, w_read in cap["routers"]:
-            acc = routers.setdefault(name, dict(write=0, read=0, entropy_write=0, entropy_read=0, tokens=0))
+            acc = routers.setdefault(name, dict(write=0, read=0, entropy_write=0, entropy_read=0,
+                                                tokens=0))
             for kind, w in (("write", w_write), ("read", w_read)):
                 w = w.double()                                        # (B, T, S)
                 acc[kind] = acc[kind] + w.sum((0, 1))                 # (S,)
-                acc[f"entropy_{kind}"] = acc[f"entropy_{kind}"] - torch.special.xlogy(w, w).sum()  # H = -sum_b w_b ln w_b
+                entropy = -torch.special.xlogy(w, w).sum()        # H = -sum_b w_b ln w_b
+                acc[f"entropy_{kind}"] = acc[f"entropy_{kind}"] + entropy
             acc["tokens"] += w_write.shape[0] * w_write.shape[1]
-    out = {"effort": {k: [float(m), float(s)] for k, (m, s) in ((k, mean_std(v)) for k, v in effort.items())}}
-    with warnings.catch_warnings():  # a degenerate state gives nan CKA in every sample: null in the JSON
+    out = {"effort": {k: [float(m), float(s)]
+                      for k, (m, s) in ((k, mean_std(v)) for k, v in effort.items())}}
+    # a degenerate state gives nan CKA in every sample: null in the JSON
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         matrix = np.nanmean(np.asarray(cka), axis=0)
     out["cka"] = {"labels": labels, "sigma_frac": sigma_frac, "matrix": json_ready(matrix.tolist())}
     means, stds = zip(*(mean_std(spec[k]) for k in labels))
-    out["spectrum"] = {"labels": labels, "mean": [m.tolist() for m in means], "std": [s.tolist() for s in stds]}
+    out["spectrum"] = {"labels": labels, "mean": [m.tolist() for m in means],
+                       "std": [s.tolist() for s in stds]}
     out["routers"] = None
     if routers:
         n_slots = model.config.slots
-        out["routers"] = {"labels": list(routers), "n_slots": n_slots, "max_entropy": math.log(n_slots)}
+        out["routers"] = {"labels": list(routers), "n_slots": n_slots,
+                          "max_entropy": math.log(n_slots)}
         for key in ("write", "read", "entropy_write", "entropy_read"):
             out["routers"][key] = [(acc[key] / acc["tokens"]).tolist() for acc in routers.values()]
     return out
 
 
 def json_ready(value):
-    """value (dicts, lists, numbers) with every float that is not finite as None: JSON has no NaN, and a
-    measure of a degenerate state (an all-zero one, or a bandwidth that underflows) is no number."""
+    """value (dicts, lists, numbers) with every float that is not finite as None: JSON has no NaN,
+    and a measure of a degenerate state (an all-zero one, or a bandwidth that underflows) is no
+    number."""
     if isinstance(value, dict):
         return {k: json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -186,14 +202,18 @@ def json_ready(value):
 def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None):
     model, ckpt = sampling.load(out_dir, device, "probe.py")  # the run's latest checkpoint
     cfg = model.config
-    states = cfg.n_steps + 3  # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
-    need, total = num_samples * 8 * (cfg.block_size + 2 * (TOP_K * states + states ** 2)), physical_memory()
+    # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
+    states = cfg.n_steps + 3
+    need = num_samples * 8 * (cfg.block_size + 2 * (TOP_K * states + states ** 2))
+    total = physical_memory()
     if total and need > total / 2:
-        raise UsageError(f"--num_samples={num_samples}: its windows and measures need about {need / 2**30:,.1f} "
-                         f"GiB, more than half of this machine's {total / 2**30:,.1f} GiB; use fewer")
+        raise UsageError(f"--num_samples={num_samples}: its windows and measures need about "
+                         f"{need / 2**30:,.1f} GiB, more than half of this machine's "
+                         f"{total / 2**30:,.1f} GiB; use fewer")
     idx = validation_windows(ckpt, cfg.block_size, num_samples, seed, data_root).to(device)
     result = {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"], "layout": cfg.layout,
-              "scheme": cfg.scheme, "num_samples": num_samples, "seq_len": cfg.block_size, "seed": seed}
+              "scheme": cfg.scheme, "num_samples": num_samples, "seq_len": cfg.block_size,
+              "seed": seed}
     result.update(probe(model, idx, sigma_frac))
     return result
 
@@ -206,25 +226,29 @@ def fmt(v, spec=".2f"):
 
 
 def report(r):
-    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, {r['num_samples']} x {r['seq_len']} tokens "
-             f"of {r['dataset']} =="]
+    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, "
+             f"{r['num_samples']} x {r['seq_len']} tokens of {r['dataset']} =="]
     lines.append("effort (relative update, mean +- std):  " +
                  "  ".join(f"{k} {m:.3f}+-{s:.3f}" for k, (m, s) in r["effort"].items()))
     labels, matrix = r["cka"]["labels"], r["cka"]["matrix"]
     w = max(6, *(len(l) + 1 for l in labels))
     lines.append(f"CKA (RBF, sigma = {r['cka']['sigma_frac']} x median distance):")
     lines.append(" " * w + "".join(f"{l:>{w}}" for l in labels))
-    lines += [f"{l:<{w}}" + "".join(f"{fmt(v):>{w}}" for v in row) for l, row in zip(labels, matrix)]
+    lines += [f"{l:<{w}}" + "".join(f"{fmt(v):>{w}}" for v in row)
+              for l, row in zip(labels, matrix)]
     picks = [i for i in (1, 2, 5, 10, 20, 49) if i < len(r["spectrum"]["mean"][0])]
     lines.append("spectrum sigma_i/sigma_0 (mean) at i = " + ", ".join(map(str, picks)) + ":")
     lines += [f"  {l:<{w}}" + " ".join(f"{m[i]:.3f}" for i in picks)
               for l, m in zip(r["spectrum"]["labels"], r["spectrum"]["mean"])]
     ro = r["routers"]
     if ro:
-        lines.append(f"routers (mean slot weight; entropy, max ln {ro['n_slots']} = {ro['max_entropy']:.3f}):")
+        lines.append(f"routers (mean slot weight; entropy, max ln {ro['n_slots']} = "
+                     f"{ro['max_entropy']:.3f}):")
         for i, l in enumerate(ro["labels"]):
-            lines.append(f"  {l:<7} write [{' '.join(f'{v:.2f}' for v in ro['write'][i])}] H {ro['entropy_write'][i]:.3f}"
-                         f"   read [{' '.join(f'{v:.2f}' for v in ro['read'][i])}] H {ro['entropy_read'][i]:.3f}")
+            write = " ".join(f"{v:.2f}" for v in ro["write"][i])
+            read = " ".join(f"{v:.2f}" for v in ro["read"][i])
+            lines.append(f"  {l:<7} write [{write}] H {ro['entropy_write'][i]:.3f}"
+                         f"   read [{read}] H {ro['entropy_read'][i]:.3f}")
     return "\n".join(lines)
 
 
@@ -251,7 +275,8 @@ def write_pngs(results, folder):
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
 
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), sharey=True, squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), sharey=True, squeeze=False,
+                             layout="constrained")
     for ax, r in zip(axes[0], results):
         names = list(r["effort"])
         m, s = zip(*r["effort"].values())
@@ -267,20 +292,23 @@ def write_pngs(results, folder):
         mat = np.array([[np.nan if v is None else v for v in row] for row in r["cka"]["matrix"]])
         im = ax.imshow(mat, vmin=0, vmax=1, cmap="viridis")
         for (i, j), v in np.ndenumerate(mat):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 else "k")
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                    color="w" if v < 0.6 else "k")
         ax.set_xticks(range(len(labels)), labels, rotation=45)
         ax.set_yticks(range(len(labels)), labels)
         ax.set_title(title(r), fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="CKA (RBF)")
     save(fig, "cka.png")
 
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), sharey=True, squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), sharey=True, squeeze=False,
+                             layout="constrained")
     for ax, r in zip(axes[0], results):
         sp = r["spectrum"]
         for label, m, s in zip(sp["labels"], sp["mean"], sp["std"]):
             m, s = np.array(m), np.array(s)
             ax.plot(m, label=label)
-            ax.fill_between(range(len(m)), np.clip(m - s, 0, None), np.clip(m + s, None, 1), alpha=0.2)
+            ax.fill_between(range(len(m)), np.clip(m - s, 0, None), np.clip(m + s, None, 1),
+                            alpha=0.2)
         ax.set_ylim(0, 1.02)  # linear: a collapsed state drops to ~0 after a few values
         ax.set_xlabel("index i")
         ax.set_title(title(r), fontsize=9)
@@ -290,18 +318,21 @@ def write_pngs(results, folder):
 
     meshes = [r for r in results if r["routers"]]
     if meshes:
-        fig, axes = plt.subplots(len(meshes), 2, figsize=(7, 2.6 * len(meshes)), squeeze=False, layout="constrained")
+        fig, axes = plt.subplots(len(meshes), 2, figsize=(7, 2.6 * len(meshes)), squeeze=False,
+                                 layout="constrained")
         for row, r in zip(axes, meshes):
             ro = r["routers"]
             for ax, kind in zip(row, ("write", "read")):
                 mat = np.array(ro[kind])
                 ax.imshow(mat, vmin=0, vmax=1, cmap="magma", aspect="auto")
                 for (i, j), v in np.ndenumerate(mat):
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.5 else "k")
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                            color="w" if v < 0.5 else "k")
                 ax.set_xticks(range(ro["n_slots"]), [f"m{b}" for b in range(ro["n_slots"])])
-                ax.set_yticks(range(len(ro["labels"])),
-                              [f"{l} H={h:.2f}" for l, h in zip(ro["labels"], ro[f"entropy_{kind}"])])
-                ax.set_title(f"{title(r).replace(chr(10), ': ')}\n{kind} weights (max H {ro['max_entropy']:.2f})", fontsize=8)
+                entropies = zip(ro["labels"], ro[f"entropy_{kind}"])
+                ax.set_yticks(range(len(ro["labels"])), [f"{l} H={h:.2f}" for l, h in entropies])
+                ax.set_title(f"{title(r).replace(chr(10), ': ')}\n{kind} weights "
+                             f"(max H {ro['max_entropy']:.2f})", fontsize=8)
         save(fig, "routers.png")
     return paths
 
@@ -309,15 +340,17 @@ def write_pngs(results, folder):
 @dataclass
 class ProbeConfig:
     """MeSH diagnostics (the paper's Fig. 3-5) for trained checkpoints."""
-    out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)", path=True)
+    out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)",
+                                 path=True)
     num_samples: int = setting(64, "validation sequences per checkpoint")
     seed: int = setting(0, "seed of the sequence positions")
     sigma_frac: float = setting(SIGMA_FRAC, "RBF bandwidth / the median distance")
     device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
-    data_root: str | None = setting(None, "where the checkpoints' dataset is now; None: where each trained",
-                                    path=True)
+    data_root: str | None = setting(
+        None, "where the checkpoints' dataset is now; None: where each trained", path=True)
     json: str | None = setting(None, "write the numbers here", path=True)
-    png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)", path=True)
+    png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)",
+                              path=True)
 
 
 def main(argv=None):
@@ -325,7 +358,8 @@ def main(argv=None):
     kept = console.keep("probe.py")  # a failing stdout stops nothing: one note on stderr
     try:
         return command(argv)
-    except (UsageError, OSError) as e:  # a missing or damaged checkpoint, a changed dataset, a file unwritable
+    # a missing or damaged checkpoint, a changed dataset, a file unwritable
+    except (UsageError, OSError) as e:
         raise SystemExit(error_line("probe.py", e))
     finally:
         console.restore(kept)
@@ -346,12 +380,13 @@ def command(argv):
         raise UsageError(f"--png={a.png} is a file; give a folder for the figures")
     results = []
     for out_dir in a.out_dir:
-        results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device, a.data_root))
+        results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device,
+                                        a.data_root))
         print(report(results[-1]))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        runfiles.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1, allow_nan=False),
-                              mode="w")
+        runfiles.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1,
+                                                          allow_nan=False), mode="w")
         print(f"wrote {a.json}")
     if a.png:
         for path in write_pngs(results, a.png):
