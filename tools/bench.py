@@ -1,18 +1,20 @@
 """
 Speed of every state-passing scheme, side by side, on whatever device this runs on.
 
-    python tools/bench.py                                   # classroom preset, all six variants, ~2 min on 2 CPU cores
-    python tools/bench.py --model=pythia-70m --layout=1+2R2+1 --block_size=256 --batch_size=8 --iters=5
+    python tools/bench.py            # classroom preset, all six variants, ~2 min on 2 CPU cores
+    python tools/bench.py --model=pythia-70m --layout=1+2R2+1 --block_size=256 --batch_size=8 \
+        --iters=5
     python tools/bench.py --compile=true --layout=1+1R2+1 --json=bench.jsonl
-    python tools/bench.py --profile=true --decode=false     # also where a CPU train step's time goes
+    python tools/bench.py --profile=true --decode=false  # also where a CPU train step's time goes
 
 The variants share one compute depth: `vanilla` runs the layout's compute depth as one unshared
 stack, the others run --layout with their scheme. For each: train-step time (forward, backward,
 AdamW; no clipping), its ratio to vanilla's and to base's (paired per round), tokens/s, achieved
-FLOP/s and its share of the device's peak, the peak memory of a train step, and greedy decode speed with and without the KV cache (generate() as
-sample.py runs it: 200 new tokens after a 56-token prompt, batch 1, block_size max(--block_size,
-256), no autocast). Sizes take the same presets and flags as train.py. Prints a Markdown table;
---json=FILE also appends one JSON line per variant plus one for the machine and its peak.
+FLOP/s and its share of the device's peak, the peak memory of a train step, and greedy decode speed
+with and without the KV cache (generate() as sample.py runs it: 200 new tokens after a 56-token
+prompt, batch 1, block_size max(--block_size, 256), no autocast). Sizes take the same presets and
+flags as train.py. Prints a Markdown table; --json=FILE also appends one JSON line per variant plus
+one for the machine and its peak.
 With --compile, training and decoding both run compiled; "recompiles" counts the graphs built
 after warm-up (torch._dynamo's counters), which should be 0. With --profile (CPU), torch.profiler
 then watches more train steps (PROFILE_ROUNDS rounds that interleave the variants, PROFILE_STEPS
@@ -26,9 +28,9 @@ L the compute depth (a shared core counts once per application, so this is the u
 model's count), D * V the lm_head, 12 L D T the attention scores and values over the full T x T
 (causal masking not discounted). MeSH routers (under 0.5% of it) are not counted.
 
-Peak: on CPU, a 2048 x 2048 fp32 matmul timed once per round between the train steps, so the
-peak sees the same load as the steps (median over rounds); on GPUs, the chip's dense bf16 peak
-from machine.peak_bf16_flops (a measured matmul in --dtype where the chip is not listed or runs float32).
+Peak: on CPU, a 2048 x 2048 fp32 matmul timed once per round between the train steps, so the peak
+sees the same load as the steps (median over rounds); on GPUs, the chip's dense bf16 peak from
+machine.peak_bf16_flops (a measured matmul in --dtype where the chip is not listed or runs float32).
 Memory: on CPU, each variant runs 3 train steps in a fresh process (one at a time) and its peak
 resident set while stepping (VmHWM) is read; on CUDA, after the timed rounds, one more train step
 in this process, with the allocator's peak reset before it, so nothing is compiled a second time
@@ -68,7 +70,8 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from support import plan  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from support import console, machine  # noqa: E402
-from support.machine import machine_name, peak_bf16_flops, resolve_device, resolve_dtype  # noqa: E402
+from support.machine import (machine_name, peak_bf16_flops, resolve_device,  # noqa: E402
+                             resolve_dtype)
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
@@ -114,7 +117,8 @@ def variants(bc):
     names = [s.strip() for s in bc.schemes.split(",") if s.strip()]
     for n in names:
         if n not in VARIANTS:
-            raise UsageError(f"unknown scheme {n!r} in --schemes{closest(n, VARIANTS)}; expected some of {', '.join(VARIANTS)}")
+            raise UsageError(f"unknown scheme {n!r} in --schemes{closest(n, VARIANTS)}; expected "
+                             f"some of {', '.join(VARIANTS)}")
     if not names:
         raise UsageError(f"--schemes is empty; name some of {', '.join(VARIANTS)}")
     try:
@@ -140,7 +144,8 @@ def sync(device):
 
 
 def graphs():
-    """Graphs torch.compile has built so far in this process; any growth after warm-up is a recompile."""
+    """Graphs torch.compile has built so far in this process; any growth after warm-up is a
+    recompile."""
     return counters["stats"]["unique_graphs"]
 
 
@@ -154,15 +159,16 @@ def matmul_flops(a, b, device):
 
 
 def rotated(names, r):
-    """The variants in round r's order: rotated by r, so no variant always runs first (or right after another)."""
+    """The variants in round r's order: rotated by r, so no variant always runs first (or right
+    after another)."""
     return names[r % len(names):] + names[: r % len(names)]
 
 
 def profile_steps(step, steps=PROFILE_STEPS):
-    """Run step() once, then `steps` times under torch.profiler -> seconds of those steps: wall (timed around
-    step() alone, so not the profiler's bookkeeping between steps), matmul and attention (the operators' own
-    time: an addmm's bias copy is not matmul time), and matmul_flops, as the profiler counts them (2 m n k per
-    product). The first step only warms the profiler up."""
+    """Run step() once, then `steps` times under torch.profiler -> seconds of those steps: wall
+    (timed around step() alone, so not the profiler's bookkeeping between steps), matmul and
+    attention (the operators' own time: an addmm's bias copy is not matmul time), and matmul_flops,
+    as the profiler counts them (2 m n k per product). The first step only warms the profiler up."""
     P = torch.profiler
     wall = 0.0
     with P.profile(activities=[P.ProfilerActivity.CPU], with_flops=True, acc_events=True,
@@ -173,13 +179,15 @@ def profile_steps(step, steps=PROFILE_STEPS):
             wall += time.perf_counter() - t0 if i else 0.0
             prof.step()
     events = prof.key_averages()  # times in microseconds
-    return dict(wall=wall, matmul=sum(e.self_cpu_time_total for e in events if e.key in MATMULS) * 1e-6,
-                attention=sum(e.self_cpu_time_total for e in events if "scaled_dot_product" in e.key) * 1e-6,
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMULS)
+    attention = sum(e.self_cpu_time_total for e in events if "scaled_dot_product" in e.key)
+    return dict(wall=wall, matmul=matmul * 1e-6, attention=attention * 1e-6,
                 matmul_flops=sum(e.flops for e in events if e.key in MATMULS))
 
 
 def build(cfg, bc, device):
-    """Model (compiled in place with --compile, so generate() decodes with the compiled forward) and AdamW."""
+    """Model (compiled in place with --compile, so generate() decodes with the compiled forward) and
+    AdamW."""
     torch.manual_seed(bc.seed)
     model = RecursiveGPT(cfg).to(device)
     model.grad_checkpoint = bc.grad_checkpoint
@@ -199,36 +207,42 @@ def train_step(model, opt, x, y, autocast, eager=False):
 
 
 def setup(bc):
-    """Settings -> (device, torch dtype, autocast context); also what every process (children too) sets."""
+    """Settings -> (device, torch dtype, autocast context); also what every process (children too)
+    sets."""
     device = resolve_device(bc.device)
     dtype = bc.dtype = resolve_dtype(bc.dtype, device)
     if bc.threads is not None:
         torch.set_num_threads(bc.threads)
-    torch._dynamo.config.recompile_limit = 64  # every variant's graphs share RecursiveGPT's code object
+    # every variant's graphs share RecursiveGPT's code object
+    torch._dynamo.config.recompile_limit = 64
     autocast = machine.autocast(device, dtype)
     return device, getattr(torch, dtype), autocast
 
 
 def memory_mb(device, peak):
-    """This process's memory in MB, peak or current: the CUDA allocator's, else the resident set (VmHWM / VmRSS;
-    without /proc, ru_maxrss, which is always the peak); None where neither can be read (Windows)."""
+    """This process's memory in MB, peak or current: the CUDA allocator's, else the resident set
+    (VmHWM / VmRSS; without /proc, ru_maxrss, which is always the peak); None where neither can be
+    read (Windows)."""
     if device.startswith("cuda"):
-        return (torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated)(device) / 2**20
+        allocated = torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated
+        return allocated(device) / 2**20
     try:  # not ru_maxrss: Linux carries the parent's resident set at fork over into it
+        key = "VmHWM:" if peak else "VmRSS:"
         with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:" if peak else "VmRSS:")) / 2**10
+            return next(int(line.split()[1]) for line in f if line.startswith(key)) / 2**10
     except (OSError, StopIteration):
         pass
     try:
         import resource
     except ImportError:
         return None
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    unit = 2**20 if sys.platform == "darwin" else 2**10  # bytes on macOS, KiB elsewhere
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / unit
 
 
 def peak_memory(cfg, bc, conn):
-    """In a fresh process: build, then 3 train steps (AdamW's state exists after the first) -> MB (peak while
-    stepping, and how much of it the steps add to what the model and optimizer hold)."""
+    """In a fresh process: build, then 3 train steps (AdamW's state exists after the first) -> MB
+    (peak while stepping, and how much of it the steps add to what the model and optimizer hold)."""
     device, _, autocast = setup(bc)
     model, opt = build(cfg, bc, device)
     x = torch.randint(cfg.vocab_size, (2, bc.batch_size, cfg.block_size), device=device)
@@ -270,8 +284,9 @@ def cuda_peak_mb(model, opt, x, y, autocast, device, eager=False):
 
 
 def in_fresh_process(fn, *args):
-    """fn(*args, conn) in a new interpreter (spawn, not fork: nothing of this process's memory comes along);
-    returns what it sends, or (None, None) if it dies. Stopped meanwhile (a signal), the child ends first."""
+    """fn(*args, conn) in a new interpreter (spawn, not fork: nothing of this process's memory comes
+    along); returns what it sends, or (None, None) if it dies. Stopped meanwhile (a signal), the
+    child ends first."""
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=in_child, args=(fn, *args, send))
@@ -289,22 +304,25 @@ def in_fresh_process(fn, *args):
 
 
 def in_child(fn, *args):
-    """A fresh process's start: the terminal's Ctrl-C is the parent's to answer (it ends this child)."""
+    """A fresh process's start: the terminal's Ctrl-C is the parent's to answer (it ends this
+    child)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fn(*args)
 
 
 @torch.no_grad()
 def decode_speeds(models, device, bc, reps=3):
-    """{name: (new tokens/s of greedy generate() with the KV cache, without, speedup, graphs built while timed)}.
-    Like the train steps, rounds interleave the variants (order rotated) and each round times every variant
-    with and without the cache, so a slow spell of the machine slows all alike; the speedup is paired per
-    round, medians over rounds."""
-    prompt = torch.randint(next(iter(models.values())).config.vocab_size, (1, PROMPT), device=device)
+    """{name: (new tokens/s of greedy generate() with the KV cache, without, speedup, graphs built
+    while timed)}. Like the train steps, rounds interleave the variants (order rotated) and each
+    round times every variant with and without the cache, so a slow spell of the machine slows all
+    alike; the speedup is paired per round, medians over rounds."""
+    vocab_size = next(iter(models.values())).config.vocab_size
+    prompt = torch.randint(vocab_size, (1, PROMPT), device=device)
     for model in models.values():
         model.eval()
         for use_cache in (True, False):  # warm-up; compiled models see every shape they will meet
-            model.generate(prompt, NEW_TOKENS if bc.compile else 8, temperature=0, use_cache=use_cache)
+            model.generate(prompt, NEW_TOKENS if bc.compile else 8, temperature=0,
+                           use_cache=use_cache)
     times = {name: {True: [], False: []} for name in models}
     built = dict.fromkeys(models, 0)
     names = list(models)
@@ -324,11 +342,12 @@ def decode_speeds(models, device, bc, reps=3):
 
 
 def cpu_seconds():
-    """(CPU seconds all processes have spent busy, or None without Linux's /proc/stat; of which this process and
-    its finished children)."""
+    """(CPU seconds all processes have spent busy, or None without Linux's /proc/stat; of which this
+    process and its finished children)."""
     own = sum(os.times()[:4])  # user and system time, this process's and its children's
     try:
-        with open("/proc/stat") as f:  # cpu user nice system idle iowait irq softirq ... in clock ticks
+        # cpu user nice system idle iowait irq softirq ... in clock ticks
+        with open("/proc/stat") as f:
             ticks = [int(v) for v in f.readline().split()[1:8]]
         return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own
     except (OSError, ValueError):
@@ -347,8 +366,8 @@ def run(bc):
         plan.check_fits(cfg, B, device, 2 if dtype == torch.bfloat16 else 4, what=f"scheme {name}",
                         fix="use smaller settings")
     models = {name: build(cfg, bc, device) for name, cfg in todo}
-    print(f"bench.py: timing {len(models)} variant(s), {bc.warmup} warm-up step(s) and {bc.iters} round(s) "
-          f"each", file=sys.stderr, flush=True)
+    print(f"bench.py: timing {len(models)} variant(s), {bc.warmup} warm-up step(s) and "
+          f"{bc.iters} round(s) each", file=sys.stderr, flush=True)
 
     # ---- training: warm-up (with --compile, compilation: timed, its graphs counted), then rounds
     # that interleave the variants and the peak matmul
@@ -363,7 +382,8 @@ def run(bc):
         warm[name] = time.perf_counter() - t0, graphs() - before
     steps = {name: [] for name in models}
     recompiles = dict.fromkeys(models, 0)
-    mm = torch.randn(2, 8192 if cuda else 2048, 8192 if cuda else 2048, device=device, dtype=dtype).unbind(0)
+    side = 8192 if cuda else 2048
+    mm = torch.randn(2, side, side, device=device, dtype=dtype).unbind(0)
     matmul_flops(*mm, device)  # warm-up
     peaks = []
     names = list(models)
@@ -381,36 +401,48 @@ def run(bc):
             recompiles[name] += graphs() - before
     (busy1, own1), elapsed = cpu_seconds(), time.perf_counter() - t_start
     profiles = {}
-    if bc.profile:  # after the timed rounds, which the profiler's own overhead would slow; rounds again, summed
+    # after the timed rounds, which the profiler's own overhead would slow; rounds again, summed
+    if bc.profile:
         profiles = {name: Counter() for name in names}
         for r in range(PROFILE_ROUNDS):
             for name in rotated(names, r):
-                profiles[name].update(profile_steps(lambda: train_step(*models[name], x, y, autocast)))
-    others = None if busy0 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / elapsed  # CPUs kept busy
+                profiles[name].update(profile_steps(
+                    lambda: train_step(*models[name], x, y, autocast)))
+    others = None  # CPUs other processes kept busy
+    if busy0 is not None:
+        others = max(0.0, (busy1 - busy0) - (own1 - own0)) / elapsed
     spec = peak_bf16_flops(device, bc.dtype)
     if spec:
         peak, peak_source = spec, "spec sheet, dense bf16"
     elif cuda:
-        peak, peak_source = median(matmul_flops(*mm, device) for _ in range(5)), f"measured {bc.dtype} 8192^2 matmul"
+        peak = median(matmul_flops(*mm, device) for _ in range(5))
+        peak_source = f"measured {bc.dtype} 8192^2 matmul"
     else:
-        peak, peak_source = median(peaks), f"measured {bc.dtype} 2048^2 matmul, median of {len(peaks)} rounds between the steps"
+        peak = median(peaks)
+        peak_source = (f"measured {bc.dtype} 2048^2 matmul, median of {len(peaks)} rounds between "
+                       f"the steps")
 
     rows = []
     for name, cfg in todo:
         ms = 1000 * median(steps[name])
         fpt = machine.flops_per_token(cfg)
-        row = dict(kind="variant", variant=name, scheme=cfg.scheme, layout=cfg.layout, compute_depth=cfg.shape.depth,
-                   non_embedding_params=models[name][0].num_params(), n_slots=cfg.slots if cfg.scheme == "mesh" else None,
-                   n_embd=cfg.n_embd, n_head=cfg.n_head, vocab_size=cfg.vocab_size, block_size=T, batch_size=B,
-                   device=device, dtype=bc.dtype, compile=bc.compile, ms_per_step=ms, tokens_per_s=B * T / ms * 1000,
+        row = dict(kind="variant", variant=name, scheme=cfg.scheme, layout=cfg.layout,
+                   compute_depth=cfg.shape.depth,
+                   non_embedding_params=models[name][0].num_params(),
+                   n_slots=cfg.slots if cfg.scheme == "mesh" else None,
+                   n_embd=cfg.n_embd, n_head=cfg.n_head, vocab_size=cfg.vocab_size, block_size=T,
+                   batch_size=B, device=device, dtype=bc.dtype, compile=bc.compile,
+                   ms_per_step=ms, tokens_per_s=B * T / ms * 1000,
                    flops_per_token=fpt, flops_per_s=fpt * B * T / ms * 1000,
                    warmup_s=warm[name][0], warmup_graphs=warm[name][1] if bc.compile else None)
         row["peak_fraction"] = row["flops_per_s"] / peak
         if name in profiles:
             p = profiles[name]
-            row.update(matmul_share=p["matmul"] / p["wall"], attention_share=p["attention"] / p["wall"],
+            row.update(matmul_share=p["matmul"] / p["wall"],
+                       attention_share=p["attention"] / p["wall"],
                        matmul_peak_fraction=p["matmul_flops"] / p["matmul"] / peak)
-        for ref in ("vanilla", "base"):  # paired per round: both steps ran moments apart, under the same load
+        # paired per round: both steps ran moments apart, under the same load
+        for ref in ("vanilla", "base"):
             if ref in steps:
                 row[f"time_vs_{ref}"] = median(a / b for a, b in zip(steps[name], steps[ref]))
         if cuda:  # here, so nothing compiles twice; where compiled, eager too (the plan's like)
@@ -420,12 +452,14 @@ def run(bc):
                 row["eager_peak_mb"], row["eager_step_mb"] = eager
         else:
             row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
-        row["plan_mb"] = plan.memory(cfg, B, 1, False, bc.grad_checkpoint, 2 if bc.dtype == "bfloat16" else 4,
-                                     ddp=False)["total"] / 2**20  # train.py --plan=true's estimate of peak_mb
+        compute_bytes = 2 if bc.dtype == "bfloat16" else 4
+        planned = plan.memory(cfg, B, 1, False, bc.grad_checkpoint, compute_bytes, ddp=False)
+        row["plan_mb"] = planned["total"] / 2**20  # train.py --plan=true's estimate of peak_mb
         row["memory"] = ("CUDA allocator peak, in this process" if cuda else
                          "peak resident set of a fresh process")
         rows.append(row)
-        del models[name]  # the last reference: decoding below runs with no training model or optimizer left
+        # the last reference: decoding below runs with no training model or optimizer left
+        del models[name]
 
     # ---- decoding (after the training models are freed): rounds interleave the variants again
     if bc.decode:
@@ -434,13 +468,15 @@ def run(bc):
                                 for name, cfg in todo}, device, bc)
         for row in rows:
             cached, full, speedup, built = speeds[row["variant"]]
-            row.update(decode_tok_s_cache=cached, decode_tok_s_no_cache=full, decode_speedup=speedup)
+            row.update(decode_tok_s_cache=cached, decode_tok_s_no_cache=full,
+                       decode_speedup=speedup)
             recompiles[row["variant"]] += built
     for row in rows:
         row["recompiles"] = recompiles[row["variant"]] if bc.compile else None
 
-    info = dict(kind="machine", torch=torch.__version__, device=device, device_name=machine_name(device),
-                threads=torch.get_num_threads(), peak_flops=peak, peak_source=peak_source,
+    info = dict(kind="machine", torch=torch.__version__, device=device,
+                device_name=machine_name(device), threads=torch.get_num_threads(),
+                peak_flops=peak, peak_source=peak_source,
                 cpus=os.cpu_count(), other_processes_cpus=others, settings=dataclasses.asdict(bc))
     return rows, info
 
@@ -448,10 +484,14 @@ def run(bc):
 def table(rows, info):
     """A Markdown table, one row per variant; columns that the run did not measure are left out."""
     mem = "CUDA peak MB" if info["device"].startswith("cuda") else "peak RSS MB"
-    cols = [("variant", "variant", "s"), ("layout", "layout", "s"), ("non-emb params", "non_embedding_params", ",d"),
-            ("ms/step", "ms_per_step", ".1f"), ("vs vanilla", "time_vs_vanilla", ".3f"), ("vs base", "time_vs_base", ".3f"),
-            ("tok/s", "tokens_per_s", ",.0f"), ("GFLOP/s", "flops_per_s", ".1f"), ("% of peak", "peak_fraction", ".1f"),
-            ("% matmul", "matmul_share", ".0f"), ("matmul % of peak", "matmul_peak_fraction", ".0f"),
+    cols = [("variant", "variant", "s"), ("layout", "layout", "s"),
+            ("non-emb params", "non_embedding_params", ",d"),
+            ("ms/step", "ms_per_step", ".1f"), ("vs vanilla", "time_vs_vanilla", ".3f"),
+            ("vs base", "time_vs_base", ".3f"),
+            ("tok/s", "tokens_per_s", ",.0f"), ("GFLOP/s", "flops_per_s", ".1f"),
+            ("% of peak", "peak_fraction", ".1f"),
+            ("% matmul", "matmul_share", ".0f"),
+            ("matmul % of peak", "matmul_peak_fraction", ".0f"),
             ("% attention", "attention_share", ".0f"), (mem, "peak_mb", ".0f"),
             ("step MB", "step_mb", ".1f"), ("eager peak MB", "eager_peak_mb", ".0f"),
             ("plan MB", "plan_mb", ".0f"), ("decode tok/s, cache", "decode_tok_s_cache", ".0f"),
@@ -461,13 +501,16 @@ def table(rows, info):
     cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]
     percent = ("peak_fraction", "matmul_share", "matmul_peak_fraction", "attention_share")
     scale = {"flops_per_s": 1e-9, **dict.fromkeys(percent, 100)}
-    cell = lambda r, key, spec: "-" if r.get(key) is None else format(r[key] * scale.get(key, 1), spec)  # noqa: E731
+    def cell(r, key, spec):
+        return "-" if r.get(key) is None else format(r[key] * scale.get(key, 1), spec)
+
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(r, key, spec) for _, key, spec in cols) + " |" for r in rows]
     r = rows[0]
-    lines.append(f"\n{info['device_name']} ({info['device']}, torch threads {info['threads']}, torch {info['torch']}), "
-                 f"{r['dtype']}{', compiled' if r['compile'] else ''}; batch {r['batch_size']} x {r['block_size']} "
-                 f"tokens, D={r['n_embd']}, V={r['vocab_size']}; peak {info['peak_flops'] / 1e9:,.1f} GFLOP/s "
+    lines.append(f"\n{info['device_name']} ({info['device']}, torch threads {info['threads']}, "
+                 f"torch {info['torch']}), {r['dtype']}{', compiled' if r['compile'] else ''}; "
+                 f"batch {r['batch_size']} x {r['block_size']} tokens, D={r['n_embd']}, "
+                 f"V={r['vocab_size']}; peak {info['peak_flops'] / 1e9:,.1f} GFLOP/s "
                  f"({info['peak_source']})")
     others, missing = info["other_processes_cpus"], []
     if all(r.get("peak_mb") is None for r in rows):
@@ -477,15 +520,17 @@ def table(rows, info):
     if missing:
         lines.append(f"Not measured on this system: {'; '.join(missing)}.")
     if others is not None:
-        lines.append(f"Other processes kept {others:.2f} of the {info['cpus']} CPUs busy during the timed steps.")
+        lines.append(f"Other processes kept {others:.2f} of the {info['cpus']} CPUs busy during "
+                     f"the timed steps.")
         if not info["device"].startswith("cuda") and others > 0.1 * info["cpus"]:
-            lines.append("warning: times are unreliable on a busy machine; rerun on an idle one (on a shared one, "
-                         "--threads=1 avoids threads spinning on busy cores)")
+            lines.append("warning: times are unreliable on a busy machine; rerun on an idle one "
+                         "(on a shared one, --threads=1 avoids threads spinning on busy cores)")
     return "\n".join(lines)
 
 
 class Stopped(BaseException):
-    """bench.py was asked to stop by SIGTERM or SIGHUP (its number), raised as Ctrl-C's KeyboardInterrupt is."""
+    """bench.py was asked to stop by SIGTERM or SIGHUP (its number), raised as Ctrl-C's
+    KeyboardInterrupt is."""
 
 
 def on_signal(signum, frame):
@@ -493,17 +538,18 @@ def on_signal(signum, frame):
 
 
 def main(argv):
-    """bench.py's command: its exit code. Ctrl-C, SIGTERM and SIGHUP stop it at once, in one line, with
-    128 + the signal's number (130, 143, 129) and nothing written."""
+    """bench.py's command: its exit code. Ctrl-C, SIGTERM and SIGHUP stop it at once, in one line,
+    with 128 + the signal's number (130, 143, 129) and nothing written."""
     kept = console.keep("bench.py")  # a failing stdout stops nothing: one note on stderr
     stops = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
-    previous = [(signal.SIGINT, signal.getsignal(signal.SIGINT))] + [(s, signal.signal(s, on_signal)) for s in stops]
+    previous = [(signal.SIGINT, signal.getsignal(signal.SIGINT))]
+    previous += [(s, signal.signal(s, on_signal)) for s in stops]
     try:
         return measure(argv)
     except (KeyboardInterrupt, Stopped) as e:
         signum = e.args[0] if isinstance(e, Stopped) else signal.SIGINT
-        print(f"\nbench.py: stopped by {signal.Signals(signum).name} before the table was done; nothing "
-              f"was printed or written", file=sys.stderr)
+        print(f"\nbench.py: stopped by {signal.Signals(signum).name} before the table was done; "
+              f"nothing was printed or written", file=sys.stderr)
         return 128 + signum
     finally:
         for s, handler in previous:
@@ -514,11 +560,13 @@ def main(argv):
 def measure(argv):
     try:
         bc = BenchConfig(**parse_flags(BenchConfig, argv, "tools/bench.py", NOTES))
-        if min(bc.iters, bc.batch_size, 1 if bc.threads is None else bc.threads) < 1 or bc.warmup < 0:
-            raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at least 0")
+        threads = 1 if bc.threads is None else bc.threads
+        if min(bc.iters, bc.batch_size, threads) < 1 or bc.warmup < 0:
+            raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at "
+                             "least 0")
         if bc.profile and (device := resolve_device(bc.device)) != "cpu":
-            raise UsageError(f"--profile times CPU operators, but --device={bc.device} runs on {device}; "
-                             f"use --device=cpu (on a GPU, Nsight or torch.profiler)")
+            raise UsageError(f"--profile times CPU operators, but --device={bc.device} runs on "
+                             f"{device}; use --device=cpu (on a GPU, Nsight or torch.profiler)")
         if bc.json:  # find out now, not after the whole run
             check_writable(bc.json, "json")
         rows, info = run(bc)
