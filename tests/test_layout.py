@@ -1,7 +1,8 @@
 """
 The project's shape, held by the suite: the top level is the teaching path, the teaching files stay
-within their line budgets, mesh.py stands alone, tests share conftest.py rather than each other, and
-every command the README, LESSON.md and results/ show names a script that exists and settings it takes.
+within their line budgets, they and tools/ within 100 characters a line, mesh.py stands alone, tests
+share conftest.py rather than each other, and every command the README, LESSON.md and results/ show
+names a script that exists and settings it takes.
 
     python -m pytest tests/test_layout.py
 """
@@ -46,6 +47,14 @@ def test_the_teaching_files_together_and_their_width():
     total = sum(len(lines(n)) for n in TEACHING)
     assert total <= TEACHING_BUDGET, f"the teaching files have {total} lines, over {TEACHING_BUDGET}"
     wide = [f"{n}:{i}" for n in TEACHING for i, line in enumerate(lines(n), 1) if len(line) > WIDTH]
+    assert not wide, f"lines over {WIDTH} characters: {', '.join(wide[:10])}"
+
+
+def test_the_tools_width():
+    """tools/ keeps lines of at most WIDTH characters, as the teaching files do."""
+    tools = sorted(f"tools/{n}" for n in os.listdir(os.path.join(ROOT, "tools")) if n.endswith(".py"))
+    assert "tools/bench.py" in tools
+    wide = [f"{n}:{i}" for n in tools for i, line in enumerate(lines(n), 1) if len(line) > WIDTH]
     assert not wide, f"lines over {WIDTH} characters: {', '.join(wide[:10])}"
 
 
