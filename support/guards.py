@@ -3,7 +3,6 @@ The guards around a run: bad input as one line, a signal as a clean stop, and no
 model that blew up. train.py reaches each by one call; sample.py uses command() too.
 
     sys.exit(guards.command("train.py", TrainConfig, train, argv))  # one line, exit 2, bad input
-    guards.check_settings(tc)                # train.py's settings in range, and with each other
     stop = guards.Stop(rank, distributed)    # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun
     guards.check_saveable(model, optimizer, losses, iter_num, last_good, distributed)
 """
@@ -19,7 +18,6 @@ import torch.distributed as dist
 
 from support import console, machine, outdir
 from configurator import UsageError, parse_flags, report
-from mesh import ConfigError
 
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|[Tt]imed out|Socket Timeout")  # a collective's
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
@@ -40,7 +38,7 @@ def command(prog, settings, fn, argv, notes=""):
         if given.get("debug"):
             raise
         return report(prog, e, code=1)
-    except (UsageError, ConfigError, OSError) as e:
+    except (UsageError, OSError) as e:
         if given.get("debug"):
             raise
         return report(prog, e)
@@ -140,55 +138,3 @@ def check_saveable(model, optimizer, losses, iter_num, last_good, distributed):
         reason = reason or ("a weight or optimizer state on another rank is not finite" if flag.item() else None)
     if reason:
         raise FloatingPointError(f"{reason} at iter {iter_num}; stopped without saving, so {last_good()}")
-
-
-def check_ranges(settings, ranges):
-    """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
-    range in words); None (unset) passes, anything else must be finite and pass the test."""
-    for names, ok, allowed in ranges:
-        for name in names.split():
-            value = getattr(settings, name)
-            if value is not None and not (math.isfinite(value) and ok(value)):
-                raise UsageError(f"--{name}={value} must be {allowed}")
-
-
-RANGES = [  # train.py's settings: (names, the test each must pass, the range in words)
-    ("batch_size grad_accum eval_interval eval_iters log_interval epochs lr_decay_iters plan_gpus",
-     lambda v: v >= 1, "at least 1"),
-    ("max_iters sample_tokens warmup_iters", lambda v: v >= 0, "0 or more"),
-    ("seed", lambda v: v >= 0, "0 or more (numpy's generators take no negative seed)"),
-    ("lr", lambda v: v > 0, "a finite number above 0"),
-    ("gpu_memory", lambda v: v > 0, "a finite number of GiB above 0"),
-    ("dist_timeout", lambda v: v > 0, "a finite number of seconds above 0"),
-    ("min_lr weight_decay", lambda v: v >= 0, "a finite number, 0 or more"),
-    ("grad_clip", lambda v: v >= 0, "a finite number, 0 or more (0 disables clipping)"),
-    ("beta1 beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
-]
-
-
-def check_settings(tc):
-    """train.py's settings, each in its range (None, unset, passes) and with the others."""
-    check_ranges(tc, RANGES)
-    if tc.data_order not in ("random", "sequential"):
-        raise UsageError(f"--data_order={tc.data_order} is not random or sequential")
-    if tc.lr is not None and tc.min_lr is not None and tc.min_lr > tc.lr:
-        raise UsageError(f"--min_lr={tc.min_lr} is above --lr={tc.lr}; "
-                         f"the cosine decays from lr to min_lr")
-    decay = tc.max_iters if tc.lr_decay_iters is None else tc.lr_decay_iters
-    if tc.warmup_iters is not None and tc.warmup_iters > decay:
-        raise UsageError(f"--warmup_iters={tc.warmup_iters} ends after the cosine does (--lr_decay_iters="
-                         f"{decay}{' from --max_iters' * (tc.lr_decay_iters is None)}); warm up for at "
-                         f"most {decay} steps, or raise --lr_decay_iters")
-    for name in ("out_dir", "data_root", "dataset"):
-        if not getattr(tc, name).strip():
-            default = type(tc).__dataclass_fields__[name].default
-            raise UsageError(f"--{name} is empty; give it a name, e.g. --{name}={default} (its default)")
-
-
-def ran_out(iter_num, tc, windows, window):
-    """The note of a --data_order=sequential run whose --epochs passes are read."""
-    seen = iter_num * tc.batch_size * tc.grad_accum
-    return (f"the data ran out at iter {iter_num} (--max_iters={tc.max_iters}): "
-            f"{seen / windows:.3f} epoch(s) of {windows:,} windows of {window} tokens read "
-            f"in order, {seen * window:,} tokens seen; allow more passes with "
-            f"--init_from=resume --epochs={tc.epochs + 1}")

@@ -2,7 +2,8 @@
 Where a run runs: its processes (torchrun), its device and dtype, and the chip's peak for MFU.
 
     distributed, rank, world = process_group()   # torchrun's RANK and WORLD_SIZE; (False, 0, 1) alone
-    device = start(tc.device, distributed)       # "cuda:LOCAL_RANK" under torchrun, its process group started
+    device = Device(tc, distributed, master)      # under torchrun "cuda:LOCAL_RANK", its group started
+    device.name, device.type, device.dtype, device.autocast, device.mfu(cfg, tokens, seconds, world)
 """
 
 import datetime
@@ -225,6 +226,27 @@ def peak_bf16_flops(device, dtype):
         return None
     name = torch.cuda.get_device_name(device)
     return 312e12 if name.startswith("NVIDIA A100") else PEAK_BF16_FLOPS.get(name)
+
+
+class Device:
+    """This process's device as a run uses it: its name ("cuda:1", "mps", "cpu") and type, with
+    --dtype and --compile resolved for it, its autocast, and the chip's peak for MFU. Making one
+    starts the device (and, under torchrun, the process group: start)."""
+
+    def __init__(self, tc, distributed, master):
+        self.name = start(tc.device, distributed, tc.dist_timeout)
+        self.type = self.name.split(":")[0]  # cuda, mps or cpu
+        self.dtype = resolve_dtype(tc.dtype, self.name)
+        self.compile = resolve_compile(tc.compile, self.type, master)
+        self.autocast = autocast(self.name, self.dtype)  # a context: `with device.autocast:`
+        self.peak = peak_bf16_flops(self.name, self.dtype)
+
+    def mfu(self, cfg, tokens, seconds, world):
+        """Model FLOPs utilisation: the share of the world processes' peak that training `tokens`
+        tokens of a model of mesh.Config cfg in `seconds` used; None where the peak is unknown."""
+        if not self.peak:
+            return None
+        return flops_per_token(cfg) * tokens / seconds / (self.peak * world)
 
 
 def machine_name(device="cpu"):

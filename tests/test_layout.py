@@ -18,8 +18,10 @@ import pytest
 
 from conftest import HANG, ROOT
 
-TEACHING = ["mesh.py", "train.py", "sample.py", "configurator.py", "data/loader.py",
-            "data/tokenizer.py"]  # what a default run reads: the files a student opens
+# what a default run reads, the files a student opens: the scripts, and the data a batch comes from
+TEACHING = ["mesh.py", "train.py", "sample.py", "configurator.py", "data/dataset.py",
+            "data/loader.py"]
+PROJECT = {"mesh", "train", "sample", "configurator", "support", "data", "tools"}  # its modules
 TOP_LEVEL_PY = {"mesh.py", "train.py", "sample.py", "configurator.py", "test_mesh.py"}
 BUDGETS = {"mesh.py": 580, "train.py": 320, "README.md": 300}  # lines
 TEACHING_BUDGET, WIDTH = 1450, 100  # lines together; characters a line, at most
@@ -76,11 +78,36 @@ def imported(path):
 def test_layers_import_one_way():
     """configurator.py, the lowest file, imports no project module; support/ never imports data/ (data/
     uses support/'s locks and files)."""
-    project = {"mesh", "train", "sample", "configurator", "support", "data", "tools"}
-    assert not imported(os.path.join(ROOT, "configurator.py")) & project
+    assert not imported(os.path.join(ROOT, "configurator.py")) & PROJECT
     for name in os.listdir(os.path.join(ROOT, "support")):
         if name.endswith(".py"):
             assert "data" not in imported(os.path.join(ROOT, "support", name)), f"support/{name}"
+
+
+def test_train_calls_about_a_dozen_names_of_the_project():
+    """train() reads as nanoGPT's: besides the model, its own functions and the objects it makes
+    (the Run, the Dataset, the Spread, the Device), it calls at most a dozen names of the project's
+    other modules; an error it raises is not counted."""
+    tree = ast.parse(open(os.path.join(ROOT, "train.py"), encoding="utf-8").read())
+    modules, names = set(), set()  # what train.py imports from the project
+    for node in ast.walk(tree):  # (an import inside train() too)
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in PROJECT:
+            for alias in node.names:
+                is_module = node.module == "support"  # from support import guards, machine, ...
+                (modules if is_module else names).add(alias.asname or alias.name)
+    train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    called = set()
+    for node in ast.walk(train):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in names:
+            called.add(f.id)
+        elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            if f.value.id in modules or f.value.id in names:
+                called.add(f"{f.value.id}.{f.attr}")
+    called = {c for c in called if c != "RecursiveGPT" and not c.endswith("Error")}
+    assert len(called) <= 12, sorted(called)
 
 
 def test_no_test_module_imports_another_and_the_model_tests_no_tool():
