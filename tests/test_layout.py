@@ -51,6 +51,14 @@ def test_the_teaching_files_together_and_their_width():
     assert not wide, f"lines over {WIDTH} characters: {', '.join(wide[:10])}"
 
 
+@pytest.mark.parametrize("folder", ["support", "data"])
+def test_the_library_keeps_lines_within_the_width_too(folder):
+    names = sorted(n for n in os.listdir(os.path.join(ROOT, folder)) if n.endswith(".py"))
+    wide = [f"{folder}/{n}:{i}" for n in names for i, line in enumerate(lines(f"{folder}/{n}"), 1)
+            if len(line) > WIDTH]
+    assert not wide, f"lines over {WIDTH} characters: {', '.join(wide[:10])}"
+
+
 def test_mesh_py_can_be_copied_alone(tmp_path):
     """Only torch and the standard library: a copy of mesh.py alone builds and runs a model."""
     shutil.copy(os.path.join(ROOT, "mesh.py"), tmp_path)
