@@ -43,6 +43,16 @@ def setting(default, help, path=False):
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def check_ranges(settings, ranges):
+    """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
+    range in words); None (unset) passes, anything else must be finite and pass the test."""
+    for names, ok, allowed in ranges:
+        for name in names.split():
+            value = getattr(settings, name)
+            if value is not None and not (math.isfinite(value) and ok(value)):
+                raise UsageError(f"--{name}={value} must be {allowed}")
+
+
 def closest(name, options, flag=False):
     """" (did you mean 'X'?)" for the nearest of options, with --X for a flag; "" for none."""
     match = difflib.get_close_matches(str(name), list(options), n=1, cutoff=0.5)
@@ -93,6 +103,9 @@ def value_of(field, value, file=None):
             raise bad from None
     if field.metadata.get("path") and isinstance(value, str):  # not a folder named "~"
         value = os.path.expanduser(value)
+    if field.metadata.get("path") and isinstance(value, str) and not value.strip():
+        raise UsageError(f"--{field.name} is empty; give it a name, e.g. "
+                         f"--{field.name}={field.default} (its default)")
     if kind is int and value is not None and abs(value) > LARGEST:
         digits = str(abs(value))
         shown = digits if len(digits) < 24 else f"{digits[:6]}...({len(digits)} digits)"

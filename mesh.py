@@ -53,7 +53,8 @@ PRESETS = {
 
 
 class ConfigError(ValueError):
-    """A setting the model cannot take: train.py and sample.py print it as one line."""
+    """A setting the model cannot take. This file's own, so that it stands alone: train.py turns
+    it into its one-line UsageError; anywhere else (a bug) it shows its traceback."""
 
 
 def refuse(bad, message):
@@ -555,7 +556,7 @@ def summary(cfg):
 
 
 if __name__ == "__main__":
-    from configurator import parse_flags, report, setting
+    from configurator import UsageError, parse_flags, report, setting
 
     @dataclass
     class Summary:
@@ -571,6 +572,6 @@ if __name__ == "__main__":
     try:
         chosen = {**asdict(Summary()), **parse_flags(Summary, sys.argv[1:], "mesh.py", notes)}
         config = Config.from_preset(chosen.pop("model"), **chosen)
-    except ValueError as e:
+    except (UsageError, ConfigError) as e:  # a bad flag, or a model no Config can hold
         sys.exit(report("mesh.py", e))
     print(summary(config))

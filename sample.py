@@ -17,8 +17,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even if PYTHONSAFEPATH=1
 from support import guards, sampling
-from configurator import UsageError, setting
-from data.dataset import checkpoint_dataset
+from configurator import UsageError, check_ranges, setting
+from data.record import checkpoint_dataset
 from data.tokenizer import Tokenizer
 from support.machine import resolve_device
 
@@ -38,8 +38,13 @@ class SampleConfig:
     compile: bool = setting(False, "torch.compile the forward: pays off for long generations")
     debug: bool = setting(False, "show Python tracebacks for errors")
 
-    def __post_init__(self):
-        sampling.check_settings(self)  # in range, before anything is read
+    def __post_init__(self):  # in range, before anything is read (an inf temperature is uniform)
+        check_ranges(self, [
+            ("num_samples", lambda v: v >= 1, "at least 1"),
+            ("max_new_tokens", lambda v: v >= 0, "at least 0"),
+            ("temperature", lambda v: v >= 0, "0 (greedy) or a finite number above it"),
+            ("top_k", lambda v: v >= 1, "at least 1 (or None for no limit)"),
+        ])
 
 
 def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=None, device="cpu",

@@ -9,9 +9,8 @@ Train a nanoMeSH model, from a laptop CPU to multi-node torchrun DDP (FSDP2 past
 Every setting is a field of TrainConfig (--help). train() reads top to bottom: settings, device,
 data, model and optimizer, the run's folder, the loop, a closing sample. A step's batches depend on
 the step alone, never on the process count, so a resume sees the data it would have seen. The
-safety nets stand behind three objects, each a call a first reading can skip: the Dataset
-(data/dataset.py), the Run and its checkpoints (support/run.py), and how the model is spread over
-the processes (support/spread.py); guards.py stops on a signal and refuses a model that blew up.
+safety nets stand behind three objects a first reading can skip: the Dataset (data/dataset.py),
+the Run (support/run.py) and the Spread over the processes (support/spread.py).
 """
 
 import dataclasses
@@ -25,13 +24,28 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even if PYTHONSAFEPATH=1
-from configurator import UsageError, setting
-from data.dataset import Dataset
-from data.loader import random_windows, sequential_windows
-from mesh import PRESETS, SCHEMES, Config, RecursiveGPT
-from support import checkpoint, guards, machine, plan
+from configurator import UsageError, check_ranges, setting
+from data.dataset import Dataset, get_batch
+from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT
+from sample import complete
+from support import guards, machine, plan
 from support.run import Run
 from support.spread import spread_over
+
+
+# The settings' ranges: (names, the test each value must pass, the range in words); None passes
+RANGES = [
+    ("batch_size grad_accum eval_interval eval_iters log_interval epochs lr_decay_iters plan_gpus",
+     lambda v: v >= 1, "at least 1"),
+    ("max_iters sample_tokens warmup_iters", lambda v: v >= 0, "0 or more"),
+    ("seed", lambda v: v >= 0, "0 or more (numpy's generators take no negative seed)"),
+    ("lr", lambda v: v > 0, "a finite number above 0"),
+    ("gpu_memory", lambda v: v > 0, "a finite number of GiB above 0"),
+    ("dist_timeout", lambda v: v > 0, "a finite number of seconds above 0"),
+    ("min_lr weight_decay", lambda v: v >= 0, "a finite number, 0 or more"),
+    ("grad_clip", lambda v: v >= 0, "a finite number, 0 or more (0 disables clipping)"),
+    ("beta1 beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+]
 
 
 @dataclass
@@ -90,30 +104,32 @@ class TrainConfig:
     gpu_memory: float = setting(80.0, "GiB per GPU, for the plan")
     debug: bool = setting(False, "show Python tracebacks for errors")
 
-    def __post_init__(self):  # every setting is checked before anything is read or written
-        guards.check_settings(self)  # each in its range, and with the others
-        model_config(self, vocab_size=None)  # the model settings, by mesh.Config's own checks
+    def __post_init__(self):
+        """The settings' own checks, before anything is read or written: each in its range, then
+        with the others; the model's by mesh.Config's own checks."""
+        check_ranges(self, RANGES)
+        if self.data_order not in ("random", "sequential"):
+            raise UsageError(f"--data_order={self.data_order} is not random or sequential")
+        if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
+            raise UsageError(f"--min_lr={self.min_lr} is above --lr={self.lr}; "
+                             f"the cosine decays from lr to min_lr")
+        decay = self.max_iters if self.lr_decay_iters is None else self.lr_decay_iters
+        source = " from --max_iters" if self.lr_decay_iters is None else ""
+        if self.warmup_iters is not None and self.warmup_iters > decay:
+            raise UsageError(f"--warmup_iters={self.warmup_iters} ends after the cosine does "
+                             f"(--lr_decay_iters={decay}{source}); warm up for at most {decay} "
+                             f"steps, or raise --lr_decay_iters")
+        model_config(self, vocab_size=None)
 
 
 def model_config(tc, vocab_size):
-    """The model's Config: the preset's, with every model setting that was given."""
+    """The model's Config: the preset's, with every model setting that was given. One the model
+    cannot take (mesh.py's own ConfigError, so that the file stands alone) is bad input here."""
     shape = {k: getattr(tc, k) for k in Config.__dataclass_fields__ if hasattr(tc, k)}
-    return Config.from_preset(tc.model, vocab_size=vocab_size, **shape)
-
-
-def get_batch(data, tc, block_size, key, device):
-    """(inputs, targets), (B, T) each, from tc.batch_size windows of block_size + 1 tokens, chosen
-    by key alone: (0, step, micro-batch) to train, (split code, 0, k) to evaluate. Random: windows
-    at starts seeded by (seed, *key); sequential (training): micro-batch m of step it is windows
-    (it * grad_accum + m) * batch_size on (Pythia's data in Pythia's steps: data/README.md)."""
-    if tc.data_order == "sequential" and key[0] == 0:
-        _, it, m = key
-        first = (it * tc.grad_accum + m) * tc.batch_size
-        rows = sequential_windows(data, block_size + 1, first, tc.batch_size)
-    else:
-        rows = random_windows(data, block_size + 1, tc.batch_size, [tc.seed, *key])
-    xy = torch.from_numpy(rows).to(device, non_blocking=True)  # (B, T+1)
-    return xy[:, :-1], xy[:, 1:]
+    try:
+        return Config.from_preset(tc.model, vocab_size=vocab_size, **shape)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def get_lr(it, tc):
@@ -151,7 +167,6 @@ def train(given):
     run = Run(given.get("out_dir", TrainConfig.out_dir), master)  # OUT_DIR, from start to end
     given = run.resume(given)  # --init_from=resume (or a torchrun restart): its latest checkpoint
     tc = run.settings(TrainConfig, given)  # a resume's: its own, read as flags are, then the flags
-    as_given = run.as_given(tc)  # saved as given (auto, None): a resume derives them again
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
         print(plan.plan(tc, run.model_config or model_config(tc, vocab_size=None)))
         return 0
@@ -159,13 +174,10 @@ def train(given):
     if not run.check(tc, given, spread):  # a finished run is left as it is
         return 0
 
-    # ---- device and dtype: resolved for this machine, but saved as given, so that a resume on
-    # another machine picks its own (and a new --lr brings its own 10% min_lr)
-    device = machine.start(tc.device, distributed, tc.dist_timeout)
-    device_type = device.split(":")[0]
-    tc.dtype = machine.resolve_dtype(tc.dtype, device)
-    tc.compile = machine.resolve_compile(tc.compile, device_type, master)
-    autocast = machine.autocast(device, tc.dtype)
+    # ---- device and dtype, resolved for this machine (checkpoints keep them as given: run.py)
+    device = machine.Device(tc, distributed, master)  # under torchrun, GPU LOCAL_RANK and its group
+    tc.dtype = device.dtype
+    tc.compile = device.compile
     torch.manual_seed(tc.seed + rank)
 
     # ---- data: a folder of data/prepare.py's (made here on first use, by rank 0) or indexed
@@ -174,7 +186,7 @@ def train(given):
     # ---- model and optimizer: from scratch, the run's checkpoint, or a Hugging Face GPT-NeoX
     if tc.init_from == "scratch":  # refused first where it cannot fit in the device's memory
         cfg = model_config(tc, data.vocab_size)
-        model = RecursiveGPT(plan.check_run(cfg, tc, device, world))
+        model = RecursiveGPT(plan.check_run(cfg, tc, device.name, world))
     elif run.ckpt:
         model = run.ckpt["model"]  # its config was checked against the flags given
     elif tc.init_from.startswith("hf:"):
@@ -193,53 +205,45 @@ def train(given):
         tc.warmup_iters = max(1, tc.lr_decay_iters // 100)
     model.grad_checkpoint = tc.grad_checkpoint
     # raw_model: the plain module, saved and sampled; model: what trains (compiled, DDP, sharded)
-    raw_model, model = spread.wrap(model, device, tc, scratch=run.ckpt is None)
+    raw_model, model = spread.wrap(model, device.name, tc, scratch=run.ckpt is None)
     betas = (tc.beta1, tc.beta2)
-    optimizer = raw_model.configure_optimizer(tc.weight_decay, tc.lr, betas, device_type)
+    optimizer = raw_model.configure_optimizer(tc.weight_decay, tc.lr, betas, device.type)
     iter_num, best_val = 0, float("inf")
     if run.ckpt:  # AdamW's state (FSDP: the weights too, sharded) and the random state
-        run.restore(raw_model, optimizer, tc.seed, rank, world, device_type)
+        run.restore(raw_model, optimizer, tc.seed, rank, world, device.type)
         iter_num = run.ckpt["iter_num"]
         best_val = run.ckpt["best_val_loss"]
     cfg = raw_model.config
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.block_size
 
     # ---- all checked: now the run takes OUT_DIR (its lock, killed writes' leftovers, its log)
-    run.start(tc)
+    run.start(tc, device.type)
     if master:
         print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
               f"{raw_model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
               f"dataset {tc.dataset} ({len(data.train):,} train tokens, {tc.data_order} order), "
-              f"device {device} {tc.dtype}, {world} process(es){spread.name}, "
+              f"device {device.name} {tc.dtype}, {world} process(es){spread.name}, "
               f"{tokens_per_step:,} tokens/step", flush=True)
 
     def save():  # what a checkpoint keeps besides the weights and AdamW's state
         run.save(raw_model, optimizer, {
-            "model_config": cfg.to_dict(), "train_config": {**dataclasses.asdict(tc), **as_given},
-            "iter_num": iter_num, "best_val_loss": best_val,
-            "rng": checkpoint.rng_state(device_type), "data": data.record,
-            "saved_at": time.time(), "launch": machine.launch_id()})
+            "model_config": cfg.to_dict(), "train_config": dataclasses.asdict(tc),
+            "iter_num": iter_num, "best_val_loss": best_val, "data": data.record})
 
     # ---- the loop: evaluate and save, learning rate, accumulated micro-batches, clip, step, log
     stop = guards.Stop(rank, distributed)  # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun: finish, save
     local = tc.grad_accum // world  # this process's micro-batches m = rank, rank + world, ...
-    window = cfg.block_size + 1  # tokens of a training window: the inputs and one more
-    windows = len(data.train) // window
-    steps = tc.max_iters
-    if tc.data_order == "sequential":  # at most the steps of its --epochs passes over the data
-        steps = min(steps, tc.epochs * windows // (tc.batch_size * tc.grad_accum))
-    flops = machine.flops_per_token(cfg) * tokens_per_step
-    peak = machine.peak_bf16_flops(device, tc.dtype)
+    steps = data.steps(tc, cfg.block_size)  # sequential: at most those of its --epochs passes
     resumed_at = iter_num
     t0, timed_from = time.time(), iter_num
     while True:
         done = iter_num >= steps
         if done and iter_num < tc.max_iters and master:  # sequential: its --epochs passes are read
-            print(guards.ran_out(iter_num, tc, windows, window), flush=True)
+            print(data.ran_out(iter_num, tc, cfg.block_size), flush=True)
         new_here = not run.ckpt or iter_num != resumed_at  # a resume evaluated this step already
         if done or (iter_num % tc.eval_interval == 0 and new_here):
             splits = {"train": data.train, "val": data.val}
-            losses = evaluate(raw_model, splits, tc, device, autocast, rank, world)
+            losses = evaluate(raw_model, splits, tc, device.name, device.autocast, rank, world)
             best_val = min(best_val, losses["val"])
             record = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]}
             run.write(record, f"iter {iter_num}: train loss {losses['train']:.4f}, "
@@ -253,17 +257,17 @@ def train(given):
         lr = get_lr(iter_num, tc)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = torch.zeros((), device=device)
+        loss_sum = torch.zeros((), device=device.name)
         for j, m in enumerate(range(rank, tc.grad_accum, world)):
-            x, y = get_batch(data.train, tc, cfg.block_size, (0, iter_num, m), device)
+            x, y = get_batch(data.train, tc, cfg.block_size, (0, iter_num, m), device.name)
             with spread.sync(model, last=j == local - 1):  # DDP all-reduces at the last one
-                with autocast:
+                with device.autocast:
                     _, loss = model(x, y)
                 (loss / local).backward()  # the mean over the global batch, once the ranks average
             loss_sum += loss.detach().float()
         if tc.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip)
-        requested = torch.tensor(float(stop.requested()), device=device)
+        requested = torch.tensor(float(stop.requested()), device=device.name)
         state = torch.stack([loss_sum / local, requested])
         if distributed:  # every rank sees the same loss and stops at the same step
             dist.all_reduce(state)  # summed, then divided: torch 2.7's gloo has no ReduceOp.AVG
@@ -282,8 +286,8 @@ def train(given):
             record = {"iter": iter_num, "loss": loss, "lr": lr, "ms": 1000 * dt}
             text = (f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms/iter, "
                     f"{tokens_per_step / dt:,.0f} tok/s, eta {eta:.1f} min")
-            if peak:  # the log keeps MFU's full precision (a tiny model's prints as 0.0%)
-                mfu = flops / dt / (peak * world)  # of all processes' peak
+            mfu = device.mfu(cfg, tokens_per_step, dt, world)  # of all processes' peak, or None
+            if mfu is not None:  # the log keeps its full precision (a tiny model's prints as 0.0%)
                 record["mfu"] = mfu
                 text += f", mfu {100 * mfu:.1f}%"
             run.write(record, text)
@@ -295,10 +299,8 @@ def train(given):
     # ---- a closing sample (every rank decodes the same tokens: FSDP gathers weights)
     if stop.finished() and tc.sample_tokens > 0:  # saved: a signal now ends the sample at once
         torch.manual_seed(tc.seed)
-        tokenizer = data.tokenizer
-        idx = torch.tensor([tokenizer.encode(tokenizer.default_prompt) or [0]], device=device)
-        out = raw_model.eval().generate(idx, tc.sample_tokens, temperature=0.8)  # idx (1, T)
-        text = tokenizer.decode(out[0].tolist())
+        prompt = data.tokenizer.default_prompt
+        text = complete(raw_model, data.tokenizer, prompt, tc.sample_tokens, device=device.name)[0]
         if master:
             print(f"---- sample ----\n{text}")
     return 0

@@ -1,8 +1,8 @@
-"""Data for nanoMeSH. The loading side, which train.py, sample.py, probe.py and the other scripts read
-datasets with: dataset.py (a run's Dataset, opened once; the dataset a checkpoint trained on), loader.py
-(meta.json, splits, windows), tokenizer.py, bpe.py (tokenizer.json files) and indexed.py (the Pile's
-format). The write side: prepare.py, the command that makes datasets. data/README.md is the reference.
-data/ uses support/'s locks and atomic writes; support/ never imports data/."""
+"""Data for nanoMeSH. The loading side, which train.py, sample.py, probe.py and the other scripts
+read datasets with: dataset.py (a run's Dataset, opened once; the dataset a checkpoint trained on),
+loader.py (meta.json, splits, windows), tokenizer.py, bpe.py (tokenizer.json files) and indexed.py
+(the Pile's format). The write side: prepare.py, the command that makes datasets. data/README.md is
+the reference. data/ uses support/'s locks and atomic writes; support/ never imports data/."""
 
 from configurator import UsageError
 
@@ -12,15 +12,17 @@ PROJECT_DATA = os.path.dirname(os.path.abspath(__file__))  # the project's data/
 
 
 class DataError(UsageError):
-    """A problem with the data that the user can fix (a missing, damaged or changed file, an unknown dataset,
-    a tokenizer that cannot be run): the entry points print it as one line and exit 2."""
+    """A problem with the data that the user can fix (a missing, damaged or changed file, an
+    unknown dataset, a tokenizer that cannot be run): the entry points print it as one line and
+    exit 2."""
 
 
 def data_root(root):
     """The absolute folder a --data_root names, by one rule for every script (train.py, sample.py,
-    prepare.py's --out_root, the tools) from whatever folder it runs in: `data`, the default, is the
-    project's data/ folder; another relative root is from the working folder, or from the project
-    folder where only that one exists; an absolute one is itself. A checkpoint records the result."""
+    prepare.py's --out_root, the tools) from whatever folder it runs in: `data`, the default, is
+    the project's data/ folder; another relative root is from the working folder, or from the
+    project folder where only that one exists; an absolute one is itself. A checkpoint records the
+    result."""
     if os.path.isabs(root):
         return root
     if os.path.normpath(root) == "data":

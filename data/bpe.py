@@ -3,8 +3,8 @@ Byte-level BPE tokenizers from a Hugging Face tokenizer.json (GPT-NeoX / Pythia'
 run by tiktoken: the same ids as the `tokenizers` package, without it.
 
     from data.bpe import ByteLevelBPE
-    tok = ByteLevelBPE("pythia-160m")                # a folder holding tokenizer.json, or the file itself
-    tok.encode("Hello  world<|endoftext|>")          # -> [12092, 50276, 1533, 0]
+    tok = ByteLevelBPE("pythia-160m")        # a folder holding tokenizer.json, or the file itself
+    tok.encode("Hello  world<|endoftext|>")  # -> [12092, 50276, 1533, 0]
     tok.decode(ids)
 
 How the file maps onto tiktoken (tiktoken.Encoding: a regex, then merges by rank):
@@ -38,8 +38,10 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 
 
 def bytes_to_unicode():
-    """GPT-2's table byte -> character: printable Latin-1 bytes map to themselves, the other 68 to U+0100..."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    """GPT-2's table byte -> character: printable Latin-1 bytes map to themselves, the other 68 to
+    U+0100..."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
     table, extra = {}, 0
     for b in range(256):
         if b in keep:
@@ -63,8 +65,8 @@ def read_tokenizer_json(path):
         if not isinstance(spec, dict) or "model" not in spec:
             raise ValueError("no 'model'")
     except (OSError, ValueError) as e:
-        raise DataError(f"cannot read the tokenizer {file} ({type(e).__name__}: {e}); give a Hugging "
-                                 f"Face tokenizer.json or a model folder holding one") from None
+        raise DataError(f"cannot read the tokenizer {file} ({type(e).__name__}: {e}); give a "
+                        f"Hugging Face tokenizer.json or a model folder holding one") from None
     return file, spec
 
 
@@ -72,56 +74,66 @@ MAX_ID = 1 << 24  # ids of a tokenizer this project runs are below 16,777,216 (G
 
 
 def check(spec, file):
-    """What decides the ids, checked before anything is built from it (a DataError naming the field): a BPE
-    model whose vocab maps token strings to distinct ids in [0, MAX_ID), merges that are pairs of tokens of
-    the vocabulary making one, and added tokens each a string on an id of its own (or its vocabulary entry's)."""
+    """What decides the ids, checked before anything is built from it (a DataError naming the
+    field): a BPE model whose vocab maps token strings to distinct ids in [0, MAX_ID), merges that
+    are pairs of tokens of the vocabulary making one, and added tokens each a string on an id of
+    its own (or its vocabulary entry's)."""
     bad = f"{file} is not a tokenizer nanoMeSH can run:"
     model = spec["model"]
     if not isinstance(model, dict) or model.get("type") != "BPE":
-        raise DataError(f"{bad} model.type is {model.get('type') if isinstance(model, dict) else model!r:.40}, not "
-                        f"'BPE' (byte-level BPE tokenizers such as GPT-NeoX's only)")
+        raise DataError(f"{bad} model.type is "
+                        f"{model.get('type') if isinstance(model, dict) else model!r:.40}, "
+                        f"not 'BPE' (byte-level BPE tokenizers such as GPT-NeoX's only)")
     vocab, by_id = model.get("vocab"), {}
     if not isinstance(vocab, dict):
         raise DataError(f"{bad} model.vocab is not a mapping of tokens to ids")
     for token, i in vocab.items():
         if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < MAX_ID:
-            raise DataError(f"{bad} model.vocab gives {token!r:.40} the id {i!r:.40}, not an integer from 0 to "
-                            f"{MAX_ID - 1:,}")
+            raise DataError(f"{bad} model.vocab gives {token!r:.40} the id {i!r:.40}, "
+                            f"not an integer from 0 to {MAX_ID - 1:,}")
         if i in by_id:
-            raise DataError(f"{bad} model.vocab gives {by_id[i]!r:.40} and {token!r:.40} the same id {i}")
+            raise DataError(f"{bad} model.vocab gives {by_id[i]!r:.40} and {token!r:.40} "
+                            f"the same id {i}")
         by_id[i] = token
     for merge in model.get("merges") or []:
         pair = merge.split(" ") if isinstance(merge, str) else merge
-        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(t, str) and t for t in pair):
+        if (not isinstance(pair, list) or len(pair) != 2
+                or not all(isinstance(t, str) and t for t in pair)):
             raise DataError(f"{bad} model.merges holds {merge!r:.60}, not a pair of tokens")
         unknown = next((t for t in (*pair, "".join(pair)) if t not in vocab), None)
         if unknown is not None:
-            raise DataError(f"{bad} the merge {merge!r:.60} uses or makes {unknown!r:.40}, which model.vocab lacks")
+            raise DataError(f"{bad} the merge {merge!r:.60} uses or makes {unknown!r:.40}, "
+                            f"which model.vocab lacks")
     for t in spec.get("added_tokens") or []:
         content, i = (t.get("content"), t.get("id")) if isinstance(t, dict) else (None, None)
-        if not isinstance(content, str) or not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < MAX_ID:
-            raise DataError(f"{bad} added_tokens holds {t!r:.60}, not a content string with an id from 0 to "
-                            f"{MAX_ID - 1:,}")
+        if (not isinstance(content, str) or not isinstance(i, int) or isinstance(i, bool)
+                or not 0 <= i < MAX_ID):
+            raise DataError(f"{bad} added_tokens holds {t!r:.60}, not a content string "
+                            f"with an id from 0 to {MAX_ID - 1:,}")
         if by_id.setdefault(i, content) != content:
-            raise DataError(f"{bad} the added token {content!r:.40} has id {i}, which is {by_id[i]!r:.40}'s")
+            raise DataError(f"{bad} the added token {content!r:.40} has id {i}, "
+                            f"which is {by_id[i]!r:.40}'s")
 
 
 def fingerprint(spec):
-    """sha256 of what decides the ids (model, added tokens, normalizer, pre-tokenizer, decoder): equal for
-    two copies of one tokenizer whatever their formatting or padding settings."""
+    """sha256 of what decides the ids (model, added tokens, normalizer, pre-tokenizer, decoder):
+    equal for two copies of one tokenizer whatever their formatting or padding settings."""
     keys = ("model", "added_tokens", "normalizer", "pre_tokenizer", "decoder")
-    return hashlib.sha256(json.dumps({k: spec.get(k) for k in keys}, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps({k: spec.get(k) for k in keys},
+                                     sort_keys=True).encode()).hexdigest()
 
 
 def _why_not_tiktoken(spec):
     """The reason tiktoken cannot reproduce this tokenizer exactly, or None."""
-    model, pre, norm = spec["model"], spec.get("pre_tokenizer"), spec.get("normalizer")  # a BPE model (check)
+    # a BPE model (check)
+    model, pre, norm = spec["model"], spec.get("pre_tokenizer"), spec.get("normalizer")
     for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(key):
             return f"BPE {key}={model[key]!r}"
     if model.get("ignore_merges") or model.get("byte_fallback"):
         return "BPE ignore_merges or byte_fallback"
-    if not pre or pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or not pre.get("use_regex", True):
+    if (not pre or pre.get("type") != "ByteLevel" or pre.get("add_prefix_space")
+            or not pre.get("use_regex", True)):
         return f"pre-tokenizer {pre!r} is not ByteLevel without add_prefix_space"
     if norm and norm.get("type") != "NFC":
         return f"normalizer {norm.get('type')!r} (only none or NFC)"
@@ -154,12 +166,13 @@ class ByteLevelBPE:
                 from tokenizers import Tokenizer as HFTokenizer
             except ImportError:
                 raise DataError(f"{self.file} cannot be run exactly by tiktoken ({why}); "
-                                         f"pip install tokenizers to use it") from None
+                                f"pip install tokenizers to use it") from None
             try:
                 self._hf = HFTokenizer.from_file(self.file)
             except Exception as e:  # the tokenizers package's own refusal: one line too
-                raise DataError(f"{self.file} cannot be run by tiktoken ({why}) nor by the tokenizers package "
-                                f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})") from None
+                raise DataError(f"{self.file} cannot be run by tiktoken ({why}) "
+                                f"nor by the tokenizers package ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:120] if str(e) else ''})") from None
         self.backend = "tokenizers" if self._hf else "tiktoken"
 
     def to_meta(self):  # the file itself is copied next to meta.json
@@ -173,7 +186,8 @@ class ByteLevelBPE:
         def to_bytes(token):
             return bytes(byte_of[c] for c in token)
 
-        # added tokens (which the vocabulary may also list, spelled as they are) decode to their content
+        # added tokens (which the vocabulary may also list, spelled as they are) decode to their
+        # content
         vocab_bytes = {t: i for t, i in vocab.items() if t not in self.added}
         if any(c not in byte_of for token in vocab_bytes for c in token):
             return "a vocabulary entry is not spelled in GPT-2's byte alphabet"
@@ -198,11 +212,13 @@ class ByteLevelBPE:
         self._nfc = bool(spec.get("normalizer"))
         self._enc = tiktoken.Encoding(name=f"bpe:{self.fingerprint[:12]}", pat_str=GPT2_PATTERN,
                                       mergeable_ranks=ranks, special_tokens={})
-        # added tokens, longest first: Python's regex takes the first alternative that matches at the leftmost
-        # position, so this is leftmost-longest matching
-        by_kind = [sorted((t["content"] for t in added if t.get("normalized", not t.get("special")) == norm),
+        # added tokens, longest first: Python's regex takes the first alternative that matches at
+        # the leftmost position, so this is leftmost-longest matching
+        by_kind = [sorted((t["content"] for t in added
+                           if t.get("normalized", not t.get("special")) == norm),
                           key=len, reverse=True) for norm in (False, True)]
-        self._split = [re.compile("(" + "|".join(map(re.escape, c)) + ")") if c else None for c in by_kind]
+        self._split = [re.compile("(" + "|".join(map(re.escape, c)) + ")") if c else None
+                       for c in by_kind]
         return None
 
     def _ordinary(self, text, ids):
@@ -226,10 +242,12 @@ class ByteLevelBPE:
         return ids
 
     def decode(self, ids):
-        """Special tokens are kept as text, as GPT-2's <|endoftext|> is; ids outside the vocabulary are dropped."""
+        """Special tokens are kept as text, as GPT-2's <|endoftext|> is; ids outside the vocabulary
+        are dropped."""
         ids = [int(i) for i in ids]
         if self._hf is not None:
-            return self._hf.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=False)
+            return self._hf.decode([i for i in ids if 0 <= i < self.vocab_size],
+                                   skip_special_tokens=False)
         return b"".join(self._bytes.get(i, b"") for i in ids).decode("utf-8", errors="replace")
 
 
@@ -247,8 +265,11 @@ class GPT2:
                 f"the GPT-2 vocabulary could not be loaded ({reason}); tiktoken "
                 "downloads it once, so offline set TIKTOKEN_CACHE_DIR to a folder holding "
                 "tiktoken's cached files") from None
-        self.encoding, self.vocab_size, self.eot_id = encoding, self._enc.n_vocab, self._enc.eot_token
-        self.fingerprint = json.dumps({**self.to_meta(), "vocab_size": self.vocab_size}, sort_keys=True)
+        self.encoding = encoding
+        self.vocab_size = self._enc.n_vocab
+        self.eot_id = self._enc.eot_token
+        self.fingerprint = json.dumps({**self.to_meta(), "vocab_size": self.vocab_size},
+                                      sort_keys=True)
 
     def to_meta(self):
         return {"tokenizer": "gpt2", "encoding": self.encoding}

@@ -1,20 +1,22 @@
 """
 The dataset of a run, opened once: its folder (prepared on first use), its meta.json (read once),
-the tokenizer, the train and val tokens, the record a checkpoint keeps, the vocabulary the model
-pads to, the check that a model fits it, and the shared lock that keeps data/prepare.py off it
-while a run reads it. train.py opens one; the scripts that read a checkpoint find its data with
-checkpoint_dataset.
+the tokenizer, the train and val tokens, the record a checkpoint keeps (record.py), the vocabulary
+the model pads to, the check that a model fits it, and the shared lock that keeps data/prepare.py
+off it while a run reads it. And a run's batches of it: get_batch, and the steps the data allows.
 
     data = Dataset.open(tc, None, distributed=False, master=True)  # a new run's: prepared first
     data.train, data.val, data.tokenizer, data.record, data.vocab_size
     data.check_fits(model.config)     # every token id has a row, each split holds a window
-    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))  # refused if it changed
+    x, y = get_batch(data.train, tc, block_size, (0, step, micro_batch), "cpu")  # (B, T) each
 """
 import os
 
+import torch
+
 from data import DataError, data_root
-from data.loader import dataset_folder, is_path, load_split
+from data.loader import dataset_folder, load_split, random_windows, sequential_windows
 from data.meta import read_meta
+from data.record import check_unchanged, dataset_record, trained_folder
 from data.tokenizer import Tokenizer
 from support import machine, runfiles
 
@@ -76,15 +78,38 @@ class Dataset:
                                 f"{name!r} ({len(data)} tokens{where}); use a smaller --block_size "
                                 f"or more text")
 
+    def steps(self, tc, block_size):
+        """The optimizer steps the run takes: --max_iters, or with --data_order=sequential at most
+        those of its --epochs passes over the training windows of block_size + 1 tokens."""
+        if tc.data_order != "sequential":
+            return tc.max_iters
+        windows = len(self.train) // (block_size + 1)
+        return min(tc.max_iters, tc.epochs * windows // (tc.batch_size * tc.grad_accum))
 
-def dataset_record(folder, meta=None):
-    """What a checkpoint records of its training data: the tokenizer and its vocabulary, dtype,
-    token counts and the source's sha256, from the dataset's meta.json (or meta, read already)."""
-    if meta is None:
-        meta = read_meta(os.path.join(folder, "meta.json"))
-    keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
-            "sha256", "tokenizer_sha256", "sequences")
-    return {k: meta[k] for k in keys if k in meta}
+    def ran_out(self, iter_num, tc, block_size):
+        """The note of a --data_order=sequential run whose --epochs passes are read."""
+        window = block_size + 1
+        windows = len(self.train) // window
+        seen = iter_num * tc.batch_size * tc.grad_accum
+        return (f"the data ran out at iter {iter_num} (--max_iters={tc.max_iters}): "
+                f"{seen / windows:.3f} epoch(s) of {windows:,} windows of {window} tokens read "
+                f"in order, {seen * window:,} tokens seen; allow more passes with "
+                f"--init_from=resume --epochs={tc.epochs + 1}")
+
+
+def get_batch(data, tc, block_size, key, device):
+    """(inputs, targets), (B, T) each, from tc.batch_size windows of block_size + 1 tokens, chosen
+    by key alone: (0, step, micro-batch) to train, (split code, 0, k) to evaluate. Random: windows
+    at starts seeded by (seed, *key); sequential (training): micro-batch m of step it is windows
+    (it * grad_accum + m) * batch_size on (Pythia's data in Pythia's steps: data/README.md)."""
+    if tc.data_order == "sequential" and key[0] == 0:
+        _, it, m = key
+        first = (it * tc.grad_accum + m) * tc.batch_size
+        rows = sequential_windows(data, block_size + 1, first, tc.batch_size)
+    else:
+        rows = random_windows(data, block_size + 1, tc.batch_size, [tc.seed, *key])
+    xy = torch.from_numpy(rows).to(device, non_blocking=True)  # (B, T+1)
+    return xy[:, :-1], xy[:, 1:]
 
 
 def prepared(root, name):
@@ -93,53 +118,3 @@ def prepared(root, name):
         return name
     from data.prepare import ensure_dataset  # the write side, loaded only to make a dataset
     return ensure_dataset(name, root)
-
-
-def checkpoint_dataset(train_config, trained_on=None, root=None):
-    """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config:
-    the TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data
-    (dataset_record); a folder whose meta.json now says otherwise is refused by name. root: a
-    --data_root given, where the data is now, instead of the saved one (absolute since it is saved
-    so; an older checkpoint's relative one is found by data_root's rule)."""
-    name = train_config["dataset"]
-    root = data_root(root or train_config.get("data_root", "data"))
-    folder = trained_folder(root, name)
-    check_unchanged(folder, name, trained_on, dataset_record(folder))
-    return folder
-
-
-def trained_folder(root, name):
-    """The folder of the dataset a checkpoint trained on (data_root, dataset), or a DataError."""
-    folder = dataset_folder(root, name)
-    if folder is None and is_path(name):
-        raise DataError(f"the checkpoint's dataset {name} is not there (no {name}.idx + .bin, nor "
-                        f"{os.path.join(name, 'document')}.idx + .bin)")
-    if folder is None:
-        raise DataError(f"the checkpoint's dataset {name!r} is not in its --data_root={root} (no "
-                        f"{os.path.join(root, name)}/meta.json): give the folder it moved to with "
-                        f"--data_root, or prepare it with: python data/prepare.py --dataset {name}")
-    return folder
-
-
-def check_unchanged(folder, name, trained_on, now):
-    """Refuse the dataset in folder, whose record is now, by name where it is not the data of a
-    checkpoint's record trained_on (nothing to compare when it kept none)."""
-    then = trained_on or {}
-    changed = [k for k in sorted(set(then) | set(now)) if then and then.get(k) != now.get(k)]
-    if changed:
-        raise DataError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was "
-                        f"trained on: " + ", ".join(_difference(k, then.get(k), now.get(k))
-                                                    for k in changed)
-                        + f"; prepare {name!r} again from its original text, or train a new run "
-                        f"on this data")
-
-
-def _difference(key, then, now):
-    """One field of two dataset records that differ, in words (a vocabulary as the characters
-    it gained or lost)."""
-    if key == "chars" and isinstance(then, str) and isinstance(now, str):
-        added, lost = "".join(sorted(set(now) - set(then))), "".join(sorted(set(then) - set(now)))
-        words = ([f"{added!r} added"] if added else []) + ([f"{lost!r} removed"] if lost else [])
-        return "characters " + (", ".join(words) or "in another order")
-    short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
-    return f"{key} {short(then)} then, {short(now)} now"

@@ -43,15 +43,17 @@ CHECK_SLICE = 1 << 20  # sequences checked at a time: bounded memory for any ind
 
 
 def indexed_prefix(path):
-    """PATH/document, PATH/document.idx, PATH/document.bin or a folder holding document.{bin,idx} ->
-    the prefix PATH/document; None when there is no such pair. A pair that is there but not of regular files
-    (a FIFO, a device) is a DataError, not 'missing'."""
-    for prefix in (os.path.join(path, "document"), path, path[:-4] if path.endswith((".idx", ".bin")) else None):
+    """PATH/document, PATH/document.idx, PATH/document.bin or a folder holding document.{bin,idx}
+    -> the prefix PATH/document; None when there is no such pair. A pair that is there but not of
+    regular files (a FIFO, a device) is a DataError, not 'missing'."""
+    for prefix in (os.path.join(path, "document"), path,
+                   path[:-4] if path.endswith((".idx", ".bin")) else None):
         if prefix and all(os.path.exists(prefix + ext) for ext in (".idx", ".bin")):
-            odd = next((prefix + ext for ext in (".idx", ".bin") if not os.path.isfile(prefix + ext)), None)
+            odd = next((prefix + ext for ext in (".idx", ".bin")
+                        if not os.path.isfile(prefix + ext)), None)
             if odd:
-                raise DataError(f"{odd} is not a regular file (a folder, a FIFO or a device?); give the files of "
-                                f"an indexed dataset")
+                raise DataError(f"{odd} is not a regular file (a folder, a FIFO or a device?); "
+                                f"give the files of an indexed dataset")
             return prefix
     return None
 
@@ -85,30 +87,34 @@ class IndexedDataset:
     def __init__(self, path):
         prefix = indexed_prefix(path)
         if prefix is None:
-            raise DataError(f"{path} is not an indexed dataset: no {path}.idx and {path}.bin, nor document.idx "
-                         f"and document.bin in it")
+            raise DataError(f"{path} is not an indexed dataset: no {path}.idx and {path}.bin, "
+                            f"nor document.idx and document.bin in it")
         self.prefix, idx = prefix, prefix + ".idx"
         fix = f"{idx} is not a valid MMIDIDX index"
         size = os.path.getsize(idx)
         with open(idx, "rb") as f:
             head = f.read(HEADER)
         if len(head) < HEADER or head[:len(MAGIC)] != MAGIC:
-            raise DataError(f"{fix}: it does not start with the magic {MAGIC!r}; give the .idx of a Megatron / "
-                         f"GPT-NeoX dataset (or write one with data/prepare.py --format=indexed)")
+            raise DataError(f"{fix}: it does not start with the magic {MAGIC!r}; give the .idx of "
+                            f"a Megatron / GPT-NeoX dataset (or write one with "
+                            f"data/prepare.py --format=indexed)")
         version = int.from_bytes(head[9:17], "little")
         code = head[17]
         n, m = int.from_bytes(head[18:26], "little"), int.from_bytes(head[26:34], "little")
         if version != VERSION:
             raise DataError(f"{fix}: version {version}, expected {VERSION}")
         if code not in DTYPES:
-            raise DataError(f"{fix}: dtype code {code} is not an integer token type (known: "
-                         f"{', '.join(f'{c} = {np.dtype(t).name}' for c, t in sorted(DTYPES.items()))})")
+            known = ", ".join(f"{c} = {np.dtype(t).name}" for c, t in sorted(DTYPES.items()))
+            raise DataError(f"{fix}: dtype code {code} is not an integer token type "
+                            f"(known: {known})")
         want = HEADER + 4 * n + 8 * n + 8 * m
         if size != want:
-            raise DataError(f"{fix}: its header promises {n} sequences and {m} document entries ({want} bytes) "
-                         f"but the file has {size} bytes; it is truncated or damaged: download it again")
+            raise DataError(f"{fix}: its header promises {n} sequences and {m} document entries "
+                            f"({want} bytes) but the file has {size} bytes; it is truncated or "
+                            f"damaged: download it again")
         self.dtype = np.dtype(DTYPES[code])
-        self.sizes = np.memmap(idx, dtype="<i4", mode="r", offset=HEADER, shape=(n,)) if n else np.zeros(0, "<i4")
+        self.sizes = (np.memmap(idx, dtype="<i4", mode="r", offset=HEADER, shape=(n,))
+                      if n else np.zeros(0, "<i4"))
         self.pointers = (np.memmap(idx, dtype="<i8", mode="r", offset=HEADER + 4 * n, shape=(n,))
                          if n else np.zeros(0, "<i8"))
         self.doc_idx = (np.memmap(idx, dtype="<i8", mode="r", offset=HEADER + 12 * n, shape=(m,))
@@ -118,7 +124,8 @@ class IndexedDataset:
                        else np.zeros(0, self.dtype))
 
     def _check(self, bin_bytes):
-        """The sequences tile the .bin: consecutive pointers, the last one ending where the file ends."""
+        """The sequences tile the .bin: consecutive pointers, the last one ending where the file
+        ends."""
         item, n, end = self.dtype.itemsize, len(self.sizes), 0
         bad = f"{self.prefix}.idx does not match {self.prefix}.bin"
         for lo in range(0, n, CHECK_SLICE):
@@ -129,12 +136,13 @@ class IndexedDataset:
             if len(wrong):
                 i = lo + int(wrong[0])
                 raise DataError(f"{bad}: sequence {i} has size {int(self.sizes[i])} at byte offset "
-                             f"{int(self.pointers[i])}, expected a size >= 0 at offset {int(starts[wrong[0]])}; "
-                             f"the index is damaged: download it again")
+                                f"{int(self.pointers[i])}, expected a size >= 0 at offset "
+                                f"{int(starts[wrong[0]])}; the index is damaged: download it again")
             end = int(starts[-1] + sizes[-1] * item)
         if end != bin_bytes:
-            raise DataError(f"{bad}: the index covers {end} bytes ({end // item} {self.dtype.name} tokens) but the "
-                         f".bin has {bin_bytes}; one of the two is truncated or from another dataset")
+            raise DataError(f"{bad}: the index covers {end} bytes "
+                            f"({end // item} {self.dtype.name} tokens) but the .bin has "
+                            f"{bin_bytes}; one of the two is truncated or from another dataset")
         self.n_tokens = end // item
 
     def __len__(self):
@@ -152,9 +160,9 @@ class IndexedDataset:
 
 
 def write_indexed(prefix, sequences, dtype=np.uint16, documents=None):
-    """Write PREFIX.bin and PREFIX.idx from an iterable of 1-d token arrays (one sequence each), streamed:
-    only the sizes are held in memory. Returns the number of sequences. The caller stages the files
-    (prepare.py writes into a temporary folder)."""
+    """Write PREFIX.bin and PREFIX.idx from an iterable of 1-d token arrays (one sequence each),
+    streamed: only the sizes are held in memory. Returns the number of sequences. The caller stages
+    the files (prepare.py writes into a temporary folder)."""
     dtype = np.dtype(dtype)
     if dtype not in CODES:
         raise ValueError(f"cannot write {dtype.name} tokens in the indexed format; use one of "
@@ -172,14 +180,15 @@ def write_indexed(prefix, sequences, dtype=np.uint16, documents=None):
 
 
 def write_index(prefix, sizes, dtype, documents=None):
-    """PREFIX.idx for a PREFIX.bin that holds sequences of `sizes` tokens back to back. documents: the
-    document index (the first sequence of each document, then len(sizes)); default: every sequence a
-    document of its own, as in Pythia's data."""
+    """PREFIX.idx for a PREFIX.bin that holds sequences of `sizes` tokens back to back. documents:
+    the document index (the first sequence of each document, then len(sizes)); default: every
+    sequence a document of its own, as in Pythia's data."""
     dtype, sizes = np.dtype(dtype), np.asarray(sizes, dtype="<i4")
     pointers = np.zeros(len(sizes), dtype="<i8")
     np.cumsum(sizes[:-1], dtype=np.int64, out=pointers[1:])
     pointers *= dtype.itemsize
-    doc = np.arange(len(sizes) + 1, dtype="<i8") if documents is None else np.asarray(documents, dtype="<i8")
+    doc = (np.arange(len(sizes) + 1, dtype="<i8") if documents is None
+           else np.asarray(documents, dtype="<i8"))
     with open(prefix + ".idx", "wb") as f:
         f.write(MAGIC + VERSION.to_bytes(8, "little") + bytes([CODES[dtype]]) +
                 len(sizes).to_bytes(8, "little") + len(doc).to_bytes(8, "little"))
@@ -188,21 +197,23 @@ def write_index(prefix, sizes, dtype, documents=None):
 
 
 def train_sequences(n):
-    """How many of n sequences are train: all but a held-out tail of 1% of them (at least one) for validation.
-    Pythia's data (146,432,000 sequences) keeps its last 1,464,320 for validation, past the 250B tokens
-    (about 122M sequences) that the paper's runs read."""
+    """How many of n sequences are train: all but a held-out tail of 1% of them (at least one) for
+    validation. Pythia's data (146,432,000 sequences) keeps its last 1,464,320 for validation, past
+    the 250B tokens (about 122M sequences) that the paper's runs read."""
     return n - max(1, n // 100)
 
 
 def split_tokens(prefix, split):
-    """The train or val tokens of the indexed dataset PREFIX (train all but the last 1% of its sequences, val
-    those), a memory-mapped 1-d array, and the path of its .bin. The dataset is checked once per process
-    however many splits are read from it (while its two files stay as they are)."""
-    stamp = tuple((st.st_size, st.st_mtime_ns) for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
+    """The train or val tokens of the indexed dataset PREFIX (train all but the last 1% of its
+    sequences, val those), a memory-mapped 1-d array, and the path of its .bin. The dataset is
+    checked once per process however many splits are read from it (while its two files stay as they
+    are)."""
+    stamp = tuple((st.st_size, st.st_mtime_ns)
+                  for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
     ds = _checked(os.path.abspath(prefix), stamp)
     if len(ds) < 2:
-        raise DataError(f"{ds.prefix} has {len(ds)} sequence(s): it needs 2 or more, the last 1% (at least "
-                        f"one) being held out for validation")
+        raise DataError(f"{ds.prefix} has {len(ds)} sequence(s): it needs 2 or more, "
+                        f"the last 1% (at least one) being held out for validation")
     cut = ds.token_offset(train_sequences(len(ds)))
     return (ds.tokens[:cut] if split == "train" else ds.tokens[cut:]), ds.prefix + ".bin"
 

@@ -17,14 +17,9 @@ import os
 import numpy as np
 
 from data import DataError, data_root
-from data.meta import check_intact, hold, read_meta
+from data.meta import check_ids, check_intact, check_split_file, hold, read_meta
 
 DEFAULT_ROOT = os.path.dirname(os.path.abspath(__file__))  # data/, where prepare.py writes
-# load_split checks every token id of a split up to SCAN_BYTES; beyond, SCAN_PIECES pieces of
-# SCAN_PIECE_BYTES evenly spread (the first and the last included): a huge dataset starts fast
-SCAN_BYTES = 1 << 30
-SCAN_PIECES = 256
-SCAN_PIECE_BYTES = 1 << 20
 
 
 def is_path(dataset):
@@ -45,10 +40,10 @@ def dataset_folder(root, name):
 
 def load_split(data_dir, split, meta=None):
     """The train or val tokens of a prepared dataset, memory-mapped (read-only), as one 1-d array,
-    checked against its meta.json first: size, token count, and every token id below the
-    vocabulary size (past SCAN_BYTES, those of SCAN_PIECES evenly spread pieces). An indexed
-    dataset's are its sequences back to back: train all but the last 1%, val those (indexed.py);
-    its index is checked against its .bin when opened. meta: its meta.json, read already."""
+    checked against its meta.json first (meta.py: its size and token count, every token id below
+    the vocabulary size). An indexed dataset's are its sequences back to back: train all but the
+    last 1%, val those (indexed.py); its index is checked against its .bin when opened. meta: its
+    meta.json, read already."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
     if meta is None:
@@ -60,34 +55,10 @@ def load_split(data_dir, split, meta=None):
         data, path = split_tokens(os.path.join(data_dir, meta["prefix"]), split)
     else:
         path = os.path.join(data_dir, f"{split}.bin")
-        if os.path.exists(path) and not os.path.isfile(path):
-            raise DataError(f"{path} is not a regular file (a folder, a FIFO or a device?); {fix}")
-        if not os.path.isfile(path):
-            raise DataError(f"{path} is missing; {fix}")
-        size, item = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize
-        expected = meta.get(f"{split}_tokens")
-        if size == 0:
-            raise DataError(f"{path} is empty; {fix}")
-        if size % item:
-            raise DataError(f"{path} has {size} bytes, not a whole number of {meta['dtype']} "
-                            f"tokens; {fix}")
-        if expected is not None and size // item != expected:
-            raise DataError(f"{path} holds {size // item:,} tokens but meta.json says "
-                            f"{expected:,}; {fix}")
+        check_split_file(path, meta, meta.get(f"{split}_tokens"), fix)
         data = np.memmap(path, dtype=meta["dtype"], mode="r")
-    hold(data, path)
-    piece = max(1, SCAN_PIECE_BYTES // data.itemsize)
-    if data.nbytes <= SCAN_BYTES:
-        starts = range(0, len(data), piece)
-    else:
-        starts = np.linspace(0, max(0, len(data) - piece), SCAN_PIECES).astype(np.int64)
-    pieces = [data[s:s + piece] for s in starts if len(data[s:s + piece])]
-    top = max((int(p.max()) for p in pieces), default=0)
-    signed = np.issubdtype(data.dtype, np.signedinteger)
-    low = min((int(p.min()) for p in pieces), default=0) if signed else 0
-    if top >= meta["vocab_size"] or low < 0:
-        raise DataError(f"{path} holds token id {top if low >= 0 else low}, outside the "
-                        f"vocabulary of {meta['vocab_size']}; {fix}")
+    hold(data, path)  # a file that shrinks later is refused before a read (check_intact)
+    check_ids(data, meta["vocab_size"], path, fix)
     return data
 
 

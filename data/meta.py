@@ -17,6 +17,11 @@ from support import plain
 from support.plain import plain_name
 
 KINDS = ("char", "gpt2", "bpe")  # tokenizer.py's kinds
+# check_ids checks every token id of a split up to SCAN_BYTES; beyond, SCAN_PIECES pieces of
+# SCAN_PIECE_BYTES evenly spread (the first and the last included): a huge dataset starts fast
+SCAN_BYTES = 1 << 30
+SCAN_PIECES = 256
+SCAN_PIECE_BYTES = 1 << 20
 GPT2_VOCAB = 50257  # tiktoken's GPT-2 BPE (bpe.py's GPT2.VOCAB_SIZE, without loading tiktoken)
 
 
@@ -63,6 +68,41 @@ def read_meta(path):
     except (OSError, ValueError, TypeError) as e:  # TypeError: np.dtype of a thing not a dtype
         raise DataError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again "
                         f"with python data/prepare.py") from None
+
+
+def check_split_file(path, meta, expected, fix):
+    """Raise DataError, ending with fix, unless path is a split's .bin that meta.json describes:
+    a regular file, not empty, of whole tokens of its dtype, `expected` of them (None: any)."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise DataError(f"{path} is not a regular file (a folder, a FIFO or a device?); {fix}")
+    if not os.path.isfile(path):
+        raise DataError(f"{path} is missing; {fix}")
+    size, item = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize
+    if size == 0:
+        raise DataError(f"{path} is empty; {fix}")
+    if size % item:
+        raise DataError(f"{path} has {size} bytes, not a whole number of {meta['dtype']} "
+                        f"tokens; {fix}")
+    if expected is not None and size // item != expected:
+        raise DataError(f"{path} holds {size // item:,} tokens but meta.json says "
+                        f"{expected:,}; {fix}")
+
+
+def check_ids(data, vocab_size, path, fix):
+    """Raise DataError, ending with fix, for a token id of data (a split read from path) outside
+    the vocabulary: every id up to SCAN_BYTES, past it those of SCAN_PIECES evenly spread pieces."""
+    piece = max(1, SCAN_PIECE_BYTES // data.itemsize)
+    if data.nbytes <= SCAN_BYTES:
+        starts = range(0, len(data), piece)
+    else:
+        starts = np.linspace(0, max(0, len(data) - piece), SCAN_PIECES).astype(np.int64)
+    pieces = [data[s:s + piece] for s in starts if len(data[s:s + piece])]
+    top = max((int(p.max()) for p in pieces), default=0)
+    signed = np.issubdtype(data.dtype, np.signedinteger)
+    low = min((int(p.min()) for p in pieces), default=0) if signed else 0
+    if top >= vocab_size or low < 0:
+        raise DataError(f"{path} holds token id {top if low >= 0 else low}, outside the "
+                        f"vocabulary of {vocab_size}; {fix}")
 
 
 def hold(data, path):

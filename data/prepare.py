@@ -4,7 +4,8 @@ Prepare a text dataset for nanoMeSH: tokenize it into train.bin / val.bin plus m
     python data/prepare.py --dataset shakespeare_char           # Tiny Shakespeare, characters
     python data/prepare.py --dataset shakespeare                # Tiny Shakespeare, GPT-2 BPE
     python data/prepare.py --dataset pydoc                      # offline: Python's pydoc topics
-    python data/prepare.py --dataset mytext --input my.txt [--tokenizer char|gpt2|PATH] [--num_proc 4]
+    python data/prepare.py --dataset mytext --input my.txt [--tokenizer char|gpt2|PATH]
+                           [--num_proc 4]
     python data/prepare.py --dataset mytext --input my.txt --tokenizer pythia-160m --format indexed
     python data/prepare.py --indexed data/pile/document --tokenizer pythia-160m/tokenizer.json
 
@@ -26,14 +27,14 @@ replace the address (e.g. a mirror or a file:// URL). --input FILE uses a local 
 instead (its hash is recorded, not enforced). The GPT-2 vocabulary comes from tiktoken;
 offline, point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files.
 
-Files of any size are streamed in chunks of about chunk_bytes, cut after a newline, so
-memory stays bounded. GPT-2 BPE is applied per chunk, which is what you get by splitting
-the text after newlines and encoding the pieces separately. Outputs are staged in a
-temporary folder (.NAME-PID-HEX.nanomesh.tmp) and moved into place at the end, meta.json
-last, so an error never leaves a half-written dataset; the staging folders of killed prepares
-are removed by the next one. load_split checks the .bin files against meta.json before they are used. A
-NAME/ folder that holds files but no meta.json is another tool's (nanoGPT's data/shakespeare):
-it is refused, never written over.
+Files of any size are streamed in chunks of about chunk_bytes, cut after a newline, so memory stays
+bounded. GPT-2 BPE is applied per chunk, which is what you get by splitting the text after newlines
+and encoding the pieces separately. Outputs are staged in a temporary folder
+(.NAME-PID-HEX.nanomesh.tmp) and moved into place at the end, meta.json last, so an error never
+leaves a half-written dataset; the staging folders of killed prepares are removed by the next one.
+load_split checks the .bin files against meta.json before they are used. A NAME/ folder that holds
+files but no meta.json is another tool's (nanoGPT's data/shakespeare): it is refused, never written
+over.
 """
 import contextlib
 import hashlib
@@ -50,7 +51,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script (python data/prepare.py): the project's modules are one folder up
+# run as a script (python data/prepare.py): the project's modules are one folder up
+if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
@@ -60,13 +62,17 @@ from data.loader import DEFAULT_ROOT, dataset_folder, is_path  # noqa: E402
 from data.meta import dtype_for_vocab  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 
-SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
+                   "tinyshakespeare/input.txt")
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
-OFFLINE = ".shakespeare_char.offline"  # in OUT_ROOT: why the default dataset fell back on pydoc (ensure_dataset)
-REPLACING = ".meta.json.replacing"  # a dataset folder's old meta.json while its new files move in (prepare)
+# in OUT_ROOT: why the default dataset fell back on pydoc (ensure_dataset)
+OFFLINE = ".shakespeare_char.offline"
+# a dataset folder's old meta.json while its new files move in (prepare)
+REPLACING = ".meta.json.replacing"
 PROGRESS_BYTES = 64 << 20  # one progress line per 64 MiB read
-NAME_BYTES = 200  # the longest dataset name: its staging folder's name (~35 bytes more) must fit in 255
+# the longest dataset name: its staging folder's name (~35 bytes more) must fit in 255
+NAME_BYTES = 200
 
 
 class DownloadError(DataError):
@@ -140,11 +146,13 @@ def _download(url, dest, expected_sha256, dataset, log):
                     sha.update(block)
                     f.write(block)
         except (OSError, ValueError, http.client.HTTPException) as e:
-            raise DownloadError(url, str(getattr(e, "reason", "") or e) or type(e).__name__, dataset) from None
+            raise DownloadError(url, str(getattr(e, "reason", "") or e) or type(e).__name__,
+                                dataset) from None
     got = sha.hexdigest()
     if expected_sha256 and got != expected_sha256:
         os.remove(dest)
-        raise DataError(f"{url} is not the expected file: sha256 expected {expected_sha256}, got {got}")
+        raise DataError(f"{url} is not the expected file: sha256 expected {expected_sha256}, "
+                        f"got {got}")
 
 
 def _pydoc_text():
@@ -168,15 +176,17 @@ def _encode_in_worker(text, dtype):
 
 
 def _encoded(chunks, tok, dtype, num_proc):
-    """The token ids of each text chunk, in order. With num_proc > 1 the chunks are encoded in that many
-    processes, at most 2 x num_proc chunks in flight (bounded memory); the output is the same."""
+    """The token ids of each text chunk, in order. With num_proc > 1 the chunks are encoded in that
+    many processes, at most 2 x num_proc chunks in flight (bounded memory); the output is the
+    same."""
     if num_proc == 1:
         for text in chunks:
             yield tok.encode_array(text).astype(dtype)
         return
     import collections
     import multiprocessing
-    spec = {"kind": tok.kind, "chars": getattr(tok, "chars", None), "path": getattr(tok, "path", None)}
+    spec = {"kind": tok.kind, "chars": getattr(tok, "chars", None),
+            "path": getattr(tok, "path", None)}
     with multiprocessing.get_context("spawn").Pool(num_proc, _start_worker, (spec,)) as pool:
         pending = collections.deque()
         for text in chunks:
@@ -188,8 +198,9 @@ def _encoded(chunks, tok, dtype, num_proc):
 
 
 def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2049, num_proc=1):
-    """Stream source into stage/{train,val}.bin (fmt flat) or stage/document.{bin,idx} (fmt indexed: sequences
-    of seq_len tokens, the last one shorter); tok=None builds a char vocabulary. Returns meta."""
+    """Stream source into stage/{train,val}.bin (fmt flat) or stage/document.{bin,idx} (fmt
+    indexed: sequences of seq_len tokens, the last one shorter); tok=None builds a char vocabulary.
+    Returns meta."""
     sha, scan = hashlib.sha256(), tok is None
     if scan:  # char: a first pass collects the character set (and hashes the source)
         chars = set()
@@ -212,12 +223,14 @@ def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2
         if len(sizes):
             sizes[-1] = n - seq_len * (len(sizes) - 1)
         if len(sizes) < 2:
-            raise DataError(f"{label} is too small: {n} tokens make fewer than 2 sequences of {seq_len} "
-                               f"(one is held out for validation); use a smaller --seq_len or more text")
+            raise DataError(f"{label} is too small: {n} tokens make fewer than 2 sequences of "
+                            f"{seq_len} (one is held out for validation); use a smaller --seq_len "
+                            f"or more text")
         write_index(os.path.join(stage, "document"), sizes, dtype)
         n_train = int(sizes[:train_sequences(len(sizes))].sum())
-        return {**meta, "format": "indexed", "prefix": "document", "sequences": len(sizes), "seq_len": seq_len,
-                "train_tokens": n_train, "val_tokens": n - n_train, "sha256": sha.hexdigest()}
+        return {**meta, "format": "indexed", "prefix": "document", "sequences": len(sizes),
+                "seq_len": seq_len, "train_tokens": n_train, "val_tokens": n - n_train,
+                "sha256": sha.hexdigest()}
     n_train = n * 9 // 10
     if n_train == 0 or n_train == n:
         raise DataError(f"{label} is too small: {n} tokens cannot be split into train and val")
@@ -232,22 +245,25 @@ def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2
 
 
 def tokenizer_kind(tokenizer):
-    """--tokenizer: 'char', 'gpt2', or a path (a tokenizer.json or a model folder holding one) -> 'bpe'. A path
-    that is not there is refused: nothing is downloaded, so 'pythia-160m' must be a folder on this machine."""
+    """--tokenizer: 'char', 'gpt2', or a path (a tokenizer.json or a model folder holding one) ->
+    'bpe'. A path that is not there is refused: nothing is downloaded, so 'pythia-160m' must be a
+    folder on this machine."""
     if tokenizer in (None, "char", "gpt2"):
         return tokenizer
     if not os.path.exists(tokenizer):
-        raise DataError(f"--tokenizer {tokenizer}: there is no such file or folder here; give char, gpt2, or the path "
-                        f"of a tokenizer.json or of a downloaded Hugging Face model folder holding one (nothing is "
-                        f"downloaded)")
+        raise DataError(f"--tokenizer {tokenizer}: there is no such file or folder here; "
+                        f"give char, gpt2, or the path of a tokenizer.json or of a downloaded "
+                        f"Hugging Face model folder holding one (nothing is downloaded)")
     return "bpe"
 
 
 def foreign_files(folder):
-    """The names in a dataset folder that data/prepare.py did not make, where it did not make the folder
-    (it has no meta.json, nor the old one of a replacement cut short): [] for a folder of ours or an empty one.
-    nanoMeSH writes over nothing of another tool's (nanoGPT's train.bin, val.bin and meta.pkl, say)."""
-    if not os.path.isdir(folder) or any(os.path.isfile(os.path.join(folder, n)) for n in ("meta.json", REPLACING)):
+    """The names in a dataset folder that data/prepare.py did not make, where it did not make the
+    folder (it has no meta.json, nor the old one of a replacement cut short): [] for a folder of
+    ours or an empty one. nanoMeSH writes over nothing of another tool's (nanoGPT's train.bin,
+    val.bin and meta.pkl, say)."""
+    if not os.path.isdir(folder) or any(os.path.isfile(os.path.join(folder, n))
+                                        for n in ("meta.json", REPLACING)):
         return []
     return sorted(n for n in os.listdir(folder) if not runfiles.TEMPORARY.match(n))
 
@@ -256,35 +272,41 @@ def check_ours(folder, root_flag):
     """Raise DataError when folder, where a dataset is to be written, holds another tool's files."""
     foreign = foreign_files(folder)
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 3 else "")
-        raise DataError(f"{folder} holds files that data/prepare.py did not make ({shown}) and no meta.json: "
-                        f"another tool's dataset, which nanoMeSH never writes over; give another {root_flag}, "
-                        f"or move those files away")
+        shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 3
+                                          else "")
+        raise DataError(f"{folder} holds files that data/prepare.py did not make ({shown}) "
+                        f"and no meta.json: another tool's dataset, which nanoMeSH never writes "
+                        f"over; give another {root_flag}, or move those files away")
 
 
 def check_name(dataset):
-    """Raise DataError unless dataset is a name prepare can make a folder of: the rule, in its words."""
+    """Raise DataError unless dataset is a name prepare can make a folder of: the rule, in its
+    words."""
     size = len(str(dataset).encode("utf-8", "surrogatepass"))
-    if not dataset or dataset.startswith(".") or any(c in dataset for c in ("/", "\\", os.sep, "\0")) \
-            or size > NAME_BYTES:
+    if not dataset or dataset.startswith(".") \
+            or any(c in dataset for c in ("/", "\\", os.sep, "\0")) or size > NAME_BYTES:
         shown = repr(dataset) if len(dataset) <= 40 else f"{dataset[:40]!r}... ({size} bytes)"
-        raise DataError(f"invalid dataset name {shown}: a dataset's name is a plain folder name, not starting "
-                        f"with '.', without '/' or '\\', at most {NAME_BYTES} bytes; choose another --dataset")
+        raise DataError(f"invalid dataset name {shown}: a dataset's name is a plain folder name, "
+                        f"not starting with '.', without '/' or '\\', at most {NAME_BYTES} bytes; "
+                        f"choose another --dataset")
 
 
 def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT,
-            chunk_bytes=1 << 20, log=_stderr, format="flat", seq_len=2049, num_proc=1, root_flag="--out_root"):
-    """Tokenize a dataset into OUT_ROOT/dataset/ and return that folder's path. tokenizer: 'char', 'gpt2' or
-    the path of a byte-level BPE tokenizer.json (or a model folder holding one); format: 'flat' (train.bin +
-    val.bin) or 'indexed' (document.bin + document.idx, sequences of seq_len tokens, data/indexed.py).
-    A folder OUT_ROOT/dataset of another tool's is refused (check_ours), root_flag naming the fix."""
+            chunk_bytes=1 << 20, log=_stderr, format="flat", seq_len=2049, num_proc=1,
+            root_flag="--out_root"):
+    """Tokenize a dataset into OUT_ROOT/dataset/ and return that folder's path. tokenizer: 'char',
+    'gpt2' or the path of a byte-level BPE tokenizer.json (or a model folder holding one); format:
+    'flat' (train.bin + val.bin) or 'indexed' (document.bin + document.idx, sequences of seq_len
+    tokens, data/indexed.py). A folder OUT_ROOT/dataset of another tool's is refused (check_ours),
+    root_flag naming the fix."""
     check_name(dataset)
     if input is not None and url is not None:
         raise DataError("pass either --input or --url, not both")
     if format not in ("flat", "indexed"):
         raise DataError(f"unknown format {format!r}; use 'flat' or 'indexed'")
     if seq_len < 2 or num_proc < 1:
-        raise DataError(f"--seq_len={seq_len} must be at least 2 and --num_proc={num_proc} at least 1")
+        raise DataError(f"--seq_len={seq_len} must be at least 2 "
+                        f"and --num_proc={num_proc} at least 1")
     kind = DATASETS.get(dataset, "char")
     if tokenizer and dataset in DATASETS and tokenizer_kind(tokenizer) != kind:
         raise DataError(f"dataset {dataset!r} uses the {kind} tokenizer; "
@@ -309,7 +331,8 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
     final = os.path.join(out_root, dataset)
     check_ours(final, root_flag)  # before anything is made, downloaded or loaded
     # fail early if the vocabulary is missing
-    tok = Tokenizer("gpt2") if kind == "gpt2" else Tokenizer("bpe", path=tokenizer) if kind == "bpe" else None
+    tok = (Tokenizer("gpt2") if kind == "gpt2" else
+           Tokenizer("bpe", path=tokenizer) if kind == "bpe" else None)
 
     started = time.perf_counter()
     created_root, created = not os.path.isdir(out_root), not os.path.isdir(final)
@@ -318,9 +341,9 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
     try:  # one prepare of a dataset at a time: two would mix their files
         runfiles.own(final, flag="--dataset", note=False)
     except UsageError:  # a live run's shared lock, or another prepare's
-        raise DataError(f"dataset {dataset!r} in {out_root} is in use: a live train.py run reads it, or "
-                        f"another data/prepare.py writes it ({final} is locked); wait for it to end, or "
-                        f"prepare it under another name") from None
+        raise DataError(f"dataset {dataset!r} in {out_root} is in use: a live train.py run "
+                        f"reads it, or another data/prepare.py writes it ({final} is locked); "
+                        f"wait for it to end, or prepare it under another name") from None
     runfiles.remove_dead_temporaries(out_root)  # the staging folders of killed prepares
     stage = runfiles.temporary_name(final)
     os.mkdir(stage)
@@ -344,13 +367,16 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
             os.replace(os.path.join(stage, name), os.path.join(final, name))
         if os.path.exists(os.path.join(final, REPLACING)):
             os.remove(os.path.join(final, REPLACING))
-    except OSError as e:  # a full disk, most often: numpy reports it as a short write, naming no file
-        raise DataError(f"could not write dataset {dataset!r} in {out_root}: {runfiles.why_write_failed(e, out_root)}; "
-                           f"the dataset was not written") from None
+    # a full disk, most often: numpy reports it as a short write, naming no file
+    except OSError as e:
+        raise DataError(f"could not write dataset {dataset!r} in {out_root}: "
+                        f"{runfiles.why_write_failed(e, out_root)}; "
+                        f"the dataset was not written") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         runfiles.disown(final)
-        for made, folder in ((created, final), (created_root, out_root)):  # left empty: we made it, it goes
+        # left empty: we made it, it goes
+        for made, folder in ((created, final), (created_root, out_root)):
             if made:
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
@@ -358,53 +384,62 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
         os.remove(os.path.join(out_root, OFFLINE))  # downloaded after all: no more falling back
     n, seconds = meta['train_tokens'] + meta['val_tokens'], time.perf_counter() - started
     log(f"prepare: {dataset}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
-        f"vocab {meta['vocab_size']}, {meta['dtype']} -> {final} ({seconds:.1f} s, {n / seconds:,.0f} tokens/s, "
-        f"{num_proc} process(es))")
+        f"vocab {meta['vocab_size']}, {meta['dtype']} -> {final} "
+        f"({seconds:.1f} s, {n / seconds:,.0f} tokens/s, {num_proc} process(es))")
     return final
 
 
 def check_root_ours(out_root):
-    """A dataset is made on first use only in a data root of nanoMeSH's: the project's data/, a new or empty
-    folder, or one whose dataset folders are all data/prepare.py's; another project's data/ (nanoGPT's, whose
-    shakespeare/ holds train.bin, val.bin and meta.pkl) is refused, nothing written there."""
+    """A dataset is made on first use only in a data root of nanoMeSH's: the project's data/, a new
+    or empty folder, or one whose dataset folders are all data/prepare.py's; another project's
+    data/ (nanoGPT's, whose shakespeare/ holds train.bin, val.bin and meta.pkl) is refused, nothing
+    written there."""
     if not os.path.isdir(out_root) or os.path.samefile(out_root, DEFAULT_ROOT):
         return
     foreign = [n for n in sorted(os.listdir(out_root)) if not n.startswith(".")
-               and os.path.isdir(os.path.join(out_root, n)) and foreign_files(os.path.join(out_root, n))]
+               and os.path.isdir(os.path.join(out_root, n))
+               and foreign_files(os.path.join(out_root, n))]
     if foreign:
-        raise DataError(f"--data_root={out_root} holds another tool's datasets ({', '.join(foreign[:3])}: folders "
-                        f"without meta.json), where nanoMeSH makes none on its own; give another --data_root, or "
-                        f"prepare one there on purpose: python data/prepare.py --dataset NAME --out_root {out_root}")
+        raise DataError(f"--data_root={out_root} holds another tool's datasets "
+                        f"({', '.join(foreign[:3])}: folders without meta.json), where nanoMeSH "
+                        f"makes none on its own; give another --data_root, or prepare one there "
+                        f"on purpose: python data/prepare.py --dataset NAME --out_root {out_root}")
 
 
 def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
-    """Return the name of the dataset folder to train on, preparing a named dataset if needed (one already
-    prepared is found as dataset_folder finds it; a path is an indexed dataset's). Offline, shakespeare_char
-    falls back on the 'pydoc' corpus so that training still runs, and remembers it (OFFLINE): later runs
-    train on pydoc at once, saying why, until python data/prepare.py --dataset shakespeare_char succeeds.
-    Processes that meet a dataset not prepared yet take turns on OUT_ROOT's lock: the first prepares it,
-    the others wait for it, then find it prepared and train on it."""
+    """Return the name of the dataset folder to train on, preparing a named dataset if needed (one
+    already prepared is found as dataset_folder finds it; a path is an indexed dataset's). Offline,
+    shakespeare_char falls back on the 'pydoc' corpus so that training still runs, and remembers it
+    (OFFLINE): later runs train on pydoc at once, saying why, until
+    python data/prepare.py --dataset shakespeare_char succeeds. Processes that meet a dataset not
+    prepared yet take turns on OUT_ROOT's lock: the first prepares it, the others wait for it, then
+    find it prepared and train on it."""
     if dataset_folder(out_root, dataset):
         return dataset
-    if is_path(dataset) and os.path.isdir(dataset) and foreign_files(dataset):  # e.g. nanoGPT's folder
+    # e.g. nanoGPT's folder
+    if is_path(dataset) and os.path.isdir(dataset) and foreign_files(dataset):
         kept = [n for n in ("train.bin", "val.bin", "meta.pkl") if n in foreign_files(dataset)]
         other = f" (its {', '.join(kept)}: another tool's format, nanoGPT's?)" if kept else ""
-        raise DataError(f"{dataset} has no meta.json, by which nanoMeSH reads a dataset{other}; prepare "
-                        f"its text with: python data/prepare.py --dataset NAME --input FILE")
+        raise DataError(f"{dataset} has no meta.json, by which nanoMeSH reads a dataset{other}; "
+                        f"prepare its text with: "
+                        f"python data/prepare.py --dataset NAME --input FILE")
     if is_path(dataset):
-        raise DataError(f"there is no indexed dataset at {dataset} (neither {dataset}.idx + .bin nor "
-                           f"{os.path.join(dataset, 'document')}.idx + .bin); put Pythia's pre-tokenized Pile there "
-                           f"(README: Reproduce the paper) or make one with data/prepare.py --format=indexed")
+        raise DataError(f"there is no indexed dataset at {dataset} (neither {dataset}.idx + .bin "
+                        f"nor {os.path.join(dataset, 'document')}.idx + .bin); put Pythia's "
+                        f"pre-tokenized Pile there (README: Reproduce the paper) or make one with "
+                        f"data/prepare.py --format=indexed")
     check_name(dataset)  # what is suggested below, prepare.py accepts
     if dataset not in DATASETS:
         there = "" if out_root in ("data", DEFAULT_ROOT) else f" --out_root {shlex.quote(out_root)}"
-        raise DataError(f"dataset {dataset!r} is not in --data_root={out_root} (no {dataset}/meta.json there); "
-                        f"give the --data_root that holds it, or prepare it with: python data/prepare.py "
+        raise DataError(f"dataset {dataset!r} is not in --data_root={out_root} "
+                        f"(no {dataset}/meta.json there); give the --data_root that holds it, "
+                        f"or prepare it with: python data/prepare.py "
                         f"--dataset {dataset} --input FILE{there}")
     check_root_ours(out_root)
     created = not os.path.isdir(out_root)
     os.makedirs(out_root, exist_ok=True)
-    waiting = lambda: log(f"prepare: another process is preparing data in {out_root}; waiting for it")
+    waiting = lambda: log(f"prepare: another process is preparing data in {out_root}; "
+                          f"waiting for it")
     try:
         with runfiles.one_at_a_time(out_root, waiting):
             return _first_use(dataset, out_root, log)
@@ -415,14 +450,15 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
 
 
 def _first_use(dataset, out_root, log):
-    """ensure_dataset's work, in OUT_ROOT's turn: the dataset may have been prepared while this one waited."""
+    """ensure_dataset's work, in OUT_ROOT's turn: the dataset may have been prepared while this one
+    waited."""
     if dataset_folder(out_root, dataset):
         return dataset
     offline = os.path.join(out_root, OFFLINE)  # a failed download of Tiny Shakespeare, remembered
     if dataset == "shakespeare_char" and os.path.isfile(offline):
         with open(offline, encoding="utf-8") as f:
-            log(f"prepare: training on the offline 'pydoc' corpus: {f.read().strip()}; python data/prepare.py "
-                f"--dataset shakespeare_char tries the download again")
+            log(f"prepare: training on the offline 'pydoc' corpus: {f.read().strip()}; "
+                f"python data/prepare.py --dataset shakespeare_char tries the download again")
         return _first_use("pydoc", out_root, log)
     try:
         prepare(dataset, out_root=out_root, log=log, root_flag="--data_root")
@@ -432,43 +468,50 @@ def _first_use(dataset, out_root, log):
         log(f"prepare: Tiny Shakespeare could not be downloaded ({e.reason}); "
             "training on the offline 'pydoc' corpus instead")
         fallback = _first_use("pydoc", out_root, log)
-        why = f"Tiny Shakespeare could not be downloaded on {time.strftime('%Y-%m-%d %H:%M')} ({e.reason})"
+        why = (f"Tiny Shakespeare could not be downloaded on {time.strftime('%Y-%m-%d %H:%M')} "
+               f"({e.reason})")
         runfiles.atomic_write(offline, lambda f: f.write(why), mode="w")
         return fallback
     return dataset
 
 
 def describe_indexed(path, tokenizer, log=_stderr):
-    """Write meta.json (and the tokenizer's copy) beside an existing indexed dataset, e.g. Pythia's Pile, so that
-    train.py can read it where it is: nothing is copied or converted. Returns the folder."""
+    """Write meta.json (and the tokenizer's copy) beside an existing indexed dataset, e.g. Pythia's
+    Pile, so that train.py can read it where it is: nothing is copied or converted. Returns the
+    folder."""
     if not tokenizer:
-        raise DataError("--indexed needs --tokenizer: 'gpt2', or a tokenizer.json or model folder (for Pythia's "
-                           "Pile: the tokenizer.json of any Pythia model)")
+        raise DataError("--indexed needs --tokenizer: 'gpt2', or a tokenizer.json or model folder "
+                        "(for Pythia's Pile: the tokenizer.json of any Pythia model)")
     if tokenizer_kind(tokenizer) == "char":
-        raise DataError("--indexed needs a BPE tokenizer: 'gpt2' or a tokenizer.json (a character vocabulary "
-                           "is only known from its text)")
+        raise DataError("--indexed needs a BPE tokenizer: 'gpt2' or a tokenizer.json "
+                        "(a character vocabulary is only known from its text)")
     ds = IndexedDataset(path)
-    tok = Tokenizer("bpe", path=tokenizer) if tokenizer_kind(tokenizer) == "bpe" else Tokenizer("gpt2")
+    tok = (Tokenizer("bpe", path=tokenizer) if tokenizer_kind(tokenizer) == "bpe"
+           else Tokenizer("gpt2"))
     head = np.asarray(ds.tokens[:1 << 24])
     if head.size and (head.min() < 0 or head.max() >= tok.vocab_size):
-        raise DataError(f"{ds.prefix}.bin holds token id {int(head.max())}, past the tokenizer's {tok.vocab_size} "
-                           f"ids: it was made with another tokenizer")
+        raise DataError(f"{ds.prefix}.bin holds token id {int(head.max())}, past the tokenizer's "
+                        f"{tok.vocab_size} ids: it was made with another tokenizer")
     if len(ds) < 2:
-        raise DataError(f"{ds.prefix} has {len(ds)} sequence(s): it needs 2 or more, one held out for validation")
+        raise DataError(f"{ds.prefix} has {len(ds)} sequence(s): it needs 2 or more, "
+                        f"one held out for validation")
     folder, train = os.path.dirname(os.path.abspath(ds.prefix)), train_sequences(len(ds))
     n_train = ds.token_offset(train)
-    meta = {"dataset": os.path.basename(folder), **tok.to_meta(), "dtype": ds.dtype.name, "format": "indexed",
-            "prefix": os.path.basename(ds.prefix), "sequences": len(ds), "train_tokens": n_train,
-            "val_tokens": ds.n_tokens - n_train, "source": os.path.abspath(ds.prefix)}
+    meta = {"dataset": os.path.basename(folder), **tok.to_meta(), "dtype": ds.dtype.name,
+            "format": "indexed", "prefix": os.path.basename(ds.prefix), "sequences": len(ds),
+            "train_tokens": n_train, "val_tokens": ds.n_tokens - n_train,
+            "source": os.path.abspath(ds.prefix)}
     if tok.kind == "bpe":
         kept = os.path.join(folder, "tokenizer.json")
-        if os.path.exists(kept) and not os.path.samefile(kept, tok.path) and Tokenizer("bpe", path=kept).identity != tok.identity:
+        if (os.path.exists(kept) and not os.path.samefile(kept, tok.path)
+                and Tokenizer("bpe", path=kept).identity != tok.identity):
             raise DataError(f"{kept} exists and is another tokenizer; move it away first")
         if not os.path.exists(kept):
             with open(tok.path, "rb") as src:
                 runfiles.atomic_write(kept, lambda f: shutil.copyfileobj(src, f))
     runfiles.write_json(os.path.join(folder, "meta.json"), meta)
-    log(f"prepare: {ds.prefix}: {len(ds):,} sequences, {n_train:,} train + {ds.n_tokens - n_train:,} val tokens, "
+    log(f"prepare: {ds.prefix}: {len(ds):,} sequences, {n_train:,} train + "
+        f"{ds.n_tokens - n_train:,} val tokens, "
         f"vocab {tok.vocab_size}, {ds.dtype.name}; wrote {os.path.join(folder, 'meta.json')}")
     return folder
 
@@ -477,8 +520,10 @@ def describe_indexed(path, tokenizer, log=_stderr):
 class PrepareConfig:
     """Tokenize a text dataset into NAME/train.bin, val.bin and meta.json (or document.bin/.idx)."""
     dataset: str | None = setting(None, "the output folder's name (known names below)")
-    input: str | None = setting(None, "a local text file (UTF-8) to use instead of downloading", path=True)
-    url: str | None = setting(None, "the download address (default: the canonical Tiny Shakespeare)")
+    input: str | None = setting(None, "a local text file (UTF-8) to use instead of downloading",
+                                path=True)
+    url: str | None = setting(None, "the download address "
+                              "(default: the canonical Tiny Shakespeare)")
     tokenizer: str | None = setting(None, "char, gpt2, or a tokenizer.json (or a model folder "
                                     "holding one); default: the dataset's, or char", path=True)
     out_root: str = setting(DEFAULT_ROOT, "where NAME/ is written", path=True)
@@ -496,13 +541,15 @@ def main(argv=None):
                                            f"known datasets: {', '.join(sorted(DATASETS))}"))
         if args.indexed:
             if args.dataset or args.input or args.url:
-                raise DataError("--indexed describes an existing dataset: drop --dataset, --input and --url")
+                raise DataError("--indexed describes an existing dataset: "
+                                "drop --dataset, --input and --url")
             describe_indexed(args.indexed, args.tokenizer)
             return 0
         if not args.dataset:
             raise DataError("--dataset NAME is required (or --indexed PATH)")
-        prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer, out_root=data_root(args.out_root),
-                format=args.format, seq_len=args.seq_len, num_proc=args.num_proc)
+        prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer,
+                out_root=data_root(args.out_root), format=args.format, seq_len=args.seq_len,
+                num_proc=args.num_proc)
     except (UsageError, DataError, OSError) as e:  # OSError: e.g. an --out_root that is a file
         return report("prepare.py", e)
     return 0

@@ -1,17 +1,20 @@
 """
 Checkpoints: the one writer and loader that train.py, sample.py, probe.py, table1.py and
-lm_eval_mesh.py share, a sharded checkpoint's pointer, and which of a run's checkpoints is its latest.
+lm_eval_mesh.py share, a sharded checkpoint's pointer, and which of a run's checkpoints is its
+latest.
 
-    model, ckpt = checkpoint.load("out")      # OUT_DIR/ckpt.pt: the model, and the plain data saved with it
-    meta = checkpoint.read_pointer("out")     # OUT_DIR/ckpt-sharded.json, every field checked; or None
+    # OUT_DIR/ckpt.pt: the model, and the plain data saved with it
+    model, ckpt = checkpoint.load("out")
+    # OUT_DIR/ckpt-sharded.json, every field checked; or None
+    meta = checkpoint.read_pointer("out")
 
 A run's checkpoint is OUT_DIR/ckpt.pt, a torch.save'd dict of tensors and plain data (model_config,
-train_config, iter_num, best_val_loss, rng, the data it trained on), or a sharded one (sharded.py): a
-folder OUT_DIR/shards-<iter>/ that OUT_DIR/ckpt-sharded.json names. Both are written atomically.
+train_config, iter_num, best_val_loss, rng, the data it trained on), or a sharded one (sharded.py):
+a folder OUT_DIR/shards-<iter>/ that OUT_DIR/ckpt-sharded.json names. Both are written atomically.
 ckpt.pt loads with weights_only=True (loading never runs code), its zip CRC-32s verified, its plain
-data checked and its weights finite, so a damaged file is refused, not used. Which of the two is the
-run's latest is latest()'s, for every reader; what else a resume checks is resume.py's, the run's folder
-outdir.py's, and the dataset a checkpoint trained on data/dataset.py's.
+data checked and its weights finite, so a damaged file is refused, not used. Which of the two is
+the run's latest is latest()'s, for every reader; what else a resume checks is resume.py's, the
+run's folder outdir.py's, and the dataset a checkpoint trained on data/dataset.py's.
 """
 
 import os
@@ -25,8 +28,10 @@ from configurator import UsageError
 from support import plain, runfiles
 from mesh import Config, RecursiveGPT
 
-CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"  # a whole checkpoint; the pointer of a sharded one (sharded.py)
-SHARDS = re.compile(r"^shards-\d{8}(-1)?$")     # the folders of sharded checkpoints (sharded.shards_folder)
+# a whole checkpoint; the pointer of a sharded one (sharded.py)
+CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"
+# the folders of sharded checkpoints (sharded.shards_folder)
+SHARDS = re.compile(r"^shards-\d{8}(-1)?$")
 
 
 class CheckpointError(UsageError):
@@ -34,13 +39,14 @@ class CheckpointError(UsageError):
 
 
 def save(obj, path):
-    """torch.save(obj) to path, atomically (runfiles.atomic_write): a crash leaves the old file or the new."""
+    """torch.save(obj) to path, atomically (runfiles.atomic_write): a crash leaves the old file or
+    the new."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         runfiles.atomic_write(path, lambda f: torch.save(obj, f))
     except OSError as e:
-        raise CheckpointError(f"could not write {path}: {e.strerror}; the previous checkpoint there, if any, is "
-                              f"unchanged") from None
+        raise CheckpointError(f"could not write {path}: {e.strerror}; the previous checkpoint "
+                              f"there, if any, is unchanged") from None
 
 
 def rng_state(device_type):
@@ -55,8 +61,9 @@ def load(out_dir, device="cpu"):
     """Load OUT_DIR/ckpt.pt (weights_only: loading never runs code) -> (model, checkpoint dict)."""
     path = os.path.join(out_dir, CKPT)
     if not os.path.isfile(path) and os.path.isfile(os.path.join(out_dir, POINTER)):
-        raise CheckpointError(f"{out_dir} holds a sharded checkpoint ({POINTER}) but no {CKPT}; write one from it "
-                              f"with: python tools/consolidate.py {shlex.quote('--out_dir=' + out_dir)}")
+        raise CheckpointError(f"{out_dir} holds a sharded checkpoint ({POINTER}) but no {CKPT}; "
+                              f"write one from it with: python tools/consolidate.py "
+                              f"{shlex.quote('--out_dir=' + out_dir)}")
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}; train one with: "
                               f"python train.py {shlex.quote('--out_dir=' + out_dir)}")
@@ -73,8 +80,10 @@ def load(out_dir, device="cpu"):
         check_plain(ckpt)
         model = RecursiveGPT(Config.from_dict(ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
-        bad = next((k for k, v in ckpt["model"].items() if v.is_floating_point() and not v.isfinite().all()), None)
-        if bad:  # train.py never saves one; an older or foreign file may hold one, and sampling would crash
+        bad = next((k for k, v in ckpt["model"].items()
+                    if v.is_floating_point() and not v.isfinite().all()), None)
+        # train.py never saves one; an older or foreign file may hold one, and sampling would crash
+        if bad:
             raise ValueError(f"weight {bad} is not finite")
     except Exception as e:  # truncated zip, foreign file, missing keys, ...
         raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint "
@@ -87,9 +96,9 @@ PLAIN = (str, int, float, bool, type(None))  # a setting's value, as JSON holds 
 
 
 def check_plain(ckpt):
-    """The plain data of a checkpoint (a ckpt.pt dict or a pointer), before anything uses it: its configs are
-    objects, train_config names its dataset, and every field that is there has its type (TypeError or
-    ValueError, in words). resume.check asks more of a checkpoint it continues."""
+    """The plain data of a checkpoint (a ckpt.pt dict or a pointer), before anything uses it: its
+    configs are objects, train_config names its dataset, and every field that is there has its type
+    (TypeError or ValueError, in words). resume.check asks more of a checkpoint it continues."""
     for key in ("model_config", "train_config"):
         if not isinstance(ckpt[key], dict):
             raise TypeError(f"{key} is a {type(ckpt[key]).__name__}, not a dict")
@@ -107,14 +116,16 @@ def check_plain(ckpt):
         raise TypeError("saved_at is not a time")
 
 
-POINTER_FIELDS = {"model_config": dict, "train_config": dict, "iter_num": int, "best_val_loss": float, "rng": dict,
-                  "folder": str}  # and, written since they were added: "data", "saved_at" and "checksums"
+# and, written since they were added: "data", "saved_at" and "checksums"
+POINTER_FIELDS = {"model_config": dict, "train_config": dict, "iter_num": int,
+                  "best_val_loss": float, "rng": dict, "folder": str}
 
 
 def read_pointer(out_dir):
-    """The parsed OUT_DIR/ckpt-sharded.json of a sharded checkpoint, or None when there is none. Everything in it
-    is checked before it is used: every field and its type, and that the folder it names is a shards-<iter>
-    folder inside OUT_DIR (never a path elsewhere, which a resume would read and a save would delete)."""
+    """The parsed OUT_DIR/ckpt-sharded.json of a sharded checkpoint, or None when there is none.
+    Everything in it is checked before it is used: every field and its type, and that the folder it
+    names is a shards-<iter> folder inside OUT_DIR (never a path elsewhere, which a resume would
+    read and a save would delete)."""
     path = os.path.join(out_dir, POINTER)
     if not os.path.lexists(path):
         return None
@@ -126,7 +137,8 @@ def read_pointer(out_dir):
             if not isinstance(meta.get(key), kind) or isinstance(meta[key], bool):
                 raise TypeError(f"{key} is {meta.get(key)!r:.40}, not a {kind.__name__}")
         if not SHARDS.match(meta["folder"]) or int(meta["folder"][7:15]) != meta["iter_num"]:
-            raise ValueError(f"folder {meta['folder']!r:.60} is not the shards-<iter> folder of iter_num")
+            raise ValueError(f"folder {meta['folder']!r:.60} is not "
+                             f"the shards-<iter> folder of iter_num")
         if not all(isinstance(v, list) and all(isinstance(b, int) and 0 <= b < 256 for b in v)
                    for v in meta["rng"].values()) or "torch" not in meta["rng"]:
             raise ValueError("rng is not a list of bytes for torch (and cuda)")
@@ -137,8 +149,8 @@ def read_pointer(out_dir):
         Config.from_dict(meta["model_config"])
         return meta
     except (ValueError, TypeError) as e:  # (json's errors are ValueErrors)
-        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); move it away (and its shards folder) "
-                              f"or point --out_dir at another run") from None
+        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); move it away (and its "
+                              f"shards folder) or point --out_dir at another run") from None
 
 
 def launches(out_dir):
@@ -147,7 +159,8 @@ def launches(out_dir):
     found, path = [], os.path.join(out_dir, CKPT)
     try:
         if os.path.isfile(path):
-            found.append(torch.load(path, mmap=True, weights_only=True, map_location="cpu").get("launch"))
+            found.append(torch.load(path, mmap=True, weights_only=True,
+                                    map_location="cpu").get("launch"))
     except Exception:  # a damaged file: not this launch's to continue
         pass
     try:
@@ -158,15 +171,17 @@ def launches(out_dir):
 
 
 def saved(ckpt):
-    """How far a checkpoint (a ckpt.pt dict or a sharded one's pointer) had trained, as a key to compare:
-    (iter_num, saved_at). Training progress decides; the clock, which may have been set back or copied from
-    another machine, only breaks a tie (checkpoints that do not record it count as saved at time 0)."""
+    """How far a checkpoint (a ckpt.pt dict or a sharded one's pointer) had trained, as a key to
+    compare: (iter_num, saved_at). Training progress decides; the clock, which may have been set
+    back or copied from another machine, only breaks a tie (checkpoints that do not record it count
+    as saved at time 0)."""
     return int(ckpt["iter_num"]), float(ckpt.get("saved_at", 0.0))
 
 
 def saved_full(out_dir):
-    """saved() of OUT_DIR/ckpt.pt, read without its tensors (memory-mapped); None without one, and the earliest
-    possible for a corrupt one (load() will say so, unless the sharded checkpoint is taken)."""
+    """saved() of OUT_DIR/ckpt.pt, read without its tensors (memory-mapped); None without one, and
+    the earliest possible for a corrupt one (load() will say so, unless the sharded checkpoint is
+    taken)."""
     path = os.path.join(out_dir, CKPT)
     if not os.path.isfile(path):
         return None
@@ -177,11 +192,11 @@ def saved_full(out_dir):
 
 
 def latest(out_dir):
-    """Which of OUT_DIR's checkpoints, ckpt.pt and a sharded one, is the run's latest: the one rule that a
-    resume, sample.py, tools/probe.py and tools/consolidate.py share. The one further in training (saved());
-    at the same iteration the one saved later by the clock, or the sharded one when they were saved together
-    (a consolidated ckpt.pt is its copy). -> (CKPT, POINTER or None when there is neither, ckpt.pt's saved()
-    or None, the sharded checkpoint's pointer or None)."""
+    """Which of OUT_DIR's checkpoints, ckpt.pt and a sharded one, is the run's latest: the one rule
+    that a resume, sample.py, tools/probe.py and tools/consolidate.py share. The one further in
+    training (saved()); at the same iteration the one saved later by the clock, or the sharded one
+    when they were saved together (a consolidated ckpt.pt is its copy). -> (CKPT, POINTER or None
+    when there is neither, ckpt.pt's saved() or None, the sharded checkpoint's pointer or None)."""
     meta, full = read_pointer(out_dir), saved_full(out_dir)
     if meta is None:
         return (CKPT if full else None), full, None

@@ -4,7 +4,7 @@ processes with FSDP2 (torch.distributed.fsdp.fully_shard); its checkpoints are s
 (sharded.py's format), and tools/consolidate.py turns one into a ckpt.pt:
 
     torchrun --standalone --nproc_per_node=8 train.py config/pythia-6.9b_mesh.json --fsdp=true
-    python tools/consolidate.py --out_dir=OUT_DIR   # OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt
+    python tools/consolidate.py --out_dir=OUT_DIR  # OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt
 
 Units: one per unique block, plus the root (embedding, routers, final LayerNorm, head). A shared
 core's blocks run K times per forward; FSDP gathers their weights at each application (and again
@@ -31,8 +31,9 @@ from support.checkpoint import POINTER
 from support.spread import Spread
 from configurator import UsageError
 
-# torch.distributed's checkpoint, tensor and fsdp packages are imported in the functions that use them: loaded
-# into a DDP process (train.py imports this file), they make gloo's shutdown hang at exit now and then
+# torch.distributed's checkpoint, tensor and fsdp packages are imported in the functions that use
+# them: loaded into a DDP process (train.py imports this file), they make gloo's shutdown hang at
+# exit now and then
 
 
 # -----------------------------------------------------------------------------
@@ -43,7 +44,8 @@ def unique_blocks(model):
 
 
 def shard(model, device_type, bf16):
-    """fully_shard every unique block, then the root, over all processes (in place); returns the model."""
+    """fully_shard every unique block, then the root, over all processes (in place); returns the
+    model."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -52,21 +54,25 @@ def shard(model, device_type, bf16):
                                   cast_forward_inputs=False) if bf16 else MixedPrecisionPolicy()
     for block in unique_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=blocks)
-    # the root too frees its gathered weights after a forward: an evaluation (no backward) leaves none behind
+    # the root too frees its gathered weights after a forward: an evaluation (no backward) leaves
+    # none behind
     fully_shard(model, mesh=mesh, reshard_after_forward=True)
     return model
 
 
 def shard_optimizer_state(state_dict, optimizer):
-    """A whole (ckpt.pt) optimizer state dict -> the same with every tensor of a sharded parameter cut to this
-    rank's shard, ready for optimizer.load_state_dict. Ids follow the order of the optimizer's groups."""
+    """A whole (ckpt.pt) optimizer state dict -> the same with every tensor of a sharded parameter
+    cut to this rank's shard, ready for optimizer.load_state_dict. Ids follow the order of the
+    optimizer's groups."""
     from torch.distributed.tensor import DTensor, distribute_tensor
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state = {}
     for i, entry in state_dict["state"].items():
         p = params[int(i)]
-        state[i] = {k: distribute_tensor(v.to(p.device_mesh.device_type), p.device_mesh, p.placements)
-                    if isinstance(p, DTensor) and v.shape == p.shape else v for k, v in entry.items()}
+        state[i] = {k: distribute_tensor(v.to(p.device_mesh.device_type), p.device_mesh,
+                                         p.placements)
+                    if isinstance(p, DTensor) and v.shape == p.shape else v
+                    for k, v in entry.items()}
     return {"state": state, "param_groups": state_dict["param_groups"]}
 
 

@@ -3,7 +3,6 @@ The guards around a run: bad input as one line, a signal as a clean stop, and no
 model that blew up. train.py reaches each by one call; sample.py uses command() too.
 
     sys.exit(guards.command("train.py", TrainConfig, train, argv))  # one line, exit 2, bad input
-    guards.check_settings(tc)                # train.py's settings in range, and with each other
     stop = guards.Stop(rank, distributed)    # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun
     guards.check_saveable(model, optimizer, losses, iter_num, last_good, distributed)
 """
@@ -19,19 +18,20 @@ import torch.distributed as dist
 
 from support import console, machine, outdir
 from configurator import UsageError, parse_flags, report
-from mesh import ConfigError
 
-LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|[Tt]imed out|Socket Timeout")  # a collective's
-DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
+# a collective's error when another process of the job is gone
+LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|[Tt]imed out|Socket Timeout")
+# an evaluated loss above DIVERGED x ln(vocab) (ten times a uniform guess's) means training blew up
+DIVERGED = 10
 
 
 def command(prog, settings, fn, argv, notes=""):
-    """fn(given) as a command, given the flags of argv parsed against the dataclass `settings`: its exit code.
-    Bad input (the project's errors are UsageErrors, and mesh.py's ConfigError, a setting the model cannot
-    take, which the model file raises standing alone; a file that cannot be used, an OSError) is one line on
-    stderr and exit 2; a model that blew up (FloatingPointError) one line and exit 1; --debug=true shows the
-    traceback instead. Any other exception is a bug (a ValueError from PyTorch included): its traceback shows
-    the file and line. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
+    """fn(given) as a command, given the flags of argv parsed against the dataclass `settings`: its
+    exit code. Bad input (a UsageError, the project's one error class, which its other errors
+    subclass; a file that cannot be used, an OSError) is one line on stderr and exit 2; a model that
+    blew up (FloatingPointError) one line and exit 1; --debug=true shows the traceback instead. Any
+    other exception is a bug (a ValueError from PyTorch included): its traceback shows the file and
+    line. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
     given, kept = {}, console.keep(prog)  # a failing stdout or stderr stops nothing: one note
     try:
         given = parse_flags(settings, argv, prog, notes)
@@ -40,22 +40,25 @@ def command(prog, settings, fn, argv, notes=""):
         if given.get("debug"):
             raise
         return report(prog, e, code=1)
-    except (UsageError, ConfigError, OSError) as e:
+    except (UsageError, OSError) as e:
         if given.get("debug"):
             raise
         return report(prog, e)
-    except KeyboardInterrupt:  # a Ctrl-C before training, a second one while saving, or one in the sample
+    except KeyboardInterrupt:
+        # a Ctrl-C before training, a second one while saving, or one in the sample
         if given.get("debug"):
             raise
         if Stop.saved:
             print(f"\n{prog}: interrupted after the run finished; its last checkpoint is saved, so "
                   f"nothing is lost", file=sys.stderr)
             return 130
-        print(f"\n{prog}: interrupted, so stopped at once: a checkpoint being written, if any, was dropped, the "
-              f"one before it is as it was", file=sys.stderr)
+        print(f"\n{prog}: interrupted, so stopped at once: a checkpoint being written, if any, "
+              f"was dropped, the one before it is as it was", file=sys.stderr)
         return 130
-    except RuntimeError as e:  # another process of the job is gone: one line here, not gloo's 50-line traceback
-        if given.get("debug") or not LOST_PEER.search(str(e)) or not (dist.is_available() and dist.is_initialized()):
+    except RuntimeError as e:
+        # another process of the job is gone: one line here, not gloo's 50-line traceback
+        grouped = dist.is_available() and dist.is_initialized()
+        if given.get("debug") or not LOST_PEER.search(str(e)) or not grouped:
             raise
         return report(prog, machine.lost_peer(e), code=1)
     finally:
@@ -66,10 +69,11 @@ def command(prog, settings, fn, argv, notes=""):
 
 
 class Stop:
-    """Asks the training loop to stop after the current step and save a checkpoint: on Ctrl-C (SIGINT),
-    SIGTERM or SIGHUP, and under torchrun when the launcher is gone (a killed torchrun leaves its workers
-    re-parented, so each worker checks its parent). A second signal stops at once, as does any signal once
-    the run is finished(). A signal ignored when the run started (nohup's SIGHUP) stays ignored."""
+    """Asks the training loop to stop after the current step and save a checkpoint: on Ctrl-C
+    (SIGINT), SIGTERM or SIGHUP, and under torchrun when the launcher is gone (a killed torchrun
+    leaves its workers re-parented, so each worker checks its parent). A second signal stops at
+    once, as does any signal once the run is finished(). A signal ignored when the run started
+    (nohup's SIGHUP) stays ignored."""
     _previous = []  # (signal, handler) pairs to restore
     saved = False   # the run's last checkpoint is saved: only its closing sample is left
 
@@ -87,13 +91,14 @@ class Stop:
             raise KeyboardInterrupt
         self.asked = True
         if self.rank == 0:
-            print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
+            print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint",
+                  flush=True)
 
     def requested(self):
         if self.launcher is not None and not self.asked and os.getppid() != self.launcher:
             self.asked = True
-            print(f"rank {self.rank}: the torchrun launcher (pid {self.launcher}) is gone: finishing this step, "
-                  f"then saving a checkpoint", flush=True)
+            print(f"rank {self.rank}: the torchrun launcher (pid {self.launcher}) is gone: "
+                  f"finishing this step, then saving a checkpoint", flush=True)
         return self.asked
 
     def finished(self):
@@ -111,84 +116,42 @@ class Stop:
             signal.signal(*cls._previous.pop())
 
 
+def _local(v):
+    """This rank's shard of a tensor under FSDP (a DTensor), else the tensor itself."""
+    return v.to_local() if hasattr(v, "to_local") else v
+
+
 def unsaveable(model, optimizer, losses):
-    """Why this model must not be saved, or None: an evaluated loss that is not finite or that has blown up
-    (far worse than a uniform guess), or a weight or optimizer state that is not finite."""
+    """Why this model must not be saved, or None: an evaluated loss that is not finite or that has
+    blown up (far worse than a uniform guess), or a weight or optimizer state that is not finite."""
     limit = DIVERGED * math.log(model.config.vocab_size)
     for split, loss in losses.items():
         if not math.isfinite(loss):
             return f"{split} loss is {loss}"
         if loss > limit:
             return f"{split} loss is {loss:.4g} (above {limit:.4g}, {DIVERGED} x ln(vocab_size))"
-    local = lambda v: v.to_local() if hasattr(v, "to_local") else v  # noqa: E731 (under FSDP, this rank's shard)
-    tensors = {f"weight {k}": local(v) for k, v in model.state_dict().items() if v.is_floating_point()}
+    tensors = {f"weight {k}": _local(v) for k, v in model.state_dict().items()
+               if v.is_floating_point()}
     names = {p: name for name, p in model.named_parameters()}
-    tensors.update({f"optimizer {k} of {names.get(p, 'a parameter')}": local(v) for p, state in optimizer.state.items()
-                    for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point()})
+    for p, state in optimizer.state.items():
+        owner = names.get(p, "a parameter")
+        for k, v in state.items():
+            if torch.is_tensor(v) and v.is_floating_point():
+                tensors[f"optimizer {k} of {owner}"] = _local(v)
     finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()]).tolist()
     return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
 
 
 def check_saveable(model, optimizer, losses, iter_num, last_good, distributed):
-    """Raise FloatingPointError, naming the last good checkpoint (last_good(), in words), unless the model may
-    be saved. Every rank sees the same losses; under FSDP each checks its own shards, and all stop if any
-    found one that is not finite."""
+    """Raise FloatingPointError, naming the last good checkpoint (last_good(), in words), unless the
+    model may be saved. Every rank sees the same losses; under FSDP each checks its own shards, and
+    all stop if any found one that is not finite."""
     reason = unsaveable(model, optimizer, losses)
     if distributed:
         flag = torch.tensor(float(reason is not None), device=model.lm_head.weight.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        reason = reason or ("a weight or optimizer state on another rank is not finite" if flag.item() else None)
+        if not reason and flag.item():
+            reason = "a weight or optimizer state on another rank is not finite"
     if reason:
-        raise FloatingPointError(f"{reason} at iter {iter_num}; stopped without saving, so {last_good()}")
-
-
-def check_ranges(settings, ranges):
-    """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
-    range in words); None (unset) passes, anything else must be finite and pass the test."""
-    for names, ok, allowed in ranges:
-        for name in names.split():
-            value = getattr(settings, name)
-            if value is not None and not (math.isfinite(value) and ok(value)):
-                raise UsageError(f"--{name}={value} must be {allowed}")
-
-
-RANGES = [  # train.py's settings: (names, the test each must pass, the range in words)
-    ("batch_size grad_accum eval_interval eval_iters log_interval epochs lr_decay_iters plan_gpus",
-     lambda v: v >= 1, "at least 1"),
-    ("max_iters sample_tokens warmup_iters", lambda v: v >= 0, "0 or more"),
-    ("seed", lambda v: v >= 0, "0 or more (numpy's generators take no negative seed)"),
-    ("lr", lambda v: v > 0, "a finite number above 0"),
-    ("gpu_memory", lambda v: v > 0, "a finite number of GiB above 0"),
-    ("dist_timeout", lambda v: v > 0, "a finite number of seconds above 0"),
-    ("min_lr weight_decay", lambda v: v >= 0, "a finite number, 0 or more"),
-    ("grad_clip", lambda v: v >= 0, "a finite number, 0 or more (0 disables clipping)"),
-    ("beta1 beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
-]
-
-
-def check_settings(tc):
-    """train.py's settings, each in its range (None, unset, passes) and with the others."""
-    check_ranges(tc, RANGES)
-    if tc.data_order not in ("random", "sequential"):
-        raise UsageError(f"--data_order={tc.data_order} is not random or sequential")
-    if tc.lr is not None and tc.min_lr is not None and tc.min_lr > tc.lr:
-        raise UsageError(f"--min_lr={tc.min_lr} is above --lr={tc.lr}; "
-                         f"the cosine decays from lr to min_lr")
-    decay = tc.max_iters if tc.lr_decay_iters is None else tc.lr_decay_iters
-    if tc.warmup_iters is not None and tc.warmup_iters > decay:
-        raise UsageError(f"--warmup_iters={tc.warmup_iters} ends after the cosine does (--lr_decay_iters="
-                         f"{decay}{' from --max_iters' * (tc.lr_decay_iters is None)}); warm up for at "
-                         f"most {decay} steps, or raise --lr_decay_iters")
-    for name in ("out_dir", "data_root", "dataset"):
-        if not getattr(tc, name).strip():
-            default = type(tc).__dataclass_fields__[name].default
-            raise UsageError(f"--{name} is empty; give it a name, e.g. --{name}={default} (its default)")
-
-
-def ran_out(iter_num, tc, windows, window):
-    """The note of a --data_order=sequential run whose --epochs passes are read."""
-    seen = iter_num * tc.batch_size * tc.grad_accum
-    return (f"the data ran out at iter {iter_num} (--max_iters={tc.max_iters}): "
-            f"{seen / windows:.3f} epoch(s) of {windows:,} windows of {window} tokens read "
-            f"in order, {seen * window:,} tokens seen; allow more passes with "
-            f"--init_from=resume --epochs={tc.epochs + 1}")
+        raise FloatingPointError(f"{reason} at iter {iter_num}; stopped without saving, "
+                                 f"so {last_good()}")

@@ -1,6 +1,7 @@
 """
-Hugging Face GPT-NeoX / Pythia checkpoints, imported without transformers: a Pythia download becomes a
-vanilla RecursiveGPT whose logits are the original model's, ready to sample, evaluate or fine-tune.
+Hugging Face GPT-NeoX / Pythia checkpoints, imported without transformers: a Pythia download
+becomes a vanilla RecursiveGPT whose logits are the original model's, ready to sample, evaluate or
+fine-tune.
 
     model = hf.load_hf("path/to/pythia-160m")     # layout 'L', scheme 'base', scale_embeddings off
     python train.py --init_from=hf:path/to/pythia-160m --dataset=...   # fine-tune it (for_training)
@@ -23,35 +24,44 @@ from mesh import Config, RecursiveGPT
 
 
 def from_hf_neox(path):
-    """config.json plus model.safetensors or pytorch_model.bin (or a sharded *.index.json) -> (Config,
-    RecursiveGPT state_dict). A setting that our GPT-NeoX block cannot express is refused by name."""
+    """config.json plus model.safetensors or pytorch_model.bin (or a sharded *.index.json) ->
+    (Config, RecursiveGPT state_dict). A setting that our GPT-NeoX block cannot express is refused
+    by name."""
     where = f"cannot import {path}"
     try:
         hf = plain.read_json(os.path.join(path, "config.json"))
         D, H, L = hf["hidden_size"], hf["num_attention_heads"], hf["num_hidden_layers"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{where}: no GPT-NeoX config.json there ({type(e).__name__}: {e})") from None
-    for field in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "max_position_embeddings",
-                  "intermediate_size"):  # of the right JSON type before anything is computed from them
+        raise CheckpointError(f"{where}: no GPT-NeoX config.json there "
+                              f"({type(e).__name__}: {e})") from None
+    # of the right JSON type before anything is computed from them
+    for field in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+                  "max_position_embeddings", "intermediate_size"):
         if field in hf and (not isinstance(hf[field], int) or isinstance(hf[field], bool)):
-            raise CheckpointError(f"{where}: config.json's {field} is {json.dumps(hf[field])[:40]}, not an integer")
-    rope = hf.get("rope_parameters") or {}  # transformers >= 5 moved rotary_pct / rotary_emb_base here
+            raise CheckpointError(f"{where}: config.json's {field} is "
+                                  f"{json.dumps(hf[field])[:40]}, not an integer")
+    # transformers >= 5 moved rotary_pct / rotary_emb_base here
+    rope = hf.get("rope_parameters") or {}
     for field, found, ours in [("model_type", hf.get("model_type"), "gpt_neox"),
                                ("intermediate_size", hf.get("intermediate_size", 4 * D), 4 * D),
-                               ("hidden_act", hf.get("hidden_act", "gelu"), "gelu"),  # exact (erf) GELU
+                               # exact (erf) GELU
+                               ("hidden_act", hf.get("hidden_act", "gelu"), "gelu"),
                                ("layer_norm_eps", hf.get("layer_norm_eps", 1e-5), 1e-5),
                                ("attention_bias", hf.get("attention_bias", True), True),
                                ("rope_scaling", hf.get("rope_scaling"), None),
                                ("rope_type", rope.get("rope_type", "default"), "default")]:
         if found != ours:
-            raise CheckpointError(f"{where}: {field}={found!r} is not supported (nanoMeSH has {field}={ours!r})")
+            raise CheckpointError(f"{where}: {field}={found!r} is not supported "
+                                  f"(nanoMeSH has {field}={ours!r})")
     try:
-        cfg = Config(vocab_size=hf.get("vocab_size", 0), block_size=hf.get("max_position_embeddings", 2048),
-                     n_embd=D, n_head=H, layout=str(L), scale_embeddings=False,
+        cfg = Config(vocab_size=hf.get("vocab_size", 0),
+                     block_size=hf.get("max_position_embeddings", 2048), n_embd=D, n_head=H,
+                     layout=str(L), scale_embeddings=False,
                      rotary_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)),
                      rotary_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
                      parallel_residual=hf.get("use_parallel_residual", True))
-        plan.check_fits(cfg, None, "cpu", what="its config.json's model", fix="import a smaller one")
+        plan.check_fits(cfg, None, "cpu", what="its config.json's model",
+                        fix="import a smaller one")
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{where}: {e}") from None
     try:  # optional: a pytorch_model.bin needs only torch
@@ -66,42 +76,54 @@ def from_hf_neox(path):
                 files = sorted(set(plain.read_json(index)["weight_map"].values()))
                 outside = next((f for f in files if not plain_name(f)), None)
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-                raise CheckpointError(f"{where}: {index} is not a weight index ({type(e).__name__}: {e})") from None
+                raise CheckpointError(f"{where}: {index} is not a weight index "
+                                      f"({type(e).__name__}: {e})") from None
             if outside is not None:
-                raise CheckpointError(f"{where}: {index} names {outside!r:.60}, not a file of {path}")
+                raise CheckpointError(f"{where}: {index} names {outside!r:.60}, "
+                                      f"not a file of {path}")
         if files:
             break
     else:
-        raise CheckpointError(f"{where}: no weights; expected model.safetensors (needs `pip install safetensors`) "
+        raise CheckpointError(f"{where}: no weights; expected model.safetensors "
+                              f"(needs `pip install safetensors`) "
                               f"or pytorch_model.bin, or a sharded *.index.json")
     sd = {}
-    for file in (os.path.join(path, f) for f in files):  # a .bin loads with weights_only: never runs code
+    # a .bin loads with weights_only: never runs code
+    for file in (os.path.join(path, f) for f in files):
         try:
             sd.update(load_file(file) if file.endswith(".safetensors") else
                       torch.load(file, map_location="cpu", weights_only=True))
-        except Exception as e:  # not a weights file, or a pickle that would run code (weights_only refuses it)
+        # not a weights file, or a pickle that would run code (weights_only refuses it)
+        except Exception as e:
             first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
-            why = "it holds objects other than tensors" if type(e).__name__ == "UnpicklingError" else first
-            raise CheckpointError(f"{where}: {file} is not a file of weights nanoMeSH reads ({why}; loading never "
-                                  f"runs code)") from None
-    # Tied embeddings: our lm_head is untied, as Pythia's, so it starts as a copy of wte and trains apart.
+            why = ("it holds objects other than tensors" if type(e).__name__ == "UnpicklingError"
+                   else first)
+            raise CheckpointError(f"{where}: {file} is not a file of weights nanoMeSH reads "
+                                  f"({why}; loading never runs code)") from None
+    # Tied embeddings: our lm_head is untied, as Pythia's, so it starts as a copy of wte and
+    # trains apart.
     head = ("gpt_neox.embed_in.weight" if hf.get("tie_word_embeddings") else
-            "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")  # on disk / in memory
+            # on disk / in memory
+            "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")
     names = {"wte.weight": "gpt_neox.embed_in.weight", "lm_head.weight": head,
-             "ln_f.weight": "gpt_neox.final_layer_norm.weight", "ln_f.bias": "gpt_neox.final_layer_norm.bias"}
+             "ln_f.weight": "gpt_neox.final_layer_norm.weight",
+             "ln_f.bias": "gpt_neox.final_layer_norm.bias"}
     for i in range(L):  # a vanilla layout: every layer is a prelude block
         for ours, theirs in [("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm"),
-                             ("attn.qkv", "attention.query_key_value"), ("attn.proj", "attention.dense"),
+                             ("attn.qkv", "attention.query_key_value"),
+                             ("attn.proj", "attention.dense"),
                              ("mlp.fc", "mlp.dense_h_to_4h"), ("mlp.proj", "mlp.dense_4h_to_h")]:
-            names.update({f"prelude.{i}.{ours}.{k}": f"gpt_neox.layers.{i}.{theirs}.{k}" for k in ("weight", "bias")})
+            names.update({f"prelude.{i}.{ours}.{k}": f"gpt_neox.layers.{i}.{theirs}.{k}"
+                          for k in ("weight", "bias")})
     absent = [theirs for theirs in names.values() if theirs not in sd]
     if absent:
         raise CheckpointError(f"{where}: {len(absent)} weight(s) missing, e.g. {absent[0]}")
     if sd[names["wte.weight"]].shape != (cfg.vocab_size, D):
-        raise CheckpointError(f"{where}: vocab_size={cfg.vocab_size} in config.json, but embed_in has shape "
-                              f"{tuple(sd[names['wte.weight']].shape)}")
+        raise CheckpointError(f"{where}: vocab_size={cfg.vocab_size} in config.json, "
+                              f"but embed_in has shape {tuple(sd[names['wte.weight']].shape)}")
     state = {ours: sd[theirs] for ours, theirs in names.items()}
-    for i in range(L):  # NeoX fuses QKV per head, [head][q|k|v][head_dim]; our rows are [q | k | v], head-major
+    # NeoX fuses QKV per head, [head][q|k|v][head_dim]; our rows are [q | k | v], head-major
+    for i in range(L):
         w, b = f"prelude.{i}.attn.qkv.weight", f"prelude.{i}.attn.qkv.bias"
         state[w] = state[w].view(H, 3, D // H, D).transpose(0, 1).reshape(3 * D, D)   # (3D, D)
         state[b] = state[b].view(H, 3, D // H).transpose(0, 1).reshape(3 * D)         # (3D,)
@@ -109,9 +131,9 @@ def from_hf_neox(path):
 
 
 def load_hf(path, device="cpu"):
-    """A Hugging Face GPT-NeoX checkpoint folder (a Pythia download is one) as a vanilla RecursiveGPT:
-    layout 'L', scheme 'base', scale_embeddings off, so its logits are the original model's. Its config
-    is a plain Config, so training can continue. See from_hf_neox."""
+    """A Hugging Face GPT-NeoX checkpoint folder (a Pythia download is one) as a vanilla
+    RecursiveGPT: layout 'L', scheme 'base', scale_embeddings off, so its logits are the original
+    model's. Its config is a plain Config, so training can continue. See from_hf_neox."""
     cfg, state = from_hf_neox(path)
     model = RecursiveGPT(cfg)
     model.load_state_dict(state)
@@ -119,16 +141,19 @@ def load_hf(path, device="cpu"):
 
 
 def for_training(path, tc, given, tokenizer, master):
-    """train.py --init_from=hf:PATH: the imported vanilla model, its shape the import's (only --block_size, for a
-    shorter context, and --dropout apply), refused for a dataset made with another tokenizer than PATH's."""
-    shaped = [k for k in ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0", "n_embd", "n_head")
+    """train.py --init_from=hf:PATH: the imported vanilla model, its shape the import's (only
+    --block_size, for a shorter context, and --dropout apply), refused for a dataset made with
+    another tokenizer than PATH's."""
+    shaped = [k for k in ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0", "n_embd",
+                          "n_head")
               if k in given]
     if shaped:
         raise UsageError(f"--init_from=hf:{path} takes the model's shape from the import; "
                          f"drop --{', --'.join(shaped)} (only --block_size and --dropout apply)")
     model = load_hf(path)
     if tc.block_size or tc.dropout is not None:  # a shorter context or dropout for fine-tuning
-        cfg = Config(**{**model.config.to_dict(), "block_size": tc.block_size or model.config.block_size,
+        cfg = Config(**{**model.config.to_dict(),
+                        "block_size": tc.block_size or model.config.block_size,
                         "dropout": model.config.dropout if tc.dropout is None else tc.dropout})
         state, model = model.state_dict(), RecursiveGPT(cfg)
         model.load_state_dict(state)
@@ -137,16 +162,18 @@ def for_training(path, tc, given, tokenizer, master):
 
 
 def check_tokenizer(path, tokenizer, dataset, master):
-    """An imported model knows the ids of its own tokenizer (PATH/tokenizer.json): a dataset made with another
-    one is refused. Without a tokenizer.json in PATH only a GPT-2 dataset gets a note (Pythia's is GPT-NeoX's)."""
+    """An imported model knows the ids of its own tokenizer (PATH/tokenizer.json): a dataset made
+    with another one is refused. Without a tokenizer.json in PATH only a GPT-2 dataset gets a note
+    (Pythia's is GPT-NeoX's)."""
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         if master and tokenizer.kind == "gpt2":
-            print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; the ids of a GPT-2 "
-                  "dataset mean other tokens to them")
+            print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; "
+                  "the ids of a GPT-2 dataset mean other tokens to them")
         return
     theirs = type(tokenizer)("bpe", path=path)  # data/tokenizer.py's, through the dataset's own
     if theirs.identity != tokenizer.identity:
-        made = "another tokenizer.json" if tokenizer.kind == "bpe" else f"the {tokenizer.kind} tokenizer"
+        made = ("another tokenizer.json" if tokenizer.kind == "bpe"
+                else f"the {tokenizer.kind} tokenizer")
         raise UsageError(f"dataset {dataset!r} was made with {made}, not the imported model's own "
-                         f"({os.path.join(path, 'tokenizer.json')}); prepare it with that one: python data/prepare.py "
-                         f"--dataset NAME --input FILE --tokenizer {path}")
+                         f"({os.path.join(path, 'tokenizer.json')}); prepare it with that one: "
+                         f"python data/prepare.py --dataset NAME --input FILE --tokenizer {path}")

@@ -1,8 +1,11 @@
 """
 Where a run runs: its processes (torchrun), its device and dtype, and the chip's peak for MFU.
 
-    distributed, rank, world = process_group()   # torchrun's RANK and WORLD_SIZE; (False, 0, 1) alone
-    device = start(tc.device, distributed)       # "cuda:LOCAL_RANK" under torchrun, its process group started
+    # torchrun's RANK and WORLD_SIZE; (False, 0, 1) alone
+    distributed, rank, world = process_group()
+    # under torchrun "cuda:LOCAL_RANK", its group started
+    device = Device(tc, distributed, master)
+    device.name, device.type, device.dtype, device.autocast, device.mfu(cfg, tokens, seconds, world)
 """
 
 import datetime
@@ -16,11 +19,13 @@ import torch.distributed as dist
 
 from configurator import UsageError
 
-# Dense bf16 peak FLOP/s by the exact name torch.cuda.get_device_name gives (every A100 is 312e12): exact,
-# because substrings mislead ("L40S" contains "L4", "H100 PCIe" is not an SXM H100). Not listed: no MFU.
-PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12, "NVIDIA H100 PCIe": 756e12,
-                   "NVIDIA H100 NVL": 835e12, "NVIDIA H200": 989e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
-                   "NVIDIA L4": 121e12, "NVIDIA A10": 125e12}
+# Dense bf16 peak FLOP/s by the exact name torch.cuda.get_device_name gives (every A100 is
+# 312e12): exact, because substrings mislead ("L40S" contains "L4", "H100 PCIe" is not an SXM
+# H100). Not listed: no MFU.
+PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12,
+                   "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12, "NVIDIA H200": 989e12,
+                   "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12, "NVIDIA L4": 121e12,
+                   "NVIDIA A10": 125e12}
 
 
 class LaunchError(UsageError):
@@ -31,8 +36,9 @@ _started = {}  # the process group's settings, for the words of its errors
 
 
 def process_group():
-    """(distributed, rank, world size) from torchrun's RANK and WORLD_SIZE; RANK unset (or -1): one process.
-    RANK set but not by torchrun (a shell's leftover of an earlier job) is refused: it would wait for peers."""
+    """(distributed, rank, world size) from torchrun's RANK and WORLD_SIZE; RANK unset (or -1): one
+    process. RANK set but not by torchrun (a shell's leftover of an earlier job) is refused: it
+    would wait for peers."""
     rank, size = os.environ.get("RANK", "-1"), os.environ.get("WORLD_SIZE")
     if rank == "-1":
         return False, 0, 1
@@ -41,13 +47,18 @@ def process_group():
         if not 0 <= rank < size:
             raise ValueError
     except (TypeError, ValueError):
-        raise UsageError(f"RANK={rank} needs WORLD_SIZE, with 0 <= RANK < WORLD_SIZE (got WORLD_SIZE={size}); "
-                         f"launch with torchrun, which sets both, or unset RANK") from None
-    if "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun sets it: without it the peers would never come
-        names = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k in os.environ]
-        raise UsageError(f"{' '.join(f'{k}={os.environ[k]}' for k in names)} set, but not by torchrun (no "
-                         f"TORCHELASTIC_RUN_ID): left in this shell by an earlier job? unset {' '.join(names)}, "
-                         f"or launch with torchrun (another launcher: set TORCHELASTIC_RUN_ID to say they are meant)")
+        raise UsageError(f"RANK={rank} needs WORLD_SIZE, with 0 <= RANK < WORLD_SIZE "
+                         f"(got WORLD_SIZE={size}); launch with torchrun, which sets both, "
+                         f"or unset RANK") from None
+    # torchrun sets it: without it the peers would never come
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        variables = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        names = [k for k in variables if k in os.environ]
+        found = " ".join(f"{k}={os.environ[k]}" for k in names)
+        raise UsageError(f"{found} set, but not by torchrun (no TORCHELASTIC_RUN_ID): "
+                         f"left in this shell by an earlier job? unset {' '.join(names)}, "
+                         f"or launch with torchrun (another launcher: set "
+                         f"TORCHELASTIC_RUN_ID to say they are meant)")
     return True, rank, size
 
 
@@ -62,9 +73,10 @@ def launch_id():
 
 
 def restarted(given, out_dir, master):
-    """The flags given, or, for a torchrun restart (--max-restarts: TORCHELASTIC_RESTART_COUNT > 0) of
-    a launch whose checkpoint is in out_dir, the flags that continue it (--init_from=resume): started
-    again, the run would begin at iter 0 over its own checkpoint (--overwrite) or refuse its folder."""
+    """The flags given, or, for a torchrun restart (--max-restarts:
+    TORCHELASTIC_RESTART_COUNT > 0) of a launch whose checkpoint is in out_dir, the flags that
+    continue it (--init_from=resume): started again, the run would begin at iter 0 over its own
+    checkpoint (--overwrite) or refuse its folder."""
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if count in ("", "0") or given.get("init_from") == "resume" or launch_id() is None:
         return given
@@ -78,8 +90,9 @@ def restarted(given, out_dir, master):
 
 
 def start(name, distributed, timeout=1800.0):
-    """The device of this process (--device); under torchrun also its process group (NCCL on GPUs, else gloo).
-    Each process takes GPU LOCAL_RANK, so that RNG states, bf16 checks and kernels use it, not GPU 0."""
+    """The device of this process (--device); under torchrun also its process group (NCCL on GPUs,
+    else gloo). Each process takes GPU LOCAL_RANK, so that RNG states, bf16 checks and kernels use
+    it, not GPU 0."""
     device = resolve_device(name)
     if distributed and device.startswith("cuda"):
         local, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
@@ -90,7 +103,8 @@ def start(name, distributed, timeout=1800.0):
         device = f"cuda:{local}"
     if device.startswith("cuda:"):
         torch.cuda.set_device(device)
-    if distributed:  # timeout: how long a collective waits on the others (a frozen peer, then a line)
+    # timeout: how long a collective waits on the others (a frozen peer, then a line)
+    if distributed:
         _started["timeout"] = timeout
         wait = datetime.timedelta(seconds=timeout)
         try:
@@ -99,14 +113,16 @@ def start(name, distributed, timeout=1800.0):
         except RuntimeError as e:  # torch's DistStoreError, DistNetworkError: the others never came
             raise LaunchError(f"could not join the other processes of this torchrun job "
                               f"({first_line(e)}): one failed before joining (its own output "
-                              f"says why), or did not come within --dist_timeout={timeout:g} s") from None
+                              f"says why), or did not come within "
+                              f"--dist_timeout={timeout:g} s") from None
     return device
 
 
 def attempt_store(wait):
-    """init_process_group's store under torchrun's agent store, keyed by the restart: torchrun keeps one
-    store for every attempt of a launch, so a restarted process could read the address a killed one
-    published (gloo: "Connection refused") before its new peer replaces it. {} outside torchrun."""
+    """init_process_group's store under torchrun's agent store, keyed by the restart: torchrun
+    keeps one store for every attempt of a launch, so a restarted process could read the address
+    a killed one published (gloo: "Connection refused") before its new peer replaces it. {}
+    outside torchrun."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -118,31 +134,37 @@ def attempt_store(wait):
 
 def first_line(error):
     """The first line of a torch.distributed error, without gloo's or c10d's source location."""
-    return re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip().splitlines()[0] if str(error).strip() else "")[:160]
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    return re.sub(r"^\[[^\]]*\]\s*", "", first)[:160]
 
 
 def lost_peer(error):
-    """The one line for a collective that failed: another process stopped (its own output says why),
-    or, past --dist_timeout, one never answered: frozen (stopped, swapping) or its machine unreachable,
-    named where it can be (of two processes, the other)."""
+    """The one line for a collective that failed: another process stopped (its own output says
+    why), or, past --dist_timeout, one never answered: frozen (stopped, swapping) or its machine
+    unreachable, named where it can be (of two processes, the other)."""
     first = first_line(error)
     if not re.search(r"timed out|timeout", first, re.IGNORECASE):
         return f"another process of this torchrun job stopped ({first}); its own output says why"
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = f"rank {1 - rank}" if world == 2 else f"one of the other {world - 1} processes"
-    return (f"rank {rank}: no answer from {peer} of this torchrun job within --dist_timeout="
-            f"{_started.get('timeout', 0):g} s ({first}): it is frozen (stopped, or swapping) or its "
-            f"machine cannot be reached; the last checkpoint is whole: continue with --init_from=resume")
+    timeout = _started.get("timeout", 0)
+    return (f"rank {rank}: no answer from {peer} of this torchrun job within "
+            f"--dist_timeout={timeout:g} s ({first}): it is frozen (stopped, or swapping) "
+            f"or its machine cannot be reached; the last checkpoint is whole: "
+            f"continue with --init_from=resume")
 
 
 def launch(world):
-    """How this job was started, as a command to start it again: python, or torchrun with its process count."""
+    """How this job was started, as a command to start it again: python, or torchrun
+    with its process count."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if world == 1 and "RANK" not in os.environ:
         return "python"
     if local == world:
         return f"torchrun --standalone --nproc_per_node={world}"
-    return f"torchrun --nnodes={world // local} --nproc_per_node={local} (and this job's rendezvous flags)"
+    return (f"torchrun --nnodes={world // local} --nproc_per_node={local} "
+            f"(and this job's rendezvous flags)")
 
 
 def stop():
@@ -152,8 +174,8 @@ def stop():
 
 
 def from_rank0(fn, distributed, master):
-    """fn() on rank 0, its result (or its error's message) shared with every rank, so that all act on one
-    decision (say, which dataset to train on) and none waits forever when rank 0 fails."""
+    """fn() on rank 0, its result (or its error's message) shared with every rank, so that all act
+    on one decision (say, which dataset to train on) and none waits forever when rank 0 fails."""
     result, failed = None, None
     if master:
         try:
@@ -170,28 +192,33 @@ def from_rank0(fn, distributed, master):
 
 
 def resolve_device(name):
-    """'auto' -> cuda, then mps, then cpu; an explicit device that is not available is a UsageError."""
-    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    """'auto' -> cuda, then mps, then cpu; an explicit device that is not available
+    is a UsageError."""
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": torch.backends.mps.is_available()}
     if name == "auto":
         return "cuda" if available["cuda"] else "mps" if available["mps"] else "cpu"
     kind = name.split(":")[0]
     if kind not in available:
         raise UsageError(f"unknown --device={name}; expected auto, cpu, cuda, cuda:N or mps")
     if not available[kind]:
-        raise UsageError(f"--device={name} is not available on this machine; use --device=auto or --device=cpu")
+        raise UsageError(f"--device={name} is not available on this machine; "
+                         f"use --device=auto or --device=cpu")
     index = name.partition(":")[2]
     count = torch.cuda.device_count() if kind == "cuda" else 1  # mps and cpu: device 0 alone
     if ":" in name and not (index.isdigit() and int(index) < count):
         has = f" (it has {count} GPU(s), cuda:0 to cuda:{count - 1})" if kind == "cuda" else ""
-        raise UsageError(f"--device={name} is not a device of this machine{has}; use --device={kind}"
-                         + (" or one of those" if has else ""))
+        hint = " or one of those" if has else ""
+        raise UsageError(f"--device={name} is not a device of this machine{has}; "
+                         f"use --device={kind}{hint}")
     return name
 
 
 def resolve_dtype(name, device):
     """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs that support it, else float32."""
     if name == "auto":
-        return "bfloat16" if str(device).startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
+        bf16 = str(device).startswith("cuda") and torch.cuda.is_bf16_supported()
+        return "bfloat16" if bf16 else "float32"
     if name not in ("float32", "bfloat16"):
         raise UsageError(f"--dtype={name} is not supported; use auto, float32 or bfloat16")
     return name
@@ -208,7 +235,9 @@ def resolve_compile(compile, device_type, master=True):
 
 def autocast(device, dtype):
     """bf16 autocast on the device for --dtype=bfloat16; nothing for float32."""
-    return nullcontext() if dtype == "float32" else torch.autocast(str(device).split(":")[0], dtype=torch.bfloat16)
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(str(device).split(":")[0], dtype=torch.bfloat16)
 
 
 def flops_per_token(cfg):
@@ -219,20 +248,43 @@ def flops_per_token(cfg):
 
 
 def peak_bf16_flops(device, dtype):
-    """The chip's dense bf16 peak FLOP/s (PEAK_BF16_FLOPS), or None: not CUDA, not bf16, or not listed.
-    MFU is only quoted against the peak of the precision the run used."""
+    """The chip's dense bf16 peak FLOP/s (PEAK_BF16_FLOPS), or None: not CUDA, not bf16, or not
+    listed. MFU is only quoted against the peak of the precision the run used."""
     if not str(device).startswith("cuda") or dtype != "bfloat16":
         return None
     name = torch.cuda.get_device_name(device)
     return 312e12 if name.startswith("NVIDIA A100") else PEAK_BF16_FLOPS.get(name)
 
 
+class Device:
+    """This process's device as a run uses it: its name ("cuda:1", "mps", "cpu") and type, with
+    --dtype and --compile resolved for it, its autocast, and the chip's peak for MFU. Making one
+    starts the device (and, under torchrun, the process group: start)."""
+
+    def __init__(self, tc, distributed, master):
+        self.name = start(tc.device, distributed, tc.dist_timeout)
+        self.type = self.name.split(":")[0]  # cuda, mps or cpu
+        self.dtype = resolve_dtype(tc.dtype, self.name)
+        self.compile = resolve_compile(tc.compile, self.type, master)
+        self.autocast = autocast(self.name, self.dtype)  # a context: `with device.autocast:`
+        self.peak = peak_bf16_flops(self.name, self.dtype)
+
+    def mfu(self, cfg, tokens, seconds, world):
+        """Model FLOPs utilisation: the share of the world processes' peak that training `tokens`
+        tokens of a model of mesh.Config cfg in `seconds` used; None where the peak is unknown."""
+        if not self.peak:
+            return None
+        return flops_per_token(cfg) * tokens / seconds / (self.peak * world)
+
+
 def machine_name(device="cpu"):
-    """The GPU's name for a CUDA device, else the CPU's model name (bench.py and table1.py print it)."""
+    """The GPU's name for a CUDA device, else the CPU's model name (bench.py and
+    table1.py print it)."""
     if str(device).startswith("cuda"):
         return torch.cuda.get_device_name(device)
     try:
         with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            models = (line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(models)
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()

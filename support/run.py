@@ -8,7 +8,7 @@ makes one Run; outdir.py, resume.py and checkpoint.py do the work.
     given = run.resume(given)              # --init_from=resume: its latest checkpoint, run.ckpt
     if not run.check(tc, given, spread):   # the folder held; a resume's checks, or a fresh run's
         return 0                           # a finished run, left as it is
-    run.start(tc)                          # all checked: the run takes OUT_DIR (lock, log)
+    run.start(tc, device.type)             # all checked: the run takes OUT_DIR (lock, log)
     run.write(record, text)                # print text, log record
     run.save(raw_model, optimizer, state)  # the checkpoint, then the log committed
     run.last_good()                        # the last good checkpoint, in words
@@ -16,8 +16,9 @@ makes one Run; outdir.py, resume.py and checkpoint.py do the work.
 
 import os
 import shlex
+import time
 
-from support import machine, outdir, runfiles
+from support import checkpoint, machine, outdir, runfiles
 
 
 class Run:
@@ -29,6 +30,8 @@ class Run:
         self.log = None         # OUT_DIR/log.jsonl (rank 0's), once the run has started
         self.spread = None      # how the model is spread: what it saves, and how
         self.saved_iter = None  # the iteration of the last good checkpoint, None before one
+        self.as_given = {}      # the settings a checkpoint keeps as they were given (settings)
+        self.device_type = None  # whose random state a checkpoint keeps (start)
 
     def resume(self, given):
         """For --init_from=resume, load the run's latest checkpoint, to continue from it
@@ -47,18 +50,16 @@ class Run:
     def settings(self, cls, given):
         """The run's settings, a cls (TrainConfig): a resumed run's saved ones, read as flags are,
         but for its folder (it writes where it read) and --fsdp (resume.settings), then the flags
-        given over them."""
+        given over them. Those that train.py resolves or derives (auto, None) are kept as given,
+        for its checkpoints: a resume, on its machine and with its flags, does it again."""
         if not self.ckpt:
-            return cls(**given)
-        from support import resume
-        return resume.settings(self.ckpt, cls, given)
-
-    @staticmethod
-    def as_given(tc):
-        """The settings a checkpoint keeps as given, not as resolved or derived here (auto, None),
-        so that a resume, on its machine and with its flags, resolves and derives them again."""
+            tc = cls(**given)
+        else:
+            from support import resume
+            tc = resume.settings(self.ckpt, cls, given)
         derived = ("dtype", "compile", "lr", "min_lr", "warmup_iters", "lr_decay_iters")
-        return {k: getattr(tc, k) for k in derived}
+        self.as_given = {k: getattr(tc, k) for k in derived}
+        return tc
 
     @property
     def model_config(self):
@@ -86,8 +87,10 @@ class Run:
             outdir.check_fresh(self.out_dir, tc.overwrite)
         return True
 
-    def start(self, tc):
-        """All checked: rank 0 takes OUT_DIR (its lock, killed writes' leftovers, its log)."""
+    def start(self, tc, device_type):
+        """All checked: rank 0 takes OUT_DIR (its lock, killed writes' leftovers, its log).
+        device_type: where the run's random state is (cpu, and cuda's too), for its checkpoints."""
+        self.device_type = device_type
         if self.master:
             fresh = self.ckpt is None
             resumed_at = 0 if fresh else self.ckpt["iter_num"]
@@ -107,7 +110,12 @@ class Run:
 
     def save(self, model, optimizer, state):
         """Save a checkpoint of state (its plain data) with the model and AdamW, then commit the
-        log: --overwrite's new run replaces the old one with its first checkpoint."""
+        log: --overwrite's new run replaces the old one with its first checkpoint. The checkpoint
+        also keeps what a resume needs to go on exactly: the settings as given, the random state,
+        when and by which torchrun launch it was saved."""
+        state = {**state, "rng": checkpoint.rng_state(self.device_type), "saved_at": time.time(),
+                 "launch": machine.launch_id()}
+        state["train_config"] = {**state["train_config"], **self.as_given}
         self.spread.save(self.out_dir, model, optimizer, self.master, state)
         self.saved_iter = state["iter_num"]
         if self.master:

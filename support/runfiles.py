@@ -1,15 +1,19 @@
 """
 Files written so that nothing is lost: a folder owned by one process at a time, writes that a crash
-never leaves half done, and the leftovers of killed writers. OUT_DIR's life (outdir.py), checkpoints,
-datasets and the tools' results are all written through here.
+never leaves half done, and the leftovers of killed writers. OUT_DIR's life (outdir.py),
+checkpoints, datasets and the tools' results are all written through here.
 
-    runfiles.own(out_dir)                                     # a second run there is refused while this one lives
-    runfiles.atomic_write(path, lambda f: f.write(data))      # the old file or the new one, never half of one
-    runfiles.remove_dead_temporaries(out_dir)                 # the .tmp files of writers that were killed
+    # a second run there is refused while this one lives
+    runfiles.own(out_dir)
+    # the old file or the new one, never half of one
+    runfiles.atomic_write(path, lambda f: f.write(data))
+    # the .tmp files of writers that were killed
+    runfiles.remove_dead_temporaries(out_dir)
 
-Every temporary file or folder is named .NAME-PID-HEX.nanomesh.tmp beside its destination (HEX: 12 digits):
-the one cleaner removes only names of exactly that form, a dead writer's (a live one's are never touched, told
-by the pid), so a user's file that merely looks like a leftover (.notes-1-ab.tmp) is never deleted.
+Every temporary file or folder is named .NAME-PID-HEX.nanomesh.tmp beside its destination
+(HEX: 12 digits): the one cleaner removes only names of exactly that form, a dead writer's (a live
+one's are never touched, told by the pid), so a user's file that merely looks like a leftover
+(.notes-1-ab.tmp) is never deleted.
 """
 
 import contextlib
@@ -25,7 +29,8 @@ from configurator import UsageError
 
 MARK = ".nanomesh.tmp"  # the end of every temporary name the project makes, and of no other
 TEMPORARY = re.compile(r"^\..+-(\d+)-[0-9a-f]{12}" + re.escape(MARK) + "$")  # .NAME-PID-HEX{MARK}
-_owned = {}  # this process's folder locks: real path -> descriptor (or None: no lock could be taken)
+# this process's folder locks: real path -> descriptor (or None: no lock could be taken)
+_owned = {}
 
 
 def temporary_name(path):
@@ -35,12 +40,14 @@ def temporary_name(path):
 
 
 def atomic_write(path, write, mode="wb"):
-    """write(f) into a temporary file beside path, fsync, then os.replace: a crash at any moment leaves the
-    previous file or the new one. A failed write (a full disk) removes its temporary file and raises OSError,
-    the reason in words as its strerror (why_write_failed); the previous file is unchanged."""
+    """write(f) into a temporary file beside path, fsync, then os.replace: a crash at any moment
+    leaves the previous file or the new one. A failed write (a full disk) removes its temporary
+    file and raises OSError, the reason in words as its strerror (why_write_failed); the previous
+    file is unchanged."""
     tmp = temporary_name(path)
     try:  # "x": created afresh, with the mode a plain write gets (not mkstemp's private 0600)
-        with open(tmp, mode.replace("w", "x"), **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with open(tmp, mode.replace("w", "x"),
+                  **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -48,8 +55,10 @@ def atomic_write(path, write, mode="wb"):
     except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(e, (OSError, RuntimeError)):  # torch's zip writer reports a full disk as a RuntimeError
-            raise OSError(getattr(e, "errno", None) or errno.EIO, why_write_failed(e, os.path.dirname(tmp))) from None
+        # torch's zip writer reports a full disk as a RuntimeError
+        if isinstance(e, (OSError, RuntimeError)):
+            raise OSError(getattr(e, "errno", None) or errno.EIO,
+                          why_write_failed(e, os.path.dirname(tmp))) from None
         raise
 
 
@@ -58,8 +67,9 @@ def write_json(path, obj):
 
 
 def why_write_failed(error, folder):
-    """Why writing into folder failed, in words: a full disk is said so, with the bytes left, whatever the
-    writer made of ENOSPC (torch's zip writer raises a RuntimeError, numpy a short write)."""
+    """Why writing into folder failed, in words: a full disk is said so, with the bytes left,
+    whatever the writer made of ENOSPC (torch's zip writer raises a RuntimeError, numpy a short
+    write)."""
     try:
         free = shutil.disk_usage(folder).free
     except (OSError, AttributeError):  # AttributeError: a POSIX system without os.statvfs
@@ -91,8 +101,8 @@ def process_alive(pid):
 
 
 def remove_dead_temporaries(folder):
-    """Remove the temporaries in folder (files and folders named .NAME-PID-HEX.nanomesh.tmp) whose writer is
-    dead, or is this process (none of whose writes is under way when it calls this)."""
+    """Remove the temporaries in folder (files and folders named .NAME-PID-HEX.nanomesh.tmp) whose
+    writer is dead, or is this process (none of whose writes is under way when it calls this)."""
     for name in os.listdir(folder):
         m = TEMPORARY.match(name)
         if m and (int(m[1]) == os.getpid() or not process_alive(int(m[1]))):
@@ -101,11 +111,11 @@ def remove_dead_temporaries(folder):
 
 
 def own(folder, flag="--out_dir", note=True, shown=None, shared=False):
-    """Lock folder for this process: an exclusive flock on the folder itself, so no file is created and the
-    system drops the lock when the process ends, kill -9 included. Held by another run: a UsageError. Where
-    no lock can be taken (a file system without flock, or Windows): a one-line note, and go on. shared: a
-    lock that many readers hold together (a live run on its dataset), refused while a writer owns the folder,
-    and refusing a writer while any reader holds it."""
+    """Lock folder for this process: an exclusive flock on the folder itself, so no file is created
+    and the system drops the lock when the process ends, kill -9 included. Held by another run: a
+    UsageError. Where no lock can be taken (a file system without flock, or Windows): a one-line
+    note, and go on. shared: a lock that many readers hold together (a live run on its dataset),
+    refused while a writer owns the folder, and refusing a writer while any reader holds it."""
     key = os.path.realpath(folder)
     if key in _owned:
         return
@@ -115,7 +125,8 @@ def own(folder, flag="--out_dir", note=True, shown=None, shared=False):
         fd = os.open(folder, os.O_RDONLY)
     except (ImportError, OSError) as e:  # no fcntl (Windows), or a folder that cannot be opened so
         if note:
-            print(f"note: cannot lock {flag}={folder} ({getattr(e, 'strerror', None) or 'no flock on this system'}); "
+            print(f"note: cannot lock {flag}={folder} "
+                  f"({getattr(e, 'strerror', None) or 'no flock on this system'}); "
                   f"make sure no other run uses it", flush=True)
         return
     try:
@@ -124,22 +135,27 @@ def own(folder, flag="--out_dir", note=True, shown=None, shared=False):
         os.close(fd)
         del _owned[key]
         if shared:
-            raise UsageError(f"{shown or f'{flag}={folder}'} is being written (another process holds the folder's "
-                             f"lock, as data/prepare.py does); wait for it to end") from None
-        raise UsageError(f"another run is using {shown or f'{flag}={folder}'} (it holds the folder's lock); wait for "
-                         f"it to end, or choose another {flag}") from None
-    except OSError as e:  # a file system without flock on folders (some NFS setups): go on, unprotected
+            raise UsageError(f"{shown or f'{flag}={folder}'} is being written (another process "
+                             f"holds the folder's lock, as data/prepare.py does); "
+                             f"wait for it to end") from None
+        raise UsageError(f"another run is using {shown or f'{flag}={folder}'} "
+                         f"(it holds the folder's lock); wait for it to end, "
+                         f"or choose another {flag}") from None
+    # a file system without flock on folders (some NFS setups): go on, unprotected
+    except OSError as e:
         if note:
-            print(f"note: cannot lock {flag}={folder} ({e.strerror}); make sure no other run uses it", flush=True)
+            print(f"note: cannot lock {flag}={folder} ({e.strerror}); "
+                  f"make sure no other run uses it", flush=True)
     _owned[key] = fd
 
 
 @contextlib.contextmanager
 def one_at_a_time(folder, waiting):
-    """Hold an exclusive lock on folder for the with-block, waiting for it while another process holds
-    it (waiting() is called once, first, to say so): the processes that meet here take turns. The
-    lock is the folder's own flock, as own() takes it, so a killed holder never blocks the others.
-    Where no lock can be taken (a file system without flock, or Windows): no turns, no wait."""
+    """Hold an exclusive lock on folder for the with-block, waiting for it while another process
+    holds it (waiting() is called once, first, to say so): the processes that meet here take turns.
+    The lock is the folder's own flock, as own() takes it, so a killed holder never blocks the
+    others. Where no lock can be taken (a file system without flock, or Windows): no turns, no
+    wait."""
     try:
         import fcntl
         fd = os.open(folder, os.O_RDONLY)
@@ -180,16 +196,20 @@ def release():
     _owned.clear()
 
 
-RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.out")  # a run folder's own
-DATA_FILES = ("meta.json", "train.bin", "val.bin", "document.bin", "document.idx", "tokenizer.json", "input.txt")
+# a run folder's own
+RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.out")
+DATA_FILES = ("meta.json", "train.bin", "val.bin", "document.bin", "document.idx", "tokenizer.json",
+              "input.txt")
 
 
 def owner(path):
-    """(kind, file) where path (or the file a link there points to) is one of the files of a run's folder
-    (kind 'run': it holds a checkpoint or a log) or of a dataset's ('dataset': it holds meta.json); else None."""
+    """(kind, file) where path (or the file a link there points to) is one of the files of a run's
+    folder (kind 'run': it holds a checkpoint or a log) or of a dataset's ('dataset': it holds
+    meta.json); else None."""
     for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
         folder, name = os.path.split(where)
-        if name in RUN_FILES and any(os.path.exists(os.path.join(folder, f)) for f in RUN_FILES[:3]):
+        if name in RUN_FILES and any(os.path.exists(os.path.join(folder, f))
+                                     for f in RUN_FILES[:3]):
             return "run", where
         if name in DATA_FILES and os.path.isfile(os.path.join(folder, "meta.json")):
             return "dataset", where
@@ -198,14 +218,14 @@ def owner(path):
 
 def check_writable(path, flag):
     """Raise UsageError now, not after a long run, when --flag's output file path cannot be written
-    (its folders, where they are not there yet, the writer makes), or is a file of a run or a dataset,
-    which an output must never replace or append to."""
+    (its folders, where they are not there yet, the writer makes), or is a file of a run or a
+    dataset, which an output must never replace or append to."""
     if os.path.isdir(path):
         raise UsageError(f"--{flag}={path} is a folder; give a file name")
     if owner(path):
         kind, (folder, name) = owner(path)[0], os.path.split(owner(path)[1])
-        raise UsageError(f"--{flag}={path} is the {name} of the {kind} in {folder}, which this would write "
-                         f"over; give another file name")
+        raise UsageError(f"--{flag}={path} is the {name} of the {kind} in {folder}, "
+                         f"which this would write over; give another file name")
     there = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(there):  # folders the writer will make: the nearest one there decides
         there = os.path.dirname(there)

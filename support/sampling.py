@@ -1,9 +1,7 @@
 """
-What sample.py makes sure of before it decodes, each by one call: its settings are in range, the
-checkpoint it reads is the run's latest, the prompt file is plain text, and the decode fits in
-memory.
+What sample.py makes sure of before it decodes, each by one call: the checkpoint it reads is the
+run's latest, the prompt file is plain text, and the decode fits in memory.
 
-    sampling.check_settings(sc)                   # counts in range, the temperature finite
     model, ckpt = sampling.load(out_dir, device)  # ckpt.pt, unless a sharded one trained further
     start = sampling.prompt("FILE:prompt.txt")    # the file's text; any other prompt as it is
     sampling.check_memory(model, len(start), sc.num_samples, sc.max_new_tokens, device)
@@ -16,17 +14,8 @@ import sys
 from support import checkpoint, plain
 from support.memory import device_memory
 from configurator import UsageError
-from support.guards import check_ranges
 
 PROMPT_BYTES = 1 << 20  # a prompt file's largest size: far more text than any block_size holds
-
-
-def check_settings(sc):
-    """sample.py's settings in range, before anything is read: UsageError for the first that is
-    not (a temperature of inf would sample uniformly, whatever the model says)."""
-    check_ranges(sc, [("num_samples", lambda v: v >= 1, "at least 1"),
-                      ("max_new_tokens", lambda v: v >= 0, "at least 0"),
-                      ("temperature", lambda v: v >= 0, "0 (greedy) or a finite number above it")])
 
 
 def load(out_dir, device, prog="sample.py"):

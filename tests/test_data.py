@@ -25,7 +25,7 @@ from data.loader import load_split
 from data.prepare import ensure_dataset, prepare
 from data.tokenizer import Tokenizer
 from conftest import train_bpe
-from data.dataset import checkpoint_dataset
+from data.record import checkpoint_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TEXT = "".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300))

@@ -25,8 +25,9 @@ import torch
 
 from support import checkpoint
 import configurator
-import data.dataset as dataset
+from data.record import dataset_record
 import data.loader as loader
+import data.meta as data_meta
 from support import guards
 import mesh
 from tools import probe
@@ -449,9 +450,9 @@ def test_huge_splits_are_scanned_in_spread_pieces(where, found, data_root, tmp_p
     ids = np.fromfile(data / "tiny" / "val.bin", dtype=np.uint16)
     ids[where] = 26  # token 100 lies between the pieces at 0, 563, 1126 and 1690
     ids.tofile(data / "tiny" / "val.bin")
-    monkeypatch.setattr(loader, "SCAN_BYTES", 0)
-    monkeypatch.setattr(loader, "SCAN_PIECES", 4)
-    monkeypatch.setattr(loader, "SCAN_PIECE_BYTES", 16)
+    monkeypatch.setattr(data_meta, "SCAN_BYTES", 0)
+    monkeypatch.setattr(data_meta, "SCAN_PIECES", 4)
+    monkeypatch.setattr(data_meta, "SCAN_PIECE_BYTES", 16)
     if found:
         with pytest.raises(DataError, match="val.bin holds token id 26, outside the vocabulary"):
             loader.load_split(str(data / "tiny"), "val")
@@ -1106,14 +1107,14 @@ def test_a_dataset_a_live_run_reads_is_not_replaced(data_root, tmp_path):  # noq
                                                      f"a live train.py run reads it"), r.stderr
     assert p.returncode == 0 and snapshot(data) == before
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
-    assert ckpt["data"] == dataset.dataset_record(str(data / "tiny"))
+    assert ckpt["data"] == dataset_record(str(data / "tiny"))
 
 
 def test_a_checkpoint_records_the_data_its_run_read(data_root, tmp_path, monkeypatch):  # noqa: F811
     """Where the folder cannot be locked (some NFS setups) and the dataset is prepared again mid-run, the run
     trains on the tokens it loaded, and its checkpoints say so: the record of the data it read, not the new."""
     data = copy_of(data_root, tmp_path, "data")
-    read = dataset.dataset_record(str(data / "tiny"))
+    read = dataset_record(str(data / "tiny"))
     (tmp_path / "other.txt").write_text(TEXT.upper())
     get_batch = train.get_batch
 
@@ -1128,7 +1129,7 @@ def test_a_checkpoint_records_the_data_its_run_read(data_root, tmp_path, monkeyp
     monkeypatch.setattr(fcntl, "flock", no_flock)
     monkeypatch.setattr(train, "get_batch", prepare_again_at_step_2)
     assert run(["--max_iters=4", "--eval_interval=2"], str(data), tmp_path / "out") == 0
-    assert dataset.dataset_record(str(data / "tiny")) != read
+    assert dataset_record(str(data / "tiny")) != read
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["data"] == read
 
 

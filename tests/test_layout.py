@@ -1,8 +1,8 @@
 """
 The project's shape, held by the suite: the top level is the teaching path, the teaching files stay
-within their line budgets, they and tools/ within 100 characters a line, mesh.py stands alone, tests
-share conftest.py rather than each other, and every command the README, LESSON.md and results/ show
-names a script that exists and settings it takes.
+within their line budgets, they and the library (support/, data/, tools/) within 100 characters a
+line, mesh.py stands alone, tests share conftest.py rather than each other, and every command the
+README, LESSON.md and results/ show names a script that exists and settings it takes.
 
     python -m pytest tests/test_layout.py
 """
@@ -19,8 +19,10 @@ import pytest
 
 from conftest import HANG, ROOT
 
-TEACHING = ["mesh.py", "train.py", "sample.py", "configurator.py", "data/loader.py",
-            "data/tokenizer.py"]  # what a default run reads: the files a student opens
+# what a default run reads, the files a student opens: the scripts, and the data a batch comes from
+TEACHING = ["mesh.py", "train.py", "sample.py", "configurator.py", "data/dataset.py",
+            "data/loader.py"]
+PROJECT = {"mesh", "train", "sample", "configurator", "support", "data", "tools"}  # its modules
 TOP_LEVEL_PY = {"mesh.py", "train.py", "sample.py", "configurator.py", "test_mesh.py"}
 BUDGETS = {"mesh.py": 580, "train.py": 320, "README.md": 300}  # lines
 TEACHING_BUDGET, WIDTH = 1450, 100  # lines together; characters a line, at most
@@ -50,11 +52,11 @@ def test_the_teaching_files_together_and_their_width():
     assert not wide, f"lines over {WIDTH} characters: {', '.join(wide[:10])}"
 
 
-def test_the_tools_width():
-    """tools/ keeps lines of at most WIDTH characters, as the teaching files do."""
-    tools = sorted(f"tools/{n}" for n in os.listdir(os.path.join(ROOT, "tools")) if n.endswith(".py"))
-    assert "tools/bench.py" in tools
-    wide = [f"{n}:{i}" for n in tools for i, line in enumerate(lines(n), 1) if len(line) > WIDTH]
+@pytest.mark.parametrize("folder", ["support", "data", "tools"])
+def test_the_library_keeps_lines_within_the_width_too(folder):
+    names = sorted(n for n in os.listdir(os.path.join(ROOT, folder)) if n.endswith(".py"))
+    wide = [f"{folder}/{n}:{i}" for n in names for i, line in enumerate(lines(f"{folder}/{n}"), 1)
+            if len(line) > WIDTH]
     assert not wide, f"lines over {WIDTH} characters: {', '.join(wide[:10])}"
 
 
@@ -85,11 +87,36 @@ def imported(path):
 def test_layers_import_one_way():
     """configurator.py, the lowest file, imports no project module; support/ never imports data/ (data/
     uses support/'s locks and files)."""
-    project = {"mesh", "train", "sample", "configurator", "support", "data", "tools"}
-    assert not imported(os.path.join(ROOT, "configurator.py")) & project
+    assert not imported(os.path.join(ROOT, "configurator.py")) & PROJECT
     for name in os.listdir(os.path.join(ROOT, "support")):
         if name.endswith(".py"):
             assert "data" not in imported(os.path.join(ROOT, "support", name)), f"support/{name}"
+
+
+def test_train_calls_about_a_dozen_names_of_the_project():
+    """train() reads as nanoGPT's: besides the model, its own functions and the objects it makes
+    (the Run, the Dataset, the Spread, the Device), it calls at most a dozen names of the project's
+    other modules; an error it raises is not counted."""
+    tree = ast.parse(open(os.path.join(ROOT, "train.py"), encoding="utf-8").read())
+    modules, names = set(), set()  # what train.py imports from the project
+    for node in ast.walk(tree):  # (an import inside train() too)
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in PROJECT:
+            for alias in node.names:
+                is_module = node.module == "support"  # from support import guards, machine, ...
+                (modules if is_module else names).add(alias.asname or alias.name)
+    train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    called = set()
+    for node in ast.walk(train):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in names:
+            called.add(f.id)
+        elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            if f.value.id in modules or f.value.id in names:
+                called.add(f"{f.value.id}.{f.attr}")
+    called = {c for c in called if c != "RecursiveGPT" and not c.endswith("Error")}
+    assert len(called) <= 12, sorted(called)
 
 
 def test_no_test_module_imports_another_and_the_model_tests_no_tool():

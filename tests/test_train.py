@@ -366,7 +366,7 @@ def test_bad_sample_input(data_root, tmp_path, capsys):
     assert sample.main([f"--out_dir={out}", "--start=Then é and €"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'é'" in err and "'€'" in err and "leave them out" in err
-    for flag, message in [("--top_k=0", "top_k=0 at least 1"), ("--temperature=-1", "temperature=-1.0 must be 0"),
+    for flag, message in [("--top_k=0", "--top_k=0 must be at least 1 (or None for no limit)"), ("--temperature=-1", "temperature=-1.0 must be 0"),
                           ("--temperature=nan", "temperature=nan must be 0"),
                           ("--num_samples=0", "--num_samples=0 must be at least 1")]:
         assert sample.main([f"--out_dir={out}", flag]) == 2

@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import checkpoint, console  # noqa: E402
 from configurator import UsageError, closest, report  # noqa: E402
-from data.dataset import checkpoint_dataset  # noqa: E402
+from data.record import checkpoint_dataset  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 from support.hf import load_hf  # noqa: E402
 

@@ -39,7 +39,7 @@ from support.capture import capture  # noqa: E402
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
 from data.loader import load_split, random_windows  # noqa: E402
-from data.dataset import checkpoint_dataset  # noqa: E402
+from data.record import checkpoint_dataset  # noqa: E402
 from support.machine import resolve_device  # noqa: E402
 from support.memory import physical_memory  # noqa: E402
 from support import console, runfiles  # noqa: E402

@@ -40,7 +40,7 @@ from support import console, runfiles, sampling  # noqa: E402
 from support.capture import capture  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 from tools.probe import json_ready, relative_update  # noqa: E402
-from data.dataset import checkpoint_dataset  # noqa: E402
+from data.record import checkpoint_dataset  # noqa: E402
 from data.loader import load_split  # noqa: E402
 
 SCAN = 100_000  # tokens searched for a line's start, at most

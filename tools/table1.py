@@ -54,7 +54,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from support import checkpoint, console, outdir, plain, runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from data.loader import load_split, random_windows  # noqa: E402
-from data.dataset import checkpoint_dataset  # noqa: E402
+from data.record import checkpoint_dataset  # noqa: E402
 from support.machine import machine_name  # noqa: E402
 from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 
