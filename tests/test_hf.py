@@ -218,6 +218,10 @@ def test_generate_until_is_greedy_and_stops(mesh_lm):
     out = lm.generate_until(requests("generate_until", ("the cat", {"until": ["@@"], "max_gen_toks": 9}),
                                      ("the cat", {"until": [stop], "max_gen_toks": 9})))
     assert out == [full, full.split(stop)[0]]  # 7 + 9 = block_size: the whole context is kept
+    from configurator import UsageError
+    with pytest.raises(UsageError, match=r"^the task's temperature=-1.0 must be a finite number"):
+        lm.generate_until(requests("generate_until", ("the cat", {"do_sample": True,
+                                                                 "temperature": -1})))
 
 
 def test_simple_evaluate_local_multiple_choice(mesh_lm):

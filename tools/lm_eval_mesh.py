@@ -25,6 +25,7 @@ meta.json). An empty context, and the first window of a rolling log-likelihood, 
 one prefix token: <|endoftext|> (GPT-2's, GPT-NeoX's), or for character models, which have no such
 token, a newline, which separates paragraphs in their training text [choice].
 """
+import math
 import os
 import sys
 
@@ -181,6 +182,9 @@ class MeshLM(TemplateLM):
             until += ["<|endoftext|>"] if self.tokenizer.eot_id is not None else []
             max_new = int(kwargs.get("max_gen_toks", self.max_gen_toks))
             temperature = float(kwargs.get("temperature", 1.0)) if kwargs.get("do_sample") else 0.0
+            if not (math.isfinite(temperature) and temperature >= 0):
+                raise UsageError(f"the task's temperature={temperature} must be a finite number, "
+                                 f"0 or more (0: greedy)")
             # keep room for the answer in one window: past block_size, generate re-prefills every
             # token
             room = max(1, self.block_size - max_new)
