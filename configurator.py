@@ -4,10 +4,11 @@ project's did-you-mean. Imports no torch (data/prepare.py's tokenizing workers u
 
     python train.py config/pythia-160m_mesh.json --max_iters=2000 --lr 6e-4 --compile
 
-Positional arguments are JSON files of plain values (read as data, never executed); flags after
-them override, as `--key=value` or `--key value`; a true/false setting alone means true. Each
-field of the dataclass is a flag, typed by its annotation and described by setting(); `--help`
-lists them. A typo or a value of the wrong type is a UsageError naming the closest key or the type.
+Positional arguments are JSON files of plain values (read as data, never executed, by the reader
+the caller hands parse_flags: support/plain.py's); flags after them override, as `--key=value`
+or `--key value`; a true/false setting alone means true. Each field of the dataclass is a flag,
+typed by its annotation and described by setting(); `--help` lists them. A typo or a value of the
+wrong type is a UsageError naming the closest key or the type.
 """
 
 import dataclasses
@@ -15,8 +16,6 @@ import difflib
 import json
 import math
 import os
-import re
-import stat
 import sys
 import types
 import typing
@@ -115,9 +114,11 @@ def value_of(field, value, file=None):
     return value
 
 
-def help_text(cls, prog, notes=""):
-    """The usage line, cls's docstring, every setting with its default and description, notes."""
-    lines = [f"usage: python {prog} [CONFIG.json ...] [--key=value | --key value ...]", "",
+def help_text(cls, prog, notes="", files=True):
+    """The usage line (files: config files first), cls's docstring, every setting with its default
+    and description, notes."""
+    configs = "[CONFIG.json ...] " if files else ""
+    lines = [f"usage: python {prog} {configs}[--key=value | --key value ...]", "",
              (cls.__doc__ or "").strip(), ""]
     for f in dataclasses.fields(cls):
         default = f.default_factory() if callable(f.default_factory) else f.default
@@ -129,104 +130,11 @@ def help_text(cls, prog, notes=""):
     return "\n".join(lines + ([""] + notes.splitlines() if notes else []))
 
 
-# -----------------------------------------------------------------------------
-# Plain data read with limits: every JSON file the project reads (a config, meta.json, a pointer,
-# a result, a log) comes through here, so that none can hang a run, fill its memory or crash it.
-
-MAX_BYTES = 64 << 20  # larger than any config, meta.json, pointer or result file written here
-MAX_DEPTH = 64        # nesting: the project's own files are at most 4 deep
-
-
-class PlainDataError(UsageError):
-    """A file that is not the plain data it should be: one line, which its reader completes."""
-
-
-def read_bytes(path, max_bytes=MAX_BYTES):
-    """The bytes of the regular file path. A FIFO, a device or a folder is refused before it is read
-    (opened non-blocking, so that a FIFO with no writer cannot hang the open); so is a file over
-    max_bytes. OSError passes through for the caller to word."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise PlainDataError("is not a regular file (a FIFO, a device or a folder)")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise PlainDataError(f"is larger than {max_bytes:,} bytes")
-    return data
-
-
-def read_text(path, max_bytes=MAX_BYTES):
-    """The UTF-8 text of the regular file path (read_bytes' checks first)."""
-    data = read_bytes(path, max_bytes)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PlainDataError(f"is not UTF-8 text (byte {e.start})") from None
-
-
-def _no_duplicates(pairs):
-    obj = {}
-    for key, value in pairs:
-        if key in obj:
-            raise PlainDataError(f"has the key {key!r:.40} twice")
-        obj[key] = value
-    return obj
-
-
-def _no_constant(name):
-    raise PlainDataError(f"holds {name}, which JSON does not allow (write a number)")
-
-
-STRING, BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"'), re.compile(r"[\[\]{}]")
-
-
-def _depth(text):
-    """The deepest nesting of [ and { in text, outside strings: checked before parsing, so that
-    json never recurses more than MAX_DEPTH levels."""
-    depth = deepest = 0
-    for m in BRACKET.finditer(STRING.sub("", text)):
-        depth += 1 if m[0] in "[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
-
-
-def parse_json(text, max_depth=MAX_DEPTH, nan=False):
-    """text -> the JSON value it holds. json.JSONDecodeError (a ValueError, with its position)
-    passes through for the caller to word; too deep, a repeated key and NaN / Infinity (unless
-    nan: a log's record of a loss that blew up) are PlainDataErrors."""
-    if _depth(text) > max_depth:
-        raise PlainDataError(f"is nested more than {max_depth} levels deep")
-    constant = None if nan else _no_constant  # None: json's own, which reads NaN and Infinity
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant)
-
-
-def read_json(path, max_bytes=MAX_BYTES):
-    """parse_json(read_text(path)): the plain data of a JSON file."""
-    return parse_json(read_text(path, max_bytes))
-
-
-def read_config(path):
-    """A JSON config file's object of settings (plain data, read with the limits above)."""
-    try:
-        values = parse_json(text := read_text(path))
-    except OSError as e:
-        raise UsageError(f"cannot read config file {path!r}: {e.strerror}") from None
-    except PlainDataError as e:
-        raise UsageError(f"config file {path!r} {e}; fix it, or give the settings as flags") \
-            from None
-    except json.JSONDecodeError as e:
-        comma = " (a comma after the last setting?)" if text[:e.pos].rstrip().endswith(",") else ""
-        raise UsageError(f"config file {path!r} is not valid JSON: {e.msg} at line {e.lineno}, "
-                         f"column {e.colno}{comma}") from None
-    if not isinstance(values, dict):
-        raise UsageError(f"config file {path!r} must hold a JSON object of settings")
-    return values
-
-
-def parse_flags(cls, argv, prog, notes=""):
+def parse_flags(cls, argv, prog, notes="", read_config=None):
     """argv -> {setting: value} of the settings given, checked against cls's fields. The caller
-    merges it over the defaults (or a checkpoint's settings), so it knows what was given."""
+    merges it over the defaults (or a checkpoint's settings), so it knows what was given.
+    read_config(path) -> a JSON config file's object of settings, for the positional arguments:
+    support/plain.py's, which reads every JSON file of the project with limits (None: no files)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     given, args = {}, list(argv)  # the settings found so far; the arguments left to read
 
@@ -245,9 +153,12 @@ def parse_flags(cls, argv, prog, notes=""):
     while args:
         arg = args.pop(0)
         if arg in ("-h", "--help"):
-            print(help_text(cls, prog, notes))
+            print(help_text(cls, prog, notes, files=read_config is not None))
             raise SystemExit(0)
         if not arg.startswith("--"):
+            if read_config is None:
+                raise UsageError(f"{prog} reads no config file ({arg!r}); give its settings as "
+                                 f"flags: --key=value")
             for key, value in read_config(arg).items():
                 put(key, value, arg, arg)
             continue

@@ -54,7 +54,7 @@ import numpy as np
 # run as a script (python data/prepare.py): the project's modules are one folder up
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import runfiles  # noqa: E402
+from support import plain, runfiles  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
 from data import DataError, data_root  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
@@ -538,7 +538,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = PrepareConfig(**parse_flags(PrepareConfig, argv, "data/prepare.py",
-                                           f"known datasets: {', '.join(sorted(DATASETS))}"))
+                                           f"known datasets: {', '.join(sorted(DATASETS))}",
+                                           read_config=plain.read_config))
         if args.indexed:
             if args.dataset or args.input or args.url:
                 raise DataError("--indexed describes an existing dataset: "

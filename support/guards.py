@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from support import console, machine, outdir
+from support import console, machine, outdir, plain
 from configurator import UsageError, parse_flags, report
 
 # a collective's error when another process of the job is gone
@@ -34,7 +34,7 @@ def command(prog, settings, fn, argv, notes=""):
     line. On every way out, signal handlers, OUT_DIR locks and the process group are given back."""
     given, kept = {}, console.keep(prog)  # a failing stdout or stderr stops nothing: one note
     try:
-        given = parse_flags(settings, argv, prog, notes)
+        given = parse_flags(settings, argv, prog, notes, read_config=plain.read_config)
         return fn(given)
     except FloatingPointError as e:
         if given.get("debug"):

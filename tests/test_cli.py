@@ -18,6 +18,7 @@ import sample
 import train
 from configurator import UsageError, parse_flags
 from conftest import HANG, ROOT
+from support.plain import read_config
 from data.prepare import PrepareConfig
 from tools.bench import BenchConfig
 from tools.consolidate import ConsolidateConfig
@@ -49,6 +50,24 @@ def test_both_forms_and_a_flag_alone():
 def test_bad_flags_are_one_line(argv, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         parse_flags(train.TrainConfig, argv, "train.py")
+
+
+def test_config_files_are_read_by_the_reader_given_and_refused_without_one(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"max_iters": 7}')
+    assert parse_flags(train.TrainConfig, [str(cfg)], "train.py", read_config=read_config) == {
+        "max_iters": 7}
+    with pytest.raises(UsageError) as e:
+        parse_flags(train.TrainConfig, [str(cfg)], "train.py")
+    assert str(e.value) == (f"train.py reads no config file ({str(cfg)!r}); give its settings as "
+                            f"flags: --key=value")
+    r = subprocess.run([sys.executable, "mesh.py", str(cfg)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=HANG)  # mesh.py's summary takes flags alone
+    assert r.returncode == 2 and r.stderr == f"mesh.py: error: mesh.py reads no config file " \
+                                             f"({str(cfg)!r}); give its settings as flags: --key=value\n"
+    r = subprocess.run([sys.executable, "mesh.py", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=HANG)
+    assert r.stdout.startswith("usage: python mesh.py [--key=value | --key value ...]\n"), r.stdout
 
 
 def test_a_repeated_flag_adds_to_a_list():

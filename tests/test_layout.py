@@ -176,6 +176,7 @@ def test_every_command_shown_names_a_script_and_its_settings(doc, script, args, 
     if settings is None:  # mesh.py's and the tools' own small grammars are tested with them
         return
     from configurator import parse_flags
+    from support.plain import read_config
     words = []
     for word in (w.strip("[]") for w in shlex.split(args)):
         if "..." in word or "|" in word or "$" in word or re.fullmatch(r"[A-Z][A-Z_]*", word):
@@ -186,6 +187,6 @@ def test_every_command_shown_names_a_script_and_its_settings(doc, script, args, 
     monkeypatch.chdir(ROOT)
     if "--help" in words:
         with pytest.raises(SystemExit, match="0"):
-            parse_flags(settings, words, script)
-    else:
-        parse_flags(settings, words, script)  # raises for a setting the script does not have
+            parse_flags(settings, words, script, read_config=read_config)
+    else:  # raises for a setting the script does not have
+        parse_flags(settings, words, script, read_config=read_config)

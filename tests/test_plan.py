@@ -12,7 +12,7 @@ import pytest
 
 from tools import bench
 import configurator
-from support import plan
+from support import plain, plan
 import train
 from mesh import Config, RecursiveGPT
 
@@ -93,7 +93,9 @@ def test_every_shipped_config_fits_8_gpus_of_80_gib_as_it_is_set():
     folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
     sharded = []
     for name in sorted(os.listdir(folder)):
-        tc = train.TrainConfig(**configurator.parse_flags(train.TrainConfig, [os.path.join(folder, name)], "train.py"))
+        given = configurator.parse_flags(train.TrainConfig, [os.path.join(folder, name)], "train.py",
+                                         read_config=plain.read_config)
+        tc = train.TrainConfig(**given)
         cfg = train.model_config(tc, vocab_size=None)
         own = plan.memory(cfg, tc.batch_size, 8, tc.fsdp, tc.grad_checkpoint, 4 if tc.dtype == "float32" else 2)
         ddp = plan.memory(cfg, tc.batch_size, 8, False, tc.grad_checkpoint, 4 if tc.dtype == "float32" else 2)

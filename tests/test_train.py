@@ -25,6 +25,7 @@ from tools import probe
 import sample
 import train
 from configurator import UsageError, parse_flags
+from support.plain import read_config
 from data.loader import load_split
 from data.prepare import prepare
 from data.tokenizer import Tokenizer
@@ -502,23 +503,24 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
     assert "--grad_accum=1" in text and "micro-batches per optimizer step" in text
     cfg = tmp_path / "c.json"
     cfg.write_text('{"max_iters": 7, "scheme": "base"}')
-    assert parse_flags(train.TrainConfig, [str(cfg), "--max_iters=9"], "train.py") == {"max_iters": 9,
+    assert parse_flags(train.TrainConfig, [str(cfg), "--max_iters=9"], "train.py", read_config=read_config) == {"max_iters": 9,
                                                                                               "scheme": "base"}
     assert parse_flags(train.TrainConfig, ["--compile", "--overwrite"], "train.py") == {"compile": True,
                                                                                              "overwrite": True}
     cfg.write_text('{"max_iterz": 7}')
     with pytest.raises(UsageError, match="did you mean --max_iters"):
-        parse_flags(train.TrainConfig, [str(cfg)], "train.py")
+        parse_flags(train.TrainConfig, [str(cfg)], "train.py", read_config=read_config)
     cfg.write_text('{\n  "max_iters": 7,\n}\n')  # a trailing comma: said so, with where
     with pytest.raises(UsageError) as e:
-        parse_flags(train.TrainConfig, [str(cfg)], "train.py")
+        parse_flags(train.TrainConfig, [str(cfg)], "train.py", read_config=read_config)
     assert str(e.value) == (f"config file {str(cfg)!r} is not valid JSON: Expecting property name enclosed in double "
                             f"quotes at line 3, column 1 (a comma after the last setting?)")
     given = parse_flags(train.TrainConfig, ["--cycle=direct", "--router_init=base", "--slot0=unscaled"], "train.py")
     choices = train.model_config(train.TrainConfig(**given), vocab_size=65)  # MeSH's [choice]s reach the model
     assert (choices.cycle, choices.router_init, choices.slot0) == ("direct", "base", "unscaled")
     for name in os.listdir(os.path.join(ROOT, "config")):  # every shipped config is valid
-        given = parse_flags(train.TrainConfig, [os.path.join(ROOT, "config", name)], "train.py")
+        given = parse_flags(train.TrainConfig, [os.path.join(ROOT, "config", name)], "train.py",
+                            read_config=read_config)
         tc = train.TrainConfig(**given)
         depth = train.model_config(tc, vocab_size=50304).shape.depth  # a recursive model as deep as its Pythia
         assert depth == mesh.PRESETS[tc.model].get("n_layer", depth) and depth in (12, 16, 24, 32)
