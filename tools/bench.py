@@ -69,7 +69,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import plan  # noqa: E402
 from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
-from support import console, machine  # noqa: E402
+from support import console, machine, plain  # noqa: E402
 from support.machine import (machine_name, peak_bf16_flops, resolve_device,  # noqa: E402
                              resolve_dtype)
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
@@ -559,7 +559,9 @@ def main(argv):
 
 def measure(argv):
     try:
-        bc = BenchConfig(**parse_flags(BenchConfig, argv, "tools/bench.py", NOTES))
+        given = parse_flags(BenchConfig, argv, "tools/bench.py", NOTES,
+                            read_config=plain.read_config)
+        bc = BenchConfig(**given)
         threads = 1 if bc.threads is None else bc.threads
         if min(bc.iters, bc.batch_size, threads) < 1 or bc.warmup < 0:
             raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, report, setting  # noqa: E402
-from support import checkpoint, console, runfiles, sharded  # noqa: E402
+from support import checkpoint, console, plain, runfiles, sharded  # noqa: E402
 from support.checkpoint import POINTER, CheckpointError  # noqa: E402
 
 PROG = "tools/consolidate.py"
@@ -56,7 +56,8 @@ class ConsolidateConfig:
 def main(argv):
     kept = console.keep("consolidate.py")  # a failing stdout stops nothing: one note on stderr
     try:
-        out_dir = ConsolidateConfig(**parse_flags(ConsolidateConfig, argv, PROG)).out_dir
+        given = parse_flags(ConsolidateConfig, argv, PROG, read_config=plain.read_config)
+        out_dir = ConsolidateConfig(**given).out_dir
         if not out_dir:
             raise UsageError(f"name the run: python {PROG} --out_dir=OUT_DIR")
         it = consolidate(out_dir)

@@ -148,7 +148,7 @@ def main(argv=None):
     kept = console.keep("tools/cycle.py")  # a failing stdout stops nothing: one note on stderr
     try:
         cfg = CycleConfig(**parse_flags(CycleConfig, sys.argv[1:] if argv is None else argv,
-                                        "tools/cycle.py"))
+                                        "tools/cycle.py", read_config=plain.read_config))
         rows = table(runs(cfg))
         os.makedirs(cfg.results, exist_ok=True)
         md = markdown(rows)

@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, parse_flags, report, setting  # noqa: E402
 from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout,  # noqa: E402
                   summary)
-from support import console  # noqa: E402
+from support import console, plain  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
 # the update rules between steps, as the README's table writes them
@@ -160,7 +160,8 @@ def main(argv=None):
              f"cycles: {', '.join(MESH_CHOICES['cycle'])}")
     kept = console.keep("draw.py")  # a failing stdout stops nothing: one note on stderr
     try:
-        a = DrawConfig(**parse_flags(DrawConfig, argv, "tools/draw.py", notes))
+        a = DrawConfig(**parse_flags(DrawConfig, argv, "tools/draw.py", notes,
+                                     read_config=plain.read_config))
         if a.png:
             check_writable(a.png, "png")
         chosen = {k: v for k, v in asdict(a).items() if k not in ("model", "png")}

@@ -78,7 +78,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
-from support import console, runfiles  # noqa: E402
+from support import console, plain, runfiles  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder, for the parts' imports
@@ -500,7 +500,7 @@ class CheckConfig:
 def parse(argv):
     try:
         a = CheckConfig(**parse_flags(CheckConfig, argv, "tools/gpu_check.py",
-                                      f"parts: {', '.join(PARTS)}"))
+                                      f"parts: {', '.join(PARTS)}", read_config=plain.read_config))
         for flag in ("only", "fail", "overrun"):
             for name in (getattr(a, flag) or "").split(","):
                 if name and name not in PARTS:

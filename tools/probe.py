@@ -42,7 +42,7 @@ from data.loader import load_split, random_windows  # noqa: E402
 from data.record import checkpoint_dataset  # noqa: E402
 from support.machine import resolve_device  # noqa: E402
 from support.memory import physical_memory  # noqa: E402
-from support import console, runfiles  # noqa: E402
+from support import console, plain, runfiles  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance
@@ -366,7 +366,8 @@ def main(argv=None):
 
 
 def command(argv):
-    a = ProbeConfig(**parse_flags(ProbeConfig, argv, "tools/probe.py"))
+    a = ProbeConfig(**parse_flags(ProbeConfig, argv, "tools/probe.py",
+                                  read_config=plain.read_config))
     if not a.out_dir:
         raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
     if a.num_samples < 1:

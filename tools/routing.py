@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
-from support import console, runfiles, sampling  # noqa: E402
+from support import console, plain, runfiles, sampling  # noqa: E402
 from support.capture import capture  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 from tools.probe import json_ready, relative_update  # noqa: E402
@@ -224,7 +224,8 @@ def main(argv=None):
 
 def command(argv):
     from support.machine import resolve_device
-    a = RoutingConfig(**parse_flags(RoutingConfig, argv, "tools/routing.py"))
+    a = RoutingConfig(**parse_flags(RoutingConfig, argv, "tools/routing.py",
+                                    read_config=plain.read_config))
     if not a.out_dir:
         raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
     if a.tokens < 1:

@@ -575,7 +575,8 @@ def train_all(runs, a, train):
 
 def table1(argv):
     given = parse_flags(Table1Config, argv, "tools/table1.py",
-                        f"names for --only: {', '.join([*SCHEME, 'ablation'])}")
+                        f"names for --only: {', '.join([*SCHEME, 'ablation'])}",
+                        read_config=plain.read_config)
     # flags given override the lesson's
     a = Table1Config(**{**(LESSON if given.get("lesson") else {}), **given})
     try:
