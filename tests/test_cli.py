@@ -70,6 +70,15 @@ def test_config_files_are_read_by_the_reader_given_and_refused_without_one(tmp_p
     assert r.stdout.startswith("usage: python mesh.py [--key=value | --key value ...]\n"), r.stdout
 
 
+def test_an_empty_path_is_refused_by_name():
+    with pytest.raises(UsageError) as e:
+        parse_flags(train.TrainConfig, ["--data_root= "], "train.py")
+    assert str(e.value) == "--data_root is empty; give it a name, e.g. --data_root=data (its default)"
+    with pytest.raises(UsageError) as e:  # a list's default is made by a factory: no example
+        parse_flags(ProbeConfig, ["--out_dir=a", "--out_dir="], "tools/probe.py")
+    assert str(e.value) == "--out_dir is empty; give it a name"
+
+
 def test_a_repeated_flag_adds_to_a_list():
     given = parse_flags(ProbeConfig, ["--out_dir", "a", "--out_dir=b"], "tools/probe.py")
     assert given == {"out_dir": ["a", "b"]} and ProbeConfig().out_dir == []
