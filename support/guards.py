@@ -1,8 +1,10 @@
 """
 The guards around a run: bad input as one line, a signal as a clean stop, and no checkpoint of a
-model that blew up. train.py reaches each by one call; sample.py uses command() too.
+model that blew up. train.py reaches each by one call; sample.py uses command() too, and the
+simpler tools tool().
 
     sys.exit(guards.command("train.py", TrainConfig, train, argv))  # one line, exit 2, bad input
+    return guards.tool("probe.py", command, argv)  # a tool's bad input one line, its stdout guarded
     stop = guards.Stop(rank, distributed)    # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun
     guards.check_saveable(model, optimizer, losses, iter_num, last_good, distributed)
 """
@@ -65,6 +67,19 @@ def command(prog, settings, fn, argv, notes=""):
         Stop.restore()
         outdir.release()
         machine.stop()
+        console.restore(kept)
+
+
+def tool(prog, run, argv):
+    """run(argv) as one of tools/' commands, its result: its stdout guarded as train.py's is (one
+    that fails is a note, never a traceback), the project's errors (a UsageError, an OSError) one
+    line and exit 2; any other exception is a bug, and keeps its traceback."""
+    kept = console.keep(prog)  # a failing stdout stops nothing: one note on stderr
+    try:
+        return run(argv)
+    except (UsageError, OSError) as e:
+        raise SystemExit(report(prog, e))
+    finally:
         console.restore(kept)
 
 

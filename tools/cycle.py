@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, parse_flags, report, setting  # noqa: E402
-from support import console, plain, runfiles  # noqa: E402
+from configurator import UsageError, parse_flags, setting  # noqa: E402
+from support import guards, plain, runfiles  # noqa: E402
 from support.plain import PlainDataError  # noqa: E402
 from tools.table1 import mean_std, pm, steps  # noqa: E402
 
@@ -145,21 +145,18 @@ def markdown(rows):
 
 
 def main(argv=None):
-    kept = console.keep("tools/cycle.py")  # a failing stdout stops nothing: one note on stderr
-    try:
-        cfg = CycleConfig(**parse_flags(CycleConfig, sys.argv[1:] if argv is None else argv,
-                                        "tools/cycle.py", read_config=plain.read_config))
-        rows = table(runs(cfg))
-        os.makedirs(cfg.results, exist_ok=True)
-        md = markdown(rows)
-        runfiles.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md),
-                              mode="w")
-        runfiles.write_json(os.path.join(cfg.results, "cycle.json"), rows)
-        print(md + f"wrote {cfg.results}/cycle.md and cycle.json")
-    except (UsageError, OSError) as e:  # anything else is a bug: its traceback
-        raise SystemExit(report("tools/cycle.py", e))
-    finally:
-        console.restore(kept)
+    return guards.tool("tools/cycle.py", command, sys.argv[1:] if argv is None else argv)
+
+
+def command(argv):
+    cfg = CycleConfig(**parse_flags(CycleConfig, argv, "tools/cycle.py",
+                                    read_config=plain.read_config))
+    rows = table(runs(cfg))
+    os.makedirs(cfg.results, exist_ok=True)
+    md = markdown(rows)
+    runfiles.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md), mode="w")
+    runfiles.write_json(os.path.join(cfg.results, "cycle.json"), rows)
+    print(md + f"wrote {cfg.results}/cycle.md and cycle.json")
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, parse_flags, report, setting  # noqa: E402
+from configurator import UsageError, parse_flags, setting  # noqa: E402
 from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout,  # noqa: E402
                   summary)
-from support import console, plain  # noqa: E402
+from support import guards, plain  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
 # the update rules between steps, as the README's table writes them
@@ -155,31 +155,28 @@ class DrawConfig:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+    return guards.tool("draw.py", command, sys.argv[1:] if argv is None else argv)
+
+
+def command(argv):
     notes = (f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}\n"
              f"cycles: {', '.join(MESH_CHOICES['cycle'])}")
-    kept = console.keep("draw.py")  # a failing stdout stops nothing: one note on stderr
+    a = DrawConfig(**parse_flags(DrawConfig, argv, "tools/draw.py", notes,
+                                 read_config=plain.read_config))
+    if a.png:
+        check_writable(a.png, "png")
+    chosen = {k: v for k, v in asdict(a).items() if k not in ("model", "png")}
     try:
-        a = DrawConfig(**parse_flags(DrawConfig, argv, "tools/draw.py", notes,
-                                     read_config=plain.read_config))
-        if a.png:
-            check_writable(a.png, "png")
-        chosen = {k: v for k, v in asdict(a).items() if k not in ("model", "png")}
-        try:
-            if a.scheme is None and a.layout and not parse_layout(a.layout).schedule:
-                # a vanilla layout (no loop steps): the preset's scheme cannot apply
-                chosen["scheme"] = "base"
-            cfg = Config.from_preset(a.model, **chosen)
-        except ConfigError as e:  # a model mesh.py cannot build, in its words
-            raise UsageError(str(e)) from None
-        print(text(cfg) + "\n\n" + summary(cfg))
-        if a.png and draw(cfg, a.png):
-            print(f"wrote {a.png}")
-        return cfg
-    except UsageError as e:
-        raise SystemExit(report("draw.py", e))
-    finally:
-        console.restore(kept)
+        if a.scheme is None and a.layout and not parse_layout(a.layout).schedule:
+            # a vanilla layout (no loop steps): the preset's scheme cannot apply
+            chosen["scheme"] = "base"
+        cfg = Config.from_preset(a.model, **chosen)
+    except ConfigError as e:  # a model mesh.py cannot build, in its words
+        raise UsageError(str(e)) from None
+    print(text(cfg) + "\n\n" + summary(cfg))
+    if a.png and draw(cfg, a.png):
+        print(f"wrote {a.png}")
+    return cfg
 
 
 if __name__ == "__main__":

@@ -37,12 +37,11 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from support import sampling  # noqa: E402
 from support.capture import capture  # noqa: E402
 from configurator import UsageError, parse_flags, setting  # noqa: E402
-from configurator import report as error_line  # noqa: E402
 from data.loader import load_split, random_windows  # noqa: E402
 from data.record import checkpoint_dataset  # noqa: E402
 from support.machine import resolve_device  # noqa: E402
 from support.memory import physical_memory  # noqa: E402
-from support import console, plain, runfiles  # noqa: E402
+from support import guards, plain, runfiles  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance
@@ -355,14 +354,8 @@ class ProbeConfig:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    kept = console.keep("probe.py")  # a failing stdout stops nothing: one note on stderr
-    try:
-        return command(argv)
-    # a missing or damaged checkpoint, a changed dataset, a file unwritable
-    except (UsageError, OSError) as e:
-        raise SystemExit(error_line("probe.py", e))
-    finally:
-        console.restore(kept)
+    # a missing or damaged checkpoint, a changed dataset, a file unwritable: one line
+    return guards.tool("probe.py", command, argv)
 
 
 def command(argv):

@@ -34,9 +34,8 @@ import torch
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, setting  # noqa: E402
-from configurator import report as error_line  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
-from support import console, plain, runfiles, sampling  # noqa: E402
+from support import guards, plain, runfiles, sampling  # noqa: E402
 from support.capture import capture  # noqa: E402
 from support.runfiles import check_writable  # noqa: E402
 from tools.probe import json_ready, relative_update  # noqa: E402
@@ -212,14 +211,8 @@ class RoutingConfig:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    kept = console.keep("routing.py")  # a failing stdout stops nothing: one note on stderr
-    try:
-        return command(argv)
-    # a missing checkpoint, a changed dataset, a character not in the vocabulary
-    except (UsageError, OSError) as e:
-        raise SystemExit(error_line("routing.py", e))
-    finally:
-        console.restore(kept)
+    # a missing checkpoint, a changed dataset, a character not in the vocabulary: one line
+    return guards.tool("routing.py", command, argv)
 
 
 def command(argv):
