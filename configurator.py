@@ -5,7 +5,7 @@ project's did-you-mean. Imports no torch (data/prepare.py's tokenizing workers u
     python train.py config/pythia-160m_mesh.json --max_iters=2000 --lr 6e-4 --compile
 
 Positional arguments are JSON files of plain values (read as data, never executed, by the reader
-the caller hands parse_flags: support/plain.py's); flags after them override, as `--key=value`
+the caller hands parse_flags: support/files.py's); flags after them override, as `--key=value`
 or `--key value`; a true/false setting alone means true. Each field of the dataclass is a flag,
 typed by its annotation and described by setting(); `--help` lists them. A typo or a value of the
 wrong type is a UsageError naming the closest key or the type.
@@ -136,7 +136,7 @@ def parse_flags(cls, argv, prog, notes="", read_config=None):
     """argv -> {setting: value} of the settings given, checked against cls's fields. The caller
     merges it over the defaults (or a checkpoint's settings), so it knows what was given.
     read_config(path) -> a JSON config file's object of settings, for the positional arguments:
-    support/plain.py's, which reads every JSON file of the project with limits (None: no files)."""
+    support/files.py's, which reads every JSON file of the project with limits (None: no files)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     given, args = {}, list(argv)  # the settings found so far; the arguments left to read
 

@@ -7,13 +7,12 @@ per-step write and read routers (Eq. 2-5, in RecursiveGPT.forward).
 
 Read top to bottom: schemes, presets and layouts, Config, the GPT-NeoX Block, the Router and
 buffer, the model, init, optimizer, KV cache and generation, and a summary of the paper's Table 5
-that allocates no weights:  python mesh.py --model pythia-1.4b --layout 4+8R2+4 --scheme mesh
+that allocates no weights: `python mesh.py` (the classroom model; any other with tools/draw.py).
 """
 
 import difflib
 import math
 import re
-import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
@@ -555,23 +554,5 @@ def summary(cfg):
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    from configurator import UsageError, parse_flags, report, setting
-
-    @dataclass
-    class Summary:
-        """Print a model's layout and parameter counts (no weights allocated)."""
-        model: str = setting("classroom", "a preset (listed below)")
-        layout: str | None = setting(None, "blocks: P+CRN+Q as 4+8R2+4; None: the preset's")
-        scheme: str | None = setting(None, "how the state passes between steps (listed below)")
-        n_slots: int | None = setting(None, "mesh buffer slots; None means K+3")
-        vocab_size: int | None = setting(None, "vocabulary size; None: the preset's")
-        block_size: int | None = setting(None, "context length T; None: the preset's")
-
-    notes = f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}"
-    try:
-        chosen = {**asdict(Summary()), **parse_flags(Summary, sys.argv[1:], "mesh.py", notes)}
-        config = Config.from_preset(chosen.pop("model"), **chosen)
-    except (UsageError, ConfigError) as e:  # a bad flag, or a model no Config can hold
-        sys.exit(report("mesh.py", e))
-    print(summary(config))
+if __name__ == "__main__":  # any other model: python tools/draw.py --model=... --layout=...
+    print(summary(Config.from_preset("classroom")))

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even if PYTHONSAFEPATH=1
-from support import guards, sampling
 from configurator import UsageError, check_ranges, setting
-from data.record import checkpoint_dataset
+from data.meta import checkpoint_dataset
 from data.tokenizer import Tokenizer
-from support.machine import resolve_device
+from support import checkpoint, command, files
+from support.device import check_decode, resolve_device
+
+PROMPT_BYTES = 1 << 20  # a prompt file's largest size: far more text than any block_size holds
 
 
 @dataclass
@@ -56,19 +58,34 @@ def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=Non
     return [tokenizer.decode(row.tolist()) for row in out]
 
 
+def prompt(start):
+    """--start: FILE:path -> that file's text (a regular UTF-8 file of at most PROMPT_BYTES: neither
+    a FIFO nor /dev/zero can hang or fill the read); any other prompt as it is."""
+    if not start.startswith("FILE:"):
+        return start
+    try:
+        return files.read_text(start[5:], PROMPT_BYTES)
+    except OSError as e:
+        why = f"cannot be read: {e.strerror}"
+    except files.PlainDataError as e:
+        why = str(e)
+    raise UsageError(f"the prompt file {start[5:]!r} {why}; give --start=FILE:path of a UTF-8 "
+                     f"text file")
+
+
 def sample(given):
     sc = SampleConfig(**given)
     device = resolve_device(sc.device)
     if not os.path.isdir(sc.out_dir):
         raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
                          f"python train.py --out_dir={sc.out_dir}")
-    model, ckpt = sampling.load(sc.out_dir, device)  # ckpt.pt, the run's latest checkpoint
+    model, ckpt = checkpoint.load_latest(sc.out_dir, device)  # ckpt.pt, the run's latest
     if sc.compile:  # the KV cache is preallocated: every one-token step has one shape, one graph
         model.compile()
     data = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), sc.data_root)
     tokenizer = Tokenizer.load(data)
-    start = sampling.prompt(sc.start if "start" in given else tokenizer.default_prompt)
-    sampling.check_memory(model, len(start), sc.num_samples, sc.max_new_tokens, device)
+    start = prompt(sc.start if "start" in given else tokenizer.default_prompt)
+    check_decode(model, len(start), sc.num_samples, sc.max_new_tokens, device)
     torch.manual_seed(sc.seed)
     for text in complete(model, tokenizer, start, sc.max_new_tokens, sc.temperature, sc.top_k,
                          device, sc.num_samples):
@@ -78,7 +95,7 @@ def sample(given):
 
 
 def main(argv):
-    return guards.command("sample.py", SampleConfig, sample, argv)
+    return command.main("sample.py", sample, argv, SampleConfig)
 
 
 if __name__ == "__main__":

@@ -47,8 +47,9 @@ def vanilla_formula(L, D):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, str(ROOT / "mesh.py"), *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=3600)  # a guard against a hang, not a speed limit
+    """The summary's command line (tools/draw.py prints mesh.summary, allocating no weights)."""
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "draw.py"), *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=3600)  # a guard against a hang, not a speed limit
 
 
 # -----------------------------------------------------------------------------

@@ -9,8 +9,9 @@ Train a nanoMeSH model, from a laptop CPU to multi-node torchrun DDP (FSDP2 past
 Every setting is a field of TrainConfig (--help). train() reads top to bottom: settings, device,
 data, model and optimizer, the run's folder, the loop, a closing sample. A step's batches depend on
 the step alone, never on the process count, so a resume sees the data it would have seen. The
-safety nets stand behind three objects a first reading can skip: the Dataset (data/dataset.py),
-the Run (support/run.py) and the Spread over the processes (support/spread.py).
+safety nets stand behind four objects a first reading can skip: the Dataset (data/dataset.py),
+the Run and its folder (support/run.py), the Spread over the processes (support/distributed.py)
+and the Device (support/device.py).
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ import math
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -27,10 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even if PYTHON
 from configurator import UsageError, check_ranges, setting
 from data.dataset import Dataset, get_batch
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT
-from sample import complete
-from support import guards, machine, plan
+from support import command
+from support.device import Device, check_run
+from support.distributed import process_group, spread_over
 from support.run import Run
-from support.spread import spread_over
 
 
 # The settings' ranges: (names, the test each value must pass, the range in words); None passes
@@ -162,22 +164,25 @@ def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
 
 def train(given):
     # ---- settings: the defaults, when resuming the run's own, then the flags given
-    distributed, rank, world = machine.process_group()  # torchrun sets RANK and WORLD_SIZE
+    distributed, rank, world = process_group()  # torchrun sets RANK and WORLD_SIZE
     master = rank == 0
     run = Run(given.get("out_dir", TrainConfig.out_dir), master)  # OUT_DIR, from start to end
     given = run.resume(given)  # --init_from=resume (or a torchrun restart): its latest checkpoint
     tc = run.settings(TrainConfig, given)  # a resume's: its own, read as flags are, then the flags
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
-        print(plan.plan(tc, run.model_config or model_config(tc, vocab_size=None)))
+        from support.plan import plan
+        print(plan(tc, run.model_config or model_config(tc, vocab_size=None)))
         return 0
     spread = spread_over(tc, distributed, world)  # one process, DDP, or FSDP2 (--fsdp)
     if not run.check(tc, given, spread):  # a finished run is left as it is
         return 0
 
     # ---- device and dtype, resolved for this machine (checkpoints keep them as given: run.py)
-    device = machine.Device(tc, distributed, master)  # under torchrun, GPU LOCAL_RANK and its group
+    device = Device(tc, distributed, master)  # under torchrun, GPU LOCAL_RANK and its group
     tc.dtype = device.dtype
     tc.compile = device.compile
+    bf16 = tc.dtype == "bfloat16"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     torch.manual_seed(tc.seed + rank)
 
     # ---- data: a folder of data/prepare.py's (made here on first use, by rank 0) or indexed
@@ -186,12 +191,12 @@ def train(given):
     # ---- model and optimizer: from scratch, the run's checkpoint, or a Hugging Face GPT-NeoX
     if tc.init_from == "scratch":  # refused first where it cannot fit in the device's memory
         cfg = model_config(tc, data.vocab_size)
-        model = RecursiveGPT(plan.check_run(cfg, tc, device.name, world))
+        model = RecursiveGPT(check_run(cfg, tc, device.name, world))
     elif run.ckpt:
         model = run.ckpt["model"]  # its config was checked against the flags given
     elif tc.init_from.startswith("hf:"):
-        from support import hf
-        model = hf.for_training(tc.init_from[3:], tc, given, data.tokenizer, master)
+        from support import pretrained
+        model = pretrained.for_training(tc.init_from[3:], tc, given, data.tokenizer, master)
     else:
         raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, hf:PATH")
     data.check_fits(model.config)
@@ -225,13 +230,13 @@ def train(given):
               f"device {device.name} {tc.dtype}, {world} process(es){spread.name}, "
               f"{tokens_per_step:,} tokens/step", flush=True)
 
-    def save():  # what a checkpoint keeps besides the weights and AdamW's state
+    def save(losses):  # what a checkpoint keeps besides the weights and AdamW's state
         run.save(raw_model, optimizer, {
             "model_config": cfg.to_dict(), "train_config": dataclasses.asdict(tc),
-            "iter_num": iter_num, "best_val_loss": best_val, "data": data.record})
+            "iter_num": iter_num, "best_val_loss": best_val, "data": data.record}, losses)
 
     # ---- the loop: evaluate and save, learning rate, accumulated micro-batches, clip, step, log
-    stop = guards.Stop(rank, distributed)  # Ctrl-C, SIGTERM, SIGHUP, a lost torchrun: finish, save
+    stop = command.Stop.poll(distributed)  # Ctrl-C, SIGTERM, SIGHUP, a lost launcher: finish, save
     local = tc.grad_accum // world  # this process's micro-batches m = rank, rank + world, ...
     steps = data.steps(tc, cfg.block_size)  # sequential: at most those of its --epochs passes
     resumed_at = iter_num
@@ -243,14 +248,12 @@ def train(given):
         new_here = not run.ckpt or iter_num != resumed_at  # a resume evaluated this step already
         if done or (iter_num % tc.eval_interval == 0 and new_here):
             splits = {"train": data.train, "val": data.val}
-            losses = evaluate(raw_model, splits, tc, device.name, device.autocast, rank, world)
+            losses = evaluate(raw_model, splits, tc, device.name, autocast, rank, world)
             best_val = min(best_val, losses["val"])
             record = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]}
             run.write(record, f"iter {iter_num}: train loss {losses['train']:.4f}, "
                               f"val loss {losses['val']:.4f}")
-            guards.check_saveable(raw_model, optimizer, losses, iter_num, run.last_good,
-                                  distributed)
-            save()
+            save(losses)  # unless the model blew up
             t0, timed_from = time.time(), iter_num  # evaluation stays out of ms/iter
         if done:
             break
@@ -261,7 +264,7 @@ def train(given):
         for j, m in enumerate(range(rank, tc.grad_accum, world)):
             x, y = get_batch(data.train, tc, cfg.block_size, (0, iter_num, m), device.name)
             with spread.sync(model, last=j == local - 1):  # DDP all-reduces at the last one
-                with device.autocast:
+                with autocast:
                     _, loss = model(x, y)
                 (loss / local).backward()  # the mean over the global batch, once the ranks average
             loss_sum += loss.detach().float()
@@ -292,24 +295,26 @@ def train(given):
                 text += f", mfu {100 * mfu:.1f}%"
             run.write(record, text)
         if stopping:
-            save()
+            save({})
             run.stopped(iter_num, world)
             return 130
 
     # ---- a closing sample (every rank decodes the same tokens: FSDP gathers weights)
     if stop.finished() and tc.sample_tokens > 0:  # saved: a signal now ends the sample at once
         torch.manual_seed(tc.seed)
-        prompt = data.tokenizer.default_prompt
-        text = complete(raw_model, data.tokenizer, prompt, tc.sample_tokens, device=device.name)[0]
+        tok = data.tokenizer
+        prompt = torch.tensor([tok.encode(tok.default_prompt) or [0]], device=device.name)
+        out = raw_model.eval().generate(prompt, tc.sample_tokens, temperature=0.8)[0]
         if master:
-            print(f"---- sample ----\n{text}")
+            print(f"---- sample ----\n{tok.decode(out.tolist())}")
     return 0
 
 
 def main(argv):
-    """python train.py: train() inside the guards (one-line errors, exit codes, locks released)."""
+    """python train.py: train() as a command (one-line errors, exit codes, locks released)."""
     notes = f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}"
-    return guards.command("train.py", TrainConfig, train, argv, notes)
+    return command.main("train.py", train, argv, TrainConfig, notes, stopped="so at once: a "
+                        "checkpoint being written, if any, was dropped, the one before it is as it was")
 
 
 if __name__ == "__main__":

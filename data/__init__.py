@@ -1,8 +1,8 @@
-"""Data for nanoMeSH. The loading side, which train.py, sample.py, probe.py and the other scripts
-read datasets with: dataset.py (a run's Dataset, opened once; the dataset a checkpoint trained on),
-loader.py (meta.json, splits, windows), tokenizer.py, bpe.py (tokenizer.json files) and indexed.py
-(the Pile's format). The write side: prepare.py, the command that makes datasets. data/README.md is
-the reference. data/ uses support/'s locks and atomic writes; support/ never imports data/."""
+"""Data for nanoMeSH. The reading side: dataset.py (a run's Dataset, its splits and batches),
+meta.py (a dataset's files checked; the data a checkpoint trained on), tokenizer.py, bpe.py
+(tokenizer.json files) and indexed.py (the Pile's format). The writing side: prepare.py, the command
+that makes datasets. data/README.md is the reference. data/ uses support/'s locks and atomic
+writes; support/ never imports data/."""
 
 from configurator import UsageError
 

@@ -1,24 +1,28 @@
 """
 The dataset of a run, opened once: its folder (prepared on first use), its meta.json (read once),
-the tokenizer, the train and val tokens, the record a checkpoint keeps (record.py), the vocabulary
-the model pads to, the check that a model fits it, and the shared lock that keeps data/prepare.py
-off it while a run reads it. And a run's batches of it: get_batch, and the steps the data allows.
+the tokenizer, the train and val tokens (memory-mapped, checked first), the record a checkpoint
+keeps of them (meta.py), the vocabulary the model pads to, and the shared lock that keeps
+data/prepare.py off it while a run reads it. And a run's batches: get_batch, windows of a split.
 
     data = Dataset.open(tc, None, distributed=False, master=True)  # a new run's: prepared first
     data.train, data.val, data.tokenizer, data.record, data.vocab_size
     data.check_fits(model.config)     # every token id has a row, each split holds a window
     x, y = get_batch(data.train, tc, block_size, (0, step, micro_batch), "cpu")  # (B, T) each
+
+A dataset is a folder with meta.json and either train.bin + val.bin (flat token ids) or the
+Pile's format, Megatron's document.bin + document.idx (indexed.py).
 """
 import os
 
+import numpy as np
 import torch
 
 from data import DataError, data_root
-from data.loader import dataset_folder, load_split, random_windows, sequential_windows
-from data.meta import read_meta
-from data.record import check_unchanged, dataset_record, trained_folder
+from data.meta import (check_ids, check_intact, check_split_file, check_unchanged,
+                       dataset_folder, dataset_record, hold, read_meta, trained_folder)
 from data.tokenizer import Tokenizer
-from support import machine, runfiles
+from support import files
+from support.distributed import from_rank0
 
 PAD_TO = 64  # a subword vocabulary's model rows: a multiple of 64 (faster matmuls)
 
@@ -29,7 +33,7 @@ class Dataset:
     def __init__(self, folder, name, trained_on=None):
         """trained_on: a resumed run's record of its data, which this data must still match."""
         self.folder, self.name = folder, name
-        runfiles.own(folder, "--dataset", note=False, shared=True)  # prepare.py waits for this run
+        files.own(folder, "--dataset", note=False, shared=True)  # prepare.py waits for this run
         meta = read_meta(os.path.join(folder, "meta.json"))
         self.record = dataset_record(folder, meta)  # what a checkpoint keeps of it
         if trained_on is not None:
@@ -47,7 +51,7 @@ class Dataset:
         absolute (data_root's rule), so that a checkpoint says where its data is, for any folder."""
         tc.data_root = data_root(tc.data_root)
         if trained_on is None:
-            tc.dataset = machine.from_rank0(lambda: prepared(tc.data_root, tc.dataset),
+            tc.dataset = from_rank0(lambda: prepared(tc.data_root, tc.dataset),
                                             distributed, master)
             folder = dataset_folder(tc.data_root, tc.dataset)
         else:
@@ -110,6 +114,56 @@ def get_batch(data, tc, block_size, key, device):
         rows = random_windows(data, block_size + 1, tc.batch_size, [tc.seed, *key])
     xy = torch.from_numpy(rows).to(device, non_blocking=True)  # (B, T+1)
     return xy[:, :-1], xy[:, 1:]
+
+
+def load_split(data_dir, split, meta=None):
+    """The train or val tokens of a prepared dataset, memory-mapped (read-only), as one 1-d array,
+    checked against its meta.json first (meta.py: its size and token count, every token id below
+    the vocabulary size). An indexed dataset's are its sequences back to back: train all but the
+    last 1%, val those (indexed.py); its index is checked against its .bin when opened. meta: its
+    meta.json, read already."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', not {split!r}")
+    if meta is None:
+        meta = read_meta(os.path.join(data_dir, "meta.json"))
+    name = os.path.basename(os.path.normpath(data_dir))
+    fix = f"prepare the dataset again: python data/prepare.py --dataset {name}"
+    if meta.get("format") == "indexed":  # the Pile's format: indexed.py
+        from data.indexed import split_tokens
+        data, path = split_tokens(os.path.join(data_dir, meta["prefix"]), split)
+    else:
+        path = os.path.join(data_dir, f"{split}.bin")
+        check_split_file(path, meta, meta.get(f"{split}_tokens"), fix)
+        data = np.memmap(path, dtype=meta["dtype"], mode="r")
+    hold(data, path)  # a file that shrinks later is refused before a read (check_intact)
+    check_ids(data, meta["vocab_size"], path, fix)
+    return data
+
+
+def random_windows(data, length, n, seed):
+    """n windows of `length` consecutive tokens of data (a 1-d array) at starts drawn by
+    np.random.default_rng(seed) (an int or a list of ints), any start from 0 to the last that
+    fits -> int64 array (n, length). The same arguments give the same windows: train.py's random
+    batches (length block_size + 1, seeded by (seed, step, micro-batch)) and probe.py's samples."""
+    if len(data) < length:
+        raise DataError(f"the split has {len(data)} tokens, fewer than one window of {length}")
+    starts = np.random.default_rng(seed).integers(0, len(data) - length + 1, size=n)
+    check_intact(data)
+    return np.stack([np.asarray(data[s:s + length], dtype=np.int64) for s in starts])
+
+
+def sequential_windows(data, length, first, n):
+    """Windows first ... first+n-1 of data cut into consecutive windows of `length` tokens -> int64
+    array (n, length); window k is data[k*length : (k+1)*length]. Past the last whole window the
+    count starts again at 0 (a next epoch, same order); the tokens after it are never read. On an
+    indexed dataset of sequences of `length` tokens (Pythia's: 2049) window k is sequence k."""
+    per_epoch = len(data) // length
+    if per_epoch == 0:
+        raise DataError(f"the data ({len(data)} tokens) is shorter than one window of {length} "
+                        f"tokens")
+    check_intact(data)
+    return np.stack([np.asarray(data[s:s + length], dtype=np.int64)
+                     for s in ((k % per_epoch) * length for k in range(first, first + n))])
 
 
 def prepared(root, name):

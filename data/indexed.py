@@ -59,7 +59,7 @@ def indexed_prefix(path):
 
 
 def dataset_at(name, project):
-    """The folder of the dataset a --dataset path names (data/loader.py's dataset_folder), or None:
+    """The folder of the dataset a --dataset path names (data/meta.py's dataset_folder), or None:
     the folder holding an indexed dataset (PATH/document or a folder holding document.{bin,idx}),
     which must hold its meta.json too (data/prepare.py --indexed writes it), or a prepared folder.
     A relative path is tried from the working folder, then from the project folder."""

@@ -1,20 +1,19 @@
 """
-A dataset's meta.json, checked before use: what it must hold (tokenizer, vocab_size, a dtype that
-holds every id) and what it may name (files of the dataset's own folder only), so that a damaged
-or foreign one is one line naming it, never a traceback or a read outside the folder. And its
-splits' files, checked as they are read: one that shrank is one line, never a SIGBUS.
+A dataset's files, checked before use: its meta.json (what it must hold, and that it names only
+files of its own folder), its splits' files (one that shrank is one line, never a SIGBUS), where a
+dataset is, and the record a checkpoint keeps of its data, so that a dataset prepared again from
+other text is refused by name rather than read as if it were the same.
 
-    from data.meta import read_meta
     meta = read_meta("data/shakespeare_char/meta.json")
+    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))  # refused if it changed
 """
 import os
 import weakref
 
 import numpy as np
 
-from data import DataError
-from support import plain
-from support.plain import plain_name
+from data import PROJECT_DATA, DataError, data_root
+from support import files
 
 KINDS = ("char", "gpt2", "bpe")  # tokenizer.py's kinds
 # check_ids checks every token id of a split up to SCAN_BYTES; beyond, SCAN_PIECES pieces of
@@ -36,7 +35,7 @@ def dtype_for_vocab(vocab_size, indexed=False):
 def read_meta(path):
     """A dataset's meta.json as a dict; a damaged one is a DataError that names it."""
     try:
-        meta = plain.read_json(path)  # a regular file of plain JSON, within size and depth limits
+        meta = files.read_json(path)  # a regular file of plain JSON, within size and depth limits
         if not isinstance(meta, dict) or not {"tokenizer", "dtype", "vocab_size"} <= set(meta):
             raise ValueError("no tokenizer, dtype or vocab_size")
         vocab = meta["vocab_size"]
@@ -61,7 +60,7 @@ def read_meta(path):
             raise ValueError(f"dtype {meta['dtype']!r} does not hold a vocabulary of {vocab}, "
                              f"{dtype_for_vocab(vocab, indexed)} does")
         for key in ("tokenizer_file", "prefix"):
-            if key in meta and not plain_name(meta[key]):
+            if key in meta and not files.plain_name(meta[key]):
                 raise ValueError(f"{key} {meta[key]!r:.60} is not a file name of the dataset's "
                                  f"own folder")
         return meta
@@ -126,3 +125,82 @@ def check_intact(data):
                         f"it (another program truncated or rewrote it); nothing was read past "
                         f"its end: prepare the dataset again (python data/prepare.py) and resume "
                         f"the run")
+
+
+# -----------------------------------------------------------------------------
+# Where a dataset is, and the record a checkpoint keeps of it
+
+def is_path(dataset):
+    """A --dataset that names a path (PATH/document, a folder holding document.{bin,idx}) rather
+    than a folder of data_root."""
+    return "/" in dataset or os.sep in dataset
+
+
+def dataset_folder(root, name):
+    """The folder of prepared dataset `name` under data_root `root` (data_root's rule), or None; a
+    path (is_path): the indexed dataset's folder, or the prepared one it names (dataset_at)."""
+    if is_path(name):
+        from data.indexed import dataset_at
+        return dataset_at(name, os.path.dirname(PROJECT_DATA))
+    folder = os.path.join(data_root(root), name)
+    return folder if os.path.isfile(os.path.join(folder, "meta.json")) else None
+
+
+def dataset_record(folder, meta=None):
+    """What a checkpoint records of its training data: the tokenizer and its vocabulary, dtype,
+    token counts and the source's sha256, from the dataset's meta.json (or meta, read already)."""
+    if meta is None:
+        meta = read_meta(os.path.join(folder, "meta.json"))
+    keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
+            "sha256", "tokenizer_sha256", "sequences")
+    return {k: meta[k] for k in keys if k in meta}
+
+
+def checkpoint_dataset(train_config, trained_on=None, root=None):
+    """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config:
+    the TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data
+    (dataset_record); a folder whose meta.json now says otherwise is refused by name. root: a
+    --data_root given, where the data is now, instead of the saved one (absolute since it is saved
+    so; an older checkpoint's relative one is found by data_root's rule)."""
+    name = train_config["dataset"]
+    root = data_root(root or train_config.get("data_root", "data"))
+    folder = trained_folder(root, name)
+    check_unchanged(folder, name, trained_on, dataset_record(folder))
+    return folder
+
+
+def trained_folder(root, name):
+    """The folder of the dataset a checkpoint trained on (data_root, dataset), or a DataError."""
+    folder = dataset_folder(root, name)
+    if folder is None and is_path(name):
+        raise DataError(f"the checkpoint's dataset {name} is not there (no {name}.idx + .bin, nor "
+                        f"{os.path.join(name, 'document')}.idx + .bin)")
+    if folder is None:
+        raise DataError(f"the checkpoint's dataset {name!r} is not in its --data_root={root} (no "
+                        f"{os.path.join(root, name)}/meta.json): give the folder it moved to with "
+                        f"--data_root, or prepare it with: python data/prepare.py --dataset {name}")
+    return folder
+
+
+def check_unchanged(folder, name, trained_on, now):
+    """Refuse the dataset in folder, whose record is now, by name where it is not the data of a
+    checkpoint's record trained_on (nothing to compare when it kept none)."""
+    then = trained_on or {}
+    changed = [k for k in sorted(set(then) | set(now)) if then and then.get(k) != now.get(k)]
+    if changed:
+        raise DataError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was "
+                        f"trained on: " + ", ".join(_difference(k, then.get(k), now.get(k))
+                                                    for k in changed)
+                        + f"; prepare {name!r} again from its original text, or train a new run "
+                        f"on this data")
+
+
+def _difference(key, then, now):
+    """One field of two dataset records that differ, in words (a vocabulary as the characters
+    it gained or lost)."""
+    if key == "chars" and isinstance(then, str) and isinstance(now, str):
+        added, lost = "".join(sorted(set(now) - set(then))), "".join(sorted(set(then) - set(now)))
+        words = ([f"{added!r} added"] if added else []) + ([f"{lost!r} removed"] if lost else [])
+        return "characters " + (", ".join(words) or "in another order")
+    short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
+    return f"{key} {short(then)} then, {short(now)} now"

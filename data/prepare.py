@@ -54,11 +54,11 @@ import numpy as np
 # run as a script (python data/prepare.py): the project's modules are one folder up
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import plain, runfiles  # noqa: E402
-from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
-from data import DataError, data_root  # noqa: E402
+from support import command, files  # noqa: E402
+from configurator import UsageError, closest, setting  # noqa: E402
+from data import PROJECT_DATA, DataError, data_root  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
-from data.loader import DEFAULT_ROOT, dataset_folder, is_path  # noqa: E402
+from data.meta import dataset_folder, is_path  # noqa: E402
 from data.meta import dtype_for_vocab  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 
@@ -265,7 +265,7 @@ def foreign_files(folder):
     if not os.path.isdir(folder) or any(os.path.isfile(os.path.join(folder, n))
                                         for n in ("meta.json", REPLACING)):
         return []
-    return sorted(n for n in os.listdir(folder) if not runfiles.TEMPORARY.match(n))
+    return sorted(n for n in os.listdir(folder) if not files.TEMPORARY.match(n))
 
 
 def check_ours(folder, root_flag):
@@ -291,7 +291,7 @@ def check_name(dataset):
                         f"choose another --dataset")
 
 
-def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT,
+def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA,
             chunk_bytes=1 << 20, log=_stderr, format="flat", seq_len=2049, num_proc=1,
             root_flag="--out_root"):
     """Tokenize a dataset into OUT_ROOT/dataset/ and return that folder's path. tokenizer: 'char',
@@ -339,13 +339,13 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
     os.makedirs(out_root, exist_ok=True)
     os.makedirs(final, exist_ok=True)
     try:  # one prepare of a dataset at a time: two would mix their files
-        runfiles.own(final, flag="--dataset", note=False)
+        files.own(final, flag="--dataset", note=False)
     except UsageError:  # a live run's shared lock, or another prepare's
         raise DataError(f"dataset {dataset!r} in {out_root} is in use: a live train.py run "
                         f"reads it, or another data/prepare.py writes it ({final} is locked); "
                         f"wait for it to end, or prepare it under another name") from None
-    runfiles.remove_dead_temporaries(out_root)  # the staging folders of killed prepares
-    stage = runfiles.temporary_name(final)
+    files.remove_dead_temporaries(out_root)  # the staging folders of killed prepares
+    stage = files.temporary_name(final)
     os.mkdir(stage)
     try:
         if source is None:  # download into the stage; it lands next to the .bin files as input.txt
@@ -370,11 +370,11 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=DEFAULT_ROOT
     # a full disk, most often: numpy reports it as a short write, naming no file
     except OSError as e:
         raise DataError(f"could not write dataset {dataset!r} in {out_root}: "
-                        f"{runfiles.why_write_failed(e, out_root)}; "
+                        f"{files.why_write_failed(e, out_root)}; "
                         f"the dataset was not written") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-        runfiles.disown(final)
+        files.disown(final)
         # left empty: we made it, it goes
         for made, folder in ((created, final), (created_root, out_root)):
             if made:
@@ -394,7 +394,7 @@ def check_root_ours(out_root):
     or empty folder, or one whose dataset folders are all data/prepare.py's; another project's
     data/ (nanoGPT's, whose shakespeare/ holds train.bin, val.bin and meta.pkl) is refused, nothing
     written there."""
-    if not os.path.isdir(out_root) or os.path.samefile(out_root, DEFAULT_ROOT):
+    if not os.path.isdir(out_root) or os.path.samefile(out_root, PROJECT_DATA):
         return
     foreign = [n for n in sorted(os.listdir(out_root)) if not n.startswith(".")
                and os.path.isdir(os.path.join(out_root, n))
@@ -406,7 +406,7 @@ def check_root_ours(out_root):
                         f"on purpose: python data/prepare.py --dataset NAME --out_root {out_root}")
 
 
-def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
+def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
     """Return the name of the dataset folder to train on, preparing a named dataset if needed (one
     already prepared is found as dataset_folder finds it; a path is an indexed dataset's). Offline,
     shakespeare_char falls back on the 'pydoc' corpus so that training still runs, and remembers it
@@ -430,7 +430,7 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
                         f"data/prepare.py --format=indexed")
     check_name(dataset)  # what is suggested below, prepare.py accepts
     if dataset not in DATASETS:
-        there = "" if out_root in ("data", DEFAULT_ROOT) else f" --out_root {shlex.quote(out_root)}"
+        there = "" if out_root in ("data", PROJECT_DATA) else f" --out_root {shlex.quote(out_root)}"
         raise DataError(f"dataset {dataset!r} is not in --data_root={out_root} "
                         f"(no {dataset}/meta.json there); give the --data_root that holds it, "
                         f"or prepare it with: python data/prepare.py "
@@ -441,7 +441,7 @@ def ensure_dataset(dataset, out_root=DEFAULT_ROOT, log=_stderr):
     waiting = lambda: log(f"prepare: another process is preparing data in {out_root}; "
                           f"waiting for it")
     try:
-        with runfiles.one_at_a_time(out_root, waiting):
+        with files.one_at_a_time(out_root, waiting):
             return _first_use(dataset, out_root, log)
     finally:
         if created:  # left empty (a failed prepare): we made it, it goes
@@ -470,7 +470,7 @@ def _first_use(dataset, out_root, log):
         fallback = _first_use("pydoc", out_root, log)
         why = (f"Tiny Shakespeare could not be downloaded on {time.strftime('%Y-%m-%d %H:%M')} "
                f"({e.reason})")
-        runfiles.atomic_write(offline, lambda f: f.write(why), mode="w")
+        files.atomic_write(offline, lambda f: f.write(why), mode="w")
         return fallback
     return dataset
 
@@ -508,8 +508,8 @@ def describe_indexed(path, tokenizer, log=_stderr):
             raise DataError(f"{kept} exists and is another tokenizer; move it away first")
         if not os.path.exists(kept):
             with open(tok.path, "rb") as src:
-                runfiles.atomic_write(kept, lambda f: shutil.copyfileobj(src, f))
-    runfiles.write_json(os.path.join(folder, "meta.json"), meta)
+                files.atomic_write(kept, lambda f: shutil.copyfileobj(src, f))
+    files.write_json(os.path.join(folder, "meta.json"), meta)
     log(f"prepare: {ds.prefix}: {len(ds):,} sequences, {n_train:,} train + "
         f"{ds.n_tokens - n_train:,} val tokens, "
         f"vocab {tok.vocab_size}, {ds.dtype.name}; wrote {os.path.join(folder, 'meta.json')}")
@@ -526,7 +526,7 @@ class PrepareConfig:
                               "(default: the canonical Tiny Shakespeare)")
     tokenizer: str | None = setting(None, "char, gpt2, or a tokenizer.json (or a model folder "
                                     "holding one); default: the dataset's, or char", path=True)
-    out_root: str = setting(DEFAULT_ROOT, "where NAME/ is written", path=True)
+    out_root: str = setting(PROJECT_DATA, "where NAME/ is written", path=True)
     format: str = setting("flat", "flat (train.bin + val.bin) or indexed (document.bin + .idx)")
     seq_len: int = setting(2049, "tokens per sequence of --format=indexed (Pythia's)")
     num_proc: int = setting(1, "processes that tokenize (the same output as one)")
@@ -534,26 +534,25 @@ class PrepareConfig:
                                   "dataset PATH (PATH.idx + PATH.bin), with --tokenizer", path=True)
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        args = PrepareConfig(**parse_flags(PrepareConfig, argv, "data/prepare.py",
-                                           f"known datasets: {', '.join(sorted(DATASETS))}",
-                                           read_config=plain.read_config))
-        if args.indexed:
-            if args.dataset or args.input or args.url:
-                raise DataError("--indexed describes an existing dataset: "
-                                "drop --dataset, --input and --url")
-            describe_indexed(args.indexed, args.tokenizer)
-            return 0
-        if not args.dataset:
-            raise DataError("--dataset NAME is required (or --indexed PATH)")
-        prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer,
-                out_root=data_root(args.out_root), format=args.format, seq_len=args.seq_len,
-                num_proc=args.num_proc)
-    except (UsageError, DataError, OSError) as e:  # OSError: e.g. an --out_root that is a file
-        return report("prepare.py", e)
+def run(given):
+    args = PrepareConfig(**given)
+    if args.indexed:
+        if args.dataset or args.input or args.url:
+            raise DataError("--indexed describes an existing dataset: "
+                            "drop --dataset, --input and --url")
+        describe_indexed(args.indexed, args.tokenizer)
+        return 0
+    if not args.dataset:
+        raise DataError("--dataset NAME is required (or --indexed PATH)")
+    prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer,
+            out_root=data_root(args.out_root), format=args.format, seq_len=args.seq_len,
+            num_proc=args.num_proc)
     return 0
+
+
+def main(argv=None):
+    return command.main("data/prepare.py", run, sys.argv[1:] if argv is None else argv, PrepareConfig,
+                        f"known datasets: {', '.join(sorted(DATASETS))}")
 
 
 if __name__ == "__main__":

@@ -17,15 +17,15 @@ import urllib.request
 import numpy as np
 import pytest
 
-import data.loader as loader
+import data.dataset as loader
 import data.meta as data_meta
 import data.prepare as prep
 from data import DataError
-from data.loader import load_split
+from data.dataset import load_split
 from data.prepare import ensure_dataset, prepare
 from data.tokenizer import Tokenizer
 from conftest import train_bpe
-from data.record import checkpoint_dataset
+from data.meta import checkpoint_dataset, dataset_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TEXT = "".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300))
@@ -479,7 +479,7 @@ def test_describe_indexed(tmp_path):
     assert sorted(os.listdir(tmp_path / "pile")) == ["document.bin", "document.idx", "meta.json", "tokenizer.json"]
     meta = json.load(open(tmp_path / "pile" / "meta.json"))
     assert (meta["format"], meta["prefix"], meta["sequences"], meta["tokenizer"]) == ("indexed", "document", len(seqs), "bpe")
-    assert loader.dataset_folder("data", str(tmp_path / "pile" / "document")) == str(tmp_path / "pile")
+    assert dataset_folder("data", str(tmp_path / "pile" / "document")) == str(tmp_path / "pile")
     assert Tokenizer.load(str(tmp_path / "pile")).decode(load_split(str(tmp_path / "pile"), "val")) == "".join(TEXT.splitlines(keepends=True)[-3:])  # 1% of 300
     r = subprocess.run([sys.executable, "data/prepare.py", "--indexed", str(tmp_path / "pile"), "--tokenizer", "char"],
                        cwd=REPO, capture_output=True, text=True)
@@ -488,7 +488,7 @@ def test_describe_indexed(tmp_path):
     os.remove(tmp_path / "pile" / "meta.json")
     with pytest.raises(DataError, match="has no meta.json beside it to name its tokenizer; write one with: python "
                                            "data/prepare.py --indexed .*document --tokenizer TOKENIZER"):
-        loader.dataset_folder("data", str(tmp_path / "pile"))
+        dataset_folder("data", str(tmp_path / "pile"))
 
 
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2", "bpe"])
@@ -526,7 +526,7 @@ def test_two_trainings_at_once_on_a_fresh_data_root(tmp_path):
     it, the other waits for it, and both train on it. The root's lock is held here until both wait, so
     that they meet there whatever the order of their start-up; then it is let go."""
     from conftest import TINY
-    from support import runfiles
+    from support import files as runfiles
     root, outs, procs = tmp_path / "data", [], []
     root.mkdir()
     flags = [f for f in TINY if not f.startswith("--dataset")] + ["--dataset=pydoc", f"--data_root={root}",

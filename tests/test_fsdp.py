@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tools import consolidate
-from support import checkpoint, fsdp, outdir, resume, runfiles
-from support import sharded as sharded_format  # (the fixture `sharded` is a run)
+from support import checkpoint, files as runfiles, run as run_dir
+from support import checkpoint as sharded_format  # (the fixture `sharded` is a run)
 import sample
 import train
 from data.prepare import prepare
@@ -85,8 +85,8 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=4", "--lr=1e36",
                  "--warmup_iters=0", "--grad_clip=0")  # the weights blow up: the loss of iter 1 is not finite
     assert r.returncode != 0 and r.stderr.count(f"train.py: error: loss is nan at iter 1; stopped without saving, "
-                                                f"so {out / fsdp.POINTER} (iter 0) is the last good checkpoint") == 2, r.stderr[-3000:]
-    meta = json.loads((out / fsdp.POINTER).read_text())
+                                                f"so {out / checkpoint.POINTER} (iter 0) is the last good checkpoint") == 2, r.stderr[-3000:]
+    meta = json.loads((out / checkpoint.POINTER).read_text())
     assert meta["folder"] == "shards-00000000" and meta["iter_num"] == 0 and not (out / "ckpt.pt").exists()
     # a write killed before its pointer: never taken, and removed at a start
     (out / "shards-00000001").mkdir()
@@ -96,7 +96,7 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=4", timeout=HANG)
     assert r.returncode != 0 and r.stderr.count("train.py: error: the sharded checkpoint") == 2, r.stderr[-3000:]
     assert "shards-00000000 is incomplete or corrupt" in r.stderr  # not the unfinished shards-00000001
-    outdir.remove_unfinished_shards(str(out))  # what a start does
+    run_dir.remove_unfinished_shards(str(out))  # what a start does
     assert sorted(os.listdir(out)) == ["ckpt-sharded.json", "log.jsonl", "shards-00000000"]
     shards[0].unlink()  # missing, read by one process
     capsys.readouterr()
@@ -110,7 +110,7 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     assert "shards-00000000 is incomplete or corrupt (__0_0.distcp fails its CRC-32 check)" in capsys.readouterr().err
     (out / "shards-00000000" / ".metadata").write_bytes(b"\x80\x04cos\nsystem\n.")  # a pickle that would run code
     meta["checksums"] = {name: sharded_format.crc32(out / "shards-00000000" / name) for name in meta["checksums"]}
-    (out / fsdp.POINTER).write_text(json.dumps(meta))  # its checksums forged too: the unpickler still refuses it
+    (out / checkpoint.POINTER).write_text(json.dumps(meta))  # its checksums forged too: the unpickler still refuses it
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     assert "os.system is not allowed" in capsys.readouterr().err
 
@@ -123,9 +123,9 @@ def test_fsdp_needs_torchrun(data_root, tmp_path, capsys):
 
 @pytest.mark.parametrize("pointer", ["{", '{"iter_num": 3}'])
 def test_corrupt_pointer_is_one_line(pointer, tmp_path, capsys):
-    (tmp_path / fsdp.POINTER).write_text(pointer)
+    (tmp_path / checkpoint.POINTER).write_text(pointer)
     assert train.main(["--init_from=resume", f"--out_dir={tmp_path}"]) == 2
-    assert f"{fsdp.POINTER} is corrupt" in capsys.readouterr().err
+    assert f"{checkpoint.POINTER} is corrupt" in capsys.readouterr().err
 
 
 def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path):
@@ -159,21 +159,21 @@ def test_a_sharded_run_owns_its_folder(sharded, data_root, tmp_path):
     out = shutil.copytree(sharded, tmp_path / "run")
     before = snapshot(out)
     r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=2")
-    assert r.returncode != 0 and f"train.py: error: {out / fsdp.POINTER} exists; continue it with --init_from=resume" \
+    assert r.returncode != 0 and f"train.py: error: {out / checkpoint.POINTER} exists; continue it with --init_from=resume" \
         in r.stderr, r.stderr[-3000:]
     assert snapshot(out) == before
 
 
 def test_the_sharded_checkpoint_records_its_data(sharded, data_root, tmp_path, capsys):
     out = shutil.copytree(sharded, tmp_path / "run")
-    meta = json.loads((out / fsdp.POINTER).read_text())
+    meta = json.loads((out / checkpoint.POINTER).read_text())
     with open(os.path.join(data_root, "tiny", "meta.json")) as f:
         assert meta["data"]["sha256"] == json.load(f)["sha256"] and isinstance(meta["saved_at"], float)
     data = shutil.copytree(data_root, tmp_path / "data")
     (tmp_path / "new.txt").write_text(TEXT.replace("king", "gink"))
     prepare("tiny", input=str(tmp_path / "new.txt"), out_root=str(data), log=lambda *a: None)
     meta["train_config"]["data_root"] = str(data)
-    (out / fsdp.POINTER).write_text(json.dumps(meta))
+    (out / checkpoint.POINTER).write_text(json.dumps(meta))
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2  # loads it whole: refused
     assert "is not the data the checkpoint was trained on: sha256" in capsys.readouterr().err
 
@@ -271,7 +271,7 @@ def test_which_checkpoint_a_resume_takes_is_decided_by_training_progress(sharded
                                    (2, -3600.0, checkpoint.POINTER), (2, 0.0, checkpoint.POINTER)):
         checkpoint.save({**whole, "iter_num": iter_num, "saved_at": meta["saved_at"] + ahead}, str(out / "ckpt.pt"))
         capsys.readouterr()
-        assert os.path.basename(resume.load(str(out), sharded=False)["path"]) == taken
+        assert os.path.basename(run_dir.load(str(out), sharded=False)["path"]) == taken
         note = capsys.readouterr().out
         assert note == ("" if iter_num != 2 or not ahead else
                         f"note: {out} holds two checkpoints of iter 2, ckpt.pt and ckpt-sharded.json; resuming from "

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from support.checkpoint import CheckpointError
 from support.checkpoint import load as load_checkpoint
 from support.checkpoint import save as save_checkpoint
-from support.hf import load_hf
+from support.pretrained import load_hf
 from conftest import HANG, ROOT, train_bpe
 from mesh import Config, RecursiveGPT
 

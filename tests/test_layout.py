@@ -20,8 +20,7 @@ import pytest
 from conftest import HANG, ROOT
 
 # what a default run reads, the files a student opens: the scripts, and the data a batch comes from
-TEACHING = ["mesh.py", "train.py", "sample.py", "configurator.py", "data/dataset.py",
-            "data/loader.py"]
+TEACHING = ["mesh.py", "train.py", "sample.py", "configurator.py", "data/dataset.py"]
 PROJECT = {"mesh", "train", "sample", "configurator", "support", "data", "tools"}  # its modules
 TOP_LEVEL_PY = {"mesh.py", "train.py", "sample.py", "configurator.py", "test_mesh.py"}
 BUDGETS = {"mesh.py": 580, "train.py": 320, "README.md": 300}  # lines
@@ -61,7 +60,8 @@ def test_the_library_keeps_lines_within_the_width_too(folder):
 
 
 def test_mesh_py_can_be_copied_alone(tmp_path):
-    """Only torch and the standard library: a copy of mesh.py alone builds and runs a model."""
+    """Only torch and the standard library: a copy of mesh.py alone builds and runs a model, and
+    runs as a script (the classroom model's summary)."""
     shutil.copy(os.path.join(ROOT, "mesh.py"), tmp_path)
     code = ("import torch, mesh; cfg = mesh.Config(vocab_size=65, block_size=16, n_embd=32, n_head=2, "
             "layout='1+1R2+1', scheme='mesh'); model = mesh.RecursiveGPT(cfg); "
@@ -70,6 +70,9 @@ def test_mesh_py_can_be_copied_alone(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                        env=env, timeout=HANG)
     assert r.returncode == 0 and r.stdout.strip() == "(1, 8, 65)", r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "mesh.py"], cwd=tmp_path, capture_output=True, text=True,
+                       env=env, timeout=HANG)
+    assert r.returncode == 0 and "layout 2+4R2+2, scheme mesh, 5 slots" in r.stdout, r.stderr[-2000:]
 
 
 def imported(path):
@@ -176,7 +179,7 @@ def test_every_command_shown_names_a_script_and_its_settings(doc, script, args, 
     if settings is None:  # mesh.py's and the tools' own small grammars are tested with them
         return
     from configurator import parse_flags
-    from support.plain import read_config
+    from support.files import read_config
     words = []
     for word in (w.strip("[]") for w in shlex.split(args)):
         if "..." in word or "|" in word or "$" in word or re.fullmatch(r"[A-Z][A-Z_]*", word):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from support import plain
+from support import files as plain
 
 
 def test_parse_json_reads_plain_data_and_strings_with_brackets():

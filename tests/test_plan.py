@@ -12,7 +12,7 @@ import pytest
 
 from tools import bench
 import configurator
-from support import plain, plan
+from support import device as plan, files as plain
 import train
 from mesh import Config, RecursiveGPT
 

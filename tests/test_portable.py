@@ -111,7 +111,7 @@ def test_bench_says_what_it_cannot_measure(laptop):
     assert "peak RSS MB" not in r.stdout and "| mesh | 1+1R2+1 |" in r.stdout
 
 
-@pytest.mark.parametrize("script", ["train.py", "sample.py", "tools/probe.py", "tools/table1.py", "tools/bench.py", "mesh.py",
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "tools/probe.py", "tools/table1.py", "tools/bench.py", "tools/draw.py",
                                     "data/prepare.py", "tools/consolidate.py"])
 def test_every_script_starts(script, laptop):
     run, _ = laptop

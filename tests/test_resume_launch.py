@@ -161,14 +161,15 @@ def test_a_device_the_machine_lacks_is_one_line(device, gpus, message, prog, fin
 
 
 def test_more_torchrun_processes_than_gpus_is_one_line(monkeypatch):
+    from types import SimpleNamespace
     from configurator import UsageError
-    from support import machine
+    from support.device import Device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("LOCAL_RANK", "3")
     with pytest.raises(UsageError, match=r"^this process is torchrun's local rank 3, but this machine has 2 GPU\(s\): "
                                          r"start at most 2 process\(es\) a machine \(--nproc_per_node=2\)$"):
-        machine.start("cuda", distributed=True)
+        Device(SimpleNamespace(device="cuda", dist_timeout=5.0), True, True)
 
 
 # -----------------------------------------------------------------------------
@@ -313,16 +314,16 @@ def test_a_torchrun_restart_continues_the_run(overwrite, finished, data_root, tm
 def test_a_torchrun_restart_of_another_launch_starts_as_asked(finished, data_root, tmp_path, monkeypatch):
     """A restart (TORCHELASTIC_RESTART_COUNT=1) finding another launch's checkpoint is no continuation: without
     --overwrite the folder is refused as for any scratch run."""
-    from support import machine
+    from support import distributed
     out = shutil.copytree(finished, tmp_path / "run")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another-launch")
-    assert machine.restarted({"max_iters": 4}, str(out), True) == {"max_iters": 4}
+    assert distributed.restarted({"max_iters": 4}, str(out), True) == {"max_iters": 4}
     resave(out / "ckpt.pt", lambda c: c.update(launch="another-launch"))
-    assert machine.restarted({"max_iters": 4, "overwrite": True}, str(out), True) == {
+    assert distributed.restarted({"max_iters": 4, "overwrite": True}, str(out), True) == {
         "max_iters": 4, "init_from": "resume"}
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    assert machine.restarted({"max_iters": 4}, str(out), True) == {"max_iters": 4}
+    assert distributed.restarted({"max_iters": 4}, str(out), True) == {"max_iters": 4}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")

@@ -124,7 +124,7 @@ def test_a_print_from_a_signal_handler_waits_for_the_write_it_interrupts(monkeyp
     """A real signal arrives while stdout's buffered writer is in the middle of a write, and its
     handler prints (as Stop's does): a buffered writer refuses that ("reentrant call"), so Stream
     writes the handler's line once the interrupted write is done."""
-    from support import console
+    from support import command as console
 
     class Terminal(io.RawIOBase):  # a raw stream that takes its time to write
         data = b""
@@ -200,7 +200,7 @@ def test_a_ctrl_c_in_the_closing_sample_stops_it_at_once(data_root, tmp_path):
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=120)  # not the hours its sample would take
     assert p.returncode == 130 and "finishing this step" not in stdout, stdout
-    assert stderr == ("\ntrain.py: interrupted after the run finished; its last checkpoint is "
+    assert stderr == ("\ntrain.py: stopped by SIGINT, after the run finished; its last checkpoint is "
                       "saved, so nothing is lost\n")
     assert saved_iter(out) == 2
 

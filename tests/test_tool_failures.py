@@ -25,7 +25,7 @@ from conftest import ENOSPC, EPIPE, HANG, ROOT, TEXT, copy_with_a_bug, snapshot,
 from data.prepare import prepare
 from data.tokenizer import Tokenizer
 from mesh import Config, RecursiveGPT
-from support import checkpoint, plain, runfiles, sampling
+from support import checkpoint, files as plain, files as runfiles, device as sampling
 from tools import probe, table1
 
 
@@ -74,9 +74,8 @@ def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, cap
         f"(iter 4), which is what sample.py reads; write it from the sharded one first: python "
         f"tools/consolidate.py --out_dir={out}\n")
     assert snapshot(out) == before
-    with pytest.raises(SystemExit) as e:  # the probe reads by the same rule
-        probe.main([f"--out_dir={out}", "--num_samples=2"])
-    assert e.value.code == 2
+    code = probe.main([f"--out_dir={out}", "--num_samples=2"])  # the probe reads by the same rule
+    assert code == 2
     assert one_line(capsys, "probe.py").startswith(f"probe.py: error: {out / 'ckpt-sharded.json'} (iter 6) "
                                                    f"has trained further than {out / 'ckpt.pt'} (iter 4), "
                                                    f"which is what probe.py reads;")
@@ -98,10 +97,10 @@ def prompt_files(tmp_path):
     """(--start path, the words of the one-line error) for prompt files that are not plain text."""
     big, binary, folder = tmp_path / "big.txt", tmp_path / "binary.txt", tmp_path / "folder"
     with open(big, "wb") as f:
-        f.truncate(sampling.PROMPT_BYTES + 1)  # sparse: no disk taken
+        f.truncate(sample.PROMPT_BYTES + 1)  # sparse: no disk taken
     binary.write_bytes(b"Then \xff\xfe")
     folder.mkdir()
-    cases = [(big, f"is larger than {sampling.PROMPT_BYTES:,} bytes"), (binary, "is not UTF-8 text (byte 5)"),
+    cases = [(big, f"is larger than {sample.PROMPT_BYTES:,} bytes"), (binary, "is not UTF-8 text (byte 5)"),
              (folder, "is not a regular file (a FIFO, a device or a folder)"),
              (tmp_path / "missing.txt", "cannot be read: No such file or directory")]
     if os.path.exists("/dev/zero"):
@@ -173,9 +172,8 @@ def test_sample_refuses_a_temperature_that_is_not_finite_or_negative(value, tmp_
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-0.5", "1e999"])
 def test_probe_refuses_a_sigma_frac_that_is_not_positive_and_finite(value, tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        probe.main(["--out_dir=x", f"--sigma_frac={value}", f"--json={tmp_path / 'p.json'}"])
-    assert e.value.code == 2
+    code = probe.main(["--out_dir=x", f"--sigma_frac={value}", f"--json={tmp_path / 'p.json'}"])
+    assert code == 2
     assert one_line(capsys, "probe.py") == (f"probe.py: error: --sigma_frac={float(value)} must be a positive "
                                             f"finite number\n")
     assert not (tmp_path / "p.json").exists()
@@ -224,10 +222,9 @@ def test_table1_names_a_damaged_result_file_and_touches_nothing(content, words, 
     folder.mkdir(parents=True)
     (folder / "result.json").write_bytes(content)
     before = snapshot(tmp_path)
-    with pytest.raises(SystemExit) as e:
-        table1.main(["--only=vanilla", "--seeds=0", "--max_iters=2", f"--root={tmp_path / 'root'}",
-                     f"--results={tmp_path / 'res'}"])
-    assert e.value.code == 2
+    code = table1.main(["--only=vanilla", "--seeds=0", "--max_iters=2", f"--root={tmp_path / 'root'}",
+                 f"--results={tmp_path / 'res'}"])
+    assert code == 2
     assert one_line(capsys, "table1.py") == (f"table1.py: error: {folder / 'result.json'} {words}; delete the folder "
                                              f"{folder} to train that run again\n")
     assert snapshot(tmp_path) == before and not (tmp_path / "res").exists()
@@ -238,9 +235,8 @@ def test_table1_does_not_wait_on_a_result_file_that_is_a_fifo(tmp_path, capsys):
     folder = tmp_path / "root" / "vanilla_s0"
     folder.mkdir(parents=True)
     os.mkfifo(folder / "result.json")
-    with pytest.raises(SystemExit) as e:
-        table1.main(["--only=vanilla", "--seeds=0", f"--root={tmp_path / 'root'}", f"--results={tmp_path / 'res'}"])
-    assert e.value.code == 2
+    code = table1.main(["--only=vanilla", "--seeds=0", f"--root={tmp_path / 'root'}", f"--results={tmp_path / 'res'}"])
+    assert code == 2
     assert one_line(capsys, "table1.py") == (
         f"table1.py: error: {folder / 'result.json'} is not a regular file (a FIFO, a device or a folder); delete "
         f"the folder {folder} to train that run again\n")
@@ -311,7 +307,7 @@ def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
                 except ProcessLookupError:
                     pass
         assert p.returncode == 130, (out, err)
-        assert err == ("table1.py: stopped by SIGTERM, and its runs with it (the finished ones keep their "
+        assert err == ("\ntable1.py: stopped by SIGTERM, and its runs with it (the finished ones keep their "
                        "result.json, which a rerun skips)\n"), err
         assert live_processes(str(root)) == [] and not any(held(r) for r in runs)
         if attempt == "first":
@@ -348,11 +344,10 @@ def test_cycle_names_a_file_of_another_kind_in_one_line(which, content, words, t
     if which == "result":
         bad.write_text(content)
     from tools import cycle
-    with pytest.raises(SystemExit) as e:
-        cycle.main([f"--sweep={files['sweep']}", f"--choices={files['choices']}", f"--root={tmp_path / 'runs'}",
-                    f"--results={tmp_path / 'out'}"])
-    err = one_line(capsys, "tools/cycle.py")
-    assert e.value.code == 2 and err.startswith(f"tools/cycle.py: error: {bad} ") and words in err, err
+    code = cycle.main([f"--sweep={files['sweep']}", f"--choices={files['choices']}", f"--root={tmp_path / 'runs'}",
+                f"--results={tmp_path / 'out'}"])
+    err = one_line(capsys, "cycle.py")
+    assert code == 2 and err.startswith(f"cycle.py: error: {bad} ") and words in err, err
     assert not (tmp_path / "out").exists()
 
 
@@ -373,9 +368,8 @@ def test_an_output_file_is_never_a_file_of_a_run_or_a_dataset(tool, target, tiny
     name = "ckpt.pt" if target == "a link to ckpt.pt" else os.path.basename(path)
     before = snapshot(tiny_ckpt, data_root)
     if tool == "probe":
-        with pytest.raises(SystemExit) as e:
-            probe.main([f"--out_dir={tiny_ckpt}", "--num_samples=2", f"--json={path}"])
-        code = e.value.code
+        code = probe.main([f"--out_dir={tiny_ckpt}", "--num_samples=2", f"--json={path}"])
+        code = code
     else:
         code = bench.main(["--n_embd=32", "--n_head=2", "--layout=1+1R2+1", "--block_size=16", f"--json={path}"])
     err = one_line(capsys, f"{tool}.py")
@@ -405,10 +399,9 @@ def test_table1_refuses_a_finished_run_of_other_settings(how, tmp_path, capsys):
     root = tmp_path / "root"
     finished_run(root / "vanilla_s1", 30, how)
     before = snapshot(root)
-    with pytest.raises(SystemExit) as e:
-        table1.main(["--only=vanilla", "--seeds=0,1", "--max_iters=10", f"--root={root}",
-                     f"--results={tmp_path / 'res'}"])
-    assert e.value.code == 2
+    code = table1.main(["--only=vanilla", "--seeds=0,1", "--max_iters=10", f"--root={root}",
+                 f"--results={tmp_path / 'res'}"])
+    assert code == 2
     folder = root / "vanilla_s1"
     assert one_line(capsys, "table1.py") == (
         f"table1.py: error: {folder} holds a finished run of --max_iters=30, not --max_iters=10, which table1.py never replaces; "
@@ -509,7 +502,7 @@ def tool_runs(tiny_ckpt, tmp_path):
                                   f"--json={tmp_path / 'p.json'}"], ["p.json"]),
         ("routing.py", "routing.py", [f"--out_dir={tiny_ckpt}", "--tokens=8",
                                       f"--json={tmp_path / 'r.json'}"], ["r.json"]),
-        ("cycle.py", "tools/cycle.py", cycle, ["cycle/cycle.md", "cycle/cycle.json"]),
+        ("cycle.py", "cycle.py", cycle, ["cycle/cycle.md", "cycle/cycle.json"]),
     ]
 
 

@@ -19,14 +19,14 @@ import time
 import pytest
 import torch
 
-from support import checkpoint, machine
+from support import checkpoint, device as machine, distributed
 import mesh
 from tools import probe
 import sample
 import train
 from configurator import UsageError, parse_flags
-from support.plain import read_config
-from data.loader import load_split
+from support.files import read_config
+from data.dataset import load_split
 from data.prepare import prepare
 from data.tokenizer import Tokenizer
 from conftest import HANG, ROOT, TINY, losses, poison_micro_batch, run, snapshot
@@ -83,7 +83,7 @@ def test_checkpoint_layout_is_plain_data_and_tensors(data_root, tmp_path):
     ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     assert sorted(ckpt) == ["best_val_loss", "data", "iter_num", "launch", "model", "model_config", "optimizer",
                             "rng", "saved_at", "train_config"]  # saved_at: when (which of two formats is the later)
-    assert ckpt["launch"] is None  # launch: the torchrun launch that saved it (machine.launch_id), None outside
+    assert ckpt["launch"] is None  # launch: the torchrun launch that saved it (distributed.launch_id), None outside
     assert json.loads(json.dumps([ckpt[k] for k in ("model_config", "train_config", "data", "iter_num")]))
     assert sorted(ckpt["rng"]) == ["torch"] and ckpt["train_config"]["dtype"] == "auto"  # saved as given
 
@@ -646,7 +646,7 @@ def test_dataset_given_as_a_path(seq_root, data_root, tmp_path, capsys):
     assert "792 train tokens, sequential order" in capsys.readouterr().out  # 99 sequences of 8
     assert sample.main([f"--out_dir={out}", "--start=abc", "--max_new_tokens=5"]) == 0
     assert capsys.readouterr().out.startswith("abc")
-    probed = probe.main([f"--out_dir={out}", "--num_samples=2"])  # probe.py reads the indexed validation split
+    probed = [probe.probe_checkpoint(str(out), 2, 0, probe.SIGMA_FRAC, "cpu")]  # the indexed validation split
     assert probed[0]["seq_len"] == 7 and probed[0]["num_samples"] == 2 and "step1" in probed[0]["effort"]
     flat = [f for f in TINY if not f.startswith("--dataset")]
     assert train.main([*flat, f"--dataset={data_root}/tiny", f"--out_dir={tmp_path / 'flat'}", "--max_iters=1"]) == 0

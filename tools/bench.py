@@ -22,7 +22,7 @@ steps each): the share of their time spent in matmuls (mm, addmm, bmm, baddbmm: 
 time) and in attention (the SDPA operators), and the matmuls' FLOP/s there as a share of the peak:
 where a step's FLOP/s go.
 
-FLOPs per token (machine.flops_per_token, nanoGPT / PaLM accounting), the same for every variant:
+FLOPs per token (device.flops_per_token, nanoGPT / PaLM accounting), the same for every variant:
     6 * (L * (12 D^2 + 13 D) + D * V) + 12 * L * D * T
 L the compute depth (a shared core counts once per application, so this is the unrolled vanilla
 model's count), D * V the lm_head, 12 L D T the attention scores and values over the full T x T
@@ -30,17 +30,18 @@ model's count), D * V the lm_head, 12 L D T the attention scores and values over
 
 Peak: on CPU, a 2048 x 2048 fp32 matmul timed once per round between the train steps, so the peak
 sees the same load as the steps (median over rounds); on GPUs, the chip's dense bf16 peak from
-machine.peak_bf16_flops (a measured matmul in --dtype where the chip is not listed or runs float32).
+device.peak_bf16_flops (a measured matmul in --dtype where the chip is not listed or runs float32).
 Memory: on CPU, each variant runs 3 train steps in a fresh process (one at a time) and its peak
 resident set while stepping (VmHWM) is read; on CUDA, after the timed rounds, one more train step
 in this process, with the allocator's peak reset before it, so nothing is compiled a second time
 (the allocator counts every tensor exactly; what other variants hold stays constant meanwhile).
 "step MB" is what a train step adds to what was held before it; the CUDA peak is that plus the
-variant's own weights, buffers and AdamW state. "plan MB" is plan.py's estimate of the peak for the
-same shape, of eager PyTorch's saved activations (tensors only: on CPU the resident set also holds
-the process itself, some 300 MB). With --compile on CUDA, "eager peak MB" is the same step through
-the model's uncompiled forward (model.forward, which bypasses the compiled call): the figure the
-plan models, beside the compiled one (inductor saves fewer activations and recomputes some).
+variant's own weights, buffers and AdamW state. "plan MB" is device.py's estimate of the peak for
+the same shape, of eager PyTorch's saved activations (tensors only: on CPU the resident set also
+holds the process itself, some 300 MB). With --compile on CUDA, "eager peak MB" is the same step
+through the model's uncompiled forward (model.forward, which bypasses the compiled call): the
+figure the plan models, beside the compiled one (inductor saves fewer activations and recomputes
+some).
 "warm-up s" is the warm-up steps' time, compilation included (with --compile, "graphs" the graphs
 built meanwhile).
 Timing: rounds interleave the variants (one step each, order rotated), medians over rounds, so a
@@ -55,10 +56,10 @@ import dataclasses
 import json
 import multiprocessing as mp
 import os
-import signal
 import sys
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass
 from statistics import median
 
@@ -67,13 +68,11 @@ from torch._dynamo.utils import counters
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import plan  # noqa: E402
-from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
-from support import console, machine, plain  # noqa: E402
-from support.machine import (machine_name, peak_bf16_flops, resolve_device,  # noqa: E402
-                             resolve_dtype)
+from configurator import UsageError, closest, setting  # noqa: E402
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
-from support.runfiles import check_writable  # noqa: E402
+from support import command, device as devices, files  # noqa: E402
+from support.device import (machine_name, peak_bf16_flops, resolve_device,  # noqa: E402
+                            resolve_dtype)
 
 VARIANTS = ("vanilla", *SCHEMES)  # vanilla: the layout's compute depth as one unshared stack
 NOTES = f"presets: {', '.join(PRESETS)}\nvariants: {', '.join(VARIANTS)}"
@@ -215,7 +214,8 @@ def setup(bc):
         torch.set_num_threads(bc.threads)
     # every variant's graphs share RecursiveGPT's code object
     torch._dynamo.config.recompile_limit = 64
-    autocast = machine.autocast(device, dtype)
+    bf16 = dtype == "bfloat16"
+    autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if bf16 else nullcontext()
     return device, getattr(torch, dtype), autocast
 
 
@@ -306,7 +306,7 @@ def in_fresh_process(fn, *args):
 def in_child(fn, *args):
     """A fresh process's start: the terminal's Ctrl-C is the parent's to answer (it ends this
     child)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    command.ignore_ctrl_c()
     fn(*args)
 
 
@@ -363,8 +363,8 @@ def run(bc):
     torch.manual_seed(bc.seed)
     x, y = torch.randint(cfg0.vocab_size, (2, B, T), device=device)
     for name, cfg in todo:  # each refused before anything is built where its train step cannot fit
-        plan.check_fits(cfg, B, device, 2 if dtype == torch.bfloat16 else 4, what=f"scheme {name}",
-                        fix="use smaller settings")
+        devices.check_fits(cfg, B, device, 2 if dtype == torch.bfloat16 else 4,
+                           what=f"scheme {name}", fix="use smaller settings")
     models = {name: build(cfg, bc, device) for name, cfg in todo}
     print(f"bench.py: timing {len(models)} variant(s), {bc.warmup} warm-up step(s) and "
           f"{bc.iters} round(s) each", file=sys.stderr, flush=True)
@@ -425,7 +425,7 @@ def run(bc):
     rows = []
     for name, cfg in todo:
         ms = 1000 * median(steps[name])
-        fpt = machine.flops_per_token(cfg)
+        fpt = devices.flops_per_token(cfg)
         row = dict(kind="variant", variant=name, scheme=cfg.scheme, layout=cfg.layout,
                    compute_depth=cfg.shape.depth,
                    non_embedding_params=models[name][0].num_params(),
@@ -453,7 +453,7 @@ def run(bc):
         else:
             row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
         compute_bytes = 2 if bc.dtype == "bfloat16" else 4
-        planned = plan.memory(cfg, B, 1, False, bc.grad_checkpoint, compute_bytes, ddp=False)
+        planned = devices.memory(cfg, B, 1, False, bc.grad_checkpoint, compute_bytes, ddp=False)
         row["plan_mb"] = planned["total"] / 2**20  # train.py --plan=true's estimate of peak_mb
         row["memory"] = ("CUDA allocator peak, in this process" if cuda else
                          "peak resident set of a fresh process")
@@ -528,55 +528,27 @@ def table(rows, info):
     return "\n".join(lines)
 
 
-class Stopped(BaseException):
-    """bench.py was asked to stop by SIGTERM or SIGHUP (its number), raised as Ctrl-C's
-    KeyboardInterrupt is."""
-
-
-def on_signal(signum, frame):
-    raise Stopped(signum)
-
-
 def main(argv):
     """bench.py's command: its exit code. Ctrl-C, SIGTERM and SIGHUP stop it at once, in one line,
-    with 128 + the signal's number (130, 143, 129) and nothing written."""
-    kept = console.keep("bench.py")  # a failing stdout stops nothing: one note on stderr
-    stops = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
-    previous = [(signal.SIGINT, signal.getsignal(signal.SIGINT))]
-    previous += [(s, signal.signal(s, on_signal)) for s in stops]
-    try:
-        return measure(argv)
-    except (KeyboardInterrupt, Stopped) as e:
-        signum = e.args[0] if isinstance(e, Stopped) else signal.SIGINT
-        print(f"\nbench.py: stopped by {signal.Signals(signum).name} before the table was done; "
-              f"nothing was printed or written", file=sys.stderr)
-        return 128 + signum
-    finally:
-        for s, handler in previous:
-            signal.signal(s, handler)
-        console.restore(kept)
+    exit 130, nothing written."""
+    return command.main("tools/bench.py", lambda given: measure(given, argv), argv, BenchConfig, NOTES,
+                        stopped="before the table was done; nothing was printed or written")
 
 
-def measure(argv):
-    try:
-        given = parse_flags(BenchConfig, argv, "tools/bench.py", NOTES,
-                            read_config=plain.read_config)
-        bc = BenchConfig(**given)
-        threads = 1 if bc.threads is None else bc.threads
-        if min(bc.iters, bc.batch_size, threads) < 1 or bc.warmup < 0:
-            raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at "
-                             "least 0")
-        if bc.profile and (device := resolve_device(bc.device)) != "cpu":
-            raise UsageError(f"--profile times CPU operators, but --device={bc.device} runs on "
-                             f"{device}; use --device=cpu (on a GPU, Nsight or torch.profiler)")
-        if bc.json:  # find out now, not after the whole run
-            check_writable(bc.json, "json")
-        rows, info = run(bc)
-        info["command"] = " ".join(["python tools/bench.py", *argv])
-    except (UsageError, OSError) as e:  # anything else is a bug: its traceback
-        return report("bench.py", e)
-    for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)):
-        signal.signal(s, signal.SIG_IGN)  # measured: the table and its records go out whole
+def measure(given, argv):
+    bc = BenchConfig(**given)
+    threads = 1 if bc.threads is None else bc.threads
+    if min(bc.iters, bc.batch_size, threads) < 1 or bc.warmup < 0:
+        raise UsageError("--iters, --batch_size and --threads must be at least 1, --warmup at "
+                         "least 0")
+    if bc.profile and (device := resolve_device(bc.device)) != "cpu":
+        raise UsageError(f"--profile times CPU operators, but --device={bc.device} runs on "
+                         f"{device}; use --device=cpu (on a GPU, Nsight or torch.profiler)")
+    if bc.json:  # find out now, not after the whole run
+        files.check_writable(bc.json, "json")
+    rows, info = run(bc)
+    info["command"] = " ".join(["python tools/bench.py", *argv])
+    command.Stop.hold()  # measured: the table and its records go out whole
     print(table(rows, info))
     if bc.json:
         os.makedirs(os.path.dirname(os.path.abspath(bc.json)), exist_ok=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, parse_flags, report, setting  # noqa: E402
-from support import checkpoint, console, plain, runfiles, sharded  # noqa: E402
+from configurator import UsageError, setting  # noqa: E402
+from support import checkpoint, command, files  # noqa: E402
 from support.checkpoint import POINTER, CheckpointError  # noqa: E402
 
 PROG = "tools/consolidate.py"
@@ -28,7 +28,7 @@ def consolidate(out_dir):
     machine's memory. It owns OUT_DIR while it writes (never beside a live run), and never replaces
     a ckpt.pt saved later."""
     if os.path.isdir(out_dir):
-        runfiles.own(out_dir, flag="OUT_DIR")
+        files.own(out_dir, flag="OUT_DIR")
     meta = checkpoint.read_pointer(out_dir)
     if meta is None:
         raise CheckpointError(f"no sharded checkpoint in {out_dir} (no {POINTER}); train one with "
@@ -40,7 +40,7 @@ def consolidate(out_dir):
         raise CheckpointError(f"{path} (iter {full[0]}) {than} the sharded checkpoint (iter "
                               f"{meta['iter_num']}), which would replace it; it needs no "
                               f"consolidation")
-    ckpt = sharded.load_whole(out_dir, meta)
+    ckpt = checkpoint.load_whole(out_dir, meta)
     del ckpt["path"]
     checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()},
                     os.path.join(out_dir, checkpoint.CKPT))
@@ -53,22 +53,18 @@ class ConsolidateConfig:
     out_dir: str | None = setting(None, "the run's folder, holding ckpt-sharded.json", path=True)
 
 
+def run(given):
+    out_dir = ConsolidateConfig(**given).out_dir
+    if not out_dir:
+        raise UsageError(f"name the run: python {PROG} --out_dir=OUT_DIR")
+    it = consolidate(out_dir)
+    print(f"wrote {os.path.join(out_dir, 'ckpt.pt')} (iter {it}) from "
+          f"{os.path.join(out_dir, POINTER)}")
+    return 0
+
+
 def main(argv):
-    kept = console.keep("consolidate.py")  # a failing stdout stops nothing: one note on stderr
-    try:
-        given = parse_flags(ConsolidateConfig, argv, PROG, read_config=plain.read_config)
-        out_dir = ConsolidateConfig(**given).out_dir
-        if not out_dir:
-            raise UsageError(f"name the run: python {PROG} --out_dir=OUT_DIR")
-        it = consolidate(out_dir)
-        print(f"wrote {os.path.join(out_dir, 'ckpt.pt')} (iter {it}) from "
-              f"{os.path.join(out_dir, POINTER)}")
-        return 0
-    except (UsageError, OSError) as e:  # CheckpointError, UsageError (a live run owns OUT_DIR), ...
-        return report("consolidate.py", e)
-    finally:
-        runfiles.release()
-        console.restore(kept)
+    return command.main("tools/consolidate.py", run, argv, ConsolidateConfig)
 
 
 if __name__ == "__main__":

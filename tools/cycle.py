@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, parse_flags, setting  # noqa: E402
-from support import guards, plain, runfiles  # noqa: E402
-from support.plain import PlainDataError  # noqa: E402
+from configurator import UsageError, setting  # noqa: E402
+from support import command, files  # noqa: E402
+from support.files import PlainDataError  # noqa: E402
 from tools.table1 import mean_std, pm, steps  # noqa: E402
 
 LAYOUTS = ["2+4R2+2", "3+2R3+3", "2+2R4+2", "3+1R6+3"]  # K = 2, 3, 4, 6: the depth sweep's
@@ -48,7 +48,7 @@ def records(path, flag=None):
     run's result.json, each checked: a damaged file, or another tool's JSON, is one line naming
     it."""
     try:
-        data = plain.read_json(path)
+        data = files.read_json(path)
         if flag and not (isinstance(data, dict) and isinstance(data.get("runs"), list)):
             holds = type(data).__name__ if not isinstance(data, dict) else "other keys"
             raise PlainDataError(f"is not a table1.json of tools/table1.py (it holds no list of "
@@ -145,19 +145,18 @@ def markdown(rows):
 
 
 def main(argv=None):
-    return guards.tool("tools/cycle.py", command, sys.argv[1:] if argv is None else argv)
+    return command.main("tools/cycle.py", run, sys.argv[1:] if argv is None else argv, CycleConfig)
 
 
-def command(argv):
-    cfg = CycleConfig(**parse_flags(CycleConfig, argv, "tools/cycle.py",
-                                    read_config=plain.read_config))
+def run(given):
+    cfg = CycleConfig(**given)
     rows = table(runs(cfg))
     os.makedirs(cfg.results, exist_ok=True)
     md = markdown(rows)
-    runfiles.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md), mode="w")
-    runfiles.write_json(os.path.join(cfg.results, "cycle.json"), rows)
+    files.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md), mode="w")
+    files.write_json(os.path.join(cfg.results, "cycle.json"), rows)
     print(md + f"wrote {cfg.results}/cycle.md and cycle.json")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,9 +1,9 @@
 """
 draw.py: a picture of a model, drawn from its mesh.Layout and mesh.Config, so it always matches
-the code.
+the code, and its parameter counts (the paper's Table 5), allocating no weights.
 
     python tools/draw.py --layout=3+2R3+3 --scheme=mesh --png=model.png    # any P+CRN+Q, any scheme
-    python tools/draw.py --layout=4+8+8+4                                  # text only: no --png
+    python tools/draw.py --model=pythia-1.4b --layout=4+8R2+4 --scheme=mesh  # text only: no --png
 
 The blocks in the order forward applies them: the prelude, each loop step's core (a core applied
 again is the same weights: shared), the coda. For mesh, the buffer's slots and, between the steps,
@@ -18,11 +18,10 @@ from dataclasses import asdict, dataclass
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, parse_flags, setting  # noqa: E402
+from configurator import UsageError, setting  # noqa: E402
 from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout,  # noqa: E402
                   summary)
-from support import guards, plain  # noqa: E402
-from support.runfiles import check_writable  # noqa: E402
+from support import command, files  # noqa: E402
 
 # the update rules between steps, as the README's table writes them
 RULES = {"base": "h(t+1) = f_t(h(t))", "residual": "h(t+1) = f_t(h(t)) + h(t)",
@@ -151,20 +150,21 @@ class DrawConfig:
     n_slots: int | None = setting(None, "mesh buffer slots; None means K+3")
     cycle: str | None = setting(None, "mesh transitional cycle: routed (default) or direct")
     n_embd: int | None = setting(None, "width D; None: the preset's")
+    vocab_size: int | None = setting(None, "vocabulary size; None: the preset's")
     png: str | None = setting(None, "draw it into this PNG file (needs matplotlib)", path=True)
 
 
 def main(argv=None):
-    return guards.tool("draw.py", command, sys.argv[1:] if argv is None else argv)
-
-
-def command(argv):
     notes = (f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}\n"
              f"cycles: {', '.join(MESH_CHOICES['cycle'])}")
-    a = DrawConfig(**parse_flags(DrawConfig, argv, "tools/draw.py", notes,
-                                 read_config=plain.read_config))
+    return command.main("tools/draw.py", run, sys.argv[1:] if argv is None else argv, DrawConfig,
+                        notes)
+
+
+def run(given):
+    a = DrawConfig(**given)
     if a.png:
-        check_writable(a.png, "png")
+        files.check_writable(a.png, "png")
     chosen = {k: v for k, v in asdict(a).items() if k not in ("model", "png")}
     try:
         if a.scheme is None and a.layout and not parse_layout(a.layout).schedule:
@@ -176,8 +176,8 @@ def command(argv):
     print(text(cfg) + "\n\n" + summary(cfg))
     if a.png and draw(cfg, a.png):
         print(f"wrote {a.png}")
-    return cfg
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

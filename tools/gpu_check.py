@@ -78,7 +78,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, parse_flags, setting  # noqa: E402
 from configurator import report as error_line  # noqa: E402
-from support import console, plain, runfiles  # noqa: E402
+from support import command, files  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 HERE = os.path.dirname(os.path.abspath(__file__))  # this file's folder, for the parts' imports
@@ -103,11 +103,6 @@ OVERRUN = ("import os, signal, subprocess, sys, time; "
            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)']); "
            "print('an injected overrun (--overrun): pids', os.getpid(), c.pid, flush=True); "
            "time.sleep(3600)")
-
-
-class Stopped(Exception):
-    """SIGTERM, SIGHUP or Ctrl-C (its name): the check ends the running part and writes what it
-    has."""
 
 
 @dataclass
@@ -371,8 +366,9 @@ def run_part(cmd, env, log_path, timeout):
             status, note = ("passed", "") if rc == 0 else ("failed", f"exit {rc}")
         except subprocess.TimeoutExpired:
             status, note = "overran", "ended at its deadline, with its process group"
-        except Stopped as e:  # recorded, then raised again by the caller
-            status, note = "stopped", f"the check was stopped by {e} while it ran"
+        except command.Stopped as e:  # recorded, then raised again by the caller
+            command.Stop.hold()  # once: the ending itself is not interrupted
+            status, note = "stopped", f"the check was stopped by {e.name} while it ran"
         finally:
             end_group(proc)  # after an exit too: nothing it started outlives it
     return status, note, time.time() - t0
@@ -500,7 +496,7 @@ class CheckConfig:
 def parse(argv):
     try:
         a = CheckConfig(**parse_flags(CheckConfig, argv, "tools/gpu_check.py",
-                                      f"parts: {', '.join(PARTS)}", read_config=plain.read_config))
+                                      f"parts: {', '.join(PARTS)}", read_config=files.read_config))
         for flag in ("only", "fail", "overrun"):
             for name in (getattr(a, flag) or "").split(","):
                 if name and name not in PARTS:
@@ -516,12 +512,7 @@ def parse(argv):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    kept = console.keep("gpu_check.py")  # a failing stdout stops nothing: report.md holds it all
-    try:
-        return check(argv)
-    finally:
-        console.restore(kept)
+    return command.main("tools/gpu_check.py", check, sys.argv[1:] if argv is None else argv)
 
 
 def check(argv):
@@ -536,21 +527,13 @@ def check(argv):
         print(f"gpu_check.py: error: cannot create --out={a.out}: {e.strerror}", file=sys.stderr)
         return 2
     try:  # one check per --out, held to its end: a second would write over its files
-        runfiles.own(a.out, flag="--out", note=False)
+        files.own(a.out, flag="--out", note=False)
     except UsageError as e:
         return error_line("gpu_check.py", e)
     report = Report(a, names, argv)
     scale = a.budget / sum(reserve.values())
     end = report.started + a.budget
 
-    stops = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)]
-
-    def stop(signum, frame):
-        for s in stops:  # once: the ending itself is not interrupted
-            signal.signal(s, signal.SIG_IGN)
-        raise Stopped(signal.Signals(signum).name)
-    for s in stops:
-        signal.signal(s, stop)
     # logs whole when a part is killed; no .pyc files written into the project
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     injected = {**dict.fromkeys((a.fail or "").split(","), FAIL),
@@ -585,10 +568,11 @@ def check(argv):
                             o.status, o.note = "failed", f"its result unreadable ({e!r})"
                             o.tail = tail(a.out, name)
                 if status == "stopped":
-                    raise Stopped()
+                    raise command.Stopped(command.Stop.name)
             report.write()
             print("\n".join(report.part_lines(name)) + "\n", flush=True)
-    except Stopped:
+    except command.Stopped:
+        command.Stop.hold()  # once: the ending itself is not interrupted
         for name in names:
             if report.outcomes[name].note == "not reached yet":
                 report.outcomes[name] = Outcome("not run", note="the check was stopped before it")

@@ -34,11 +34,11 @@ import torch.nn.functional as F
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import checkpoint, console  # noqa: E402
 from configurator import UsageError, closest, report  # noqa: E402
-from data.record import checkpoint_dataset  # noqa: E402
+from data.meta import checkpoint_dataset  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
-from support.hf import load_hf  # noqa: E402
+from support import checkpoint, command  # noqa: E402
+from support.pretrained import load_hf  # noqa: E402
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -202,7 +202,8 @@ class MeshLM(TemplateLM):
         return outputs
 
 
-if __name__ == "__main__":
+def evaluate(argv):
+    """lm_eval's own command line with --model mesh filled in."""
     from lm_eval.__main__ import cli_evaluate
     try:  # where lm_eval checks its command line and task names (not in older versions)
         from lm_eval.config.evaluate_config import EvaluatorConfig
@@ -210,16 +211,14 @@ if __name__ == "__main__":
         EvaluatorConfig.process_tasks = bad_input(EvaluatorConfig.process_tasks)
     except ImportError:
         pass
-
-    sys.argv[1:1] = ["run", "--model", "mesh"]
-    kept = console.keep("lm_eval_mesh.py")  # a failing stdout stops nothing: one note on stderr
+    sys.argv[1:] = ["run", "--model", "mesh", *argv]
     try:
         cli_evaluate()
-    except UsageError as e:  # a bad out_dir, model_args, task or character: one line
-        sys.exit(report("lm_eval_mesh.py", e))
     except OSError as e:  # e.g. a task's dataset that is neither cached nor downloadable (offline)
-        sys.exit(report("lm_eval_mesh.py", f"{type(e).__name__}: {e} (lm_eval downloads each "
-                        f"task's data from the Hugging Face Hub on first use; run once online, "
-                        f"then HF_DATASETS_OFFLINE=1 works)"))
-    finally:
-        console.restore(kept)
+        raise UsageError(f"{type(e).__name__}: {e} (lm_eval downloads each task's data from the "
+                         f"Hugging Face Hub on first use; run once online, then "
+                         f"HF_DATASETS_OFFLINE=1 works)") from None
+
+
+if __name__ == "__main__":
+    sys.exit(command.main("tools/lm_eval_mesh.py", evaluate, sys.argv[1:]))

@@ -34,15 +34,12 @@ import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import sampling  # noqa: E402
+from configurator import UsageError, setting  # noqa: E402
+from data.dataset import load_split, random_windows  # noqa: E402
+from data.meta import checkpoint_dataset  # noqa: E402
+from support import checkpoint, command, files  # noqa: E402
 from support.capture import capture  # noqa: E402
-from configurator import UsageError, parse_flags, setting  # noqa: E402
-from data.loader import load_split, random_windows  # noqa: E402
-from data.record import checkpoint_dataset  # noqa: E402
-from support.machine import resolve_device  # noqa: E402
-from support.memory import physical_memory  # noqa: E402
-from support import guards, plain, runfiles  # noqa: E402
-from support.runfiles import check_writable  # noqa: E402
+from support.device import physical_memory, resolve_device  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance
 # between distinct tokens of the state. A bandwidth relative to the median makes CKA invariant to an
@@ -199,7 +196,7 @@ def json_ready(value):
 
 
 def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None):
-    model, ckpt = sampling.load(out_dir, device, "probe.py")  # the run's latest checkpoint
+    model, ckpt = checkpoint.load_latest(out_dir, device, "probe.py")  # the run's latest
     cfg = model.config
     # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
     states = cfg.n_steps + 3
@@ -353,14 +350,11 @@ class ProbeConfig:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    # a missing or damaged checkpoint, a changed dataset, a file unwritable: one line
-    return guards.tool("probe.py", command, argv)
+    return command.main("tools/probe.py", run, sys.argv[1:] if argv is None else argv, ProbeConfig)
 
 
-def command(argv):
-    a = ProbeConfig(**parse_flags(ProbeConfig, argv, "tools/probe.py",
-                                  read_config=plain.read_config))
+def run(given):
+    a = ProbeConfig(**given)
     if not a.out_dir:
         raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
     if a.num_samples < 1:
@@ -369,7 +363,7 @@ def command(argv):
         raise UsageError(f"--sigma_frac={a.sigma_frac} must be a positive finite number")
     device = resolve_device(a.device)
     if a.json:  # find out now, not after the probing
-        check_writable(a.json, "json")
+        files.check_writable(a.json, "json")
     if a.png and os.path.exists(a.png) and not os.path.isdir(a.png):
         raise UsageError(f"--png={a.png} is a file; give a folder for the figures")
     results = []
@@ -379,14 +373,14 @@ def command(argv):
         print(report(results[-1]))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        runfiles.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1,
+        files.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1,
                                                           allow_nan=False), mode="w")
         print(f"wrote {a.json}")
     if a.png:
         for path in write_pngs(results, a.png):
             print(f"wrote {path}")
-    return results
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -33,14 +33,14 @@ import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, parse_flags, setting  # noqa: E402
+from configurator import UsageError, setting  # noqa: E402
+from data.dataset import load_split  # noqa: E402
+from data.meta import checkpoint_dataset  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
-from support import guards, plain, runfiles, sampling  # noqa: E402
+from support import checkpoint, command, files  # noqa: E402
 from support.capture import capture  # noqa: E402
-from support.runfiles import check_writable  # noqa: E402
+from support.device import resolve_device  # noqa: E402
 from tools.probe import json_ready, relative_update  # noqa: E402
-from data.record import checkpoint_dataset  # noqa: E402
-from data.loader import load_split  # noqa: E402
 
 SCAN = 100_000  # tokens searched for a line's start, at most
 SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
@@ -99,7 +99,7 @@ def sentence(ckpt, model, text, tokens, seed, data_root=None):
 
 
 def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None):
-    model, ckpt = sampling.load(out_dir, device, "routing.py")  # the run's latest, as a resume's
+    model, ckpt = checkpoint.load_latest(out_dir, device, "routing.py")  # the run's latest
     idx, tokenizer = sentence(ckpt, model, text, tokens, seed, data_root)
     cfg = model.config
     return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme,
@@ -210,22 +210,19 @@ class RoutingConfig:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    # a missing checkpoint, a changed dataset, a character not in the vocabulary: one line
-    return guards.tool("routing.py", command, argv)
+    return command.main("tools/routing.py", run, sys.argv[1:] if argv is None else argv,
+                        RoutingConfig)
 
 
-def command(argv):
-    from support.machine import resolve_device
-    a = RoutingConfig(**parse_flags(RoutingConfig, argv, "tools/routing.py",
-                                    read_config=plain.read_config))
+def run(given):
+    a = RoutingConfig(**given)
     if not a.out_dir:
         raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
     if a.tokens < 1:
         raise UsageError(f"--tokens={a.tokens} must be at least 1")
     for flag in ("json", "png"):  # find out now, not after the model ran
         if getattr(a, flag):
-            check_writable(getattr(a, flag), flag)
+            files.check_writable(getattr(a, flag), flag)
     device = resolve_device(a.device)
     results = []
     for out_dir in a.out_dir:
@@ -234,14 +231,14 @@ def command(argv):
     for path in filter(None, (a.json, a.png)):  # their folders, once the model has run
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if a.json:
-        runfiles.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1,
+        files.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1,
                                                           ensure_ascii=False, allow_nan=False),
                               mode="w")
         print(f"wrote {a.json}")
     if a.png and write_png(results, a.png):
         print(f"wrote {a.png}")
-    return results
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -38,11 +38,9 @@ RESULTS/table1_routing.png (and .json). Figures need matplotlib (pip install mat
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,12 +49,13 @@ import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import checkpoint, console, outdir, plain, runfiles  # noqa: E402
-from configurator import UsageError, closest, parse_flags, report, setting  # noqa: E402
-from data.loader import load_split, random_windows  # noqa: E402
-from data.record import checkpoint_dataset  # noqa: E402
-from support.machine import machine_name  # noqa: E402
+from configurator import UsageError, closest, setting  # noqa: E402
+from data.dataset import load_split, random_windows  # noqa: E402
+from data.meta import checkpoint_dataset  # noqa: E402
 from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
+from support import checkpoint, command, files  # noqa: E402
+from support.device import machine_name  # noqa: E402
+from support.log import log_records  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
@@ -131,56 +130,24 @@ def train_command(run, out_dir, max_iters, device="cpu", data_root="data", train
 # -----------------------------------------------------------------------------
 # The processes it runs, which stop with it
 
-class Stopped(BaseException):
-    """table1.py was asked to stop by a signal (its name): raised once, in the main thread, as
-    Ctrl-C's KeyboardInterrupt is, so that no except Exception on the way keeps it from stopping."""
-
-
 class Children:
     """The processes table1.py runs (train.py, probe.py), each in a session of its own, so that a
-    signal reaches them only through table1.py: on SIGTERM, SIGINT or SIGHUP each gets a SIGTERM,
-    one per signal table1.py receives (train.py saves a checkpoint and exits on the first, stops at
-    once on a second), no new one starts, and table1.py waits for them all before it exits. A rerun
-    then finds no live run."""
-
-    def __init__(self):
-        self.signals, self.previous = 0, []
-
-    def listen(self):
-        """Take SIGTERM, SIGINT and SIGHUP (where they exist) until restore(); from the main thread
-        only, where Python runs signal handlers."""
-        self.signals = 0
-        if threading.current_thread() is threading.main_thread():
-            for name in ("SIGTERM", "SIGINT", "SIGHUP"):
-                if hasattr(signal, name):
-                    signum = getattr(signal, name)
-                    self.previous.append((signum, signal.signal(signum, self.on_signal)))
-
-    def restore(self):
-        while self.previous:
-            signal.signal(*self.previous.pop())
-
-    def on_signal(self, signum, frame):
-        self.signals += 1
-        if self.signals == 1:
-            raise Stopped(signal.Signals(signum).name)
+    signal reaches them only through table1.py (command.Stop, polled): each signal it receives is
+    passed on as a SIGTERM (train.py saves a checkpoint and exits on the first, stops at once on a
+    second), no new one starts, and table1.py waits for them all before it exits."""
 
     def run(self, cmd, **kwargs):
         """cmd's exit code, as subprocess.run(cmd, **kwargs) gives it, with every signal passed on;
-        Stopped instead of a start once table1.py is stopping."""
-        if self.signals:
-            raise Stopped("a signal")
-        p, sent, stopped = subprocess.Popen(cmd, start_new_session=True, **kwargs), 0, None
+        Stopped instead of a start once table1.py is stopping (after a run: run_one's)."""
+        stop = command.Stop
+        if stop.signals:
+            raise command.Stopped(stop.name)
+        p, sent = subprocess.Popen(cmd, start_new_session=True, **kwargs), 0
         while p.poll() is None:
-            try:
-                if sent < self.signals:
-                    p.terminate()  # SIGTERM
-                    sent += 1
-                time.sleep(0.1)
-            except Stopped as e:  # raised here, in the main thread: its child stops first
-                stopped = e
-        if stopped:
-            raise stopped
+            if sent < stop.signals:
+                p.terminate()  # SIGTERM
+                sent += 1
+            time.sleep(0.1)
         return p.returncode
 
 
@@ -193,7 +160,7 @@ CHILDREN = Children()
 def ms_per_iter(log_path):
     """Median of the per-iteration times (ms) of every logged window. The first window also pays for
     warm-up; the median keeps that one slow window from moving the result."""
-    ms = [r["ms"] for r in outdir.log_records(log_path) if isinstance(r.get("ms"), (int, float))]
+    ms = [r["ms"] for r in log_records(log_path) if isinstance(r.get("ms"), (int, float))]
     return statistics.median(ms) if ms else None
 
 
@@ -213,7 +180,7 @@ def eval_batches(ckpt, model):
 
 def val_curve(log_path):
     """[[iter, val loss], ...] of every evaluation train.py logged."""
-    return [[r["iter"], r["val_loss"]] for r in outdir.log_records(log_path)
+    return [[r["iter"], r["val_loss"]] for r in log_records(log_path)
             if isinstance(r.get("val_loss"), (int, float))]
 
 
@@ -237,23 +204,23 @@ def read_result(path, run):
     """A run's result.json, every field used here checked first: a damaged or foreign one is named
     in one line, with its fix (its run trains again once its folder is gone)."""
     try:
-        result = plain.read_json(path)
+        result = files.read_json(path)
         if not isinstance(result, dict):
-            raise plain.PlainDataError("is not a JSON object")
+            raise files.PlainDataError("is not a JSON object")
         for key, (kinds, word) in {**RESULT_FIELDS, **RECENT_FIELDS}.items():
             if key in RECENT_FIELDS and key not in result:
                 continue
             value = result.get(key)
             if (not isinstance(value, kinds) or isinstance(value, bool)
                     or key == "val_curve" and not all(is_pair(p) for p in value)):
-                raise plain.PlainDataError(f"has {key} {value!r:.40}, not {word}")
+                raise files.PlainDataError(f"has {key} {value!r:.40}, not {word}")
         if result["name"] != run["name"]:
-            raise plain.PlainDataError(f"is the result of run {result['name']!r:.40}, "
+            raise files.PlainDataError(f"is the result of run {result['name']!r:.40}, "
                                        f"not of {run['name']}")
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}; check the file, or delete the folder "
                          f"{os.path.dirname(path)} to train that run again") from None
-    except (json.JSONDecodeError, plain.PlainDataError) as e:
+    except (json.JSONDecodeError, files.PlainDataError) as e:
         why = e
         if isinstance(e, json.JSONDecodeError):
             why = f"is not JSON ({e.msg}, line {e.lineno} column {e.colno})"
@@ -303,16 +270,16 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
             result.update(dataset=ckpt["train_config"]["dataset"],
                           data_sha256=ckpt.get("data", {}).get("sha256"),
                           val_curve=val_curve(os.path.join(out_dir, "log.jsonl")))
-            runfiles.write_json(result_path, result)
+            files.write_json(result_path, result)
         print(f"{run['name']}: done (val loss {result['val_loss']:.4f})")
         return result
     os.makedirs(out_dir, exist_ok=True)
     # a live run there: touch nothing of it
-    runfiles.check_free(out_dir, flag="--root", shown=out_dir)
+    files.check_free(out_dir, flag="--root", shown=out_dir)
     cmd = train_command(run, out_dir, max_iters, device, data_root, train)
     print(f"{run['name']}: training ({' '.join(cmd[2:])})", flush=True)
     # train.out only once it has trained
-    out = runfiles.temporary_name(os.path.join(out_dir, "train.out"))
+    out = files.temporary_name(os.path.join(out_dir, "train.out"))
     with open(out, "w", encoding="utf-8") as f:
         rc = CHILDREN.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     with open(out, encoding="utf-8") as f:
@@ -322,6 +289,8 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
         os.remove(out)
         raise UsageError(f"{tail.strip().splitlines()[-1].partition('error: ')[2]} ({run['name']})")
     os.replace(out, os.path.join(out_dir, "train.out"))
+    if command.Stop.signals:  # it saved a checkpoint and stopped, as table1.py does now
+        raise command.Stopped(command.Stop.name)
     if rc:
         last = (tail.strip().splitlines() or ["(none: it printed nothing)"])[-1]
         raise UsageError(f"{run['name']} failed (exit {rc}); its last words: {last} (full output "
@@ -336,7 +305,7 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
                   dataset=ckpt["train_config"]["dataset"],
                   data_sha256=ckpt.get("data", {}).get("sha256"),
                   val_curve=val_curve(os.path.join(out_dir, "log.jsonl")))
-    runfiles.write_json(result_path, result)
+    files.write_json(result_path, result)
     print(f"{run['name']}: val loss {result['val_loss']:.4f}, {ms(result['ms_per_iter'])} ms/iter")
     return result
 
@@ -537,21 +506,10 @@ class Table1Config:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    kept = console.keep("table1.py")  # a failing stdout stops nothing: one note on stderr
-    CHILDREN.listen()
-    try:
-        return table1(argv)
-    # the runs done so far keep their result.json: a rerun skips them
-    except (UsageError, OSError) as e:
-        raise SystemExit(report("table1.py", e))
-    except Stopped as e:
-        print(f"table1.py: stopped by {e}, and its runs with it (the finished ones keep their "
-              f"result.json, which a rerun skips)", file=sys.stderr)
-        raise SystemExit(130)
-    finally:
-        CHILDREN.restore()
-        console.restore(kept)
+    return command.main("tools/table1.py", table1, sys.argv[1:] if argv is None else argv, Table1Config,
+                        f"names for --only: {', '.join([*SCHEME, 'ablation'])}",
+                        stopped="and its runs with it (the finished ones keep their result.json, "
+                        "which a rerun skips)")
 
 
 def fail(message):
@@ -573,10 +531,8 @@ def train_all(runs, a, train):
         pool.shutdown(cancel_futures=True)
 
 
-def table1(argv):
-    given = parse_flags(Table1Config, argv, "tools/table1.py",
-                        f"names for --only: {', '.join([*SCHEME, 'ablation'])}",
-                        read_config=plain.read_config)
+def table1(given):
+    command.Stop.poll(says="passing it on to the runs, then waiting for them")
     # flags given override the lesson's
     a = Table1Config(**{**(LESSON if given.get("lesson") else {}), **given})
     try:
@@ -615,11 +571,11 @@ def table1(argv):
         fail("train.py not found in the project folder")
     os.makedirs(a.root, exist_ok=True)
     # one table1.py per root, held to its end: a second is refused at once
-    runfiles.own(a.root, flag="--root")
+    files.own(a.root, flag="--root")
     try:
         write_results(train_all(runs, a, train), a, seeds, layouts, only, train)
     finally:
-        runfiles.disown(a.root)
+        files.disown(a.root)
 
 
 def write_results(results, a, seeds, layouts, only, train):
@@ -629,12 +585,12 @@ def write_results(results, a, seeds, layouts, only, train):
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
     os.makedirs(a.results, exist_ok=True)
     md = markdown(rows, abl, a.max_iters, machine(a.jobs), dataset, layouts[0], train)
-    runfiles.write_json(os.path.join(a.results, "table1.json"), dict(
+    files.write_json(os.path.join(a.results, "table1.json"), dict(
         settings=dict(train, dataset=dataset, data_root=a.data_root, device=a.device,
                       max_iters=a.max_iters, seeds=seeds, eval_batches=EVAL_BATCHES,
                       eval_seed=EVAL_SEED),
         machine=machine(a.jobs), table=rows, ablation=abl, runs=results))
-    runfiles.atomic_write(os.path.join(a.results, "table1.md"), lambda f: f.write(md), mode="w")
+    files.atomic_write(os.path.join(a.results, "table1.md"), lambda f: f.write(md), mode="w")
     curves = write_curves(results, rows, layouts, os.path.join(a.results, "table1_curves.png"),
                           dataset)
     print(md + f"wrote {a.results}/table1.json, {a.results}/table1.md"
@@ -650,8 +606,10 @@ def write_results(results, a, seeds, layouts, only, train):
             stem = out.partition("=")[2].removesuffix(".png")
             if figures and CHILDREN.run([sys.executable, os.path.join(ROOT, "tools", tool), *(
                     f"--out_dir={d}" for d in figures), f"--json={stem}.json", out]):
+                if command.Stop.signals:
+                    raise command.Stopped(command.Stop.name)
                 fail(f"{tool} failed on {', '.join(figures)}; its own lines above say why")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,9 +1,9 @@
 """
-Hugging Face GPT-NeoX / Pythia checkpoints, imported without transformers: a Pythia download
-becomes a vanilla RecursiveGPT whose logits are the original model's, ready to sample, evaluate or
-fine-tune.
+A model from a pretrained one. A Hugging Face GPT-NeoX / Pythia checkpoint, imported without
+transformers: a Pythia download becomes a vanilla RecursiveGPT whose logits are the original
+model's, ready to sample, evaluate or fine-tune.
 
-    model = hf.load_hf("path/to/pythia-160m")     # layout 'L', scheme 'base', scale_embeddings off
+    model = pretrained.load_hf("path/to/pythia-160m")  # layout 'L', scheme 'base', unscaled
     python train.py --init_from=hf:path/to/pythia-160m --dataset=...   # fine-tune it (for_training)
 
 The fused query_key_value weight is laid out per head, [head][q|k|v][head_dim], and becomes our
@@ -16,8 +16,8 @@ import os
 
 import torch
 
-from support import plain, plan
-from support.plain import plain_name
+from support.files import plain_name, read_json
+from support.device import check_fits
 from support.checkpoint import CheckpointError
 from configurator import UsageError
 from mesh import Config, RecursiveGPT
@@ -29,7 +29,7 @@ def from_hf_neox(path):
     by name."""
     where = f"cannot import {path}"
     try:
-        hf = plain.read_json(os.path.join(path, "config.json"))
+        hf = read_json(os.path.join(path, "config.json"))
         D, H, L = hf["hidden_size"], hf["num_attention_heads"], hf["num_hidden_layers"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{where}: no GPT-NeoX config.json there "
@@ -60,7 +60,7 @@ def from_hf_neox(path):
                      rotary_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)),
                      rotary_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
                      parallel_residual=hf.get("use_parallel_residual", True))
-        plan.check_fits(cfg, None, "cpu", what="its config.json's model",
+        check_fits(cfg, None, "cpu", what="its config.json's model",
                         fix="import a smaller one")
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{where}: {e}") from None
@@ -73,7 +73,7 @@ def from_hf_neox(path):
         index = os.path.join(path, name + ".index.json")
         if os.path.isfile(index):  # sharded: the index names the shards, files of this folder only
             try:
-                files = sorted(set(plain.read_json(index)["weight_map"].values()))
+                files = sorted(set(read_json(index)["weight_map"].values()))
                 outside = next((f for f in files if not plain_name(f)), None)
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 raise CheckpointError(f"{where}: {index} is not a weight index "

@@ -1,0 +1,277 @@
+"""
+The device a run runs on, and what fits there: its name, dtype and compile setting resolved for
+this machine, the chip's peak for MFU, the memory it has, and the arithmetic that refuses a run, a
+model or a decode that cannot fit before anything is allocated (plan.py prints the same figures).
+
+    device = Device(tc, distributed, master)  # under torchrun "cuda:LOCAL_RANK", its group joined
+    device.name, device.type, device.dtype, device.mfu(cfg, tokens, seconds, world)
+    check_fits(cfg, batch_size, "cuda:0")      # UsageError where it needs more than the GPU has
+
+Bytes of a training step, with P the parameter count and n the processes (FSDP divides weights,
+gradients and AdamW by n; DDP keeps all of them on every GPU):
+
+    weights      4P           float32 master weights (autocast computes in bf16 from them)
+    gradients    4P           float32
+    optimizer    8P           AdamW's exp_avg and exp_avg_sq, float32
+    working      DDP:  4P     the all-reduce buckets, + 2P under bf16 autocast (its weight copies)
+                 FSDP: 4 P_root + 4 V D + 2 a P_block: the root unit gathered for the whole
+                              step, the head's unsharded gradient, two blocks gathered in the
+                              compute dtype
+    activations  activation_bytes: what eager autograd saves (measured with saved_tensors_hooks and
+                 checked against measured peaks in test_plan.py); torch.compile saves fewer, so for
+                 a compiled step this is an upper bound
+"""
+
+import os
+import platform
+import sys
+
+import torch
+
+from configurator import UsageError
+from support import distributed
+
+GiB = 2**30
+# Dense bf16 peak FLOP/s by the exact name torch.cuda.get_device_name gives (every A100: 312e12):
+# exact, because substrings mislead ("L40S" contains "L4"). Not listed: no MFU.
+PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12,
+                   "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12, "NVIDIA H200": 989e12,
+                   "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12, "NVIDIA L4": 121e12,
+                   "NVIDIA A10": 125e12}
+
+
+class Device:
+    """This process's device as a run uses it: its name ("cuda:1", "mps", "cpu") and type, with
+    --dtype and --compile resolved for it, and the chip's peak for MFU. Under torchrun each
+    process takes GPU LOCAL_RANK and joins the job's process group."""
+
+    def __init__(self, tc, launched, master):
+        self.name = resolve_device(tc.device)
+        if launched and self.name.startswith("cuda"):
+            local, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+            if local >= count:
+                raise UsageError(f"this process is torchrun's local rank {local}, but this machine "
+                                 f"has {count} GPU(s): start at most {count} process(es) a machine "
+                                 f"(--nproc_per_node={count})")
+            self.name = f"cuda:{local}"
+        if self.name.startswith("cuda:"):  # RNG states, bf16 checks and kernels use it, not GPU 0
+            torch.cuda.set_device(self.name)
+        if launched:
+            distributed.join(self.name, tc.dist_timeout)
+        self.type = self.name.split(":")[0]  # cuda, mps or cpu
+        self.dtype = resolve_dtype(tc.dtype, self.name)
+        self.compile = resolve_compile(tc.compile, self.type, master)
+        self.peak = peak_bf16_flops(self.name, self.dtype)
+
+    def mfu(self, cfg, tokens, seconds, world):
+        """Model FLOPs utilisation of training `tokens` tokens in `seconds` on world processes:
+        the share of their peak used; None where the peak is unknown."""
+        if not self.peak:
+            return None
+        return flops_per_token(cfg) * tokens / seconds / (self.peak * world)
+
+
+def resolve_device(name):
+    """'auto' -> cuda, then mps, then cpu; an explicit device that is not there is a UsageError."""
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": torch.backends.mps.is_available()}
+    if name == "auto":
+        return "cuda" if available["cuda"] else "mps" if available["mps"] else "cpu"
+    kind = name.split(":")[0]
+    if kind not in available:
+        raise UsageError(f"unknown --device={name}; expected auto, cpu, cuda, cuda:N or mps")
+    if not available[kind]:
+        raise UsageError(f"--device={name} is not available on this machine; "
+                         f"use --device=auto or --device=cpu")
+    index = name.partition(":")[2]
+    count = torch.cuda.device_count() if kind == "cuda" else 1  # mps and cpu: device 0 alone
+    if ":" in name and not (index.isdigit() and int(index) < count):
+        has = f" (it has {count} GPU(s), cuda:0 to cuda:{count - 1})" if kind == "cuda" else ""
+        hint = " or one of those" if has else ""
+        raise UsageError(f"--device={name} is not a device of this machine{has}; "
+                         f"use --device={kind}{hint}")
+    return name
+
+
+def resolve_dtype(name, device):
+    """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs that support it, else float32."""
+    if name == "auto":
+        bf16 = str(device).startswith("cuda") and torch.cuda.is_bf16_supported()
+        return "bfloat16" if bf16 else "float32"
+    if name not in ("float32", "bfloat16"):
+        raise UsageError(f"--dtype={name} is not supported; use auto, float32 or bfloat16")
+    return name
+
+
+def resolve_compile(compile, device_type, master=True):
+    """--compile: None means on for CUDA only; asked for on a CPU, done, with a note of its cost."""
+    if compile and device_type == "cpu" and master:
+        print("note: --compile on a CPU compiles for minutes before the first step and gains a few "
+              "percent on small models; leave it off here to start at once", flush=True)
+    return device_type == "cuda" if compile is None else compile
+
+
+def flops_per_token(cfg):
+    """Training FLOPs per token (nanoGPT / PaLM): 6 x the unrolled non-embedding params (a shared
+    core once per step) + 6 D V (head) + 12 L D T (attention)."""
+    D, L = cfg.n_embd, cfg.shape.depth
+    return 6 * (L * (12 * D * D + 13 * D) + D * cfg.vocab_size) + 12 * L * D * cfg.block_size
+
+
+def peak_bf16_flops(device, dtype):
+    """The chip's dense bf16 peak FLOP/s, or None: not CUDA, not bf16, or not listed."""
+    if not str(device).startswith("cuda") or dtype != "bfloat16":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return 312e12 if name.startswith("NVIDIA A100") else PEAK_BF16_FLOPS.get(name)
+
+
+def machine_name(device="cpu"):
+    """The GPU's name for a CUDA device, else the CPU's model name."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            models = (line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(models)
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+# -----------------------------------------------------------------------------
+# Memory: what there is, and what a run, a model or a decode needs
+
+def physical_memory():
+    """This machine's memory in bytes, or None where it cannot be told."""
+    try:
+        if sys.platform == "win32":
+            import ctypes
+
+            class Status(ctypes.Structure):
+                _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong)] + \
+                           [(n, ctypes.c_ulonglong) for n in ("total", "free", "pt", "pf", "vt",
+                                                              "vf", "ve")]
+            status = Status(length=ctypes.sizeof(Status))
+            ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
+            return status.total
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def device_memory(device):
+    """A CUDA GPU's memory in bytes; for cpu and mps (whose GPU shares it) the machine's."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return physical_memory()
+
+
+def activation_bytes(cfg, batch_size, grad_checkpoint=False, compute_bytes=4):
+    """Peak activation memory of one micro-batch's forward and backward, in bytes.
+
+    Per token, with D the width, H the heads, V the vocabulary, L the compute depth (each
+    application of a shared core saves its own), K loop steps, S slots, a = compute_bytes (4
+    float32, 2 bf16) and r = 4 (the residual stream, LayerNorm statistics and the MeSH buffer stay
+    float32 under autocast):
+
+      block     r (D + H + 4) + 16 a D   the block's input, attention's logsumexp (H), the two
+                                          LayerNorms' statistics; LayerNorm outputs (2 D), qkv
+                                          (3 D), rotated q, k (2 D), attention output (2 D), fc
+                                          and GELU (8 D) in the compute dtype
+      head      2 r D + 4 r V             ln_f's input and output; the logits, log-softmax and, at
+                                          the start of backward, their two gradients
+      mesh      r (K + 1) (S D + D + 2 S) each buffer state read (Eq. 5), the routers' input and
+                                          their two softmaxes (Eq. 3)
+      backward  8 a D                     gradients in flight inside one block
+
+    Without --grad_checkpoint the peak is at the start of backward: L block + head + mesh +
+    backward. With it each block keeps only its input and backward recomputes one at a time, after
+    the head's gradients are gone: L r D + 2 r D + mesh + max(4 r V, r V + block + backward)."""
+    D, H, V, L = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.shape.depth
+    r, a = 4, compute_bytes
+    block, backward = r * (D + H + 4) + 16 * a * D, 8 * a * D
+    mesh = (r * (cfg.n_steps + 1) * (cfg.slots * D + D + 2 * cfg.slots) if cfg.scheme == "mesh"
+            else 0)
+    if grad_checkpoint:
+        per_token = L * r * D + 2 * r * D + mesh + max(4 * r * V, r * V + block + backward)
+    else:
+        per_token = L * block + 2 * r * D + 4 * r * V + mesh + backward
+    return batch_size * cfg.block_size * per_token
+
+
+def param_counts(cfg):
+    """(all parameters, the root unit's own (outside every block), one block's), from the shapes
+    alone (test_plan.py checks them against built models). A block: two LayerNorms (2D each), qkv
+    (3D^2 + 3D), attention's output (D^2 + D), fc (4D^2 + 4D), proj (4D^2 + D). The root: wte and
+    lm_head (V D each), ln_f (2D), MeSH's router pairs (Table 5: K+1, or K with cycle=direct)."""
+    D, V, S = cfg.n_embd, cfg.vocab_size, cfg.slots
+    block = 12 * D * D + 13 * D
+    pairs = cfg.n_steps + (cfg.cycle == "routed") if cfg.scheme == "mesh" else 0
+    root = 2 * V * D + 2 * D + pairs * 2 * (D * S + S)
+    return cfg.shape.unique * block + root, root, block
+
+
+def memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes, ddp=True):
+    """{weights, gradients, optimizer, working, activations, total} in bytes per GPU (the module's
+    table); ddp=False: one process without DDP, so without its all-reduce buckets."""
+    P, root, block = param_counts(cfg)
+    share = n if fsdp else 1
+    out = dict(weights=4 * P / share, gradients=4 * P / share, optimizer=8 * P / share)
+    if fsdp:
+        out["working"] = 4 * root + 4 * cfg.vocab_size * cfg.n_embd + 2 * compute_bytes * block
+    else:
+        out["working"] = 4 * P * ddp + (2 * P if compute_bytes == 2 else 0)
+    out["activations"] = activation_bytes(cfg, batch_size, grad_checkpoint, compute_bytes)
+    out["total"] = sum(out.values())
+    return out
+
+
+def check_fits(cfg, batch_size, device, compute_bytes=4, n=1, fsdp=False, grad_checkpoint=False,
+               what="this model", fix="choose a smaller one"):
+    """Refuse, before anything is built or written, a training run (memory(), per process) or,
+    with batch_size=None, a model alone (its weights twice: a state dict and the model it is loaded
+    into) that needs more than the device holds (unknown: no check). Returns cfg."""
+    total = device_memory(device)
+    P = param_counts(cfg)[0]
+    need = 8 * P if batch_size is None else \
+        memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes, ddp=n > 1)["total"]
+    if total and need > total:
+        where = device if str(device).startswith("cuda") else "this machine"
+        batch = f", micro-batch {batch_size} x {cfg.block_size}" if batch_size else ""
+        raise UsageError(f"{what} (layout {cfg.layout}, n_embd {cfg.n_embd}, "
+                         f"{P:,} parameters{batch}) needs about {need / GiB:,.1f} GiB, "
+                         f"more than the {total / GiB:,.1f} GiB of {where}; {fix}")
+    return cfg
+
+
+def check_run(cfg, tc, device, world):
+    """check_fits for train.py's run: TrainConfig tc on device, over world processes."""
+    return check_fits(cfg, tc.batch_size, device, 2 if tc.dtype == "bfloat16" else 4, world,
+                      tc.fsdp, tc.grad_checkpoint, "the run",
+                      "use smaller settings (--plan=true shows where it goes)")
+
+
+def decode_bytes(cfg, num_samples, length, element_size, weights):
+    """The bytes a decode of num_samples sequences of `length` tokens takes at its peak: the
+    weights, the KV cache (a key and a value per applied block), the prefill's logits and
+    activations (the residual stream, MeSH's buffer, attention, the MLP) and the token ids."""
+    N, L, D = num_samples, cfg.block_size, cfg.n_embd
+    cache = 2 * cfg.shape.depth * N * L * D * element_size + L * L * element_size
+    logits = N * L * cfg.vocab_size * element_size + 3 * N * cfg.vocab_size * 4
+    activations = N * L * D * (cfg.slots + 8) * 4
+    return weights + cache + logits + activations + 2 * N * length * 8 + 40 * length
+
+
+def check_decode(model, prompt_chars, num_samples, max_new_tokens, device):
+    """Refuse a decode that cannot fit in the device's memory, before any of it is allocated (a
+    prompt counts as a token a character)."""
+    total, cfg = device_memory(device), model.config
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    need = decode_bytes(cfg, num_samples, max(1, prompt_chars) + max_new_tokens,
+                        model.lm_head.weight.element_size(), weights)
+    where = device if str(device).startswith("cuda") else "this machine"
+    if total and need > total:
+        raise UsageError(f"--num_samples={num_samples} and --max_new_tokens={max_new_tokens} need "
+                         f"about {need / GiB:,.1f} GiB to decode (the KV cache of "
+                         f"{cfg.shape.depth} applied blocks, the logits, the tokens), more than "
+                         f"the {total / GiB:,.1f} GiB of {where}; use fewer samples or tokens")

@@ -1,0 +1,143 @@
+"""
+A run's log, OUT_DIR/log.jsonl: one JSON record a line, appended whole or not at all, and read
+back by a resume (which drops what a killed run logged past its checkpoint, so that a plot of the
+log is one curve) and by the tools that draw it.
+
+    log = RunLog(out_dir, fresh=True)   # (run.py's Run opens it)
+    log.write({"iter": 100, "loss": 2.1}, "iter 100: loss 2.1000")  # printed, then appended
+    records = log_records("out/log.jsonl")                           # the whole records
+"""
+
+import json
+import os
+
+from support import command, files
+
+LOG = "log.jsonl"
+MAX_LOG = 1 << 30  # a log.jsonl of a million steps, one line each, is about 150 MB
+_open = []         # this process's open RunLogs, closed by close()
+
+
+class LogError(command.UsageError):
+    """A log that cannot be read or appended to as it is: one line."""
+
+
+def log_lines(path):
+    """(line number, the line's bytes, its record or None for a damaged line) for each line of the
+    log at path: a regular file of records {"iter": int, ...}."""
+    try:
+        data = files.read_bytes(path, MAX_LOG)
+    except files.PlainDataError as e:
+        raise LogError(f"{path} {e}; move it away, then resume the run") from None
+    for number, line in enumerate(data.splitlines(keepends=True), start=1):
+        try:
+            record = files.parse_json(line.decode("utf-8"), nan=True)  # a loss that blew up
+            if not isinstance(record, dict) or type(record.get("iter", 0)) is not int:
+                raise ValueError("not a record of an iteration")
+        except ValueError:  # UnicodeDecodeError and json's errors included
+            record = None
+        yield number, line, record
+
+
+def log_records(path):
+    """The whole records of the log at path, a damaged line left out (for a reader: nothing
+    moves)."""
+    return [record for _, _, record in log_lines(path) if record is not None]
+
+
+def read_log(path, upto):
+    """The log's lines of iterations up to upto, as bytes. A damaged line (half a line left by a
+    kill or a full disk) never blocks a resume: it is moved into log.jsonl.damaged (or .damaged-2,
+    ...), which one note names."""
+    kept, bad = [], []
+    for number, line, record in log_lines(path):
+        if record is None:
+            bad.append((number, line))
+        elif record.get("iter", 0) <= upto:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+    if bad:
+        aside, n = path + ".damaged", 1
+        while os.path.lexists(aside):
+            n += 1
+            aside = f"{path}.damaged-{n}"
+        files.atomic_write(aside, lambda f: f.writelines(line for _, line in bad))
+        lines = ", ".join(str(number) for number, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        print(f"note: {path} has {len(bad)} damaged line(s) (line {lines}: not whole JSON records, "
+              f"as a kill or a full disk leaves); moved into {aside}, the rest of the log goes on",
+              flush=True)
+    return b"".join(kept)
+
+
+def check_log(out_dir):
+    """Refuse an OUT_DIR/log.jsonl that is a symbolic link (a run writes only inside its folder)
+    or not a regular file (a FIFO would hang the run that reads it)."""
+    path = os.path.join(out_dir, LOG)
+    if os.path.islink(path):
+        raise LogError(f"{path} is a symbolic link, and a run writes only inside its folder; "
+                       f"remove the link (rm {path}) or choose another --out_dir")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise LogError(f"{path} is not a regular file (a FIFO, a device or a folder); move it "
+                       f"away or choose another --out_dir")
+
+
+class RunLog:
+    """OUT_DIR/log.jsonl, appended to. A fresh run over an old one (--overwrite) writes into a
+    temporary file until commit(), at its first checkpoint, so that until then the old log still
+    matches the old checkpoint. A record is appended whole or not at all: a write that fails (a
+    full disk) takes its half line back."""
+
+    def __init__(self, out_dir, fresh, on_commit=None, resumed_at=None):
+        """on_commit: called at the first commit (a fresh run's: the old run's files go).
+        resumed_at: a resumed run's iteration, past which the killed run's records are dropped."""
+        self.path, self.on_commit = os.path.join(out_dir, LOG), on_commit
+        self.pending = (files.temporary_name(self.path) if fresh and os.path.exists(self.path)
+                        else None)
+        if resumed_at is not None and os.path.exists(self.path):
+            kept = read_log(self.path, resumed_at)
+            files.atomic_write(self.path, lambda f: f.write(kept))
+        self.fd = self._open(self.pending or self.path, fresh)
+        _open.append(self)
+
+    @staticmethod
+    def _open(path, fresh):  # O_NOFOLLOW: never through a link (where the system has it)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+        return os.open(path, flags | (os.O_TRUNC if fresh else 0) | getattr(os, "O_BINARY", 0),
+                       0o666)
+
+    def write(self, record, text):
+        """Print text, and append record to the log."""
+        print(text, flush=True)
+        stream_lost = command.note()  # stdout given up: said in the log too, for a lost terminal
+        record = {**record, "note": stream_lost} if stream_lost else record
+        line = memoryview((json.dumps(record) + "\n").encode())
+        end = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            while line:
+                line = line[os.write(self.fd, line):]
+        except OSError as e:
+            os.ftruncate(self.fd, end)  # the log stays whole records, for the resume
+            why = files.why_write_failed(e, os.path.dirname(self.path))
+            raise LogError(f"could not append to {self.path} ({why}), so the run stopped; "
+                           f"its last checkpoint is whole: free some space, then continue it "
+                           f"with --init_from=resume") from None
+
+    def commit(self):
+        """The run saved a checkpoint: a fresh run's log takes the old one's place."""
+        if self.pending:  # closed first: Windows cannot replace a file that is open
+            os.close(self.fd)
+            os.replace(self.pending, self.path)
+            self.pending, self.fd = None, self._open(self.path, fresh=False)
+        if self.on_commit:
+            self.on_commit, done = None, self.on_commit
+            done()
+
+    def close_one(self):
+        os.close(self.fd)
+        if self.pending:
+            os.remove(self.pending)
+
+
+def close():
+    """Close this process's run logs (an uncommitted one is removed)."""
+    while _open:
+        _open.pop().close_one()
