@@ -8,10 +8,8 @@ Train a nanoMeSH model, from a laptop CPU to multi-node torchrun DDP (FSDP2 past
 
 Every setting is a field of TrainConfig (--help). train() reads top to bottom: settings, device,
 data, model and optimizer, the run's folder, the loop, a closing sample. A step's batches depend on
-the step alone, never on the process count, so a resume sees the data it would have seen. The
-safety nets stand behind four objects a first reading can skip: the Dataset (data/dataset.py),
-the Run and its folder (support/run.py), the Spread over the processes (support/distributed.py)
-and the Device (support/device.py).
+the step alone, never on the process count. The safety nets stand behind four objects a first
+reading can skip: the Dataset (data/), the Run, the Spread and the Device (support/).
 """
 
 import dataclasses
@@ -179,8 +177,7 @@ def train(given):
 
     # ---- device and dtype, resolved for this machine (checkpoints keep them as given: run.py)
     device = Device(tc, distributed, master)  # under torchrun, GPU LOCAL_RANK and its group
-    tc.dtype = device.dtype
-    tc.compile = device.compile
+    tc.dtype, tc.compile = device.dtype, device.compile
     bf16 = tc.dtype == "bfloat16"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     torch.manual_seed(tc.seed + rank)
@@ -200,24 +197,20 @@ def train(given):
     else:
         raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, hf:PATH")
     data.check_fits(model.config)
-    if tc.lr is None:
-        tc.lr = PRESETS[tc.model]["lr"]
-    if tc.min_lr is None:
-        tc.min_lr = 0.1 * tc.lr
-    if tc.lr_decay_iters is None:
-        tc.lr_decay_iters = tc.max_iters
+    tc.lr = tc.lr or PRESETS[tc.model]["lr"]  # the schedule's unset settings (Appendix B)
+    tc.min_lr = 0.1 * tc.lr if tc.min_lr is None else tc.min_lr
+    tc.lr_decay_iters = tc.lr_decay_iters or tc.max_iters
     if tc.warmup_iters is None:
         tc.warmup_iters = max(1, tc.lr_decay_iters // 100)
     model.grad_checkpoint = tc.grad_checkpoint
     # raw_model: the plain module, saved and sampled; model: what trains (compiled, DDP, sharded)
     raw_model, model = spread.wrap(model, device.name, tc, scratch=run.ckpt is None)
-    betas = (tc.beta1, tc.beta2)
-    optimizer = raw_model.configure_optimizer(tc.weight_decay, tc.lr, betas, device.type)
+    optimizer = raw_model.configure_optimizer(tc.weight_decay, tc.lr, (tc.beta1, tc.beta2),
+                                              device.type)
     iter_num, best_val = 0, float("inf")
     if run.ckpt:  # AdamW's state (FSDP: the weights too, sharded) and the random state
         run.restore(raw_model, optimizer, tc.seed, rank, world, device.type)
-        iter_num = run.ckpt["iter_num"]
-        best_val = run.ckpt["best_val_loss"]
+        iter_num, best_val = run.ckpt["iter_num"], run.ckpt["best_val_loss"]
     cfg = raw_model.config
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.block_size
 
@@ -313,8 +306,9 @@ def train(given):
 def main(argv):
     """python train.py: train() as a command (one-line errors, exit codes, locks released)."""
     notes = f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}"
-    return command.main("train.py", train, argv, TrainConfig, notes, stopped="so at once: a "
-                        "checkpoint being written, if any, was dropped, the one before it is as it was")
+    stopped = ("so at once: a checkpoint being written, if any, was dropped, the one before it "
+               "is as it was")
+    return command.main("train.py", train, argv, TrainConfig, notes, stopped=stopped)
 
 
 if __name__ == "__main__":
