@@ -150,6 +150,30 @@ def atomic_write(path, write, mode="wb"):
         raise
 
 
+def append(path, data, fd=None):
+    """Append the bytes data to the file path (made if missing; fd: its descriptor, already open)
+    whole or not at all: a write that fails (a full disk) or is interrupted (a signal) truncates
+    the file back to where it ended; an OSError's strerror then says why in words."""
+    own = fd is None
+    if own:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0),
+                     0o666)
+    try:
+        end, data = os.lseek(fd, 0, os.SEEK_END), memoryview(data)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except BaseException as e:
+            os.ftruncate(fd, end)
+            if isinstance(e, OSError):
+                folder = os.path.dirname(os.path.abspath(path))
+                raise OSError(e.errno, why_write_failed(e, folder)) from None
+            raise
+    finally:
+        if own:
+            os.close(fd)
+
+
 def write_json(path, obj):
     atomic_write(path, lambda f: json.dump(obj, f, indent=1, ensure_ascii=False), mode="w")
 

@@ -109,15 +109,10 @@ class RunLog:
         print(text, flush=True)
         stream_lost = command.note()  # stdout given up: said in the log too, for a lost terminal
         record = {**record, "note": stream_lost} if stream_lost else record
-        line = memoryview((json.dumps(record) + "\n").encode())
-        end = os.lseek(self.fd, 0, os.SEEK_END)
-        try:
-            while line:
-                line = line[os.write(self.fd, line):]
+        try:  # whole records only, for the resume
+            files.append(self.path, (json.dumps(record) + "\n").encode(), self.fd)
         except OSError as e:
-            os.ftruncate(self.fd, end)  # the log stays whole records, for the resume
-            why = files.why_write_failed(e, os.path.dirname(self.path))
-            raise LogError(f"could not append to {self.path} ({why}), so the run stopped; "
+            raise LogError(f"could not append to {self.path} ({e.strerror}), so the run stopped; "
                            f"its last checkpoint is whole: free some space, then continue it "
                            f"with --init_from=resume") from None
 

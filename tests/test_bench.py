@@ -6,9 +6,11 @@ and bad flags are one-line usage errors. No timing assertions: timing belongs to
 """
 
 import contextlib
+import errno
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 import torch
 
 from conftest import HANG, ROOT
+from test_failures import small_disk
 from tools import bench
 from mesh import Config, RecursiveGPT
 
@@ -79,8 +82,8 @@ def test_tiny_run_end_to_end(tmp_path):
 
 
 def test_decode_rounds_interleave_variants(monkeypatch):
-    """Decoding is timed like the train steps: rounds rotate through the variants, each timing the cached
-    and then the full-recompute generate(); tok/s are medians, the speedup is paired per round."""
+    """Decoding is timed like the train steps: each round times every variant's cached and full-recompute
+    generate(), in an order rotated by the round; tok/s are medians, the speedup is paired per round."""
     clock, calls = [0.0], []
     seconds = {("a", True): [1.0, 4.0, 1.5], ("a", False): [8.0, 8.0, 9.0],   # per timed round
                ("b", True): [2.0, 2.0, 2.0], ("b", False): [5.0, 7.0, 6.0]}
@@ -103,8 +106,8 @@ def test_decode_rounds_interleave_variants(monkeypatch):
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
     speeds = bench.decode_speeds({"a": Model("a"), "b": Model("b")}, "cpu", bench.BenchConfig(compile=False))
     warm = [("a", True, 8), ("a", False, 8), ("b", True, 8), ("b", False, 8)]
-    a, b = [("a", True, 200), ("a", False, 200)], [("b", True, 200), ("b", False, 200)]
-    assert calls == warm + a + b + b + a + a + b
+    aT, aF, bT, bF = ("a", True, 200), ("a", False, 200), ("b", True, 200), ("b", False, 200)
+    assert calls == warm + [aT, aF, bT, bF] + [aF, bT, bF, aT] + [bT, bF, aT, aF]
     assert speeds["a"] == (200 / 1.5, 200 / 8.0, 6.0, 0)   # median of 8/1, 8/4, 9/1.5
     assert speeds["b"] == (200 / 2.0, 200 / 6.0, 3.0, 0)   # median of 5/2, 7/2, 6/2
 
@@ -186,7 +189,8 @@ def test_profile_columns(monkeypatch, capsys):
     rows, info = bench.run(bench.BenchConfig(**flags, threads=torch.get_num_threads()))
     assert len(seen) == bench.PROFILE_ROUNDS * 2 and [r["variant"] for r in rows] == ["base", "mesh"]
     for row in rows:  # summed over the rounds, which rotate the variants
-        mine = [p for k, p in enumerate(seen) if bench.rotated(["base", "mesh"], k // 2)[k % 2] == row["variant"]]
+        orders = [["base", "mesh"], ["mesh", "base"]]  # each round rotates the variants
+        mine = [p for k, p in enumerate(seen) if orders[k // 2 % 2][k % 2] == row["variant"]]
         p = {key: sum(q[key] for q in mine) for key in mine[0]}
         expect = dict(matmul_share=p["matmul"] / p["wall"], attention_share=p["attention"] / p["wall"],
                       matmul_peak_fraction=p["matmul_flops"] / p["matmul"] / info["peak_flops"])
@@ -201,14 +205,15 @@ def test_profile_columns(monkeypatch, capsys):
 @pytest.mark.parametrize("args, needle", [
     (["--schemes=vanilla,mehs"], "unknown scheme 'mehs' in --schemes (did you mean 'mesh'?)"),
     (["--schemes=,"], "--schemes is empty"),
-    (["--model=pythia-14m", "--schemes=base,mesh"], "layout '6' has no loop steps, so only vanilla and base apply"),
+    (["--model=pythia-14m", "--schemes=base,mesh"], "scheme 'mesh' needs loop steps, but layout '6' has none"),
     (["--layout=2+xR2"], "bad layout '2+xR2'"),
     (["--n_embd=30", "--n_head=4"], "n_embd=30 is not divisible by n_head=4"),
     (["--dtype=float16"], "--dtype=float16 is not supported"),
-    (["--iters=0"], "--iters, --batch_size and --threads must be at least 1"),
+    (["--iters=0"], "--iters=0 must be at least 1"),
     (["--iter=3"], "unknown setting 'iter' in the command line (did you mean --iters?)"),
     (["--device=tpu"], "unknown --device=tpu"),
-    (["--threads=0"], "--iters, --batch_size and --threads must be at least 1"),
+    (["--threads=0"], "--threads=0 must be at least 1"),
+    (["--warmup=-1"], "--warmup=-1 must be 0 or more"),
     ([f"--json={__file__}/b.jsonl"], f"cannot write --json={__file__}/b.jsonl: no permission, or a file where a "
                                      f"folder should be"),
     (["--json=/tmp"], "--json=/tmp is a folder; give a file name"),
@@ -224,6 +229,46 @@ def test_json_that_fails_later_is_not_created(tmp_path, capsys):
     out = tmp_path / "b.jsonl"
     assert bench.main([f"--json={out}", "--dtype=float16"]) == 2
     assert "--dtype=float16 is not supported" in capsys.readouterr().err and not out.exists()
+
+
+def test_json_on_a_disk_that_fills_is_appended_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
+    """--json on a full disk, a real one (a small tmpfs, where this machine lets us mount one: the kernel
+    writes what fits, then ENOSPC) or else simulated so: one line that says so, exit 2, and the file as it
+    was, ending in a whole line; once there is room the same records append whole."""
+    disk, mounted = small_disk(tmp_path, 256 * 1024)
+    try:
+        out = disk / "b.jsonl"
+        out.write_text('{"kind": "variant", "variant": "earlier"}\n')
+        before = out.read_bytes()
+        rows = [dict(kind="variant", variant="base", padding="x" * 200_000)]
+        monkeypatch.setattr(bench, "run", lambda bc: (rows, dict(kind="machine")))
+        monkeypatch.setattr(bench, "table", lambda rows, info: "the table")
+        if mounted:
+            (disk / "filler").write_bytes(b"\0" * (shutil.disk_usage(disk).free - 8192))
+        else:
+            real_write = os.write
+
+            def full(fd, data):
+                if bytes(data[:9]) != b'{"kind": ':  # only the records meet the full disk
+                    return real_write(fd, data)
+                real_write(fd, bytes(data[:len(data) // 2]))
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            monkeypatch.setattr(os, "write", full)
+        assert bench.main([f"--json={out}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"bench.py: error: could not append to --json={out}: the disk is full (") and \
+            err.endswith("bytes free); it is as it was: free some space, then run again\n"), err
+        assert out.read_bytes() == before
+        monkeypatch.undo()
+        os.remove(disk / "filler") if mounted else None
+        monkeypatch.setattr(bench, "run", lambda bc: (rows, dict(kind="machine")))
+        monkeypatch.setattr(bench, "table", lambda rows, info: "the table")
+        assert bench.main([f"--json={out}"]) == 0
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["variant"] for r in records[:2]] == ["earlier", "base"] and records[2]["kind"] == "machine"
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(disk)], check=True)
 
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGHUP"])

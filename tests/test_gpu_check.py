@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import HANG, ROOT
-from tools import gpu_check
+from tools import bench, gpu_check
 
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
 
@@ -87,9 +87,9 @@ def test_a_failed_and_an_overrun_part_leave_the_rest_of_the_report(tmp_path):
     assert re.search(r"exit 1, after \d+ s; its last lines:\n\n```\n"
                      r"an injected failure \(--fail\)\nits last line\n```", report)
     assert "## tier: overran" in report and "an injected overrun (--overrun): pids" in report
-    assert "| mesh | `1+1R2+1` |" in report
+    assert "| mesh | 1+1R2+1 |" in report  # bench.py's table
     assert "\n```\n---" in report.split("## profile: passed")[1]  # the profiler's table
-    assert ("| mesh / base step time (at most 1.05) at 160m width | not measured: bench-160m "
+    assert ("| mesh / base step time at 160m width (at most 1.05) | not measured: bench-160m "
             "failed | - |") in report
     assert re.search(r"\| mesh's MFU at 410m width \(at least 40%\) \| [0-9.]+% \| (yes|no) \|",
                      report)
@@ -127,7 +127,7 @@ def test_a_stopped_check_ends_its_part_and_says_what_did_not_run(how, tmp_path):
     report = (out / "report.md").read_text()
     assert f"| bench-160m | stopped: the check was stopped by {how} while it ran |" in report
     for name in ("bench-410m", "tier", "profile"):
-        row = f"| {name} | not run: the check was stopped before it | - | - | - | - |"
+        row = f"| {name} | not run: the check was stopped before it | - | - | - |"
         assert row in report, name
     assert sorted(p.name for p in out.iterdir()) == ["bench-160m.log", "report.md"]
     assert_ended(pids(log))
@@ -142,7 +142,7 @@ def test_only_runs_the_parts_it_names(tmp_path):
     report = (out / "report.md").read_text()
     assert re.search(r"`python -m pytest tests/test_cuda.py`: \d+ (passed|skipped)", report)
     assert "| bench-160m |" not in report
-    assert ("| mesh / base step time (at most 1.05) at 160m width | not measured: bench-160m "
+    assert ("| mesh / base step time at 160m width (at most 1.05) | not measured: bench-160m "
             "not selected") in report
     if torch.cuda.is_available():
         assert rc == 0 and "| tier | passed |" in report
@@ -176,59 +176,59 @@ def test_a_second_check_on_one_out_is_refused_and_touches_nothing(tmp_path):
     (["--only=bench"], "--only=bench is not a part; name one of bench-160m, bench-410m, tier, "
                        "profile"),
     (["--fail=tier,prof"], "--fail=prof is not a part"),
-    (["--budget=0"], "--budget=0 must be a positive number of seconds"),
+    (["--budget=0"], "--budget=0.0 must be a positive number of seconds"),
     (["--budget=soon"], "--budget=soon is not a number (or None)"),
 ])
 def test_bad_input_is_one_line(args, needle, capsys):
-    with pytest.raises(SystemExit) as e:
-        gpu_check.main(args)
+    assert gpu_check.main(args) == 2
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith("gpu_check.py: error: ") and needle in err
+    assert err.startswith("gpu_check.py: error: ") and needle in err
     assert len(err.strip().splitlines()) == 1
 
 
 def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "f").write_text("")
-    with pytest.raises(SystemExit):
-        gpu_check.main([f"--out={tmp_path / 'f'}"])
+    assert gpu_check.main([f"--out={tmp_path / 'f'}"]) == 2
     assert f"--out={tmp_path / 'f'} is a file; give a folder" in capsys.readouterr().err
 
 
 def test_a_gpu_runs_report_from_its_rows(tmp_path):
     """What only a GPU run's rows hold, rendered as the full check would: compiled and eager peaks
-    beside the plan, the targets comparing eager with the plan, and the profile not needed once
-    mesh's MFU at 410m width is 40% or more."""
+    beside the plan (bench.py's table), the targets comparing eager with the plan, and the profile
+    not needed once mesh's MFU at 410m width is 40% or more."""
     def row(variant, vs_base, mfu, eager):
-        return dict(variant=variant, layout="2+4R2+2", ms_per_step=100.0, time_vs_base=vs_base,
-                    tokens_per_s=327680.0, peak_fraction=mfu, warmup_s=41.5, warmup_graphs=2,
-                    peak_mb=9000.0, eager_peak_mb=eager, plan_mb=10000.0, compile=True,
-                    device="cuda", dtype="bfloat16", batch_size=16, block_size=2048,
-                    memory="CUDA allocator peak, in this process")
-    machine = dict(kind="machine", device_name="NVIDIA H200", torch="2.11.0", peak_flops=989e12,
+        return dict(variant=variant, layout="2+4R2+2", non_embedding_params=85_000_000,
+                    ms_per_step=100.0, time_vs_base=vs_base, tokens_per_s=327680.0,
+                    flops_per_s=mfu * 989e12, peak_fraction=mfu, warmup_s=41.5, warmup_graphs=2,
+                    recompiles=0, peak_mb=9000.0, step_mb=4000.0, eager_peak_mb=eager,
+                    plan_mb=10000.0, compile=True, device="cuda", dtype="bfloat16", batch_size=16,
+                    block_size=2048, n_embd=768, vocab_size=50304)
+    machine = dict(kind="machine", device="cuda", device_name="NVIDIA H200", torch="2.11.0",
+                   threads=16, cpus=16, other_processes_cpus=0.0, peak_flops=989e12,
                    peak_source="spec sheet, dense bf16")
     for name, mfu in (("bench-160m", 0.38), ("bench-410m", 0.45)):
-        rows = [row("base", 1.0, mfu, 12000.0), row("mesh", 1.02, mfu, 13000.0), machine]
-        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    a = gpu_check.parse([f"--out={tmp_path}"])
-    a.budget = 540
-    report = gpu_check.Report(a, list(gpu_check.PARTS), ["--out", "OUT"])
+        rows = [row("base", 1.0, mfu, 12000.0), row("mesh", 1.02, mfu, 13000.0)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                        for r in rows + [machine]))
+        (tmp_path / f"{name}.log").write_text("bench.py: timing\n" + bench.table(rows, machine))
+    report = gpu_check.Report(gpu_check.CheckConfig(out=str(tmp_path), budget=540),
+                              list(gpu_check.PARTS), ["--out", "OUT"])
     for name in ("bench-160m", "bench-410m"):
-        report.outcomes[name] = gpu_check.Outcome("passed", 90.0, 230.0)
-        report.sections[name] = gpu_check.Bench(name, False).section(str(tmp_path))
+        section = gpu_check.section(name, str(tmp_path), False)
+        report.outcomes[name] = gpu_check.Outcome("passed", 90.0, 230.0, section=section)
     text = "\n".join(report.lines())
     assert text.startswith("# GPU check: NVIDIA H200\n") and "`results/gpu-nvidia-h200.md`" in text
-    assert "| warm-up | compiled peak | eager peak | plan | eager / plan |" in text
-    assert ("| mesh | `2+4R2+2` | 100.0 | 1.020 | 327,680 | 45.00% | 41.5 s, 2 graphs | 9,000 MB "
-            "| 13,000 MB | 10,000 MB | 1.30 |") in text
-    assert ("| bench-410m | passed | 90 s | 230 s | base 41.5 s, 2 graphs; "
-            "mesh 41.5 s, 2 graphs |") in text
+    assert "| CUDA peak MB | step MB | eager peak MB | plan MB | warm-up s | graphs |" in text
+    assert ("| mesh | 2+4R2+2 | 85,000,000 | 100.0 | 1.020 | 327,680 | 445050.0 | 45.0 | 9000 "
+            "| 4000.0 | 13000 | 10000 | 41.5 | 2 | 0 |") in text
+    assert "| bench-410m | passed | 90 s | 230 s | `bench-410m.log` |" in text
     for target in ("| mesh / base step time at 160m width (at most 1.05) | 1.020 | yes |",
                    "| mesh's MFU at 410m width (at least 40%) | 45.00% | yes |",
                    "| base's eager peak memory / plan at 410m width (within 25%) | 1.20 | yes |",
                    "| mesh's eager peak memory / plan at 160m width (within 25%) | 1.30 | no |",
                    "| the CUDA tier passes | not run | no |"):
         assert target in text, target
-    profile = gpu_check.Profile("profile", False)
-    assert profile.needed(str(tmp_path)) == "mesh's MFU at 410m width is 45.0%, 40% or more"
+    why = "mesh's MFU at 410m width is 45.0%, 40% or more"
+    assert gpu_check.not_needed("profile", str(tmp_path), False) == why
     (tmp_path / "bench-410m.jsonl").unlink()
-    assert profile.needed(str(tmp_path)) is None  # not measured: the profile runs
+    assert gpu_check.not_needed("profile", str(tmp_path), False) is None  # not measured: it runs

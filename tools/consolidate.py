@@ -2,11 +2,10 @@
 The consolidation command: a sharded checkpoint (train.py --fsdp=true) -> one ckpt.pt, the file
 sample.py, tools/probe.py, tools/table1.py and tools/lm_eval_mesh.py read.
 
-    # OUT_DIR/ckpt-sharded.json and its shards -> OUT_DIR/ckpt.pt
-    python tools/consolidate.py --out_dir=OUT_DIR
+    python tools/consolidate.py --out_dir=OUT_DIR   # its ckpt-sharded.json and shards -> ckpt.pt
 
 It needs the whole model and its AdamW state in this machine's memory; it owns OUT_DIR while it
-works, and refuses to replace a ckpt.pt saved after the sharded checkpoint.
+works (never beside a live run), and never replaces a ckpt.pt saved after the sharded checkpoint.
 """
 
 import os
@@ -19,14 +18,15 @@ from configurator import UsageError, setting  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.checkpoint import POINTER, CheckpointError  # noqa: E402
 
-PROG = "tools/consolidate.py"
+
+@dataclass
+class ConsolidateConfig:
+    """Write OUT_DIR/ckpt.pt from OUT_DIR's sharded checkpoint (train.py --fsdp=true)."""
+    out_dir: str | None = setting(None, "the run's folder, holding ckpt-sharded.json", path=True)
 
 
 def consolidate(out_dir):
-    """OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt (written atomically), the file sample.py,
-    probe.py, table1.py and lm_eval_mesh.py read. Needs the whole model and its AdamW state in this
-    machine's memory. It owns OUT_DIR while it writes (never beside a live run), and never replaces
-    a ckpt.pt saved later."""
+    """OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt, written atomically; its iteration."""
     if os.path.isdir(out_dir):
         files.own(out_dir, flag="OUT_DIR")
     meta = checkpoint.read_pointer(out_dir)
@@ -42,25 +42,17 @@ def consolidate(out_dir):
                               f"consolidation")
     ckpt = checkpoint.load_whole(out_dir, meta)
     del ckpt["path"]
-    checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()},
-                    os.path.join(out_dir, checkpoint.CKPT))
+    checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()}, path)
     return ckpt["iter_num"]
-
-
-@dataclass
-class ConsolidateConfig:
-    """Write OUT_DIR/ckpt.pt from OUT_DIR's sharded checkpoint (train.py --fsdp=true)."""
-    out_dir: str | None = setting(None, "the run's folder, holding ckpt-sharded.json", path=True)
 
 
 def run(given):
     out_dir = ConsolidateConfig(**given).out_dir
     if not out_dir:
-        raise UsageError(f"name the run: python {PROG} --out_dir=OUT_DIR")
+        raise UsageError("name the run: python tools/consolidate.py --out_dir=OUT_DIR")
     it = consolidate(out_dir)
     print(f"wrote {os.path.join(out_dir, 'ckpt.pt')} (iter {it}) from "
           f"{os.path.join(out_dir, POINTER)}")
-    return 0
 
 
 def main(argv):

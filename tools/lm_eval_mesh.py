@@ -1,29 +1,19 @@
 """
-The lm-evaluation-harness model `mesh`: scores a nanoMeSH checkpoint (OUT_DIR/ckpt.pt) on lm_eval
-tasks.
-
-lm_eval is optional (pip install lm_eval); it has to import this file to know the model, so run it
-through this file, which is lm_eval's own command line with `--model mesh` filled in:
+The lm-evaluation-harness model `mesh`: a nanoMeSH checkpoint (OUT_DIR/ckpt.pt) scored on lm_eval
+tasks (pip install lm_eval). This file is lm_eval's command line with `--model mesh` filled in;
+the paper's zero-shot suite:
 
     python tools/lm_eval_mesh.py --model_args out_dir=out --device cuda --batch_size 16 --tasks \\
         lambada_openai,piqa,hellaswag,winogrande,arc_easy,arc_challenge,sciq,mmlu_continuation
 
-(the paper's zero-shot suite; every other lm_eval flag works as usual: --num_fewshot, --limit,
---output_path, ...). model_args: out_dir (default out), dtype (float32, bfloat16 or float16) and
-max_gen_toks (default 256); pretrained=PATH evaluates a Hugging Face GPT-NeoX folder (a Pythia
-download) instead, imported as hf.load_hf does, with the folder's own tokenizer.json:
+model_args: out_dir (default out), dtype (float32, bfloat16 or float16), max_gen_toks (default
+256), or pretrained=PATH: a Hugging Face GPT-NeoX folder (a Pythia download) and its tokenizer.
+From Python: `import lm_eval_mesh`, then lm_eval.simple_evaluate(model="mesh", ...).
 
-    python tools/lm_eval_mesh.py --model_args pretrained=pythia-160m --tasks lambada_openai,piqa
-
-From Python: `import lm_eval_mesh` registers the model, then
-`lm_eval.simple_evaluate(model="mesh", model_args="out_dir=out", tasks=[...])`.
-
-Token boundaries follow lm_eval's causal models: context + continuation are encoded together and
-split where the context's own encoding ends, so a BPE merge across the boundary cannot shift a
-token between them. The tokenizer is the one the checkpoint trained with (its dataset's
-meta.json). An empty context, and the first window of a rolling log-likelihood, are conditioned on
-one prefix token: <|endoftext|> (GPT-2's, GPT-NeoX's), or for character models, which have no such
-token, a newline, which separates paragraphs in their training text [choice].
+Context and continuation are encoded together and split where the context's own encoding ends,
+as lm_eval's causal models do, with the checkpoint's tokenizer. An empty context, and a rolling
+log-likelihood's first window, are conditioned on <|endoftext|>, or for character models, which
+have none, on a newline, which separates paragraphs in their training text [choice].
 """
 import math
 import os
@@ -56,8 +46,7 @@ MODEL_ARGS = ("out_dir", "dtype", "max_gen_toks", "pretrained")  # what --model_
 
 
 def bad_input(check):
-    """lm_eval's own check of what it was given (its command line, the task names), whose
-    refusals are ValueErrors: as UsageErrors, one line each."""
+    """lm_eval's check of its command line or task names, its refusals (ValueError) one line."""
     def checked(*args, **kwargs):
         try:
             return check(*args, **kwargs)
@@ -68,8 +57,7 @@ def bad_input(check):
 
 @register_model("mesh")
 class MeshLM(TemplateLM):
-    """An lm_eval LM over a RecursiveGPT; TemplateLM turns (context, continuation) strings into
-    tokens."""
+    """An lm_eval LM over a RecursiveGPT; TemplateLM makes (context, continuation) tokens."""
 
     def __init__(self, out_dir="out", device=None, batch_size=1, max_batch_size=None,
                  dtype="float32", max_gen_toks=256, pretrained=None, **unknown):
@@ -81,17 +69,13 @@ class MeshLM(TemplateLM):
                              f"model takes {', '.join(MODEL_ARGS)}")
         if device is None or str(device).startswith("cuda") and not torch.cuda.is_available():
             if device is not None:  # lm_eval's CLI asks for cuda:0 unless told otherwise
-                print(f"lm_eval_mesh: {device} is not available, running on the CPU",
-                      file=sys.stderr)
+                print(f"lm_eval_mesh: no {device} here, running on the CPU", file=sys.stderr)
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if str(batch_size).startswith("auto"):
-            raise UsageError("the mesh model has no automatic batch size: pass --batch_size N")
         if dtype not in ("float32", "bfloat16", "float16"):
             raise UsageError(f"dtype={dtype!r}: expected float32, bfloat16 or float16")
         for name, value in (("--batch_size", batch_size), ("max_gen_toks", max_gen_toks)):
             if not str(value).isdigit() or int(value) < 1:
                 raise UsageError(f"{name}={value!r}: expected a whole number of at least 1")
-        # a Hugging Face GPT-NeoX folder (a Pythia download), with its own tokenizer.json
         if pretrained:
             model, self.tokenizer = load_hf(pretrained, device), Tokenizer("bpe", path=pretrained)
         else:
@@ -107,12 +91,9 @@ class MeshLM(TemplateLM):
     def eot_token_id(self):  # the prefix token of the module docstring
         if self.tokenizer.eot_id is not None:
             return self.tokenizer.eot_id
-        if self.tokenizer.kind != "char":
-            raise UsageError("this tokenizer has no <|endoftext|> token to condition an empty "
-                             "context on; give every request a non-empty context")
-        if "\n" not in self.tokenizer.chars:
-            raise UsageError("this character vocabulary has no newline to condition an empty "
-                             "context on; give every request a non-empty context")
+        if self.tokenizer.kind != "char" or "\n" not in self.tokenizer.chars:
+            raise UsageError("this tokenizer has neither <|endoftext|> nor a newline to condition "
+                             "an empty context on; give every request a non-empty context")
         return self.tokenizer.encode("\n")[0]
 
     def tok_encode(self, string, add_special_tokens=None, **kwargs):
@@ -120,13 +101,10 @@ class MeshLM(TemplateLM):
 
     @torch.no_grad()
     def _loglikelihood_tokens(self, requests, disable_tqdm=False):
-        """requests: (cache key or None, context tokens, continuation tokens) ->
-        [(log p, is_greedy)].
-
-        One forward pass per batch over context + continuation without its last token, cut from
-        the left to block_size; the continuation's log-probs are read at the positions just before
-        each of its tokens. Rows are right-padded, which causal attention keeps from reaching real
-        positions, and sorted longest first so each batch holds similar lengths."""
+        """requests: (cache key or None, context tokens, continuation tokens) -> [(log p,
+        is_greedy)]. A forward pass a batch over context + continuation less its last token, cut
+        from the left to block_size, read just before each continuation token; rows right-padded
+        (causal attention keeps it from real positions), longest first (similar lengths)."""
         L, results = self.block_size, [None] * len(requests)
         order = sorted(range(len(requests)),
                        key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
@@ -142,9 +120,9 @@ class MeshLM(TemplateLM):
             x = torch.zeros(len(rows), max(1, *map(len, rows)), dtype=torch.long)
             for r, row in enumerate(rows):
                 x[r, :len(row)] = torch.tensor(row)
-            logits, _ = self.model(x.to(self.device))                                   # (B, T, V)
+            logits, _ = self.model(x.to(self.device))  # (B, T, V)
             for r, i in enumerate(batch):
-                cont = torch.tensor(requests[i][2], device=self.device)               # (n,)
+                cont = torch.tensor(requests[i][2], device=self.device)  # (n,)
                 end = len(rows[r])
                 logp = F.log_softmax(logits[r, end - len(cont):end].float(), dim=-1)  # (n, V)
                 greedy = bool((logp.argmax(-1) == cont).all())
@@ -171,9 +149,8 @@ class MeshLM(TemplateLM):
         return totals
 
     def generate_until(self, requests, disable_tqdm=False, chunk=32):
-        """Greedy (or sampled, with do_sample) decoding with the model's KV cache, one request at a
-        time, `chunk` tokens per generate call (each call prefills the prompt once more) so that it
-        stops soon after any `until` string appears."""
+        """Greedy (do_sample: sampled) decoding with the KV cache, a request at a time, `chunk`
+        tokens a generate() call (each prefills once more): it stops soon after an `until`."""
         outputs = []
         for req in tqdm(requests, disable=disable_tqdm):
             context, kwargs = req.args
@@ -185,8 +162,7 @@ class MeshLM(TemplateLM):
             if not (math.isfinite(temperature) and temperature >= 0):
                 raise UsageError(f"the task's temperature={temperature} must be a finite number, "
                                  f"0 or more (0: greedy)")
-            # keep room for the answer in one window: past block_size, generate re-prefills every
-            # token
+            # the answer in the window: past block_size each token prefills again
             room = max(1, self.block_size - max_new)
             ctx = (self.tok_encode(context) or [self.eot_token_id])[-room:]
             idx = torch.tensor([ctx], device=self.device)
@@ -214,7 +190,7 @@ def evaluate(argv):
     sys.argv[1:] = ["run", "--model", "mesh", *argv]
     try:
         cli_evaluate()
-    except OSError as e:  # e.g. a task's dataset that is neither cached nor downloadable (offline)
+    except OSError as e:  # a task's data neither cached nor downloadable (offline)
         raise UsageError(f"{type(e).__name__}: {e} (lm_eval downloads each task's data from the "
                          f"Hugging Face Hub on first use; run once online, then "
                          f"HF_DATASETS_OFFLINE=1 works)") from None
