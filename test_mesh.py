@@ -773,7 +773,13 @@ def test_state_stream_stays_float32_under_bf16_autocast(scheme):
             with capture(model) as cap:
                 low, _ = model(idx)
     assert [t.dtype for _, t in cap["states"]] == [torch.float32] * len(cap["states"])
-    assert (low.float() - ref).abs().max() < 0.02
+    base = build(small("base"), scramble=True)  # bf16 rounds inside the blocks, as base's do (by kernels
+    with torch.no_grad():                        # whose rounding differs by torch version)
+        base_ref, _ = base(idx)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            base_low, _ = base(idx)
+    gap, base_gap = ((a.float() - b).abs().max() for a, b in ((low, ref), (base_low, base_ref)))
+    assert 0 < gap < 1.5 * base_gap < 0.05
     mem, w, h = torch.randn(2, 3, 4, 8), torch.softmax(torch.randn(2, 3, 4), -1), torch.randn(2, 3, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         outs = mesh.buffer_write(mem, w, h), mesh.buffer_read(mem, w)

@@ -75,7 +75,7 @@ class TrainConfig:
     # optimisation (Appendix B: AdamW (0.9, 0.95), wd 0.01 on matrices, clip 1.0, 1% linear
     # warmup, cosine to 10% of peak)
     batch_size: int = setting(16, "micro-batch per process")
-    grad_accum: int = setting(1, "micro-batches per optimizer step, over all processes")
+    grad_accum: int | None = setting(None, "micro-batches a step, all processes; None: one each")
     max_iters: int = setting(1000, "optimizer steps")
     lr: float | None = setting(None, "peak learning rate; None means the preset's")
     min_lr: float | None = setting(None, "the cosine's floor; None means 10% of lr")
@@ -90,6 +90,9 @@ class TrainConfig:
     eval_iters: int = setting(20, "batches per split at each evaluation")
     log_interval: int = setting(50, "print the loss every this many steps")
     sample_tokens: int = setting(300, "tokens sampled from the trained model at the end; 0 skips")
+    wandb_log: bool = setting(False, "log to Weights & Biases too, from rank 0 (pip install wandb)")
+    wandb_project: str = setting("nanomesh", "the wandb project")
+    wandb_run_name: str | None = setting(None, "the wandb run's name; None: out_dir's name")
     # system
     device: str = setting("auto", "auto: cuda, then mps, then cpu")
     dtype: str = setting("auto", "auto: bfloat16 autocast on GPUs that support it, else float32")

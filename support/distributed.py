@@ -187,7 +187,8 @@ def from_rank0(fn, distributed, master):
 
 def spread_over(tc, distributed, world):
     """Sharded with --fsdp=true (torchrun only), else Spread; --grad_accum must share out evenly
-    over the processes."""
+    over the processes (not given: one micro-batch a process, saved so that a resume keeps it)."""
+    tc.grad_accum = tc.grad_accum or world
     if tc.grad_accum % world:
         raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size "
                          f"{world}; use a multiple of {world}")
@@ -242,6 +243,9 @@ class Sharded(Spread):
     def wrap(self, model, device, tc, scratch):
         """(the sharded model, what trains: the same, compiled with --compile). A scratch model
         takes rank 0's initial weights first, as DDP does."""
+        if not device.startswith("cuda") and torch.__version__ < (2, 7):  # FSDP2's CPU streams
+            raise UsageError(f"--fsdp=true on {device} needs torch 2.7 or later (this is "
+                             f"{torch.__version__}): upgrade torch, or train without --fsdp (DDP)")
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         model = model.to(device)  # NCCL broadcasts GPU tensors; fully_shard keeps shards in place

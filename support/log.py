@@ -1,13 +1,15 @@
 """
 A run's log, OUT_DIR/log.jsonl: one JSON record a line, appended whole or not at all, and read
 back by a resume (which drops what a killed run logged past its checkpoint, so that a plot of the
-log is one curve) and by the tools that draw it.
+log is one curve) and by the tools that draw it. With --wandb_log=true rank 0 also logs every
+record to Weights & Biases under the same keys.
 
-    log = RunLog(out_dir, fresh=True)   # (run.py's Run opens it)
+    log = RunLog(out_dir, fresh=True)   # (run.py's Run opens it; wandb=tc to mirror it)
     log.write({"iter": 100, "loss": 2.1}, "iter 100: loss 2.1000")  # printed, then appended
     records = log_records("out/log.jsonl")                           # the whole records
 """
 
+import dataclasses
 import json
 import os
 
@@ -86,17 +88,20 @@ class RunLog:
     matches the old checkpoint. A record is appended whole or not at all: a write that fails (a
     full disk) takes its half line back."""
 
-    def __init__(self, out_dir, fresh, on_commit=None, resumed_at=None):
+    def __init__(self, out_dir, fresh, on_commit=None, resumed_at=None, wandb=None):
         """on_commit: called at the first commit (a fresh run's: the old run's files go).
-        resumed_at: a resumed run's iteration, past which the killed run's records are dropped."""
+        resumed_at: a resumed run's iteration, past which the killed run's records are dropped.
+        wandb: the run's TrainConfig, to mirror the log to Weights & Biases (wandb_run)."""
         self.path, self.on_commit = os.path.join(out_dir, LOG), on_commit
         self.pending = (files.temporary_name(self.path) if fresh and os.path.exists(self.path)
                         else None)
         if resumed_at is not None and os.path.exists(self.path):
             kept = read_log(self.path, resumed_at)
             files.atomic_write(self.path, lambda f: f.write(kept))
-        self.fd = self._open(self.pending or self.path, fresh)
+        self.fd, self.wandb = self._open(self.pending or self.path, fresh), None
         _open.append(self)
+        if wandb:
+            self.wandb = wandb_run(self, wandb, resumed_at)
 
     @staticmethod
     def _open(path, fresh):  # O_NOFOLLOW: never through a link (where the system has it)
@@ -115,6 +120,8 @@ class RunLog:
             raise LogError(f"could not append to {self.path} ({e.strerror}), so the run stopped; "
                            f"its last checkpoint is whole: free some space, then continue it "
                            f"with --init_from=resume") from None
+        if self.wandb:
+            self.wandb.log(record)
 
     def commit(self):
         """The run saved a checkpoint: a fresh run's log takes the old one's place."""
@@ -127,9 +134,43 @@ class RunLog:
             done()
 
     def close_one(self):
+        if self.wandb:
+            self.wandb.finish()
         os.close(self.fd)
         if self.pending:
             os.remove(self.pending)
+
+
+def need_wandb():
+    """The wandb module, or a one-line refusal saying how to install it."""
+    try:
+        import wandb
+    except ImportError:
+        raise LogError("--wandb_log=true needs wandb, which is not installed: pip install wandb "
+                       "(or pip install -r requirements-optional.txt)") from None
+    return wandb
+
+
+def wandb_run(log, tc, resumed_at):
+    """A wandb run mirroring the log, its charts against iter; its files go into OUT_DIR/wandb
+    (WANDB_MODE=offline: `wandb sync` them later). Its id is a record of the log, which a resume
+    keeps, so that the resume continues the same wandb run."""
+    wandb, out_dir = need_wandb(), os.path.dirname(log.path)
+    ids = [r["wandb_run_id"] for r in log_records(log.path) if "wandb_run_id" in r
+           ] if resumed_at is not None else []
+    name = tc.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
+    try:  # console off: wandb would wrap stdout, which command.py guards
+        run = wandb.init(project=tc.wandb_project, name=name, dir=out_dir, resume="allow",
+                         id=ids[-1] if ids else None, config=dataclasses.asdict(tc),
+                         settings=wandb.Settings(console="off"))
+    except wandb.Error as e:
+        raise LogError(f"wandb could not start a run ({str(e).strip().splitlines()[0]}); log "
+                       f"in with `wandb login`, or log offline: WANDB_MODE=offline") from None
+    run.define_metric("*", step_metric="iter")
+    if not ids:
+        log.write({"iter": resumed_at or 0, "wandb_run_id": run.id},
+                  f"wandb: run {run.id} of project {tc.wandb_project}, named {name}")
+    return run
 
 
 def close():

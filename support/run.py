@@ -31,7 +31,7 @@ import torch.distributed as dist
 from configurator import UsageError, value_of
 from support import checkpoint, distributed, files
 from support.checkpoint import CKPT, POINTER, SHARDS, CheckpointError
-from support.log import RunLog, check_log
+from support.log import RunLog, check_log, need_wandb
 from mesh import Config, RecursiveGPT
 
 NOT_KEPT = ("out_dir", "fsdp")  # a resume writes where it read; how it spreads is the launch's
@@ -105,6 +105,8 @@ class Run:
         real = os.path.realpath(tc.out_dir)
         self.out_dir = tc.out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
         self.spread = spread
+        if tc.wandb_log:  # refused before the data and the model, if wandb is not installed
+            need_wandb()
         if self.ckpt:
             check_resumable(self.ckpt, tc, given)
             self.saved_iter = self.ckpt["iter_num"]
@@ -129,7 +131,8 @@ class Run:
         if not (fresh and tc.overwrite):  # (an old run being replaced may have a damaged pointer)
             remove_unfinished_shards(out_dir)
         replace = (lambda: replace_old_run(out_dir, self.spread.checkpoint)) if fresh else None
-        self.log = RunLog(out_dir, fresh, replace, None if fresh else self.ckpt["iter_num"])
+        self.log = RunLog(out_dir, fresh, replace, None if fresh else self.ckpt["iter_num"],
+                          tc if tc.wandb_log else None)
 
     def restore(self, model, optimizer, seed, rank, world, device_type):
         """A resumed run's AdamW state (under FSDP its weights too), and its random state: rank 0's

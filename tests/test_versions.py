@@ -1,6 +1,7 @@
 """
-The versions the README names hold: every file parses as Python 3.10 (the floor it states), and the
-floors of the README, requirements.txt and CI's install agree, with this machine above them.
+The versions the README names hold: every file parses as Python 3.10 (the floor it states), the floors
+of the README, requirements.txt and CI's two environments agree, with this machine above them, and the
+one part that needs a newer torch than the floor refuses in one line below it.
 
     python -m pytest tests/test_versions.py -q
 """
@@ -14,10 +15,14 @@ import sys
 import pytest
 import torch
 
+from configurator import UsageError
+from support import distributed
 from conftest import HANG, ROOT
 
-PYTHON = (3, 10)  # the oldest Python the README names
-TORCH = (2, 13)   # the oldest torch: the one CI installs (its CPU build)
+PYTHON = (3, 10)   # the oldest Python the README names (CI's second environment)
+TORCH = (2, 6)     # the oldest torch: CI's second environment installs it (the registry's build)
+TESTED = (2, 13)   # the torch CI's first environment installs, its CPU build
+CPU_FSDP = (2, 7)  # FSDP2 on a CPU: refused under it
 
 
 def project_files():
@@ -47,14 +52,33 @@ def test_the_floors_named_agree_and_hold_here():
         requirements = f.read()
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
         ci = f.read()
-    assert re.search(r"\*\*Python\*\* (\d+\.\d+)\+", readme)[1] == "%d.%d" % PYTHON
-    assert re.search(r"\*\*PyTorch\*\* (\d+\.\d+)\+ \(CI tests (\d+\.\d+)'s CPU build\)", readme).groups() == \
-        ("%d.%d" % TORCH,) * 2
-    assert re.search(r"^torch>=(\S+)$", requirements, re.M)[1] == "%d.%d" % TORCH
-    assert re.search(r"Python (\d+\.\d+) or later", requirements)[1] == "%d.%d" % PYTHON
-    assert version(re.search(r"torch==(\S+)", ci)[1])[:2] == TORCH
+    py, floor, fsdp = ("%d.%d" % v for v in (PYTHON, TORCH, CPU_FSDP))
+    assert re.search(r"\*\*Python\*\* (\d+\.\d+)\+ and \*\*PyTorch\*\* (\d+\.\d+)\+", readme).groups() == (py, floor)
+    assert f"| Python {py}, torch {floor} |" in readme and f"| torch {fsdp} | `--fsdp=true` on a CPU" in readme
+    assert re.search(r"^torch>=(\S+)$", requirements, re.M)[1] == floor
+    assert re.search(r"Python (\d+\.\d+) or later", requirements)[1] == py
+    assert f"FSDP2 on a CPU needs {fsdp}" in requirements
+    assert version(re.search(r"torch==(\S+)", ci)[1])[:2] == TESTED
+    assert version(re.search(r"^FLOOR_TORCH=(\S+)$", ci, re.M)[1])[:2] == TORCH
+    assert re.search(r"PYENV_VERSION=(\S+) \$\{PYTHON_FLOOR:-python(\S+)\}", ci).groups() == (py, py)
     assert sys.version_info[:2] >= PYTHON
     assert version(re.match(r"\d+\.\d+", torch.__version__)[0]) >= TORCH
+
+
+def test_fsdp_on_a_cpu_under_torch_2_7_is_refused_in_one_line(monkeypatch):
+    """FSDP2's CPU streams came in torch 2.7: below it --fsdp=true on a CPU names the version it needs, before
+    anything is sharded (on a GPU it goes on)."""
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.6.0+cu124"))
+    with pytest.raises(UsageError) as e:
+        distributed.Sharded(True).wrap(None, "cpu", None, scratch=True)
+    assert str(e.value) == ("--fsdp=true on cpu needs torch %d.%d or later (this is 2.6.0+cu124): upgrade torch, "
+                            "or train without --fsdp (DDP)" % CPU_FSDP)
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("%d.%d.0" % CPU_FSDP))
+    with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'to'"):  # past the check
+        distributed.Sharded(True).wrap(None, "cpu", None, scratch=True)
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.6.0+cu124"))
+    with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'to'"):
+        distributed.Sharded(True).wrap(None, "cuda:0", None, scratch=True)
 
 
 def python_3_10():

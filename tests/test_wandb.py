@@ -1,0 +1,85 @@
+"""
+--wandb_log=true: every record train.py writes to log.jsonl goes to Weights & Biases under the same keys,
+and a resume continues the same wandb run. Tested offline (WANDB_MODE=offline): the offline run's own file,
+OUT_DIR/wandb/offline-run-*/run-ID.wandb, read back record by record. Without wandb, one line.
+
+    python -m pytest tests/test_wandb.py -q --all
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HANG, ROOT, TINY, run, snapshot
+
+WANDBS_OWN = {"_step", "_timestamp", "_runtime"}  # what wandb adds to each logged record
+
+
+def wandb_records(path):
+    """The protobuf Records of an offline run's .wandb file: a header, then LevelDB's log format (32 KiB
+    blocks of chunks: CRC-32, length, type FULL 1, FIRST 2, MIDDLE 3, LAST 4; a block's tail under 7 bytes
+    is padding)."""
+    from wandb.proto import wandb_internal_pb2
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:7] == b":W&B\xe1\xbe\x00"  # ident, magic 0xBEE1, version 0
+    pos, chunks, out = 7, b"", []
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:
+            pos += 32768 - pos % 32768
+            continue
+        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunks, pos = chunks + data[pos + 7:pos + 7 + n], pos + 7 + n
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunks)
+            out.append(record)
+            chunks = b""
+    return out
+
+
+def offline_runs(out_dir):
+    """[(run id, [logged record without wandb's own keys, ...]), ...] of OUT_DIR/wandb's offline runs, oldest
+    first."""
+    found = []
+    folder = os.path.join(out_dir, "wandb")
+    for name in sorted(n for n in os.listdir(folder) if n.startswith("offline-run-")):
+        run_id = name.rsplit("-", 1)[1]
+        records = wandb_records(os.path.join(folder, name, f"run-{run_id}.wandb"))
+        assert [r.run.run_id for r in records if r.WhichOneof("record_type") == "run"] == [run_id]
+        history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                   for r in records if r.WhichOneof("record_type") == "history"]
+        found.append((run_id, [{k: v for k, v in h.items() if k not in WANDBS_OWN} for h in history]))
+    return found
+
+
+@pytest.mark.slow
+def test_every_record_goes_to_wandb_and_a_resume_continues_its_run(data_root, tmp_path):
+    pytest.importorskip("wandb", reason="wandb is not installed: pip install wandb")
+    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",  # nothing of wandb's outside tmp_path
+           **{f"WANDB_{name}_DIR": str(tmp_path / name.lower()) for name in ("CONFIG", "CACHE", "DATA")}}
+    out = tmp_path / "out"
+    for flags in (["--wandb_log=true", "--max_iters=2"], ["--init_from=resume", "--max_iters=4"]):  # processes:
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *TINY, f"--data_root={data_root}",
+                            f"--out_dir={out}", "--eval_interval=2", *flags],  # wandb writes its files at exit
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG)
+        assert r.returncode == 0, r.stderr[-2000:]
+    with open(out / "log.jsonl") as f:
+        log = [json.loads(line) for line in f]
+    ids = [r["wandb_run_id"] for r in log if "wandb_run_id" in r]
+    runs = offline_runs(out)
+    assert len(ids) == 1 and [run_id for run_id, _ in runs] == ids * 2  # the resume: the same run
+    assert [r for _, history in runs for r in history] == [r for r in log if "wandb_run_id" not in r]
+    assert {"iter", "loss", "lr", "ms", "train_loss", "val_loss"} <= {k for r in log for k in r}
+
+
+def test_without_wandb_installed_it_is_one_line_and_touches_nothing(data_root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb: ImportError
+    before = snapshot(data_root, tmp_path)
+    assert run(["--wandb_log=true"], data_root, tmp_path / "out") == 2
+    assert capsys.readouterr().err == ("train.py: error: --wandb_log=true needs wandb, which is not installed: pip "
+                                       "install wandb (or pip install -r requirements-optional.txt)\n")
+    assert snapshot(data_root, tmp_path) == before and not (tmp_path / "out").exists()
