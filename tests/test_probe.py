@@ -185,7 +185,8 @@ def test_probe_end_to_end_writes_the_documented_json(tmp_path, capsys, monkeypat
             assert r["loss"] == pytest.approx(model.eval()(idx, targets)[1].item(), abs=1e-6)
     assert "  (MeSH stops at K: a router per step, K+3 buffer slots)" in printed
     assert printed.count("; stopped after loop step t = 0, 1, ... (early exit through the coda, not the paper's "
-                         "method; * the trained K):\n") == 3
+                         "method; * the trained K):\n") == 2
+    assert f"loss {vanilla['loss']:.4f}; no loop steps\n" in printed
 
 
 def test_probe_same_seed_same_numbers(tmp_path, capsys):

@@ -255,9 +255,10 @@ def report(r):
             read = " ".join(f"{v:.2f}" for v in ro["read"][i])
             lines.append(f"  {l:<7} write [{write}] H {ro['entropy_write'][i]:.3f}"
                          f"   read [{read}] H {ro['entropy_read'][i]:.3f}")
-    lines += [f"loss {r['loss']:.4f}; stopped after loop step t = 0, 1, ... (early exit through "
-              f"the coda, not the paper's method; * the trained K):", "  " + "  ".join(
-                  f"{v:.4f}" + "*" * (t == r["n_steps"]) for t, v in enumerate(r["step_loss"]))]
+    steps = "  ".join(f"{v:.4f}" + "*" * (t == r["n_steps"]) for t, v in enumerate(r["step_loss"]))
+    lines.append(f"loss {r['loss']:.4f}; " + ("no loop steps" if not r["n_steps"] else
+                 "stopped after loop step t = 0, 1, ... (early exit through the coda, not the "
+                 f"paper's method; * the trained K):\n  {steps}"))
     if r["scheme"] == "mesh":
         lines[-1] += "  (MeSH stops at K: a router per step, K+3 buffer slots)"
     return "\n".join(lines)
@@ -358,8 +359,7 @@ def write_pngs(results, folder):
             ax.plot(steps, color=color, marker="o", lw=2.5, label=kind)
             ax.plot(K, steps[K], "k*", ms=18, zorder=3, label="trained K")
         ax.set(xlabel="loop step t: the model stopped after it", ylabel="validation loss")
-        ax.set_title("Early exit through the coda after each loop step\n(a probe, not the paper's "
-                     "method; MeSH stops at its trained K)")
+        ax.set_title("The model stopped after loop step t: early exit, not the paper's method")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         shown = dict(zip(*ax.get_legend_handles_labels()[::-1]))  # each label once
