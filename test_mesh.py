@@ -22,7 +22,7 @@ from torch._dynamo.utils import counters
 
 import mesh
 from mesh import Config, KVCache, Layout, RecursiveGPT, parse_layout
-from support.capture import capture
+from support.capture import capture, readout
 from tests.models import CASES, IDS, V, build, small, tokens
 
 ROOT = Path(__file__).resolve().parent
@@ -235,6 +235,51 @@ def test_capture(scheme, layout):
     assert [n for n, _ in cap["states"]] == ["h_emb"] + [f"h{t}" for t in range(K + 1)] + ["out"]
     assert [n for n, *_ in cap["blocks"]] == ["prelude"] + [f"step{t}" for t in range(K)] + (["coda"] if K else [])
     assert len(cap["routers"]) == (K + 1 if scheme == "mesh" else 0)
+
+
+def readout_losses(model, idx, targets):
+    """The model's own loss, and the loss of support/capture.py's readout after each loop step."""
+    with torch.no_grad():
+        with capture(model) as cap:
+            _, loss = model(idx, targets)
+        steps = [F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1)).item()
+                 for logits in readout(model, cap)]
+    return loss.item(), steps, cap
+
+
+@pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
+def test_readout_at_K_is_the_models_loss_and_goes_on_only_without_step_weights(scheme, layout):
+    """Entry K is forward's own loss (the same computation); entry 0 is h(0) through the coda's
+    blocks applied here one by one; base-like schemes go on to 2K, MeSH stops at K, vanilla is [loss]."""
+    model = build(small(scheme, layout), scramble=True)
+    K = model.config.n_steps
+    loss, steps, cap = readout_losses(model, tokens(), tokens(seed=2))
+    assert len(steps) == (1 if K == 0 else K + 1 if scheme == "mesh" else 2 * K + 1)
+    assert abs(steps[K] - loss) < 1e-5
+    h = dict(cap["states"])["h0"]
+    with torch.no_grad():
+        for block in model.coda:
+            h = block(h, model.rotary(h.size(1)))
+        logits = model.lm_head(model.ln_f(h))
+    assert steps[0] == pytest.approx(F.cross_entropy(logits.flatten(0, 1), tokens(seed=2).reshape(-1)).item(), abs=1e-5)
+    assert len(set(steps)) == len(steps)  # each step's readout its own
+
+
+@pytest.mark.parametrize("scheme, layout, longer", [
+    ("base", "1+2R2+1", "1+2R{}+1"), ("anchor", "1+2R2+1", "1+2R{}+1"),
+    ("residual", "1+1+2R2+1", "1+1+2R{}+1"), ("anchor_emb", "1+1+2R2+1", "1+1+2R{}+1")])
+def test_readout_past_K_is_a_model_built_with_more_steps_of_the_last_core(scheme, layout, longer):
+    """Entry K+j equals a model whose last core runs j more times, given the same weights: its own loss."""
+    model = build(small(scheme, layout), scramble=True)
+    K, idx, targets = model.config.n_steps, tokens(), tokens(seed=2)
+    _, steps, _ = readout_losses(model, idx, targets)
+    for j in (1, K):
+        more = RecursiveGPT(small(scheme, longer.format(len(model.schedule) - model.schedule.index(
+            model.schedule[-1]) + j))).eval()
+        more.load_state_dict(model.state_dict())  # the same parameters: only the schedule is longer
+        assert more.config.n_steps == K + j
+        with torch.no_grad():
+            assert abs(more(idx, targets)[1].item() - steps[K + j]) < 1e-5, j
 
 
 def test_buffer_write_read_per_slot():

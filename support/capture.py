@@ -1,12 +1,16 @@
 """
 What the model computes, recorded from outside its forward: the states, each part's input and
-output, and MeSH's routing weights, for tools/probe.py's diagnostics and the model's tests.
+output, and MeSH's routing weights, for tools/probe.py's diagnostics and the model's tests; and
+what it would predict had it stopped after each loop step (its readout).
 
     with capture(model) as cap:
         model(idx)          # cap["states"], cap["blocks"], cap["routers"]
+    for logits in readout(model, cap): ...   # after loop step t = 0, 1, ..., K (... 2K)
 """
 
 from contextlib import contextmanager
+
+from mesh import SCHEMES
 
 
 @contextmanager
@@ -50,3 +54,25 @@ def capture(model):
         del model.run
         for hook in hooks:
             hook.remove()
+
+
+def readout(model, cap):
+    """The logits (B, T, V) the model gives if it stops after loop step t, for t = 0 ... K: the
+    recorded state h(t) through the coda, ln_f and lm_head exactly as forward takes h(K), so
+    entry K is forward's own. Early exit through the coda: a probe, not the paper's method.
+    Past K where no weight belongs to a step: the schemes with an update rule (base, residual,
+    anchor, ...) run the last loop step's core again, up to t = 2K. MeSH stops at K: its routers
+    are one per step and its buffer has K+3 slots. Yields one step's logits at a time."""
+    states, K = dict(cap["states"]), model.config.n_steps
+    h = states["h_emb"]
+    rope = model.rotary(h.size(1), None, model.compute_dtype(h.device.type))  # as forward's
+
+    def run(blocks, h):
+        return model.run(blocks, h, 0, rope, None)[0]
+
+    for t in range(K + 1):
+        yield model.lm_head(model.ln_f(run(model.coda, states[f"h{t}"])))
+    update, h = SCHEMES[model.config.scheme], states[f"h{K}"]
+    for _ in range(K if update else 0):  # [choice] as far again as it trained: t = K+1 ... 2K
+        h = update(run(model.cores[model.schedule[-1]], h), h, states["h0"], states["h_emb"])
+        yield model.lm_head(model.ln_f(run(model.coda, h)))

@@ -43,7 +43,7 @@ def test_the_lesson_is_whole():
     text = open(LESSON, encoding="utf-8").read()
     assert "LESSON_" not in text, "a number the lesson still waits for"
     found = exercises()
-    assert 5 <= len(found) <= 6 and all(commands and paths for _, commands, _, paths, _ in found[:2])
+    assert 5 <= len(found) <= 7 and all(commands and paths for _, commands, _, paths, _ in found[:2])
     assert all(re.search(r"\(.*\d.*minutes?\)$", title) for title, *_ in found), [t for t, *_ in found]
 
 
@@ -87,3 +87,21 @@ def test_every_exercise_runs_and_writes_what_it_says(classroom):
             for line in quoted:
                 assert line in printed, f"{title}: the lesson quotes {line!r}, not printed"
     assert "Python's pydoc text" in (copy / "runs" / "lesson" / "table1.md").read_text()  # offline
+
+
+def test_what_each_loop_step_knows_quotes_its_saved_probe():
+    """The last exercise's table is results/steps/lesson/steps.json (its probe.py command at the
+    lesson's size), each run's own loss, then its loss after each loop step, rounded as quoted;
+    the figures it reads are saved beside it."""
+    import json
+    text = open(LESSON, encoding="utf-8").read()
+    section = text[text.index("## 7. What each loop step knows"):]
+    folder = os.path.join(ROOT, "results", "steps", "lesson")
+    for r in json.load(open(os.path.join(folder, "steps.json"), encoding="utf-8")):
+        name = os.path.basename(r["out_dir"]).split("_")[0]  # vanilla, base, mesh
+        row = re.search(rf"^\| {name}\b[^|]*\|(.*)\|$", section, flags=re.M)[1]
+        quoted = [c.strip().strip("*") for c in row.split("|") if c.strip() != "-"]
+        assert quoted == [f"{v:.2f}" for v in [r["loss"]] + r["step_loss"][:len(quoted) - 1]], name
+        assert len(quoted) == 1 + (len(r["step_loss"]) if r["n_steps"] else 0), name
+    for figure in ("steps.png", "sentence.png"):
+        assert os.path.isfile(os.path.join(folder, figure)), figure

@@ -1,5 +1,6 @@
 """
-Tests for probe.py (the paper's diagnostics) and table1.py's pure parts.
+Tests for probe.py (the paper's diagnostics, the loss after each loop step; routing.py's
+predictions after each step) and table1.py's pure parts.
 
     python -m pytest -q tests/test_probe.py --all  # marked slow: the fast tier leaves it out
 """
@@ -13,11 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from tools import probe
+from tools import probe, routing
 from support.capture import capture
 from tools import table1
-from support.checkpoint import save as save_checkpoint
+from support.checkpoint import load as load_checkpoint, save as save_checkpoint
 from data.dataset import random_windows
+from data.tokenizer import Tokenizer
 from mesh import SCHEMES, Config, RecursiveGPT
 
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
@@ -173,6 +175,18 @@ def test_probe_end_to_end_writes_the_documented_json(tmp_path, capsys, monkeypat
         assert all(len(w) == 4 and sum(w) == pytest.approx(1) for w in ro[key])
         assert all(0 <= h <= math.log(4) + 1e-12 for h in ro[f"entropy_{key}"])
     assert min(ro["entropy_read"]) > 0.9 * math.log(4)  # near-uniform routers at init (mesh.py's router init)
+    # the loss after each loop step: 2K+1 entries for base, K+1 for mesh, [loss] for vanilla, entry K the loss
+    for r, n in ((base, 5), (mesh, 3), (vanilla, 1)):
+        assert len(r["step_loss"]) == n and r["step_loss"][r["n_steps"]] == pytest.approx(r["loss"], abs=1e-5)
+        model, ckpt = load_checkpoint(r["out_dir"])
+        idx = probe.validation_windows(ckpt, 16, 10, 0)  # the windows probe.py took
+        targets = torch.cat((idx[:, 1:], torch.full((10, 1), -1)), dim=1)  # all ten at once, not by chunks
+        with torch.no_grad():
+            assert r["loss"] == pytest.approx(model.eval()(idx, targets)[1].item(), abs=1e-6)
+    assert "  (MeSH stops at K: a router per step, K+3 buffer slots)" in printed
+    assert printed.count("; stopped after loop step t = 0, 1, ... (early exit through the coda, not the paper's "
+                         "method; * the trained K):\n") == 2
+    assert f"loss {vanilla['loss']:.4f}; no loop steps\n" in printed
 
 
 def test_probe_same_seed_same_numbers(tmp_path, capsys):
@@ -186,7 +200,29 @@ def test_probe_writes_pngs_when_matplotlib_is_installed(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="matplotlib (optional) is not installed")
     runs = [make_run(tmp_path, "base", "1+2R2+1", "base"), make_run(tmp_path, "mesh", "1+2R2+1", "mesh")]
     probe.main([f"--out_dir={d}" for d in runs] + ["--num_samples=2", f"--png={tmp_path / 'png'}"])
-    assert sorted(os.listdir(tmp_path / "png")) == ["cka.png", "effort.png", "routers.png", "spectrum.png"]
+    assert sorted(os.listdir(tmp_path / "png")) == ["cka.png", "effort.png", "routers.png", "spectrum.png",
+                                                    "steps.png"]
+
+
+def test_routing_predicts_after_each_step_what_a_model_stopped_there_predicts(tmp_path):
+    """Base's prediction after loop step t is that of a base model given t loop steps and the same weights;
+    MeSH's after its last step is its own; each shown as its token's text."""
+    base, mesh = (routing.routing_checkpoint(make_run(tmp_path, s, "1+2R2+1", s), "abcabcd", 16, 0, "cpu")
+                  for s in ("base", "mesh"))
+    idx = torch.tensor([base["ids"]])
+    model = load_checkpoint(str(tmp_path / "base"))[0]
+    assert len(base["predicted"]) == 5 and len(mesh["predicted"]) == 3
+    for t, predicted in enumerate(base["predicted"]):
+        stopped = RecursiveGPT(Config(**TINY, layout=f"1+2R{t}+1" if t else "1+1", scheme="base")).eval()
+        assert not stopped.load_state_dict(model.state_dict(), strict=False).missing_keys  # t = 0: no core
+        with torch.no_grad():
+            assert predicted == stopped(idx)[0][0].argmax(-1).tolist(), t
+    assert len({tuple(p) for p in base["predicted"]}) > 1  # the steps do change the prediction
+    assert base["predicted_tokens"] == [["abcdefghijk"[i] for i in ids] for ids in base["predicted"]]
+    assert routing.token_text(Tokenizer("char", chars="ab"), 2) == "<pad>"  # a padded vocabulary's extra ids
+    model = load_checkpoint(str(tmp_path / "mesh"))[0].eval()
+    with torch.no_grad():
+        assert mesh["predicted"][-1] == model(idx)[0][0].argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -16,6 +16,10 @@ state capture (`with capture(model) as cap: model(idx)`, below) and measures, pe
 - routers (mesh only): per router (the transitional cycle, then each step) the mean write and read
   weight of every slot and the mean routing entropy, at most ln(B); a collapsed router puts all its
   weight on one slot (entropy near 0) for every token.
+- loss: the model's own mean loss on the sequences (each token's next; the last has none), and
+  step_loss: that loss had the model stopped after loop step t = 0 ... K, h(t) through the coda and
+  head as h(K) goes (capture.py's readout: early exit, a probe, not the paper's method); on to 2K
+  for schemes with an update rule, while MeSH stops at K (a router per step, K+3 buffer slots).
 
 It prints compact tables, writes the numbers as JSON (--json) and, if matplotlib is installed (an
 optional dependency), PNG figures with the checkpoints side by side (--png). All metrics are
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,7 +43,7 @@ from configurator import UsageError, setting  # noqa: E402
 from data.dataset import load_split, random_windows  # noqa: E402
 from data.meta import checkpoint_dataset  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
-from support.capture import capture  # noqa: E402
+from support.capture import capture, readout  # noqa: E402
 from support.device import physical_memory, resolve_device  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance
@@ -140,13 +145,16 @@ def mean_std(rows, ddof=0):
 
 @torch.no_grad()
 def probe(model, idx, sigma_frac=SIGMA_FRAC):
-    """Run the diagnostics on idx (N, T) -> a JSON-ready dict (effort, cka, spectrum, routers)."""
+    """Run the diagnostics on idx (N, T) -> a JSON-ready dict of their numbers."""
     model.eval()
-    effort, cka, spec = {}, [], {}
+    effort, cka, spec, losses = {}, [], {}, []
     routers = {}  # name -> sums over tokens of the slot weights and entropies, and the token count
     for chunk in idx.split(CHUNK):
-        with capture(model) as cap:
-            model(chunk)
+        with capture(model) as cap:  # the targets: each token's next; the last has none (-1)
+            _, loss = model(chunk, F.pad(chunk[:, 1:], (0, 1), value=-1))
+        nxt = chunk[:, 1:].flatten()
+        losses.append([loss.item(), *(F.cross_entropy(x[:, :-1].flatten(0, 1), nxt).item()
+                                      for x in readout(model, cap))])
         for name, h, fh in cap["blocks"]:
             effort.setdefault(name, []).extend(relative_update(h, fh).tolist())
         labels = [name for name, _ in cap["states"]]
@@ -181,6 +189,8 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
                           "max_entropy": math.log(n_slots)}
         for key in ("write", "read", "entropy_write", "entropy_read"):
             out["routers"][key] = [(acc[key] / acc["tokens"]).tolist() for acc in routers.values()]
+    mean = np.average(losses, axis=0, weights=[len(c) for c in idx.split(CHUNK)])  # per sequence
+    out.update(loss=float(mean[0]), step_loss=mean[1:].tolist())
     return out
 
 
@@ -208,8 +218,8 @@ def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=N
                          f"{total / 2**30:,.1f} GiB; use fewer")
     idx = validation_windows(ckpt, cfg.block_size, num_samples, seed, data_root).to(device)
     result = {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"], "layout": cfg.layout,
-              "scheme": cfg.scheme, "num_samples": num_samples, "seq_len": cfg.block_size,
-              "seed": seed}
+              "scheme": cfg.scheme, "n_steps": cfg.n_steps, "num_samples": num_samples,
+              "seq_len": cfg.block_size, "seed": seed}
     result.update(probe(model, idx, sigma_frac))
     return result
 
@@ -245,6 +255,12 @@ def report(r):
             read = " ".join(f"{v:.2f}" for v in ro["read"][i])
             lines.append(f"  {l:<7} write [{write}] H {ro['entropy_write'][i]:.3f}"
                          f"   read [{read}] H {ro['entropy_read'][i]:.3f}")
+    steps = "  ".join(f"{v:.4f}" + "*" * (t == r["n_steps"]) for t, v in enumerate(r["step_loss"]))
+    lines.append(f"loss {r['loss']:.4f}; " + ("no loop steps" if not r["n_steps"] else
+                 "stopped after loop step t = 0, 1, ... (early exit through the coda, not the "
+                 f"paper's method; * the trained K):\n  {steps}"))
+    if r["scheme"] == "mesh":
+        lines[-1] += "  (MeSH stops at K: a router per step, K+3 buffer slots)"
     return "\n".join(lines)
 
 
@@ -254,7 +270,7 @@ def title(r):
 
 def write_pngs(results, folder):
     """Paper-style figures, checkpoints side by side: effort.png (Fig. 3), cka.png (Fig. 4),
-    spectrum.png (Fig. 5) and, if any checkpoint is mesh, routers.png. Returns the paths."""
+    spectrum.png (Fig. 5), routers.png if any is mesh; steps.png, all in one. Returns the paths."""
     try:
         import matplotlib
     except ImportError:
@@ -330,14 +346,32 @@ def write_pngs(results, folder):
                 ax.set_title(f"{title(r).replace(chr(10), ': ')}\n{kind} weights "
                              f"(max H {ro['max_entropy']:.2f})", fontsize=8)
         save(fig, "routers.png")
+
+    with plt.rc_context({"font.size": 15}):  # legible when projected
+        fig, ax = plt.subplots(figsize=(10, 6.5), layout="constrained")
+        colors = {}  # one colour for each scheme and layout: its seeds share it
+        for r in results:
+            K, steps, kind = r["n_steps"], r["step_loss"], f"{r['scheme']} {r['layout']}"
+            if not K:  # vanilla: no loop steps, its loss a level to compare with
+                ax.axhline(r["loss"], color="k", ls="--", lw=2, label=f"vanilla {r['layout']}")
+                continue
+            color = colors.setdefault(kind, f"C{len(colors)}")
+            ax.plot(steps, color=color, marker="o", lw=2.5, label=kind)
+            ax.plot(K, steps[K], "k*", ms=18, zorder=3, label="trained K")
+        ax.set(xlabel="loop step t: the model stopped after it", ylabel="validation loss")
+        ax.set_title("The model stopped after loop step t: early exit, not the paper's method")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        shown = dict(zip(*ax.get_legend_handles_labels()[::-1]))  # each label once
+        ax.legend(shown.values(), shown.keys())
+        save(fig, "steps.png")
     return paths
 
 
 @dataclass
 class ProbeConfig:
     """MeSH diagnostics (the paper's Fig. 3-5) for trained checkpoints."""
-    out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)",
-                                 path=True)
+    out_dir: list[str] = setting([], "a checkpoint folder (again to compare several)", path=True)
     num_samples: int = setting(64, "validation sequences per checkpoint")
     seed: int = setting(0, "seed of the sequence positions")
     sigma_frac: float = setting(SIGMA_FRAC, "RBF bandwidth / the median distance")

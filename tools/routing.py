@@ -15,12 +15,15 @@ For each checkpoint (base and MeSH side by side) it runs the sentence once with 
   weight of every buffer slot (Eq. 3), token by token: which slot each token writes its step's
   output to, which slots it reads its next state from, and where the routers treat tokens
   differently.
+- predictions: the top next token the model gives if it stops after loop step t = 0 ... K (early
+  exit through the coda, support/capture.py's readout; not the paper's method), up to 2K for the
+  schemes that can run on (MeSH stops at K): where the prediction forms, step by step.
 
 Without --text the sentence is a fixed window of the checkpoint's validation split (--tokens long,
 from the start of a line, the same for every checkpoint of a dataset). It prints the numbers as a
 table (the slot of the largest weight for the routers), writes them as JSON (--json) and, with
-matplotlib, one PNG (--png): the effort of both checkpoints on top, then each MeSH checkpoint's
-write and read weights.
+matplotlib, one PNG (--png): the effort of both checkpoints on top, their predictions below it,
+then each MeSH checkpoint's write and read weights.
 """
 
 import json
@@ -38,7 +41,7 @@ from data.dataset import load_split  # noqa: E402
 from data.meta import checkpoint_dataset  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
-from support.capture import capture  # noqa: E402
+from support.capture import capture, readout  # noqa: E402
 from support.device import resolve_device  # noqa: E402
 from tools.probe import json_ready, relative_update  # noqa: E402
 
@@ -48,14 +51,16 @@ SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible 
 
 def token_text(tokenizer, i):
     """Token id i as the text a slide can show: whitespace made visible."""
+    if i >= tokenizer.vocab_size:  # the padding of the model's vocabulary has no text
+        return "<pad>"
     text = tokenizer.decode([i])
     return "".join(SHOWN.get(c, c) for c in text)
 
 
 @torch.no_grad()
 def routing(model, idx):
-    """idx (1, T) -> {"effort": {part: [T floats]},
-    "routers": {name: {"write", "read": [T x B]}} or None}."""
+    """idx (1, T) -> {"effort": {part: [T floats]}, "routers": {name: {"write", "read": [T x B]}}
+    or None, "predicted": [T token ids] after each loop step t}."""
     model.eval()
     with capture(model) as cap:
         model(idx)
@@ -65,7 +70,8 @@ def routing(model, idx):
     routers = {name: {"write": w_write[0].double().tolist(),    # (T, B)
                       "read": w_read[0].double().tolist()}      # (T, B)
                for name, w_write, w_read in cap["routers"]} or None
-    return {"effort": effort, "routers": routers}
+    predicted = [logits[0].argmax(-1).tolist() for logits in readout(model, cap)]  # (T,) each
+    return {"effort": effort, "routers": routers, "predicted": predicted}
 
 
 def line_window(val, tokenizer, length, seed, scan=SCAN):
@@ -101,12 +107,13 @@ def sentence(ckpt, model, text, tokens, seed, data_root=None):
 def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None):
     model, ckpt = checkpoint.load_latest(out_dir, device, "routing.py")  # the run's latest
     idx, tokenizer = sentence(ckpt, model, text, tokens, seed, data_root)
-    cfg = model.config
-    return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme,
+    cfg, seen = model.config, routing(model, idx.to(device))
+    text = lambda ids: [token_text(tokenizer, i) for i in ids]
+    return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "n_steps": cfg.n_steps,
             "dataset": ckpt["train_config"]["dataset"],
             "n_slots": cfg.slots if cfg.scheme == "mesh" else None, "ids": idx[0].tolist(),
-            "tokens": [token_text(tokenizer, i) for i in idx[0].tolist()],
-            **routing(model, idx.to(device))}
+            "tokens": text(idx[0].tolist()), **seen,
+            "predicted_tokens": [text(ids) for ids in seen["predicted"]]}
 
 
 # -----------------------------------------------------------------------------
@@ -120,6 +127,10 @@ def report(r):
              "effort (relative update, per token):"]
     lines += [row(f"  {part}", [f"{v:.2f}" for v in values])
               for part, values in r["effort"].items()]
+    lines.append("top next-token prediction, stopped after loop step t (early exit through the "
+                 "coda, not the paper's method; * the trained K):")
+    lines += [row(f"  t={t}" + "*" * (t == r["n_steps"]), cells)
+              for t, cells in enumerate(r["predicted_tokens"])]
     if r["routers"]:
         lines.append(f"routing (the slot of the largest weight, m0 .. m{r['n_slots'] - 1}, "
                      f"per token):")
@@ -136,9 +147,9 @@ def title(r):
 
 
 def write_png(results, path):
-    """One figure: each checkpoint's per-token effort side by side on top; below, for each MeSH
-    checkpoint, a row per router with its write and read weights (slots x tokens). Returns path, or
-    None without matplotlib."""
+    """One figure: each checkpoint's per-token effort side by side on top, then its predictions
+    after each loop step; below, for each MeSH checkpoint, a row per router with its write and read
+    weights (slots x tokens). Returns path, or None without matplotlib."""
     try:
         import matplotlib
     except ImportError:
@@ -147,10 +158,9 @@ def write_png(results, path):
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     meshes = [r for r in results if r["routers"]]
-    rows = 1 + sum(len(r["routers"]) for r in meshes)
+    rows = 2 + sum(len(r["routers"]) for r in meshes)
     cols = max(2, len(results))
     T = max(len(r["tokens"]) for r in results)
     fig, axes = plt.subplots(rows, cols, figsize=(max(8, 0.32 * T * cols), 2.6 + 1.8 * rows),
@@ -170,9 +180,22 @@ def write_png(results, path):
         tokens_axis(ax, r)
         ax.set_title(f"{title(r)}\neach token's relative update, part by part", fontsize=10)
     fig.colorbar(im, ax=axes[0].tolist(), label="relative update (0: unchanged)", shrink=0.9)
-    for ax in axes[0][len(results):]:
+    for r, ax in zip(results, axes[1]):  # the token in each cell, green where it comes next
+        hit = np.array([[p == n for p, n in zip(ids, r["ids"][1:])] + [np.nan]  # the last: none
+                        for ids in r["predicted"]], dtype=float)
+        ax.imshow(hit, vmin=0, vmax=2.5, cmap="Greens", aspect="auto")
+        for t, cells in enumerate(r["predicted_tokens"]):
+            for j, text in enumerate(cells):
+                ax.text(j, t, text, ha="center", va="center", fontsize=9, fontfamily="monospace")
+        steps = [f"t={t}" + "*" * (t == r["n_steps"]) for t in range(len(hit))]
+        ax.set_yticks(range(len(hit)), steps)
+        ax.set_ylabel("stopped after loop step")
+        tokens_axis(ax, r)
+        ax.set_title(f"{title(r)}\ntop next-token prediction after each loop step (early exit; "
+                     f"green: the next token; * trained K)", fontsize=10)
+    for ax in [*axes[0][len(results):], *axes[1][len(results):]]:
         ax.axis("off")
-    row = 1
+    row = 2
     for r in meshes:
         for name, weights in r["routers"].items():
             for ax, kind in zip(axes[row], ("write", "read")):
@@ -189,7 +212,8 @@ def write_png(results, path):
             fig.colorbar(im, ax=axes[row][:2].tolist(), label="routing weight", shrink=0.9)
             row += 1
     fig.suptitle("One sentence, token by token: how much each part of the model changes each "
-                 "token, and where MeSH's routers write and read it", fontsize=12)
+                 "token, what it predicts after each step, where MeSH's routers write and read it",
+                 fontsize=12)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
