@@ -177,8 +177,9 @@ def loop(source, tc, given):
     """The vanilla model source as the model of --layout, --scheme and MeSH's settings: the
     prelude its first P layers, the coda its last Q, each core's blocks from its middle layers by
     --core_init (core_layers); embeddings, final norm and head its own, MeSH's routers as
-    --router_init starts them. Every other setting is the source's (but --block_size, --dropout).
-    With K = 1 and P + C + Q its layers, scheme base, this is the source itself."""
+    --router_init starts them. Every other setting is the source's (but --block_size, --dropout),
+    and so are the layout and scheme where no flag gives them. With K = 1 and P + C + Q its
+    layers, scheme base, this is the source itself."""
     old, L = source.config, source.config.shape.prelude
     wrong = [k for k in ("n_embd", "n_head") if k in given and given[k] != getattr(old, k)]
     if wrong:
@@ -186,7 +187,7 @@ def loop(source, tc, given):
                          f"not --{wrong[0]}={given[wrong[0]]}: the width and heads are the "
                          f"source's; drop --{wrong[0]}")
     ours = {k: getattr(tc, k) for k in LOOPED if getattr(tc, k) is not None}
-    try:
+    try:  # scale_embeddings too: the sqrt(D) a run trained with (Appendix B), off for Pythia's
         cfg = Config(**{**old.to_dict(), **ours, "block_size": tc.block_size or old.block_size,
                         "dropout": old.dropout if tc.dropout is None else tc.dropout})
     except ConfigError as e:

@@ -3,8 +3,8 @@
 # one at a time, one thread each, into $ROOT (default /work/runs/uptrain). Each vanilla `12` of the
 # depth sweep (tools/table1.py's runs, SWEEP/vanilla_s{0,1,2}, 1200 iterations) looped to 2+4R2+2
 # and 3+2R3+3 with base, anchor and mesh and uptrained for 300 iterations (up/), the same from
-# scratch (scratch/), with table1.py's flags; step0/: each model before any training (--max_iters=0),
-# the uptrained ones with either --core_init. A run with a checkpoint is resumed (done: nothing to do).
+# scratch (scratch/), with table1.py's flags; step0/: each model before any training
+# (--max_iters=0), the looped ones with either --core_init. A run with a checkpoint is resumed.
 set -euo pipefail
 export OMP_NUM_THREADS=1
 ROOT=${ROOT:-/work/runs/uptrain} SWEEP=${SWEEP:-/work/runs/sweep} DATA=${DATA:-/work/expdata}
