@@ -4,7 +4,8 @@
 # depth sweep (tools/table1.py's runs, SWEEP/vanilla_s{0,1,2}, 1200 iterations) looped to 2+4R2+2
 # and 3+2R3+3 with base, anchor and mesh and uptrained for 300 iterations (up/), the same from
 # scratch (scratch/), with table1.py's flags; step0/: each model before any training
-# (--max_iters=0), the looped ones with either --core_init. A run with a checkpoint is resumed.
+# (--max_iters=0), the looped ones with either --core_init. A run with a checkpoint is resumed;
+# SEEDS="0" runs one seed.
 set -euo pipefail
 export OMP_NUM_THREADS=1
 ROOT=${ROOT:-/work/runs/uptrain} SWEEP=${SWEEP:-/work/runs/sweep} DATA=${DATA:-/work/expdata}
@@ -15,7 +16,7 @@ train() {  # OUT_DIR, then train.py's flags
   if [ -e "$out/ckpt.pt" ]; then python train.py --init_from=resume --out_dir="$out" | tail -1
   else python train.py --out_dir="$out" $FLAGS "$@" | tail -1; fi
 }
-for seed in 0 1 2; do
+for seed in ${SEEDS:-0 1 2}; do
   for layout in 2+4R2+2 3+2R3+3; do
     for scheme in base anchor mesh; do
       name=${scheme}_${layout}_s$seed up=--init_from=vanilla:$SWEEP/vanilla_s$seed
