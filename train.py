@@ -71,7 +71,9 @@ class TrainConfig:
     epochs: int = setting(1, "sequential: passes over the data allowed before the run stops")
     out_dir: str = setting("out", "the run's folder: ckpt.pt, log.jsonl", path=True)
     overwrite: bool = setting(False, "let a scratch run replace the run in out_dir")
-    init_from: str = setting("scratch", "scratch, resume, or hf:PATH (a GPT-NeoX folder)")
+    init_from: str = setting("scratch", "scratch, resume, or a vanilla model looped to --layout: "
+                             "vanilla:OUT_DIR (a run) or hf:PATH (a GPT-NeoX folder)")
+    core_init: str = setting("stepwise", "a looped source's cores: stepwise or average layers")
     # optimisation (Appendix B: AdamW (0.9, 0.95), wd 0.01 on matrices, clip 1.0, 1% linear
     # warmup, cosine to 10% of peak)
     batch_size: int = setting(16, "micro-batch per process")
@@ -188,17 +190,16 @@ def train(given):
     # ---- data: a folder of data/prepare.py's (made here on first use, by rank 0) or indexed
     data = Dataset.open(tc, run.trained_on, distributed, master)
 
-    # ---- model and optimizer: from scratch, the run's checkpoint, or a Hugging Face GPT-NeoX
+    # ---- model and optimizer: from scratch, the run's checkpoint, or a pretrained vanilla model
+    source = (run.ckpt or {}).get("source")  # the pretrained model the run started from, if any
     if tc.init_from == "scratch":  # refused first where it cannot fit in the device's memory
         cfg = model_config(tc, data.vocab_size)
         model = RecursiveGPT(check_run(cfg, tc, device.name, world))
     elif run.ckpt:
         model = run.ckpt["model"]  # its config was checked against the flags given
-    elif tc.init_from.startswith("hf:"):
+    else:  # vanilla:OUT_DIR or hf:PATH, looped to --layout and --scheme
         from support import pretrained
-        model = pretrained.for_training(tc.init_from[3:], tc, given, data.tokenizer, master)
-    else:
-        raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, hf:PATH")
+        model, source = pretrained.for_training(tc, given, data, master)
     data.check_fits(model.config)
     tc.lr = tc.lr or PRESETS[tc.model]["lr"]  # the schedule's unset settings (Appendix B)
     tc.min_lr = 0.1 * tc.lr if tc.min_lr is None else tc.min_lr
@@ -229,7 +230,8 @@ def train(given):
     def save(losses):  # what a checkpoint keeps besides the weights and AdamW's state
         run.save(raw_model, optimizer, {
             "model_config": cfg.to_dict(), "train_config": dataclasses.asdict(tc),
-            "iter_num": iter_num, "best_val_loss": best_val, "data": data.record}, losses)
+            "iter_num": iter_num, "best_val_loss": best_val, "data": data.record,
+            **({"source": source} if source else {})}, losses)
 
     # ---- the loop: evaluate and save, learning rate, accumulated micro-batches, clip, step, log
     stop = command.Stop.poll(distributed)  # Ctrl-C, SIGTERM, SIGHUP, a lost launcher: finish, save

@@ -10,7 +10,7 @@ idea a module, each reached by one named call; a first reading of train.py can s
     device.py       the device, its dtype and MFU; the memory there is and what fits in it
     plan.py         the plan of a launch before it starts (--plan=true)
     capture.py      forward's states, recorded from outside it (the probes)
-    pretrained.py   a model from a pretrained one (a Hugging Face GPT-NeoX import)
+    pretrained.py   a model from a vanilla one (a run or a GPT-NeoX import), looped
 
 support/ never imports data/ (data/ uses support/'s files and locks); configurator.py imports
 neither."""

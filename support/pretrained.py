@@ -1,10 +1,11 @@
 """
-A model from a pretrained one. A Hugging Face GPT-NeoX / Pythia checkpoint, imported without
-transformers: a Pythia download becomes a vanilla RecursiveGPT whose logits are the original
-model's, ready to sample, evaluate or fine-tune.
+A model from a pretrained one: a vanilla model (one of this project's runs, or a Hugging Face
+GPT-NeoX / Pythia checkpoint, imported without transformers) as itself or looped into a recursive
+model, to fine-tune or uptrain.
 
     model = pretrained.load_hf("path/to/pythia-160m")  # layout 'L', scheme 'base', unscaled
     python train.py --init_from=hf:path/to/pythia-160m --dataset=...   # fine-tune it (for_training)
+    python train.py --init_from=vanilla:out --layout=2+4R2+2 --scheme=mesh  # loop a run, uptrain
 
 The fused query_key_value weight is laid out per head, [head][q|k|v][head_dim], and becomes our
 [q | k | v] rows; weights come from model.safetensors (needs safetensors) or pytorch_model.bin
@@ -18,9 +19,12 @@ import torch
 
 from support.files import plain_name, read_json
 from support.device import check_fits
-from support.checkpoint import CheckpointError
+from support.checkpoint import CheckpointError, load_latest
 from configurator import UsageError
-from mesh import Config, RecursiveGPT
+from mesh import Config, ConfigError, RecursiveGPT
+
+LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0")  # from the flags
+TOKENS = ("tokenizer", "encoding", "chars", "tokenizer_sha256")  # the same ids, the same tokens
 
 
 def from_hf_neox(path):
@@ -140,25 +144,96 @@ def load_hf(path, device="cpu"):
     return model.to(device)
 
 
-def for_training(path, tc, given, tokenizer, master):
-    """train.py --init_from=hf:PATH: the imported vanilla model, its shape the import's (only
-    --block_size, for a shorter context, and --dropout apply), refused for a dataset made with
-    another tokenizer than PATH's."""
-    shaped = [k for k in ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0", "n_embd",
-                          "n_head")
-              if k in given]
-    if shaped:
-        raise UsageError(f"--init_from=hf:{path} takes the model's shape from the import; "
-                         f"drop --{', --'.join(shaped)} (only --block_size and --dropout apply)")
-    model = load_hf(path)
-    if tc.block_size or tc.dropout is not None:  # a shorter context or dropout for fine-tuning
-        cfg = Config(**{**model.config.to_dict(),
-                        "block_size": tc.block_size or model.config.block_size,
-                        "dropout": model.config.dropout if tc.dropout is None else tc.dropout})
-        state, model = model.state_dict(), RecursiveGPT(cfg)
-        model.load_state_dict(state)
-    check_tokenizer(path, tokenizer, tc.dataset, master)
+def for_training(tc, given, data, master):
+    """train.py --init_from=vanilla:OUT_DIR or hf:PATH: the source, a vanilla model, as the model
+    of --layout and --scheme (loop). -> (model, source): source the plain record every checkpoint
+    of the run keeps, so that a resume continues the uptraining rather than converting again."""
+    kind, _, path = tc.init_from.partition(":")
+    if kind not in ("vanilla", "hf") or not path:
+        raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, "
+                         f"vanilla:OUT_DIR, hf:PATH")
+    if kind == "hf":
+        source = load_hf(path)
+        check_tokenizer(path, data.tokenizer, tc.dataset, master)
+    else:
+        source, ckpt = load_latest(path, "cpu", prog="train.py")
+        theirs = ckpt.get("data") or {}
+        differ = [k for k in TOKENS if k in theirs and theirs[k] != data.record.get(k)]
+        if differ:
+            raise UsageError(f"dataset {tc.dataset!r} is not tokenized as the run in {path} "
+                             f"({differ[0]} differs); uptrain on data made with its tokenizer, "
+                             f"as its own dataset {ckpt['train_config']['dataset']!r} was")
+    shape = source.config.shape
+    if shape.cores or shape.coda or source.config.scheme != "base":
+        raise UsageError(f"--init_from={tc.init_from} is a {source.config.layout} "
+                         f"{source.config.scheme} model, not a vanilla one (a plain layout such "
+                         f"as 12, scheme base); loop a vanilla run")
+    model = loop(source, tc, given)
+    return model, {"init_from": f"{kind}:{os.path.abspath(path)}",
+                   "model_config": source.config.to_dict()}
+
+
+def loop(source, tc, given):
+    """The vanilla model source as the model of --layout, --scheme and MeSH's settings: the
+    prelude its first P layers, the coda its last Q, each core's blocks from its middle layers by
+    --core_init (core_layers); embeddings, final norm and head its own, MeSH's routers as
+    --router_init starts them. Every other setting is the source's (but --block_size, --dropout),
+    and so are the layout and scheme where no flag gives them. With K = 1 and P + C + Q its
+    layers, scheme base, this is the source itself."""
+    old, L = source.config, source.config.shape.prelude
+    wrong = [k for k in ("n_embd", "n_head") if k in given and given[k] != getattr(old, k)]
+    if wrong:
+        raise UsageError(f"--init_from={tc.init_from} has {wrong[0]}={getattr(old, wrong[0])}, "
+                         f"not --{wrong[0]}={given[wrong[0]]}: the width and heads are the "
+                         f"source's; drop --{wrong[0]}")
+    ours = {k: getattr(tc, k) for k in LOOPED if getattr(tc, k) is not None}
+    try:  # scale_embeddings too: the sqrt(D) a run trained with (Appendix B), off for Pythia's
+        cfg = Config(**{**old.to_dict(), **ours, "block_size": tc.block_size or old.block_size,
+                        "dropout": old.dropout if tc.dropout is None else tc.dropout})
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    if cfg.shape.unique > L:
+        raise UsageError(f"--layout={cfg.layout} needs {cfg.shape.unique} unique blocks, but "
+                         f"--init_from={tc.init_from} has {L} layers; loop fewer unique blocks")
+    if tc.core_init not in ("stepwise", "average"):
+        raise UsageError(f"--core_init={tc.core_init} is not stepwise or average")
+    model = RecursiveGPT(cfg)  # the routers' init: theirs (--router_init); the rest is replaced
+    theirs, state = source.state_dict(), model.state_dict()
+    for block, layers in core_layers(cfg.shape, L, tc.core_init).items():
+        for key in [k for k in state if k.startswith(block + ".")]:
+            rest = key[len(block):]
+            state[key] = sum(theirs[f"prelude.{i}{rest}"] for i in layers) / len(layers)
+    for key in ("wte.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight"):
+        state[key] = theirs[key]
+    model.load_state_dict(state)
     return model
+
+
+def core_layers(shape, L, core_init):
+    """{block of the new model: the source layers it starts as (their mean)}, for a layout shape
+    from L layers. The unrolled model's middle positions are spread evenly over the L - P - Q
+    middle layers, each standing for its share of them; a core's block j stands for those of
+    every position it runs at. [choice] stepwise (the default): block j is the layer at j/C of
+    the span its core stands for (every K-th layer at equal depth), which keeps the order of the
+    source's layers in each pass; Relaxed Recursive Transformers found it the best looped init.
+    average: the mean of the layers it stands for, which mixes layers the source trained apart."""
+    P, Q = shape.prelude, shape.coda
+    blocks = {f"prelude.{i}": [i] for i in range(P)}
+    blocks.update({f"coda.{i}": [L - Q + i] for i in range(Q)})
+    middle, M = range(P, L - Q), sum(shape.cores[c] for c in shape.schedule)
+    stands, at = {}, 0  # (core, block) -> the middle layers it stands for, in order
+    for c in shape.schedule:
+        for j in range(shape.cores[c]):
+            m = at + j  # unrolled position m stands for its share of the middle layers
+            share = middle[m * len(middle) // M:max(m * len(middle) // M + 1,
+                                                     (m + 1) * len(middle) // M)]
+            stands.setdefault((c, j), []).extend(share)
+        at += shape.cores[c]
+    for (c, j), layers in stands.items():
+        span = sorted({i for (d, _), ls in stands.items() if d == c for i in ls})
+        blocks[f"cores.{c}.{j}"] = (layers if core_init == "average"
+                                    else [span[j * len(span) // shape.cores[c]]])
+    return blocks
 
 
 def check_tokenizer(path, tokenizer, dataset, master):

@@ -336,7 +336,43 @@ def test_train_continues_an_imported_model(tmp_path):
     moved = [k for k, v in start.state_dict().items() if not torch.equal(v, ckpt["model"][k])]
     assert moved  # it trained from the imported weights...
     assert ckpt["model"]["wte.weight"].shape == start.wte.weight.shape  # ...which it kept the shape of
-    assert train.main([*flags, f"--out_dir={tmp_path / 'o2'}", "--layout=1+1R2+1"]) == 2  # shape is the import's
+    assert "source" in ckpt and ckpt["source"]["model_config"] == start.config.to_dict()
+    # the width is the import's
+    assert train.main([*flags, f"--out_dir={tmp_path / 'o2'}", "--n_embd=32"]) == 2
+    assert not (tmp_path / "o2").exists()
+
+
+def test_an_import_looped_at_k1_is_the_import_and_loops_to_any_layout(tmp_path, capsys):
+    """train.py --init_from=hf:PATH --layout: with K = 1 over its 4 layers the model saved at iter 0
+    is transformers' (logits to 1e-5 of the plain import); looped with any scheme it uptrains."""
+    import train
+    from data.prepare import prepare
+    hf, path = hf_neox(tmp_path, True, num_hidden_layers=4)
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 200)
+    prepare("fox", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"),
+            log=lambda *a: None)
+    flags = [f"--init_from=hf:{path}", f"--data_root={tmp_path / 'data'}", "--dataset=fox",
+             "--block_size=32", "--batch_size=4", "--eval_iters=2", "--sample_tokens=0", "--lr=1e-3"]
+    assert train.main([*flags, f"--out_dir={tmp_path / 'k1'}", "--layout=1+2R1+1", "--scheme=base",
+                       "--max_iters=0"]) == 0
+    model, ckpt = load_checkpoint(str(tmp_path / "k1"))
+    assert (model.config.layout, model.config.scale_embeddings) == ("1+2R1+1", False)
+    assert ckpt["source"] == {"init_from": f"hf:{path}",
+                              "model_config": load_hf(path).config.to_dict()}
+    idx = torch.randint(0, 101, (3, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, plain, ref = model.eval()(idx)[0], load_hf(path)(idx)[0], hf(idx).logits
+    assert (ours - plain).abs().max().item() < 1e-5 and (ours - ref).abs().max().item() < 1e-4
+    for scheme, layout in [("mesh", "1+1R3+1"), ("anchor", "0+2R2+2"), ("mesh", "1+1+1R2+1")]:
+        out = tmp_path / f"{scheme}_{layout}"
+        assert train.main([*flags, f"--out_dir={out}", f"--layout={layout}", f"--scheme={scheme}",
+                           "--max_iters=2", "--eval_interval=2", "--core_init=average"]) == 0
+        assert load_checkpoint(str(out))[0].config.layout == layout
+    capsys.readouterr()
+    assert train.main([*flags, f"--out_dir={tmp_path / 'o'}", "--layout=2+2R2+1"]) == 2
+    assert capsys.readouterr().err == (
+        f"train.py: error: --layout=2+2R2+1 needs 5 unique blocks, but --init_from=hf:{path} has 4 "
+        f"layers; loop fewer unique blocks\n")
 
 
 # -----------------------------------------------------------------------------

@@ -271,7 +271,7 @@ BAD_TRAIN_INPUT = [  # (flags, words the one-line error must contain)
     (["--block_size=8192"], "longer than the validation split"),
     (["--device=cuda"], "not available on this machine"),
     (["--init_from=resume"], "no checkpoint in"),
-    (["--init_from=gpt2"], "not one of scratch, resume, hf:PATH"),
+    (["--init_from=gpt2"], "not one of scratch, resume, vanilla:OUT_DIR, hf:PATH"),
     (["--compile=maybe"], "--compile=maybe is not true or false (or None)"),
     (["--eval_interval=0"], "--eval_interval=0 must be at least 1"),
     (["--log_interval=0"], "--log_interval=0 must be at least 1"),
