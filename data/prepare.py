@@ -551,7 +551,8 @@ def run(given):
 
 
 def main(argv=None):
-    return command.main("data/prepare.py", run, sys.argv[1:] if argv is None else argv, PrepareConfig,
+    argv = sys.argv[1:] if argv is None else argv
+    return command.main("data/prepare.py", run, argv, PrepareConfig,
                         f"known datasets: {', '.join(sorted(DATASETS))}")
 
 

@@ -95,8 +95,8 @@ def markdown(rows):
 
     def share(x):
         return "-" if x is None else f"{100 * x:.0f}%"
-    lines = ["| K | layout | base − vanilla | routed − base | direct − base | direct − routed "
-             "| routed closes | direct closes |",
+    lines = ["| K | layout | base − vanilla | routed − base | direct − base "
+             "| direct − routed | routed closes | direct closes |",
              "|---:|---|---|---|---|---|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['K']} | `{r['layout']}` | {cell(r['base_vs_vanilla'])} | "

@@ -506,7 +506,8 @@ class Table1Config:
 
 
 def main(argv=None):
-    return command.main("tools/table1.py", table1, sys.argv[1:] if argv is None else argv, Table1Config,
+    argv = sys.argv[1:] if argv is None else argv
+    return command.main("tools/table1.py", table1, argv, Table1Config,
                         f"names for --only: {', '.join([*SCHEME, 'ablation'])}",
                         stopped="and its runs with it (the finished ones keep their result.json, "
                         "which a rerun skips)")
