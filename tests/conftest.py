@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the subprocesses the tests start
 
@@ -145,3 +146,14 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_header(config):
     if not config.getoption("--all"):
         return "the fast tier: tests marked slow are left out (python -m pytest --all runs them)"
+
+
+def small_disk(tmp_path, size):
+    """(tmp_path/disk, whether a real tmpfs of size bytes is mounted there: where this machine lets us)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    try:
+        return disk, subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                                    capture_output=True).returncode == 0
+    except OSError:  # no mount command
+        return disk, False

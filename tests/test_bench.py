@@ -18,8 +18,7 @@ import sys
 import pytest
 import torch
 
-from conftest import HANG, ROOT
-from test_failures import small_disk
+from conftest import HANG, ROOT, small_disk
 from tools import bench
 from mesh import Config, RecursiveGPT
 

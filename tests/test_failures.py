@@ -36,7 +36,7 @@ import sample
 import train
 from data import DataError
 from data.prepare import prepare
-from conftest import HANG, ROOT, TEXT, TINY, copy_with_a_bug, poison_micro_batch, run, snapshot
+from conftest import HANG, ROOT, TEXT, TINY, copy_with_a_bug, poison_micro_batch, run, small_disk, snapshot
 
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
 
@@ -534,17 +534,6 @@ def test_damaged_checkpoints_are_refused(name, damage, tools, message, finished,
 
 # -----------------------------------------------------------------------------
 # A full disk while a checkpoint is written
-
-def small_disk(tmp_path, size):
-    """(tmp_path/disk, whether a real tmpfs of size bytes is mounted there: where this machine lets us)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    try:
-        return disk, subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
-                                    capture_output=True).returncode == 0
-    except OSError:  # no mount command
-        return disk, False
-
 
 def test_a_full_disk_keeps_the_last_checkpoint(finished, data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
     """On a real full filesystem (a small tmpfs, where this machine lets us mount one; else a simulated
