@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the subprocesses the tests start
@@ -17,6 +18,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+# A suite started in the background (nohup, `&`) inherits SIGINT and SIGHUP ignored, and so would
+# every script it starts: the tests that send them need them as a terminal leaves them.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+if hasattr(signal, "SIGHUP"):
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 HANG = 3600  # seconds: the tests' guard against a hung subprocess, never a speed limit
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
