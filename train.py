@@ -167,9 +167,9 @@ def train(given):
     # ---- settings: the defaults, when resuming the run's own, then the flags given
     distributed, rank, world = process_group()  # torchrun sets RANK and WORLD_SIZE
     master = rank == 0
-    run = Run(given.get("out_dir", TrainConfig.out_dir), master)  # OUT_DIR, from start to end
+    run = Run(TrainConfig, given, master)  # OUT_DIR, from start to end
     given = run.resume(given)  # --init_from=resume (or a torchrun restart): its latest checkpoint
-    tc = run.settings(TrainConfig, given)  # a resume's: its own, read as flags are, then the flags
+    tc = run.settings(given)  # a resume's: its own, read as flags are, then the flags
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
         from support.plan import plan
         print(plan(tc, run.model_config or model_config(tc, vocab_size=None)))

@@ -17,10 +17,12 @@ Both formats are written atomically; torch.distributed's checkpoint package is i
 it is used (loaded into a DDP process, it makes gloo's shutdown hang now and then).
 """
 
+import dataclasses
 import os
 import pickle
 import re
 import shlex
+import shutil
 import sys
 import warnings
 import zipfile
@@ -31,12 +33,15 @@ import torch.distributed as dist
 
 from configurator import UsageError
 from support import files
-from mesh import Config, RecursiveGPT
+from mesh import Config, ConfigError, RecursiveGPT
 
 # a whole checkpoint; the pointer of a sharded one
 CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"
 # the folders of sharded checkpoints (sharded.shards_folder)
 SHARDS = re.compile(r"^shards-\d{8}(-1)?$")
+# kept checkpoints (--keep_every): ckpt_<iter>.pt, or a sharded one's folder ckpt_<iter>/
+KEPT = re.compile(r"^ckpt_(\d+)(\.pt)?$")
+_noted = set()  # the checkpoints whose missing config fields were noted (once each)
 
 
 class CheckpointError(UsageError):
@@ -54,9 +59,10 @@ def save(obj, path):
                               f"there, if any, is unchanged") from None
 
 
-def load(out_dir, device="cpu"):
-    """Load OUT_DIR/ckpt.pt (weights_only: loading never runs code) -> (model, checkpoint dict)."""
-    path = os.path.join(out_dir, CKPT)
+def load(out_dir, device="cpu", name=CKPT):
+    """Load OUT_DIR/name, ckpt.pt or a kept ckpt_ITER.pt (weights_only: loading never runs code)
+    -> (model, checkpoint dict). Only bytes that fail their checks are called corrupt."""
+    path = os.path.join(out_dir, name)
     if not os.path.isfile(path) and os.path.isfile(os.path.join(out_dir, POINTER)):
         raise CheckpointError(f"{out_dir} holds a sharded checkpoint ({POINTER}) but no {CKPT}; "
                               f"write one from it with: python tools/consolidate.py "
@@ -71,22 +77,51 @@ def load(out_dir, device="cpu"):
         if damaged:
             raise ValueError(f"{damaged} fails its CRC-32 check")
         ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # truncated zip, flipped bits, a foreign file
+        raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint ({cause(e)}); "
+                              f"point --out_dir at another run") from None
+    try:
         missing = {"model", "model_config", "train_config"} - set(ckpt)
         if missing:
             raise KeyError(f"no {', '.join(sorted(missing))}")
         check_plain(ckpt)
-        model = RecursiveGPT(Config.from_dict(ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
+        # train.py never saves one; an older or foreign file may hold one, and sampling would crash
         bad = next((k for k, v in ckpt["model"].items()
                     if v.is_floating_point() and not v.isfinite().all()), None)
-        # train.py never saves one; an older or foreign file may hold one, and sampling would crash
         if bad:
             raise ValueError(f"weight {bad} is not finite")
-    except Exception as e:  # truncated zip, foreign file, missing keys, ...
-        raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                              f"delete it or point --out_dir at another run") from None
+    except Exception as e:
+        raise CheckpointError(f"{path} parsed, but is not a nanoMeSH checkpoint ({cause(e)}); "
+                              f"point --out_dir at another run") from None
+    model = RecursiveGPT(config_of(ckpt, path))
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise intact(path, cause(e).replace("\n", " ")) from None
     return model.to(device), ckpt
+
+
+def intact(path, why):
+    """A checkpoint whose bytes are whole but that this code cannot build: other code wrote it."""
+    return CheckpointError(f"{path} is intact, but this code cannot build its model ({why}); read "
+                           f"it with the code that wrote it")
+
+
+def config_of(ckpt, path):
+    """The model Config of a checkpoint's model_config. A field it lacks takes this code's
+    default, said once (rank 0, on stderr); a field or scheme this code does not know is refused
+    (intact())."""
+    saved, fields = ckpt["model_config"], {f.name: f.default for f in dataclasses.fields(Config)}
+    missing = [k for k in fields if k not in saved]
+    if missing and path not in _noted and os.environ.get("RANK", "0") == "0":
+        _noted.add(path)
+        print(f"note: {path} was saved without model_config's {', '.join(missing)}; this code's "
+              f"default{'s' * (len(missing) > 1)}: "
+              f"{', '.join(f'{k}={fields[k]!r}' for k in missing)}", file=sys.stderr)
+    try:
+        return Config.from_dict(saved)
+    except ConfigError as e:
+        raise intact(path, e) from None
 
 
 PLAIN = (str, int, float, bool, type(None))  # a setting's value, as JSON holds it
@@ -143,23 +178,29 @@ def read_pointer(out_dir):
             if key in meta and not isinstance(meta[key], kind):
                 raise TypeError(f"{key} is not a {kind.__name__}")
         check_plain(meta)
-        Config.from_dict(meta["model_config"])
-        return meta
     except (ValueError, TypeError) as e:  # (json's errors are ValueErrors)
         raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); move it away (and its "
                               f"shards folder) or point --out_dir at another run") from None
+    config_of(meta, path)
+    return meta
+
+
+def peek(out_dir):
+    """OUT_DIR/ckpt.pt's plain data, read without its tensors (memory-mapped): None without one,
+    {} for one that cannot be read (load() will say why)."""
+    path = os.path.join(out_dir, CKPT)
+    if not os.path.isfile(path):
+        return None
+    try:
+        return torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+    except Exception:
+        return {}
 
 
 def launches(out_dir):
     """The torchrun launches (machine.launch_id) that saved OUT_DIR's checkpoints, ckpt.pt and the
     sharded one; an unreadable one is left out (a resume says what is wrong with it)."""
-    found, path = [], os.path.join(out_dir, CKPT)
-    try:
-        if os.path.isfile(path):
-            found.append(torch.load(path, mmap=True, weights_only=True,
-                                    map_location="cpu").get("launch"))
-    except Exception:  # a damaged file: not this launch's to continue
-        pass
+    found = [(peek(out_dir) or {}).get("launch")]
     try:
         found.append((read_pointer(out_dir) or {}).get("launch"))
     except CheckpointError:
@@ -171,19 +212,9 @@ def saved(ckpt):
     """How far a checkpoint (a ckpt.pt dict or a sharded one's pointer) had trained, as a key to
     compare: (iter_num, saved_at). Training progress decides; the clock, which may have been set
     back or copied from another machine, only breaks a tie (checkpoints that do not record it count
-    as saved at time 0)."""
-    return int(ckpt["iter_num"]), float(ckpt.get("saved_at", 0.0))
-
-
-def saved_full(out_dir):
-    """saved() of OUT_DIR/ckpt.pt, read without its tensors (memory-mapped); None without one, and
-    the earliest possible for a corrupt one (load() will say so, unless the sharded checkpoint is
-    taken)."""
-    path = os.path.join(out_dir, CKPT)
-    if not os.path.isfile(path):
-        return None
+    as saved at time 0). The earliest possible for one that cannot be read."""
     try:
-        return saved(torch.load(path, mmap=True, weights_only=True, map_location="cpu"))
+        return int(ckpt["iter_num"]), float(ckpt.get("saved_at", 0.0))
     except Exception:
         return -1, -1.0
 
@@ -194,7 +225,8 @@ def latest(out_dir):
     training (saved()); at the same iteration the one saved later by the clock, or the sharded one
     when they were saved together (a consolidated ckpt.pt is its copy). -> (CKPT, POINTER or None
     when there is neither, ckpt.pt's saved() or None, the sharded checkpoint's pointer or None)."""
-    meta, full = read_pointer(out_dir), saved_full(out_dir)
+    meta, full = read_pointer(out_dir), peek(out_dir)
+    full = None if full is None else saved(full)
     if meta is None:
         return (CKPT if full else None), full, None
     if full is not None and full > saved(meta):
@@ -202,12 +234,22 @@ def latest(out_dir):
     return POINTER, full, meta
 
 
-def load_latest(out_dir, device, prog="sample.py"):
-    """load(out_dir): OUT_DIR/ckpt.pt, which sample.py and tools/probe.py read. Where a
-    sharded checkpoint (ckpt-sharded.json) stands beside it, the run's latest (checkpoint.latest,
-    the rule a resume follows) is read: a sharded one is refused, naming consolidate.py, which
-    writes ckpt.pt from it, unless ckpt.pt is its copy; otherwise a line on stderr says which one
-    is used."""
+def load_latest(out_dir, device, prog="sample.py", kept=None):
+    """load(out_dir): OUT_DIR/ckpt.pt, which sample.py and the tools read, or with kept=ITER the
+    checkpoint --keep_every kept of that iteration. Where a sharded checkpoint (ckpt-sharded.json)
+    stands beside it, the run's latest (checkpoint.latest, the rule a resume follows) is read: a
+    sharded one is refused, naming consolidate.py, which writes ckpt.pt from it, unless ckpt.pt is
+    its copy; otherwise a line on stderr says which one is used."""
+    name = f"ckpt_{kept}"
+    if kept is not None and os.path.isdir(os.path.join(out_dir, name)):  # a sharded one's folder
+        return load_latest(os.path.join(out_dir, name), device, prog)
+    if kept is not None and not os.path.isfile(os.path.join(out_dir, name + ".pt")):
+        found = sorted(int(m[1]) for m in map(KEPT.match, listing(out_dir)) if m)
+        raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} kept ("
+                              + (f"it keeps {', '.join(map(str, found))}" if found else
+                                 "none: train.py keeps them with --keep_every=N") + ")")
+    if kept is not None:
+        return load(out_dir, device, name + ".pt")
     model, ckpt = load(out_dir, device)
     taken, full, pointer = latest(out_dir)
     if pointer is None:
@@ -224,6 +266,37 @@ def load_latest(out_dir, device, prog="sample.py"):
     print(f"{prog}: using {path} (iter {full_iter}); the sharded checkpoint beside it "
           f"({pointer_path}, iter {sharded}) has not trained further", file=sys.stderr)
     return model, ckpt
+
+
+def listing(folder):
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def keep(out_dir, iter_num, sharded):
+    """Keep the checkpoint just saved as OUT_DIR/ckpt_ITER.pt, or a sharded one as the folder
+    ckpt_ITER/ (its pointer and shards: a run folder that the readers and consolidate.py take as
+    an out_dir), which no later save removes. Hard links where the filesystem has them, so nothing
+    is written twice, else copies; made under a temporary name, then renamed."""
+    kept = os.path.join(out_dir, f"ckpt_{iter_num}{'' if sharded else '.pt'}")
+    tmp, meta = files.temporary_name(kept), sharded and read_pointer(out_dir)
+    pairs = [(os.path.join(out_dir, CKPT), tmp)] if not sharded else [
+        (os.path.join(out_dir, meta["folder"], n), os.path.join(tmp, meta["folder"], n))
+        for n in listing(os.path.join(out_dir, meta["folder"]))]
+    try:
+        if sharded:
+            os.makedirs(os.path.join(tmp, meta["folder"]))
+            files.write_json(os.path.join(tmp, POINTER), meta)
+        for source, copy in pairs:
+            try:
+                os.link(source, copy)
+            except OSError:
+                shutil.copyfile(source, copy)
+        files.remove(kept)  # one kept at this iteration before (a run saved again there)
+        os.replace(tmp, kept)
+    except OSError as e:
+        files.remove(tmp)
+        raise CheckpointError(f"could not keep {kept}: {files.why_write_failed(e, out_dir)}; "
+                              f"the latest checkpoint is saved") from None
 
 
 # -----------------------------------------------------------------------------
@@ -439,7 +512,7 @@ def load_whole(out_dir, meta):
     ckpt.pt's entries, "model" the model): for DDP and single-process resumes and for
     consolidation."""
     verify(out_dir, meta, no_dist=True)
-    model = RecursiveGPT(Config.from_dict(meta["model_config"]))
+    model = RecursiveGPT(config_of(meta, os.path.join(out_dir, POINTER)))
     tc = meta["train_config"]
     optimizer = model.configure_optimizer(tc["weight_decay"], tc["lr"] or 0.0,
                                           (tc["beta1"], tc["beta2"]))

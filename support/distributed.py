@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import UsageError
-from support import checkpoint
+from support import checkpoint, files
 
 # DDP's switch for syncing buffers at every forward: forward_sync_buffers from torch 2.13 on
 NO_BUFFER_SYNC = next(k for k in ("forward_sync_buffers", "broadcast_buffers")
@@ -74,27 +74,72 @@ def join(device, timeout):
     """Join this torchrun job's process group (NCCL on GPUs, else gloo); a collective then waits
     at most timeout seconds on the others (a frozen peer, then a line)."""
     _started["timeout"] = timeout
-    wait = datetime.timedelta(seconds=timeout)
     try:
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo",
-                                timeout=wait, **attempt_store(wait))
+                                timeout=datetime.timedelta(seconds=timeout), store=store(timeout),
+                                rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
     except RuntimeError as e:  # torch's DistStoreError, DistNetworkError: the others never came
-        raise LaunchError(f"could not join the other processes of this torchrun job "
-                          f"({first_line(e)}): one failed before joining (its own output says "
-                          f"why), or did not come within --dist_timeout={timeout:g} s") from None
+        raise not_joined(e, timeout) from None
 
 
-def attempt_store(wait):
-    """init_process_group's store under torchrun's agent store, keyed by the restart: a restarted
-    process could otherwise read the address a killed one published before its new peer replaces
-    it. {} outside torchrun."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return {}
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=wait)
-    return {"store": dist.PrefixStore(f"nanomesh/attempt_{attempt}", agent),
-            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+def not_joined(error, timeout):
+    return LaunchError(f"could not join the other processes of this torchrun job "
+                       f"({first_line(error)}): one failed before joining (its own output says "
+                       f"why), or did not come within --dist_timeout={timeout:g} s")
+
+
+def store(timeout):
+    """This job's key-value store, made once: torchrun's agent store under a prefix keyed by the
+    restart (a restarted process could otherwise read what a killed one published), else one that
+    rank 0 serves at MASTER_ADDR:MASTER_PORT. A wait on it ends after timeout seconds."""
+    if "store" not in _started:
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        try:
+            tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                is_master=not agent and os.environ["RANK"] == "0",
+                                timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+        except RuntimeError as e:
+            raise not_joined(e, timeout) from None
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        _started["store"] = dist.PrefixStore(f"nanomesh/attempt_{attempt}", tcp)
+    return _started["store"]
+
+
+def one_folder(out_dir, timeout):
+    """Under torchrun over several nodes, that every process sees the out_dir rank 0 sees, checked
+    before any of them reads it: the nodes need one folder on a filesystem they all mount. Rank 0
+    writes a file there under a fresh name it shares through the job's store, every process looks
+    for it and answers; where one did not find it, all stop with the same line."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if os.environ.get("RANK", "-1") == "-1" or int(os.environ.get("LOCAL_WORLD_SIZE", world)) \
+            == world:
+        return  # one process, or one machine
+    rank, token = int(os.environ["RANK"]), None
+    jobs, made = store(timeout), not os.path.isdir(out_dir)
+    try:
+        if rank == 0:
+            os.makedirs(out_dir, exist_ok=True)
+            token = files.temporary_name(os.path.join(out_dir, "one-folder"))
+            open(token, "x").close()
+            jobs.set("token", os.path.basename(token))
+        seen = os.path.isfile(os.path.join(out_dir, jobs.get("token").decode()))
+        jobs.set(f"saw/{rank}", "" if seen else platform.node())
+        jobs.wait([f"saw/{r}" for r in range(world)])
+        blind = [(r, jobs.get(f"saw/{r}").decode()) for r in range(world)]
+    except RuntimeError as e:  # a store's timeout: a process never came, or stopped
+        raise not_joined(e, timeout) from None
+    finally:
+        if token:
+            files.remove(token)
+            if made:
+                os.rmdir(out_dir)
+    blind = [(r, host) for r, host in blind if host]
+    if blind:
+        r, host = blind[0]
+        raise UsageError(f"--out_dir={out_dir} is not one folder for all processes: rank {r} (on "
+                         f"{host}) does not see the file rank 0 wrote there; several nodes need "
+                         f"one out_dir on a filesystem every node sees, at the same path")
 
 
 def launch_id():

@@ -5,9 +5,9 @@ another (unless --overwrite), the run taking the folder (its lock, killed writer
 log), checkpoints saved only of a model that did not blow up, and the line that continues a
 stopped run. train.py makes one Run:
 
-    run = Run(given.get("out_dir", "out"), master)
+    run = Run(TrainConfig, given, master)  # the settings' class, the flags given
     given = run.resume(given)              # --init_from=resume: its latest checkpoint, run.ckpt
-    tc = run.settings(TrainConfig, given)  # a resume's saved settings, then the flags given
+    tc = run.settings(given)               # a resume's saved settings, then the flags given
     if not run.check(tc, given, spread):   # everything checked; a finished run is left alone
         return 0
     run.start(tc, device.type)             # the run takes OUT_DIR
@@ -23,6 +23,7 @@ import dataclasses
 import math
 import os
 import shlex
+import sys
 import time
 
 import torch
@@ -30,9 +31,9 @@ import torch.distributed as dist
 
 from configurator import UsageError, value_of
 from support import checkpoint, distributed, files
-from support.checkpoint import CKPT, POINTER, SHARDS, CheckpointError
+from support.checkpoint import CKPT, KEPT, POINTER, SHARDS, CheckpointError
 from support.log import RunLog, check_log
-from mesh import Config, RecursiveGPT
+from mesh import RecursiveGPT
 
 NOT_KEPT = ("out_dir", "fsdp")  # a resume writes where it read; how it spreads is the launch's
 # train.py resolves or derives these (auto, None): a checkpoint keeps them as given
@@ -43,8 +44,9 @@ DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab): ten times a unifo
 class Run:
     """OUT_DIR of one training run, as rank 0 (master) or another rank sees it."""
 
-    def __init__(self, out_dir, master):
-        self.out_dir, self.master = out_dir, master
+    def __init__(self, cls, given, master):
+        self.cls, self.master = cls, master  # the settings' dataclass (train.py's TrainConfig)
+        self.out_dir = given.get("out_dir", cls.out_dir)
         self.ckpt = None        # the checkpoint a resumed run continues from (load()'s dict)
         self.log = None         # OUT_DIR/log.jsonl (rank 0's), once the run has started
         self.spread = None      # how the model is spread: what it saves, and how
@@ -54,7 +56,9 @@ class Run:
 
     def resume(self, given):
         """--init_from=resume (or a torchrun restart of the launch that saved here): load the
-        run's latest checkpoint, the folder owned first (a live run may be saving into it)."""
+        run's latest checkpoint, the folder owned first (a live run may be saving into it). Under
+        torchrun every process checks first that it sees the folder rank 0 does."""
+        distributed.one_folder(self.out_dir, given.get("dist_timeout", self.cls.dist_timeout))
         given = distributed.restarted(given, self.out_dir, self.master)
         if given.get("init_from") != "resume":
             return given
@@ -63,14 +67,25 @@ class Run:
         self.ckpt = load(self.out_dir, sharded=bool(given.get("fsdp")))
         return given
 
-    def settings(self, cls, given):
-        """The run's settings, a cls: a resume's saved ones (read as a config file's values are;
-        all but NOT_KEPT), then the flags given over them. A saved value that is wrong is named as
-        the checkpoint's, with the flag that replaces it."""
-        saved, path = {}, self.ckpt and self.ckpt["path"]
+    def settings(self, given):
+        """The run's settings: a resume's saved ones (read as a config file's values are; all but
+        NOT_KEPT), then the flags given over them. A saved value that is wrong is named as the
+        checkpoint's, with the flag that replaces it; a setting this code does not know is refused,
+        one it lacks takes its default (a note says so)."""
+        saved, path, cls = {}, self.ckpt and self.ckpt["path"], self.cls
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        for key, value in (self.ckpt or {}).get("train_config", {}).items():
-            if key in fields and key not in NOT_KEPT and key not in given:
+        old = (self.ckpt or {}).get("train_config", {})
+        unknown, missing = sorted(set(old) - set(fields)), [k for k in fields if k not in old]
+        if unknown:
+            raise CheckpointError(f"{path} is intact, but this code has no setting "
+                                  f"{', '.join(unknown)}, which its run was trained with; resume "
+                                  f"it with the code that wrote it")
+        if self.ckpt and missing and self.master:
+            print(f"note: {path} was saved without the setting(s) {', '.join(missing)}; this "
+                  f"code's defaults: {', '.join(f'{k}={fields[k].default!r}' for k in missing)}",
+                  file=sys.stderr)
+        for key, value in old.items():
+            if key not in NOT_KEPT and key not in given:
                 try:
                     saved[key] = value_of(fields[key], value, f"{path}'s saved train_config")
                 except UsageError as e:
@@ -105,6 +120,9 @@ class Run:
         real = os.path.realpath(tc.out_dir)
         self.out_dir = tc.out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
         self.spread = spread
+        if tc.keep_every % tc.eval_interval:
+            raise UsageError(f"--keep_every={tc.keep_every} keeps checkpoints, which are saved "
+                             f"every --eval_interval={tc.eval_interval} steps: give a multiple")
         if self.ckpt:
             check_resumable(self.ckpt, tc, given)
             self.saved_iter = self.ckpt["iter_num"]
@@ -116,7 +134,7 @@ class Run:
     def start(self, tc, device_type):
         """All checked: rank 0 takes OUT_DIR (its lock, killed writes' leftovers, its log). A fresh
         run over an old one (--overwrite) replaces all of it at its first checkpoint."""
-        self.device_type = device_type
+        self.device_type, self.keep_every = device_type, tc.keep_every
         if not self.master:
             return
         out_dir, fresh = self.out_dir, self.ckpt is None
@@ -159,7 +177,9 @@ class Run:
         state = {**state, "rng": rng, "saved_at": time.time(), "launch": distributed.launch_id()}
         state["train_config"] = {**state["train_config"], **self.as_given}
         self.spread.save(self.out_dir, model, optimizer, self.master, state)
-        self.saved_iter = state["iter_num"]
+        self.saved_iter = it = state["iter_num"]
+        if self.master and self.keep_every and it and it % self.keep_every == 0:
+            checkpoint.keep(self.out_dir, it, self.spread.checkpoint == POINTER)
         if self.master:
             self.log.commit()
 
@@ -204,7 +224,7 @@ def load(out_dir, sharded):
     if not sharded:
         return checkpoint.load_whole(out_dir, meta)
     return {**meta, "rng": checkpoint.rng_from_json(meta["rng"]),
-            "model": RecursiveGPT(Config.from_dict(meta["model_config"])),
+            "model": RecursiveGPT(checkpoint.config_of(meta, os.path.join(out_dir, POINTER))),
             "path": os.path.join(out_dir, POINTER)}
 
 
@@ -277,10 +297,10 @@ def optimizer_mismatch(saved, optimizer):
 # OUT_DIR's checkpoints: a fresh run is refused over an old one, which --overwrite replaces
 
 def run_files(out_dir):
-    """The files that make OUT_DIR a run: ckpt.pt, ckpt-sharded.json, shards-<iter>/."""
-    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
-    return [os.path.join(out_dir, n) for n in sorted(names)
-            if n in (CKPT, POINTER) or SHARDS.match(n)]
+    """The files that make OUT_DIR a run: ckpt.pt, ckpt-sharded.json, shards-<iter>/, and the
+    checkpoints it kept."""
+    return [os.path.join(out_dir, n) for n in checkpoint.listing(out_dir)
+            if n in (CKPT, POINTER) or SHARDS.match(n) or KEPT.match(n)]
 
 
 def check_fresh(out_dir, overwrite):
@@ -298,11 +318,12 @@ def check_fresh(out_dir, overwrite):
 
 def replace_old_run(out_dir, keep):
     """After a fresh run's first checkpoint (keep: its format's file) the old run goes: the other
-    format's checkpoint, and every shards folder the (new) pointer does not name."""
+    format's checkpoint, every shards folder the (new) pointer does not name, what it kept."""
     named = checkpoint.read_pointer(out_dir)["folder"] if keep == POINTER else None
     for path in run_files(out_dir):
         name = os.path.basename(path)
-        if name == (POINTER if keep == CKPT else CKPT) or SHARDS.match(name) and name != named:
+        if name == (POINTER if keep == CKPT else CKPT) or SHARDS.match(name) and name != named \
+                or KEPT.match(name):
             files.remove(path)
 
 
