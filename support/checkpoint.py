@@ -157,7 +157,7 @@ def read_pointer(out_dir):
     """The parsed OUT_DIR/ckpt-sharded.json of a sharded checkpoint, or None when there is none.
     Everything in it is checked before it is used: every field and its type, and that the folder it
     names is a shards-<iter> folder inside OUT_DIR (never a path elsewhere, which a resume would
-    read and a save would delete)."""
+    read and a save would remove)."""
     path = os.path.join(out_dir, POINTER)
     if not os.path.lexists(path):
         return None
