@@ -4,17 +4,13 @@ checkpoints is its latest, for train.py, sample.py and every tool.
 
     model, ckpt = checkpoint.load("out")                # OUT_DIR/ckpt.pt: the model, plain data
     model, ckpt = checkpoint.load_latest("out", "cpu")  # the same, unless a sharded one is newer
-    meta = checkpoint.read_pointer("out")               # OUT_DIR/ckpt-sharded.json, or None
 
-OUT_DIR/ckpt.pt is a torch.save'd dict of tensors and plain data (model_config, train_config,
-iter_num, best_val_loss, rng, the data it trained on), loaded with weights_only=True (loading never
-runs code), its zip CRC-32s verified, its plain data checked and its weights finite. A sharded
-checkpoint (train.py --fsdp=true) is a folder OUT_DIR/shards-<iter>/ that each rank writes its
-shards into with torch.distributed.checkpoint (DCP), and OUT_DIR/ckpt-sharded.json, written last,
-which names it and holds the plain data and a CRC-32 of every file of the folder. The folder's
-.metadata (a pickle PyTorch writes) is read by an unpickler that builds only DCP's own classes.
-Both formats are written atomically; torch.distributed's checkpoint package is imported only where
-it is used (loaded into a DDP process, it makes gloo's shutdown hang now and then).
+OUT_DIR/ckpt.pt is a torch.save'd dict of tensors and plain data (configs, iter_num, rng, the data
+it trained on), loaded with weights_only=True, its zip CRC-32s verified. A sharded checkpoint
+(--fsdp=true) is a folder OUT_DIR/shards-<iter>/ of DCP shards, named by OUT_DIR/ckpt-sharded.json,
+written last, with the plain data and a CRC-32 of every file; its .metadata (a pickle) is read by an
+unpickler that builds only DCP's classes. --keep_every keeps copies, ckpt_<iter>.pt or ckpt_<iter>/.
+torch.distributed.checkpoint is imported only where used (in a DDP process it can hang gloo's exit).
 """
 
 import dataclasses
@@ -41,7 +37,7 @@ CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"
 SHARDS = re.compile(r"^shards-\d{8}(-1)?$")
 # kept checkpoints (--keep_every): ckpt_<iter>.pt, or a sharded one's folder ckpt_<iter>/
 KEPT = re.compile(r"^ckpt_(\d+)(\.pt)?$")
-_noted = set()  # the checkpoints whose missing config fields were noted (once each)
+_noted = set()  # (checkpoint, config) whose missing fields were noted: once each
 
 
 class CheckpointError(UsageError):
@@ -49,8 +45,7 @@ class CheckpointError(UsageError):
 
 
 def save(obj, path):
-    """torch.save(obj) to path, atomically (files.atomic_write): a crash leaves the old file or
-    the new."""
+    """torch.save(obj) to path, atomically: a crash leaves the old file or the new."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         files.atomic_write(path, lambda f: torch.save(obj, f))
@@ -107,19 +102,21 @@ def intact(path, why):
                            f"it with the code that wrote it")
 
 
+def defaults(path, ckpt, key, cls):
+    """Note once (rank 0) the fields of dataclass cls that ckpt[key] lacks: they take defaults."""
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    missing = [k for k in fields if k not in ckpt[key]]
+    if missing and (path, key) not in _noted and os.environ.get("RANK", "0") == "0":
+        _noted.add((path, key))
+        print(f"note: {path} was saved without {key}'s {', '.join(missing)}; this code's "
+              f"defaults: {', '.join(f'{k}={fields[k]!r}' for k in missing)}", file=sys.stderr)
+
+
 def config_of(ckpt, path):
-    """The model Config of a checkpoint's model_config. A field it lacks takes this code's
-    default, said once (rank 0, on stderr); a field or scheme this code does not know is refused
-    (intact())."""
-    saved, fields = ckpt["model_config"], {f.name: f.default for f in dataclasses.fields(Config)}
-    missing = [k for k in fields if k not in saved]
-    if missing and path not in _noted and os.environ.get("RANK", "0") == "0":
-        _noted.add(path)
-        print(f"note: {path} was saved without model_config's {', '.join(missing)}; this code's "
-              f"default{'s' * (len(missing) > 1)}: "
-              f"{', '.join(f'{k}={fields[k]!r}' for k in missing)}", file=sys.stderr)
+    """A checkpoint's model Config, missing fields defaulted; an unknown field or scheme refused."""
+    defaults(path, ckpt, "model_config", Config)
     try:
-        return Config.from_dict(saved)
+        return Config.from_dict(ckpt["model_config"])
     except ConfigError as e:
         raise intact(path, e) from None
 
@@ -154,10 +151,8 @@ POINTER_FIELDS = {"model_config": dict, "train_config": dict, "iter_num": int,
 
 
 def read_pointer(out_dir):
-    """The parsed OUT_DIR/ckpt-sharded.json of a sharded checkpoint, or None when there is none.
-    Everything in it is checked before it is used: every field and its type, and that the folder it
-    names is a shards-<iter> folder inside OUT_DIR (never a path elsewhere, which a resume would
-    read and a save would remove)."""
+    """The parsed OUT_DIR/ckpt-sharded.json, or None: every field checked before use, and that it
+    names a shards-<iter> folder inside OUT_DIR (never a path a save would remove)."""
     path = os.path.join(out_dir, POINTER)
     if not os.path.lexists(path):
         return None
@@ -198,8 +193,7 @@ def peek(out_dir):
 
 
 def launches(out_dir):
-    """The torchrun launches (machine.launch_id) that saved OUT_DIR's checkpoints, ckpt.pt and the
-    sharded one; an unreadable one is left out (a resume says what is wrong with it)."""
+    """The torchrun launches (launch_id) that saved OUT_DIR's readable checkpoints."""
     found = [(peek(out_dir) or {}).get("launch")]
     try:
         found.append((read_pointer(out_dir) or {}).get("launch"))
@@ -209,10 +203,8 @@ def launches(out_dir):
 
 
 def saved(ckpt):
-    """How far a checkpoint (a ckpt.pt dict or a sharded one's pointer) had trained, as a key to
-    compare: (iter_num, saved_at). Training progress decides; the clock, which may have been set
-    back or copied from another machine, only breaks a tie (checkpoints that do not record it count
-    as saved at time 0). The earliest possible for one that cannot be read."""
+    """How far a checkpoint (ckpt.pt's dict or a pointer) had trained: (iter_num, saved_at), the
+    clock (which may be set back) only breaking a tie; the earliest for one that cannot be read."""
     try:
         return int(ckpt["iter_num"]), float(ckpt.get("saved_at", 0.0))
     except Exception:
@@ -220,11 +212,9 @@ def saved(ckpt):
 
 
 def latest(out_dir):
-    """Which of OUT_DIR's checkpoints, ckpt.pt and a sharded one, is the run's latest: the one rule
-    that a resume, sample.py, tools/probe.py and tools/consolidate.py share. The one further in
-    training (saved()); at the same iteration the one saved later by the clock, or the sharded one
-    when they were saved together (a consolidated ckpt.pt is its copy). -> (CKPT, POINTER or None
-    when there is neither, ckpt.pt's saved() or None, the sharded checkpoint's pointer or None)."""
+    """The rule a resume and every reader share: of ckpt.pt and a sharded one, the further by
+    saved(), the sharded one at a tie (a consolidated ckpt.pt is its copy). -> (CKPT, POINTER or
+    None, ckpt.pt's saved() or None, the pointer or None)."""
     meta, full = read_pointer(out_dir), peek(out_dir)
     full = None if full is None else saved(full)
     if meta is None:
@@ -235,15 +225,12 @@ def latest(out_dir):
 
 
 def load_latest(out_dir, device, prog="sample.py", kept=None):
-    """load(out_dir): OUT_DIR/ckpt.pt, which sample.py and the tools read, or with kept=ITER the
-    checkpoint --keep_every kept of that iteration. Where a sharded checkpoint (ckpt-sharded.json)
-    stands beside it, the run's latest (checkpoint.latest, the rule a resume follows) is read: a
-    sharded one is refused, naming consolidate.py, which writes ckpt.pt from it, unless ckpt.pt is
-    its copy; otherwise a line on stderr says which one is used."""
-    name = f"ckpt_{kept}"
-    if kept is not None and os.path.isdir(os.path.join(out_dir, name)):  # a sharded one's folder
-        return load_latest(os.path.join(out_dir, name), device, prog)
-    if kept is not None and not os.path.isfile(os.path.join(out_dir, name + ".pt")):
+    """OUT_DIR/ckpt.pt for sample.py and the tools, or with kept=ITER the one --keep_every kept.
+    A newer sharded checkpoint beside it (latest()) is refused, naming consolidate.py."""
+    name = os.path.join(out_dir, f"ckpt_{kept}")
+    if kept is not None and os.path.isdir(name):  # a sharded one's folder, itself a run folder
+        return load_latest(name, device, prog)
+    if kept is not None and not os.path.isfile(name + ".pt"):
         found = sorted(int(m[1]) for m in map(KEPT.match, listing(out_dir)) if m)
         raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} kept ("
                               + (f"it keeps {', '.join(map(str, found))}" if found else
@@ -273,24 +260,18 @@ def listing(folder):
 
 
 def keep(out_dir, iter_num, sharded):
-    """Keep the checkpoint just saved as OUT_DIR/ckpt_ITER.pt, or a sharded one as the folder
-    ckpt_ITER/ (its pointer and shards: a run folder that the readers and consolidate.py take as
-    an out_dir), which no later save removes. Hard links where the filesystem has them, so nothing
-    is written twice, else copies; made under a temporary name, then renamed."""
+    """Keep the checkpoint just saved, which no later save removes: OUT_DIR/ckpt_ITER.pt, or a
+    sharded one as the run folder ckpt_ITER/ (pointer and shards); hard links, else copies."""
     kept = os.path.join(out_dir, f"ckpt_{iter_num}{'' if sharded else '.pt'}")
-    tmp, meta = files.temporary_name(kept), sharded and read_pointer(out_dir)
-    pairs = [(os.path.join(out_dir, CKPT), tmp)] if not sharded else [
-        (os.path.join(out_dir, meta["folder"], n), os.path.join(tmp, meta["folder"], n))
-        for n in listing(os.path.join(out_dir, meta["folder"]))]
+    tmp = files.temporary_name(kept)
     try:
         if sharded:
-            os.makedirs(os.path.join(tmp, meta["folder"]))
+            meta = read_pointer(out_dir)
+            shutil.copytree(os.path.join(out_dir, meta["folder"]),
+                            os.path.join(tmp, meta["folder"]), copy_function=link)
             files.write_json(os.path.join(tmp, POINTER), meta)
-        for source, copy in pairs:
-            try:
-                os.link(source, copy)
-            except OSError:
-                shutil.copyfile(source, copy)
+        else:
+            link(os.path.join(out_dir, CKPT), tmp)
         files.remove(kept)  # one kept at this iteration before (a run saved again there)
         os.replace(tmp, kept)
     except OSError as e:
@@ -299,13 +280,18 @@ def keep(out_dir, iter_num, sharded):
                               f"the latest checkpoint is saved") from None
 
 
+def link(source, copy):
+    try:  # a hard link writes nothing twice
+        os.link(source, copy)
+    except OSError:  # a filesystem without them
+        shutil.copyfile(source, copy)
+
+
 # -----------------------------------------------------------------------------
 # The sharded format
 
 def tensors(model, optimizer):
-    """The flat dict of tensors DCP saves and loads: model.<name> and
-    optim.<name>.<exp_avg|exp_avg_sq|step> (only tensors: the plain data goes to the JSON
-    pointer)."""
+    """The flat dict of tensors DCP saves and loads: model.<name>, optim.<name>.<state>."""
     # the root keeps its weights gathered after a forward without backward
     if hasattr(model, "reshard"):
         model.reshard()
@@ -318,9 +304,8 @@ def tensors(model, optimizer):
 
 
 def save_sharded(out_dir, model, optimizer, master, data):
-    """Every rank writes its shards into a new folder (shards_folder); then rank 0 points
-    ckpt-sharded.json at it (atomic replace) and removes the previous folder. `data`: the
-    checkpoint's plain entries (configs, iter_num, ...)."""
+    """Every rank writes its shards into a new folder; then rank 0 points ckpt-sharded.json at it
+    (atomic replace, with data: the plain entries) and removes the previous folder."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     old = [None]
@@ -361,18 +346,15 @@ def save_sharded(out_dir, model, optimizer, master, data):
 
 
 def shards_folder(iter_num, named):
-    """The folder a sharded checkpoint of iter_num is written into: shards-<iter>, or
-    shards-<iter>-1 when the pointer names shards-<iter> already (a run saved again at the same
-    iteration, as a sequential run resumed after its data ran out does), so that the checkpoint the
-    pointer names stays whole until it names the new."""
+    """shards-<iter>, or shards-<iter>-1 where the pointer names that already (a run saved again
+    at one iteration): the named checkpoint stays whole until the pointer names the new."""
     folder = f"shards-{iter_num:08d}"
     return folder + "-1" if named == folder else folder
 
 
 def metadata_reader(path):
-    """DCP's reader for the folder `path`, but its .metadata (a pickle written by PyTorch) is read
-    by an unpickler that builds only DCP's own metadata classes, torch sizes, dtypes and layouts,
-    and paths: loading never runs code."""
+    """DCP's reader for the folder `path`, its .metadata (a pickle) read by an unpickler that builds
+    only DCP's metadata classes, torch sizes, dtypes, layouts and paths: it never runs code."""
     from torch.distributed.checkpoint import FileSystemReader
 
     class MetadataReader(FileSystemReader):
@@ -418,8 +400,7 @@ def cause(e):
 
 
 def failed(path, e):
-    """The sharded checkpoint in folder path cannot be read: say so, and what is left (without
-    losing anything)."""
+    """The sharded checkpoint in folder path cannot be read: say so, and what is left."""
     out_dir = os.path.dirname(path)
     other = (f"move {POINTER} away to resume from {CKPT}, "
              f"the other checkpoint there, or "
@@ -438,18 +419,15 @@ def crc32(path):
 
 
 def share(path, rank=None, world=None):
-    """The files of the shards folder path that this rank checksums: every world-th, from its rank
-    on."""
+    """The files of the shards folder path that this rank checksums: every world-th from rank."""
     rank = dist.get_rank() if rank is None else rank
     world = dist.get_world_size() if world is None else world
     return sorted(os.listdir(path))[rank::world]
 
 
 def verify(out_dir, meta, no_dist=False):
-    """Every file of the sharded checkpoint against the CRC-32 its pointer records, before anything
-    is read (each rank its share; no_dist: this process all of them); a mismatch is one
-    CheckpointError on every rank. Sharded checkpoints written before checksums were recorded are
-    read unchecked."""
+    """Every file of the sharded checkpoint against its pointer's CRC-32s before any read (each rank
+    its share; no_dist: all here); a mismatch is one CheckpointError on every rank."""
     path = os.path.join(out_dir, meta["folder"])
     if "checksums" not in meta:
         return
@@ -479,9 +457,8 @@ def stored_keys(out_dir, meta):
 
 
 def dcp_load(state, out_dir, meta, no_dist=False):
-    """DCP-load `state` (a dict of tensors, each filled in place) from the folder `meta` names; any
-    failure (a missing, truncated or foreign shard) is one CheckpointError, raised on every rank
-    (DCP gathers one rank's failure to all). no_dist: this process reads everything by itself."""
+    """DCP-load `state` (tensors, filled in place) from the folder `meta` names; any failure is one
+    CheckpointError on every rank. no_dist: this process reads everything by itself."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     path = os.path.join(out_dir, meta["folder"])
@@ -508,9 +485,7 @@ def load_sharded(out_dir, meta, model, optimizer):
 
 
 def load_whole(out_dir, meta):
-    """A sharded checkpoint in one process, as the dict a resume continues from (resume.load's:
-    ckpt.pt's entries, "model" the model): for DDP and single-process resumes and for
-    consolidation."""
+    """A sharded checkpoint read whole in one process, as a resume's dict (run.load's)."""
     verify(out_dir, meta, no_dist=True)
     model = RecursiveGPT(config_of(meta, os.path.join(out_dir, POINTER)))
     tc = meta["train_config"]

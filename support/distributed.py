@@ -1,20 +1,17 @@
 """
-Training over many processes with torchrun: the process group, and how the model is spread over
-the processes, one object whichever way: whole on every process with DDP (Spread), or its weights,
-gradients and AdamW state sharded with FSDP2 (--fsdp=true: Sharded). train.py takes one at the start
-and never asks which it is.
+Training over many processes with torchrun: the process group, and how the model is spread, one
+object whichever way: whole on every process with DDP (Spread), or weights, gradients and AdamW
+state sharded with FSDP2 (--fsdp=true: Sharded). train.py takes one and never asks which.
 
     distributed, rank, world = process_group()          # torchrun's RANK, WORLD_SIZE
     spread = spread_over(tc, distributed, world)        # --fsdp: Sharded, else Spread
     raw_model, model = spread.wrap(model, device, tc, scratch=True)  # model: compiled, in DDP
     with spread.sync(model, last=...): loss.backward()  # DDP all-reduces at the last micro-batch
-    spread.save(out_dir, raw_model, optimizer, master, state)
 
-FSDP2's units: one per unique block, plus the root (embedding, routers, final LayerNorm, head). A
-shared core's blocks run K times a forward: FSDP gathers their weights at each application and
-accumulates the K gradients into the one sharded gradient. On GPUs blocks gather bf16 weights and
-reduce float32 gradients; the root and the blocks' inputs stay float32 and autocast is on as under
-DDP, so the residual stream, the MeSH buffer, LayerNorms and the loss are float32 as there.
+FSDP2's units: one per unique block, plus the root. A shared core's blocks, run K times a forward,
+are gathered at each application and their K gradients accumulate into one shard. On GPUs blocks
+gather bf16 weights and reduce float32 gradients; the residual stream, the MeSH buffer, LayerNorms
+and the loss stay float32 under autocast, as under DDP.
 """
 
 import datetime
@@ -46,8 +43,7 @@ class LaunchError(UsageError):
 
 def process_group():
     """(distributed, rank, world size) from torchrun's RANK and WORLD_SIZE; no RANK: one process.
-    RANK set but not by torchrun (a shell's leftover of an earlier job) is refused: it would wait
-    for peers that never come."""
+    RANK set but not by torchrun (a shell's leftover) is refused: it would wait for no one."""
     rank, size = os.environ.get("RANK", "-1"), os.environ.get("WORLD_SIZE")
     if rank == "-1":
         return False, 0, 1
@@ -90,9 +86,8 @@ def not_joined(error, timeout):
 
 
 def store(timeout):
-    """This job's key-value store, made once: torchrun's agent store under a prefix keyed by the
-    restart (a restarted process could otherwise read what a killed one published), else one that
-    rank 0 serves at MASTER_ADDR:MASTER_PORT. A wait on it ends after timeout seconds."""
+    """This job's key-value store, made once: torchrun's agent store (else rank 0's) under a
+    prefix keyed by the restart, so a restart never reads what a killed process published."""
     if "store" not in _started:
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         try:
@@ -107,10 +102,8 @@ def store(timeout):
 
 
 def one_folder(out_dir, timeout):
-    """Under torchrun over several nodes, that every process sees the out_dir rank 0 sees, checked
-    before any of them reads it: the nodes need one folder on a filesystem they all mount. Rank 0
-    writes a file there under a fresh name it shares through the job's store, every process looks
-    for it and answers; where one did not find it, all stop with the same line."""
+    """Several nodes need one out_dir that all see: rank 0 writes a file there, named through the
+    job's store, and where any process does not see it, all stop with the same line."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     if os.environ.get("RANK", "-1") == "-1" or int(os.environ.get("LOCAL_WORLD_SIZE", world)) \
             == world:
@@ -152,9 +145,8 @@ def launch_id():
 
 
 def restarted(given, out_dir, master):
-    """The flags given, or for a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) of the launch
-    whose checkpoint is in out_dir, the flags that continue it (--init_from=resume): started again,
-    the run would begin over its own checkpoint or refuse its folder."""
+    """The flags given, or for a torchrun restart of the launch whose checkpoint is in out_dir, the
+    flags that continue it (--init_from=resume), not begin over it."""
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if count in ("", "0") or given.get("init_from") == "resume" or launch_id() is None:
         return given
@@ -231,8 +223,7 @@ def from_rank0(fn, distributed, master):
 # How the model is spread: whole (one process, DDP) or sharded (FSDP2)
 
 def spread_over(tc, distributed, world):
-    """Sharded with --fsdp=true (torchrun only), else Spread; --grad_accum must share out evenly
-    over the processes."""
+    """Sharded with --fsdp=true, else Spread; --grad_accum must share out evenly."""
     if tc.grad_accum % world:
         raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size "
                          f"{world}; use a multiple of {world}")

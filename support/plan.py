@@ -1,10 +1,8 @@
 """
-The plan of a training launch before it starts: `python train.py CONFIG --plan=true`. Nothing is
-built: the figures are device.py's arithmetic, the same that refuses a run that cannot fit. For
---plan_gpus processes (default: WORLD_SIZE under torchrun, else 8) of a --gpu (its memory and dense
-bf16 peak, or --gpu_memory and --gpu_tflops) it prints, per GPU, weights, gradients, AdamW state,
-working buffers and activations under DDP and FSDP, with and without --grad_checkpoint; the one a
-run should take (choose(): every config/ file sets it); and the run's FLOPs and days at MFU.
+The plan of a training launch: `python train.py CONFIG --plan=true`, built from device.py's
+arithmetic (the same that refuses a run that cannot fit), for --plan_gpus processes of a --gpu. Per
+GPU: weights, gradients, AdamW, buffers and activations under DDP and FSDP, with and without
+--grad_checkpoint; the one a run should take (choose(): every config/ sets it); FLOPs and days.
 """
 
 import os
@@ -22,8 +20,7 @@ SPREADS = [("DDP", False, False), ("DDP + grad_ckpt", False, True), ("FSDP", Tru
 
 
 def plan_gpus(given):
-    """The process count to plan for: --plan_gpus, else torchrun's WORLD_SIZE, else one node of
-    8."""
+    """The process count to plan for: --plan_gpus, else torchrun's WORLD_SIZE, else 8."""
     return given if given is not None else int(os.environ.get("WORLD_SIZE", 8))
 
 
@@ -37,9 +34,8 @@ def gpu(tc):
 
 
 def choose(cfg, batch_size, n, gib, compute_bytes):
-    """The spread a run should take, (its name, fsdp, grad_checkpoint): the first of SPREADS within
-    (1 - HEADROOM) of gib: DDP unless the model's state needs sharding, activations recomputed only
-    where they do not fit; None where nothing fits."""
+    """The spread a run should take, (name, fsdp, grad_checkpoint): the first of SPREADS within
+    (1 - HEADROOM) of gib, or None."""
     room = (1 - HEADROOM) * gib * GiB
     return next((s for s in SPREADS
                  if memory(cfg, batch_size, n, *s[1:], compute_bytes)["total"] <= room), None)

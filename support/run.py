@@ -1,9 +1,7 @@
 """
 A training run's own folder, OUT_DIR, from start to end: the checkpoint a resume continues from and
-every check it must pass, the folder held by its real path, a fresh run's refusal to start over
-another (unless --overwrite), the run taking the folder (its lock, killed writers' leftovers, its
-log), checkpoints saved only of a model that did not blow up, and the line that continues a
-stopped run. train.py makes one Run:
+its checks, a fresh run's refusal to start over another (unless --overwrite), the folder taken (its
+lock, killed writers' leftovers, its log), checkpoints saved only of a model that did not blow up:
 
     run = Run(TrainConfig, given, master)  # the settings' class, the flags given
     given = run.resume(given)              # --init_from=resume: its latest checkpoint, run.ckpt
@@ -14,16 +12,14 @@ stopped run. train.py makes one Run:
     run.write(record, text)                # print, and append to log.jsonl
     run.save(model, optimizer, state, losses)  # refused for a model that blew up
 
-A resume continues bit for bit: the same data (a step's batches depend on the step alone), the
-same random state, the same AdamW moments; either checkpoint format resumes in either mode.
-Nothing a run writes follows a link out of its folder.
+A resume continues bit for bit (a step's batches depend on the step alone), either checkpoint
+format in either mode. Nothing a run writes follows a link out of its folder.
 """
 
 import dataclasses
 import math
 import os
 import shlex
-import sys
 import time
 
 import torch
@@ -55,9 +51,8 @@ class Run:
         self.device_type = None  # whose random state a checkpoint keeps
 
     def resume(self, given):
-        """--init_from=resume (or a torchrun restart of the launch that saved here): load the
-        run's latest checkpoint, the folder owned first (a live run may be saving into it). Under
-        torchrun every process checks first that it sees the folder rank 0 does."""
+        """--init_from=resume (or a torchrun restart): the latest checkpoint, the folder owned
+        first (a live run may be saving into it), once every process sees the folder rank 0 does."""
         distributed.one_folder(self.out_dir, given.get("dist_timeout", self.cls.dist_timeout))
         given = distributed.restarted(given, self.out_dir, self.master)
         if given.get("init_from") != "resume":
@@ -68,22 +63,18 @@ class Run:
         return given
 
     def settings(self, given):
-        """The run's settings: a resume's saved ones (read as a config file's values are; all but
-        NOT_KEPT), then the flags given over them. A saved value that is wrong is named as the
-        checkpoint's, with the flag that replaces it; a setting this code does not know is refused,
-        one it lacks takes its default (a note says so)."""
+        """A resume's saved settings (all but NOT_KEPT, read as a config file's: unknown ones
+        refused, missing ones defaulted), then the flags given; a wrong saved value is named."""
         saved, path, cls = {}, self.ckpt and self.ckpt["path"], self.cls
         fields = {f.name: f for f in dataclasses.fields(cls)}
         old = (self.ckpt or {}).get("train_config", {})
-        unknown, missing = sorted(set(old) - set(fields)), [k for k in fields if k not in old]
+        unknown = sorted(set(old) - set(fields))
         if unknown:
             raise CheckpointError(f"{path} is intact, but this code has no setting "
                                   f"{', '.join(unknown)}, which its run was trained with; resume "
                                   f"it with the code that wrote it")
-        if self.ckpt and missing and self.master:
-            print(f"note: {path} was saved without the setting(s) {', '.join(missing)}; this "
-                  f"code's defaults: {', '.join(f'{k}={fields[k].default!r}' for k in missing)}",
-                  file=sys.stderr)
+        if self.ckpt:
+            checkpoint.defaults(path, self.ckpt, "train_config", cls)
         for key, value in old.items():
             if key not in NOT_KEPT and key not in given:
                 try:
@@ -166,10 +157,8 @@ class Run:
             self.log.write(record, text)
 
     def save(self, model, optimizer, state, losses):
-        """Save a checkpoint of state (plain data) with the model and AdamW, unless the model blew
-        up (FloatingPointError, naming the last good checkpoint); then commit the log. It also
-        keeps what a resume needs to go on exactly: the settings as given, the random state, when
-        and by which torchrun launch it was saved."""
+        """Save state (plain data, with what a resume needs to go on exactly), the model and AdamW
+        unless the model blew up (FloatingPointError); keep it (--keep_every); commit the log."""
         check_saveable(model, optimizer, losses, state["iter_num"], self.last_good)
         rng = {"torch": torch.get_rng_state()}
         if self.device_type == "cuda":
@@ -203,10 +192,8 @@ class Run:
 # A resume: the checkpoint it continues from, and every check it must pass
 
 def load(out_dir, sharded):
-    """The run in OUT_DIR as the dict a resume continues from: the checkpoint's entries, "model"
-    its model, "path" its file; of ckpt.pt and a sharded checkpoint, the latest (checkpoint.latest).
-    sharded (an FSDP launch): a sharded checkpoint gives its plain data and a model of its config,
-    whose shards each rank reads later (distributed.Sharded.load); otherwise it is read whole."""
+    """The latest checkpoint in OUT_DIR as a resume's dict (its entries, "model", "path"). sharded
+    (FSDP): a sharded one gives a model of its config, each rank reading its shards later."""
     if not out_dir.strip():  # "" would read the working folder's files
         raise UsageError("--out_dir is empty; give the run's folder: "
                          "--init_from=resume --out_dir=OUT_DIR")
@@ -297,15 +284,13 @@ def optimizer_mismatch(saved, optimizer):
 # OUT_DIR's checkpoints: a fresh run is refused over an old one, which --overwrite replaces
 
 def run_files(out_dir):
-    """The files that make OUT_DIR a run: ckpt.pt, ckpt-sharded.json, shards-<iter>/, and the
-    checkpoints it kept."""
+    """The files that make OUT_DIR a run: ckpt.pt, ckpt-sharded.json, shards-<iter>/, kept ones."""
     return [os.path.join(out_dir, n) for n in checkpoint.listing(out_dir)
             if n in (CKPT, POINTER) or SHARDS.match(n) or KEPT.match(n)]
 
 
 def check_fresh(out_dir, overwrite):
-    """A scratch run into out_dir: refused where a run is (unless --overwrite), and where a live
-    one is first of all."""
+    """A scratch run into out_dir: refused where a run is (unless --overwrite), a live one first."""
     if os.path.isdir(out_dir):
         files.own(out_dir)
         check_log(out_dir)
@@ -328,9 +313,8 @@ def replace_old_run(out_dir, keep):
 
 
 def remove_unfinished_shards(out_dir):
-    """Remove the shards folders ckpt-sharded.json does not name: killed sharded writes, or the
-    previous checkpoint's, left by a kill after the pointer moved on (by the run that owns
-    OUT_DIR)."""
+    """Remove the shards folders ckpt-sharded.json does not name: killed writes' or the previous
+    checkpoint's (by the run that owns OUT_DIR)."""
     meta = checkpoint.read_pointer(out_dir)
     for name in os.listdir(out_dir):
         if SHARDS.match(name) and (meta is None or name != meta["folder"]):

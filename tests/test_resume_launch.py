@@ -447,10 +447,10 @@ def test_checkpoints_of_other_code_are_read_or_named_never_called_corrupt(what, 
         if message is None:
             assert code == 0, err
             notes = [line for line in err.splitlines() if line.startswith("note:")]
-            assert notes[0] == (f"note: {out / 'ckpt.pt'} was saved without model_config's slot0; this code's "
-                                f"default: slot0='scaled'")
-            assert notes[1:] == ([f"note: {out / 'ckpt.pt'} was saved without the setting(s) keep_every; this code's "
-                                  f"defaults: keep_every=0"] if prog == "train.py" else [])
+            note = f"note: {out / 'ckpt.pt'} was saved without "
+            assert notes[0] == note + "model_config's slot0; this code's defaults: slot0='scaled'"
+            assert notes[1:] == ([note + "train_config's keep_every; this code's defaults: keep_every=0"]
+                                 if prog == "train.py" else [])
         else:
             assert code == 2 and err.count("\n") == 1 and "corrupt" not in err, err
             assert err.startswith(f"{prog}: error: {out / 'ckpt.pt'} {message}") and err.endswith(
