@@ -97,7 +97,7 @@ def load(out_dir, device="cpu", name=CKPT):
 
 
 def intact(path, why):
-    """A checkpoint whose bytes are whole but that this code cannot build: other code wrote it."""
+    """Bytes that are whole, of a model this code cannot build: other code wrote it."""
     return CheckpointError(f"{path} is intact, but this code cannot build its model ({why}); read "
                            f"it with the code that wrote it")
 
@@ -125,9 +125,8 @@ PLAIN = (str, int, float, bool, type(None))  # a setting's value, as JSON holds 
 
 
 def check_plain(ckpt):
-    """The plain data of a checkpoint (a ckpt.pt dict or a pointer), before anything uses it: its
-    configs are objects, train_config names its dataset, and every field that is there has its type
-    (TypeError or ValueError, in words). resume.check asks more of a checkpoint it continues."""
+    """The plain data of a checkpoint (ckpt.pt's dict or a pointer) checked before any use: every
+    field there has its type (TypeError or ValueError, in words)."""
     for key in ("model_config", "train_config"):
         if not isinstance(ckpt[key], dict):
             raise TypeError(f"{key} is a {type(ckpt[key]).__name__}, not a dict")
@@ -169,10 +168,9 @@ def read_pointer(out_dir):
         if not all(isinstance(v, list) and all(isinstance(b, int) and 0 <= b < 256 for b in v)
                    for v in meta["rng"].values()) or "torch" not in meta["rng"]:
             raise ValueError("rng is not a list of bytes for torch (and cuda)")
-        for key, kind in (("data", dict), ("saved_at", float), ("checksums", dict)):
-            if key in meta and not isinstance(meta[key], kind):
-                raise TypeError(f"{key} is not a {kind.__name__}")
-        check_plain(meta)
+        if not isinstance(meta.get("checksums", {}), dict):
+            raise TypeError("checksums is not a dict")
+        check_plain(meta)  # data, saved_at
     except (ValueError, TypeError) as e:  # (json's errors are ValueErrors)
         raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); move it away (and its "
                               f"shards folder) or point --out_dir at another run") from None
@@ -181,8 +179,7 @@ def read_pointer(out_dir):
 
 
 def peek(out_dir):
-    """OUT_DIR/ckpt.pt's plain data, read without its tensors (memory-mapped): None without one,
-    {} for one that cannot be read (load() will say why)."""
+    """OUT_DIR/ckpt.pt memory-mapped, for its plain data: None without one, {} if unreadable."""
     path = os.path.join(out_dir, CKPT)
     if not os.path.isfile(path):
         return None
@@ -203,8 +200,7 @@ def launches(out_dir):
 
 
 def saved(ckpt):
-    """How far a checkpoint (ckpt.pt's dict or a pointer) had trained: (iter_num, saved_at), the
-    clock (which may be set back) only breaking a tie; the earliest for one that cannot be read."""
+    """How far a checkpoint had trained, (iter_num, saved_at): the clock only breaks a tie."""
     try:
         return int(ckpt["iter_num"]), float(ckpt.get("saved_at", 0.0))
     except Exception:
@@ -213,8 +209,7 @@ def saved(ckpt):
 
 def latest(out_dir):
     """The rule a resume and every reader share: of ckpt.pt and a sharded one, the further by
-    saved(), the sharded one at a tie (a consolidated ckpt.pt is its copy). -> (CKPT, POINTER or
-    None, ckpt.pt's saved() or None, the pointer or None)."""
+    saved(), the sharded at a tie -> (CKPT, POINTER or None, ckpt.pt's saved(), the pointer)."""
     meta, full = read_pointer(out_dir), peek(out_dir)
     full = None if full is None else saved(full)
     if meta is None:
@@ -227,16 +222,15 @@ def latest(out_dir):
 def load_latest(out_dir, device, prog="sample.py", kept=None):
     """OUT_DIR/ckpt.pt for sample.py and the tools, or with kept=ITER the one --keep_every kept.
     A newer sharded checkpoint beside it (latest()) is refused, naming consolidate.py."""
-    name = os.path.join(out_dir, f"ckpt_{kept}")
-    if kept is not None and os.path.isdir(name):  # a sharded one's folder, itself a run folder
-        return load_latest(name, device, prog)
-    if kept is not None and not os.path.isfile(name + ".pt"):
+    if kept is not None:  # ckpt_ITER.pt, or a sharded one's folder ckpt_ITER/ (a run folder)
+        if os.path.isdir(os.path.join(out_dir, f"ckpt_{kept}")):
+            return load_latest(os.path.join(out_dir, f"ckpt_{kept}"), device, prog)
+        if os.path.isfile(os.path.join(out_dir, f"ckpt_{kept}.pt")):
+            return load(out_dir, device, f"ckpt_{kept}.pt")
         found = sorted(int(m[1]) for m in map(KEPT.match, listing(out_dir)) if m)
         raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} kept ("
                               + (f"it keeps {', '.join(map(str, found))}" if found else
                                  "none: train.py keeps them with --keep_every=N") + ")")
-    if kept is not None:
-        return load(out_dir, device, name + ".pt")
     model, ckpt = load(out_dir, device)
     taken, full, pointer = latest(out_dir)
     if pointer is None:
@@ -255,7 +249,7 @@ def load_latest(out_dir, device, prog="sample.py", kept=None):
     return model, ckpt
 
 
-def listing(folder):
+def listing(folder):  # its names, sorted; none where there is no folder
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
@@ -389,8 +383,7 @@ def metadata_reader(path):
 
 
 def cause(e):
-    """'Type: first line' of an error; for DCP's CheckpointException (a BaseException that gathers
-    every rank's failure), of the first rank's."""
+    """'Type: first line' of an error; of DCP's CheckpointException, its first rank's failure."""
     from torch.distributed.checkpoint.api import CheckpointException
     if isinstance(e, CheckpointException) and e.failures:
         rank, (e, _) = next(iter(sorted(e.failures.items(), key=lambda kv: kv[0])))

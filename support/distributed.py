@@ -67,8 +67,7 @@ def process_group():
 
 
 def join(device, timeout):
-    """Join this torchrun job's process group (NCCL on GPUs, else gloo); a collective then waits
-    at most timeout seconds on the others (a frozen peer, then a line)."""
+    """Join this torchrun job's process group (NCCL on GPUs, else gloo), waits of timeout s."""
     _started["timeout"] = timeout
     try:
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo",
@@ -79,7 +78,7 @@ def join(device, timeout):
         raise not_joined(e, timeout) from None
 
 
-def not_joined(error, timeout):
+def not_joined(error, timeout):  # the line for a process that could not join its job
     return LaunchError(f"could not join the other processes of this torchrun job "
                        f"({first_line(error)}): one failed before joining (its own output says "
                        f"why), or did not come within --dist_timeout={timeout:g} s")
@@ -104,9 +103,8 @@ def store(timeout):
 def one_folder(out_dir, timeout):
     """Several nodes need one out_dir that all see: rank 0 writes a file there, named through the
     job's store, and where any process does not see it, all stop with the same line."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if os.environ.get("RANK", "-1") == "-1" or int(os.environ.get("LOCAL_WORLD_SIZE", world)) \
-            == world:
+    world, local = int(os.environ.get("WORLD_SIZE", 1)), os.environ.get("LOCAL_WORLD_SIZE")
+    if os.environ.get("RANK", "-1") == "-1" or int(local or world) == world:
         return  # one process, or one machine
     rank, token = int(os.environ["RANK"]), None
     jobs, made = store(timeout), not os.path.isdir(out_dir)
@@ -127,17 +125,15 @@ def one_folder(out_dir, timeout):
             files.remove(token)
             if made:
                 os.rmdir(out_dir)
-    blind = [(r, host) for r, host in blind if host]
-    if blind:
-        r, host = blind[0]
+    r, host = next(((r, host) for r, host in blind if host), (0, ""))
+    if host:
         raise UsageError(f"--out_dir={out_dir} is not one folder for all processes: rank {r} (on "
                          f"{host}) does not see the file rank 0 wrote there; several nodes need "
                          f"one out_dir on a filesystem every node sees, at the same path")
 
 
 def launch_id():
-    """Which torchrun launch this process belongs to, as its checkpoints record it (None outside
-    torchrun): torchrun's run id, or where that is its default "none", this machine and launcher."""
+    """This process's torchrun launch, as checkpoints record it (the run id, or machine:pid)."""
     run = os.environ.get("TORCHELASTIC_RUN_ID")
     if run is None:
         return None
@@ -170,8 +166,7 @@ def grouped():
 
 
 def lost_peer(error):
-    """The one line for a collective that failed: another process stopped (its own output says
-    why), or past --dist_timeout one never answered (frozen, or its machine unreachable)."""
+    """The one line for a failed collective: a peer stopped, or did not answer in --dist_timeout."""
     first = first_line(error)
     if not re.search(r"timed out|timeout", first, re.IGNORECASE):
         return f"another process of this torchrun job stopped ({first}); its own output says why"
@@ -202,8 +197,7 @@ def close():
 
 
 def from_rank0(fn, distributed, master):
-    """fn() on rank 0, its result (or its one-line error) shared with every rank, so that all act
-    on one decision and none waits forever when rank 0 fails."""
+    """fn() on rank 0, its result or one-line error shared with every rank: one decision for all."""
     result, failed = None, None
     if master:
         try:
@@ -237,8 +231,7 @@ class Spread:
     flag = ""                     # what the command that resumes it adds
 
     def wrap(self, model, device, tc, scratch):
-        """(the model on its device, what trains: compiled with --compile, under torchrun in DDP,
-        which gives every process rank 0's weights when it wraps)."""
+        """(the model on its device, what trains: compiled, in DDP, with rank 0's weights)."""
         raw = model.to(device)
         model = torch.compile(raw) if tc.compile else raw
         if dist.is_initialized():  # no buffers to broadcast: the rotary tables are the same
@@ -276,8 +269,7 @@ class Sharded(Spread):
                              "process: --nproc_per_node=1)")
 
     def wrap(self, model, device, tc, scratch):
-        """(the sharded model, what trains: the same, compiled with --compile). A scratch model
-        takes rank 0's initial weights first, as DDP does."""
+        """(the sharded model, what trains: compiled); a scratch model takes rank 0's weights."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         model = model.to(device)  # NCCL broadcasts GPU tensors; fully_shard keeps shards in place
@@ -305,8 +297,7 @@ class Sharded(Spread):
         checkpoint.save_sharded(out_dir, model, optimizer, master, state)
 
     def load(self, resume, model, optimizer):
-        """A sharded checkpoint's shards (each rank its own), or a whole checkpoint's optimizer
-        state cut to this rank's shards (its weights came with the model)."""
+        """A sharded checkpoint's shards, or a whole one's optimizer state cut to this rank's."""
         if "folder" in resume:
             checkpoint.load_sharded(os.path.dirname(resume["path"]), resume, model, optimizer)
         else:
@@ -314,8 +305,7 @@ class Sharded(Spread):
 
 
 def shard_optimizer_state(state_dict, optimizer):
-    """A whole optimizer state dict with every tensor of a sharded parameter cut to this rank's
-    shard, ready for optimizer.load_state_dict (ids follow the order of the optimizer's groups)."""
+    """A whole optimizer state dict, each sharded parameter's tensors cut to this rank's shard."""
     from torch.distributed.tensor import DTensor, distribute_tensor
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state = {}

@@ -24,15 +24,6 @@ def plan_gpus(given):
     return given if given is not None else int(os.environ.get("WORLD_SIZE", 8))
 
 
-def gpu(tc):
-    """(GiB, peak FLOP/s) of the GPU planned for: --gpu's, each replaced by its flag if given."""
-    if tc.gpu not in GPUS:
-        raise UsageError(f"--gpu={tc.gpu} is not one of {', '.join(GPUS)}; name one, or give "
-                         f"--gpu_memory=GIB and --gpu_tflops=TFLOPS")
-    memory_gib, peak = GPUS[tc.gpu]
-    return tc.gpu_memory or memory_gib, 1e12 * tc.gpu_tflops if tc.gpu_tflops else peak
-
-
 def choose(cfg, batch_size, n, gib, compute_bytes):
     """The spread a run should take, (name, fsdp, grad_checkpoint): the first of SPREADS within
     (1 - HEADROOM) of gib, or None."""
@@ -43,7 +34,11 @@ def choose(cfg, batch_size, n, gib, compute_bytes):
 
 def plan(tc, cfg):
     """The plan's text for TrainConfig tc and model cfg."""
-    n, (gib, peak) = plan_gpus(tc.plan_gpus), gpu(tc)
+    if tc.gpu not in GPUS:
+        raise UsageError(f"--gpu={tc.gpu} is not one of {', '.join(GPUS)}; name one, or give "
+                         f"--gpu_memory=GIB and --gpu_tflops=TFLOPS")
+    n, (gib, peak) = plan_gpus(tc.plan_gpus), GPUS[tc.gpu]  # each replaced by its flag, if given
+    gib, peak = tc.gpu_memory or gib, 1e12 * tc.gpu_tflops if tc.gpu_tflops else peak
     a = 4 if tc.dtype == "float32" else 2  # auto means bf16 autocast on the GPUs planned for
     tokens = tc.batch_size * cfg.block_size
     name = "as given" if tc.gpu_memory or tc.gpu_tflops else tc.gpu

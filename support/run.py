@@ -105,9 +105,8 @@ class Run:
         return (self.ckpt.get("data") or {}) if self.ckpt else None
 
     def check(self, tc, given, spread):
-        """Everything before the run touches OUT_DIR: the folder held by its real path (a link
-        re-pointed later moves nothing), then a resume's every reason it cannot continue, or a
-        fresh run's refusal to start over a run. False for a resumed run that is finished."""
+        """Everything before the run touches OUT_DIR, held by its real path (a link re-pointed later
+        moves nothing). False for a resumed run that is finished."""
         real = os.path.realpath(tc.out_dir)
         self.out_dir = tc.out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
         self.spread = spread
@@ -123,8 +122,8 @@ class Run:
         return True
 
     def start(self, tc, device_type):
-        """All checked: rank 0 takes OUT_DIR (its lock, killed writes' leftovers, its log). A fresh
-        run over an old one (--overwrite) replaces all of it at its first checkpoint."""
+        """Rank 0 takes OUT_DIR (lock, leftovers, log); a run --overwrite replaces goes at its
+        first checkpoint."""
         self.device_type, self.keep_every = device_type, tc.keep_every
         if not self.master:
             return
@@ -141,8 +140,7 @@ class Run:
         self.log = RunLog(out_dir, fresh, replace, None if fresh else self.ckpt["iter_num"])
 
     def restore(self, model, optimizer, seed, rank, world, device_type):
-        """A resumed run's AdamW state (under FSDP its weights too), and its random state: rank 0's
-        saved one; every other rank its own seed for this step (their dropout masks differ)."""
+        """A resumed run's AdamW state (FSDP: weights too) and random state (others: seeded)."""
         self.spread.load(self.ckpt, model, optimizer)
         if rank == 0:
             torch.set_rng_state(self.ckpt["rng"]["torch"].cpu())
@@ -216,9 +214,8 @@ def load(out_dir, sharded):
 
 
 def check_resumable(ckpt, tc, given):
-    """Every reason the run in ckpt cannot continue as train.py was asked: something it needs is
-    missing or damaged, a model setting given contradicts it, its AdamW state does not fit its
-    model, or a sequential run's windows a step changed (its dataset is data/dataset.py's)."""
+    """Every reason the run in ckpt cannot continue as asked: something missing or damaged, a model
+    setting given against it, AdamW's state not its model's, a sequential run's step resized."""
     path, problem = ckpt["path"], None
     kinds = {"iter_num": int, "best_val_loss": float, "rng": dict,
              **({} if "folder" in ckpt else {"optimizer": dict})}
@@ -302,8 +299,7 @@ def check_fresh(out_dir, overwrite):
 
 
 def replace_old_run(out_dir, keep):
-    """After a fresh run's first checkpoint (keep: its format's file) the old run goes: the other
-    format's checkpoint, every shards folder the (new) pointer does not name, what it kept."""
+    """After a fresh run's first checkpoint (keep: its format's file) the old run's files go."""
     named = checkpoint.read_pointer(out_dir)["folder"] if keep == POINTER else None
     for path in run_files(out_dir):
         name = os.path.basename(path)
@@ -330,8 +326,7 @@ def _local(v):
 
 
 def unsaveable(model, optimizer, losses):
-    """Why this model must not be saved, or None: an evaluated loss not finite or blown up (far
-    worse than a uniform guess), or a weight or optimizer state that is not finite."""
+    """Why this model must not be saved (a loss or tensor not finite, a loss blown up), or None."""
     limit = DIVERGED * math.log(model.config.vocab_size)
     for split, loss in losses.items():
         if not math.isfinite(loss):
@@ -351,8 +346,7 @@ def unsaveable(model, optimizer, losses):
 
 
 def check_saveable(model, optimizer, losses, iter_num, last_good):
-    """Raise FloatingPointError, naming the last good checkpoint, unless the model may be saved.
-    Under FSDP each rank checks its own shards, and all stop if any found one not finite."""
+    """FloatingPointError, naming the last good checkpoint, unless every rank may save its part."""
     reason = unsaveable(model, optimizer, losses)
     if dist.is_initialized():
         flag = torch.tensor(float(reason is not None), device=model.lm_head.weight.device)
