@@ -458,8 +458,9 @@ class RecursiveGPT(nn.Module):
         return losses
 
     def configure_optimizer(self, weight_decay, lr, betas=(0.9, 0.95), device_type="cpu"):
-        """AdamW with weight decay on matrices (Linear weights, embeddings, router weights) only,
-        never on biases and LayerNorms (1-d); fused (one kernel for all) on CUDA and CPU."""
+        """AdamW with weight decay on matrices (Linear weights, embeddings) only, never on biases
+        and LayerNorms (1-d): Appendix B; fused (one kernel for all) on CUDA and CPU. [choice] The
+        routers' matrices decay too, as matrices; routers without decay: unmeasured."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
                   dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]

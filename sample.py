@@ -29,6 +29,7 @@ PROMPT_BYTES = 1 << 20  # a prompt file's largest size: far more text than any b
 class SampleConfig:
     """Settings for sampling from OUT_DIR/ckpt.pt."""
     out_dir: str = setting("out", "the run's folder, holding its checkpoint", path=True)
+    ckpt: int | None = setting(None, "a kept checkpoint's iteration (--keep_every); None: latest")
     data_root: str | None = setting(None, "its data's folder; None: where it trained", path=True)
     start: str = setting("\n", "the prompt, or FILE:path to read it from a file")
     num_samples: int = setting(1, "samples to draw")
@@ -79,7 +80,7 @@ def sample(given):
     if not os.path.isdir(sc.out_dir):
         raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
                          f"python train.py --out_dir={sc.out_dir}")
-    model, ckpt = checkpoint.load_latest(sc.out_dir, device)  # ckpt.pt, the run's latest
+    model, ckpt = checkpoint.load_latest(sc.out_dir, device, kept=sc.ckpt)  # latest, or a kept
     if sc.compile:  # the KV cache is preallocated: every one-token step has one shape, one graph
         model.compile()
     data = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), sc.data_root)

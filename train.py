@@ -37,9 +37,9 @@ from support.run import Run
 RANGES = [
     ("batch_size grad_accum eval_interval eval_iters log_interval epochs lr_decay_iters plan_gpus",
      lambda v: v >= 1, "at least 1"),
-    ("max_iters sample_tokens warmup_iters", lambda v: v >= 0, "0 or more"),
+    ("max_iters sample_tokens warmup_iters keep_every", lambda v: v >= 0, "0 or more"),
     ("seed", lambda v: v >= 0, "0 or more (numpy's generators take no negative seed)"),
-    ("lr", lambda v: v > 0, "a finite number above 0"),
+    ("lr gpu_tflops", lambda v: v > 0, "a finite number above 0"),
     ("gpu_memory", lambda v: v > 0, "a finite number of GiB above 0"),
     ("dist_timeout", lambda v: v > 0, "a finite number of seconds above 0"),
     ("min_lr weight_decay", lambda v: v >= 0, "a finite number, 0 or more"),
@@ -89,6 +89,7 @@ class TrainConfig:
     grad_clip: float = setting(1.0, "clip the gradient's norm to this; 0 disables")
     # evaluation, logging, sampling
     eval_interval: int = setting(250, "evaluate and save a checkpoint every this many steps")
+    keep_every: int = setting(0, "keep the checkpoint of every N-th step too, ckpt_N.pt; 0: none")
     eval_iters: int = setting(20, "batches per split at each evaluation")
     log_interval: int = setting(50, "print the loss every this many steps")
     sample_tokens: int = setting(300, "tokens sampled from the trained model at the end; 0 skips")
@@ -104,9 +105,11 @@ class TrainConfig:
     dist_timeout: float = setting(900.0, "torchrun: seconds to wait on another process, then stop")
     seed: int = setting(1337, "the data order and the initial weights")
     # memory plan (support/plan.py)
-    plan: bool = setting(False, "print per-GPU memory under DDP and FSDP, then exit")
+    plan: bool = setting(False, "print per-GPU memory under DDP and FSDP and the time, then exit")
     plan_gpus: int | None = setting(None, "processes to plan for; None: WORLD_SIZE, else 8")
-    gpu_memory: float = setting(80.0, "GiB per GPU, for the plan")
+    gpu: str = setting("h100", "the GPU planned for: a100 or h100 (its memory and bf16 peak)")
+    gpu_memory: float | None = setting(None, "GiB per GPU, for the plan; None: --gpu's")
+    gpu_tflops: float | None = setting(None, "peak TFLOPS per GPU, for the plan; None: --gpu's")
     debug: bool = setting(False, "show Python tracebacks for errors")
 
     def __post_init__(self):
@@ -169,9 +172,9 @@ def train(given):
     # ---- settings: the defaults, when resuming the run's own, then the flags given
     distributed, rank, world = process_group()  # torchrun sets RANK and WORLD_SIZE
     master = rank == 0
-    run = Run(given.get("out_dir", TrainConfig.out_dir), master)  # OUT_DIR, from start to end
+    run = Run(TrainConfig, given, master)  # OUT_DIR, from start to end
     given = run.resume(given)  # --init_from=resume (or a torchrun restart): its latest checkpoint
-    tc = run.settings(TrainConfig, given)  # a resume's: its own, read as flags are, then the flags
+    tc = run.settings(given)  # a resume's: its own, read as flags are, then the flags
     if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
         from support.plan import plan
         print(plan(tc, run.model_config or model_config(tc, vocab_size=None)))

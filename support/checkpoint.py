@@ -4,23 +4,21 @@ checkpoints is its latest, for train.py, sample.py and every tool.
 
     model, ckpt = checkpoint.load("out")                # OUT_DIR/ckpt.pt: the model, plain data
     model, ckpt = checkpoint.load_latest("out", "cpu")  # the same, unless a sharded one is newer
-    meta = checkpoint.read_pointer("out")               # OUT_DIR/ckpt-sharded.json, or None
 
-OUT_DIR/ckpt.pt is a torch.save'd dict of tensors and plain data (model_config, train_config,
-iter_num, best_val_loss, rng, the data it trained on), loaded with weights_only=True (loading never
-runs code), its zip CRC-32s verified, its plain data checked and its weights finite. A sharded
-checkpoint (train.py --fsdp=true) is a folder OUT_DIR/shards-<iter>/ that each rank writes its
-shards into with torch.distributed.checkpoint (DCP), and OUT_DIR/ckpt-sharded.json, written last,
-which names it and holds the plain data and a CRC-32 of every file of the folder. The folder's
-.metadata (a pickle PyTorch writes) is read by an unpickler that builds only DCP's own classes.
-Both formats are written atomically; torch.distributed's checkpoint package is imported only where
-it is used (loaded into a DDP process, it makes gloo's shutdown hang now and then).
+OUT_DIR/ckpt.pt is a torch.save'd dict of tensors and plain data (configs, iter_num, rng, the data
+it trained on), loaded with weights_only=True, its zip CRC-32s verified. A sharded checkpoint
+(--fsdp=true) is a folder OUT_DIR/shards-<iter>/ of DCP shards, named by OUT_DIR/ckpt-sharded.json,
+written last, with the plain data and a CRC-32 of every file; its .metadata (a pickle) is read by an
+unpickler that builds only DCP's classes. --keep_every keeps copies, ckpt_<iter>.pt or ckpt_<iter>/.
+torch.distributed.checkpoint is imported only where used (in a DDP process it can hang gloo's exit).
 """
 
+import dataclasses
 import os
 import pickle
 import re
 import shlex
+import shutil
 import sys
 import warnings
 import zipfile
@@ -31,12 +29,15 @@ import torch.distributed as dist
 
 from configurator import UsageError
 from support import files
-from mesh import Config, RecursiveGPT
+from mesh import Config, ConfigError, RecursiveGPT
 
 # a whole checkpoint; the pointer of a sharded one
 CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"
 # the folders of sharded checkpoints (sharded.shards_folder)
 SHARDS = re.compile(r"^shards-\d{8}(-1)?$")
+# kept checkpoints (--keep_every): ckpt_<iter>.pt, or a sharded one's folder ckpt_<iter>/
+KEPT = re.compile(r"^ckpt_(\d+)(\.pt)?$")
+_noted = set()  # (checkpoint, config) whose missing fields were noted: once each
 
 
 class CheckpointError(UsageError):
@@ -44,8 +45,7 @@ class CheckpointError(UsageError):
 
 
 def save(obj, path):
-    """torch.save(obj) to path, atomically (files.atomic_write): a crash leaves the old file or
-    the new."""
+    """torch.save(obj) to path, atomically: a crash leaves the old file or the new."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         files.atomic_write(path, lambda f: torch.save(obj, f))
@@ -54,9 +54,10 @@ def save(obj, path):
                               f"there, if any, is unchanged") from None
 
 
-def load(out_dir, device="cpu"):
-    """Load OUT_DIR/ckpt.pt (weights_only: loading never runs code) -> (model, checkpoint dict)."""
-    path = os.path.join(out_dir, CKPT)
+def load(out_dir, device="cpu", name=CKPT):
+    """Load OUT_DIR/name, ckpt.pt or a kept ckpt_ITER.pt (weights_only: loading never runs code)
+    -> (model, checkpoint dict). Only bytes that fail their checks are called corrupt."""
+    path = os.path.join(out_dir, name)
     if not os.path.isfile(path) and os.path.isfile(os.path.join(out_dir, POINTER)):
         raise CheckpointError(f"{out_dir} holds a sharded checkpoint ({POINTER}) but no {CKPT}; "
                               f"write one from it with: python tools/consolidate.py "
@@ -71,31 +72,61 @@ def load(out_dir, device="cpu"):
         if damaged:
             raise ValueError(f"{damaged} fails its CRC-32 check")
         ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # truncated zip, flipped bits, a foreign file
+        raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint ({cause(e)}); "
+                              f"point --out_dir at another run") from None
+    try:
         missing = {"model", "model_config", "train_config"} - set(ckpt)
         if missing:
             raise KeyError(f"no {', '.join(sorted(missing))}")
         check_plain(ckpt)
-        model = RecursiveGPT(Config.from_dict(ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
+        # train.py never saves one; an older or foreign file may hold one, and sampling would crash
         bad = next((k for k, v in ckpt["model"].items()
                     if v.is_floating_point() and not v.isfinite().all()), None)
-        # train.py never saves one; an older or foreign file may hold one, and sampling would crash
         if bad:
             raise ValueError(f"weight {bad} is not finite")
-    except Exception as e:  # truncated zip, foreign file, missing keys, ...
-        raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                              f"delete it or point --out_dir at another run") from None
+    except Exception as e:
+        raise CheckpointError(f"{path} parsed, but is not a nanoMeSH checkpoint ({cause(e)}); "
+                              f"point --out_dir at another run") from None
+    model = RecursiveGPT(config_of(ckpt, path))
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise intact(path, cause(e).replace("\n", " ")) from None
     return model.to(device), ckpt
+
+
+def intact(path, why):
+    """Bytes that are whole, of a model this code cannot build: other code wrote it."""
+    return CheckpointError(f"{path} is intact, but this code cannot build its model ({why}); read "
+                           f"it with the code that wrote it")
+
+
+def defaults(path, ckpt, key, cls):
+    """Note once (rank 0) the fields of dataclass cls that ckpt[key] lacks: they take defaults."""
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    missing = [k for k in fields if k not in ckpt[key]]
+    if missing and (path, key) not in _noted and os.environ.get("RANK", "0") == "0":
+        _noted.add((path, key))
+        print(f"note: {path} was saved without {key}'s {', '.join(missing)}; this code's "
+              f"defaults: {', '.join(f'{k}={fields[k]!r}' for k in missing)}", file=sys.stderr)
+
+
+def config_of(ckpt, path):
+    """A checkpoint's model Config, missing fields defaulted; an unknown field or scheme refused."""
+    defaults(path, ckpt, "model_config", Config)
+    try:
+        return Config.from_dict(ckpt["model_config"])
+    except ConfigError as e:
+        raise intact(path, e) from None
 
 
 PLAIN = (str, int, float, bool, type(None))  # a setting's value, as JSON holds it
 
 
 def check_plain(ckpt):
-    """The plain data of a checkpoint (a ckpt.pt dict or a pointer), before anything uses it: its
-    configs are objects, train_config names its dataset, and every field that is there has its type
-    (TypeError or ValueError, in words). resume.check asks more of a checkpoint it continues."""
+    """The plain data of a checkpoint (ckpt.pt's dict or a pointer) checked before any use: every
+    field there has its type (TypeError or ValueError, in words)."""
     for key in ("model_config", "train_config"):
         if not isinstance(ckpt[key], dict):
             raise TypeError(f"{key} is a {type(ckpt[key]).__name__}, not a dict")
@@ -119,10 +150,8 @@ POINTER_FIELDS = {"model_config": dict, "train_config": dict, "iter_num": int,
 
 
 def read_pointer(out_dir):
-    """The parsed OUT_DIR/ckpt-sharded.json of a sharded checkpoint, or None when there is none.
-    Everything in it is checked before it is used: every field and its type, and that the folder it
-    names is a shards-<iter> folder inside OUT_DIR (never a path elsewhere, which a resume would
-    read and a save would delete)."""
+    """The parsed OUT_DIR/ckpt-sharded.json, or None: every field checked before use, and that it
+    names a shards-<iter> folder inside OUT_DIR (never a path a save would remove)."""
     path = os.path.join(out_dir, POINTER)
     if not os.path.lexists(path):
         return None
@@ -139,27 +168,30 @@ def read_pointer(out_dir):
         if not all(isinstance(v, list) and all(isinstance(b, int) and 0 <= b < 256 for b in v)
                    for v in meta["rng"].values()) or "torch" not in meta["rng"]:
             raise ValueError("rng is not a list of bytes for torch (and cuda)")
-        for key, kind in (("data", dict), ("saved_at", float), ("checksums", dict)):
-            if key in meta and not isinstance(meta[key], kind):
-                raise TypeError(f"{key} is not a {kind.__name__}")
-        check_plain(meta)
-        Config.from_dict(meta["model_config"])
-        return meta
+        if not isinstance(meta.get("checksums", {}), dict):
+            raise TypeError("checksums is not a dict")
+        check_plain(meta)  # data, saved_at
     except (ValueError, TypeError) as e:  # (json's errors are ValueErrors)
         raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); move it away (and its "
                               f"shards folder) or point --out_dir at another run") from None
+    config_of(meta, path)
+    return meta
+
+
+def peek(out_dir):
+    """OUT_DIR/ckpt.pt memory-mapped, for its plain data: None without one, {} if unreadable."""
+    path = os.path.join(out_dir, CKPT)
+    if not os.path.isfile(path):
+        return None
+    try:
+        return torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+    except Exception:
+        return {}
 
 
 def launches(out_dir):
-    """The torchrun launches (machine.launch_id) that saved OUT_DIR's checkpoints, ckpt.pt and the
-    sharded one; an unreadable one is left out (a resume says what is wrong with it)."""
-    found, path = [], os.path.join(out_dir, CKPT)
-    try:
-        if os.path.isfile(path):
-            found.append(torch.load(path, mmap=True, weights_only=True,
-                                    map_location="cpu").get("launch"))
-    except Exception:  # a damaged file: not this launch's to continue
-        pass
+    """The torchrun launches (launch_id) that saved OUT_DIR's readable checkpoints."""
+    found = [(peek(out_dir) or {}).get("launch")]
     try:
         found.append((read_pointer(out_dir) or {}).get("launch"))
     except CheckpointError:
@@ -168,33 +200,18 @@ def launches(out_dir):
 
 
 def saved(ckpt):
-    """How far a checkpoint (a ckpt.pt dict or a sharded one's pointer) had trained, as a key to
-    compare: (iter_num, saved_at). Training progress decides; the clock, which may have been set
-    back or copied from another machine, only breaks a tie (checkpoints that do not record it count
-    as saved at time 0)."""
-    return int(ckpt["iter_num"]), float(ckpt.get("saved_at", 0.0))
-
-
-def saved_full(out_dir):
-    """saved() of OUT_DIR/ckpt.pt, read without its tensors (memory-mapped); None without one, and
-    the earliest possible for a corrupt one (load() will say so, unless the sharded checkpoint is
-    taken)."""
-    path = os.path.join(out_dir, CKPT)
-    if not os.path.isfile(path):
-        return None
+    """How far a checkpoint had trained, (iter_num, saved_at): the clock only breaks a tie."""
     try:
-        return saved(torch.load(path, mmap=True, weights_only=True, map_location="cpu"))
+        return int(ckpt["iter_num"]), float(ckpt.get("saved_at", 0.0))
     except Exception:
         return -1, -1.0
 
 
 def latest(out_dir):
-    """Which of OUT_DIR's checkpoints, ckpt.pt and a sharded one, is the run's latest: the one rule
-    that a resume, sample.py, tools/probe.py and tools/consolidate.py share. The one further in
-    training (saved()); at the same iteration the one saved later by the clock, or the sharded one
-    when they were saved together (a consolidated ckpt.pt is its copy). -> (CKPT, POINTER or None
-    when there is neither, ckpt.pt's saved() or None, the sharded checkpoint's pointer or None)."""
-    meta, full = read_pointer(out_dir), saved_full(out_dir)
+    """The rule a resume and every reader share: of ckpt.pt and a sharded one, the further by
+    saved(), the sharded at a tie -> (CKPT, POINTER or None, ckpt.pt's saved(), the pointer)."""
+    meta, full = read_pointer(out_dir), peek(out_dir)
+    full = None if full is None else saved(full)
     if meta is None:
         return (CKPT if full else None), full, None
     if full is not None and full > saved(meta):
@@ -202,12 +219,18 @@ def latest(out_dir):
     return POINTER, full, meta
 
 
-def load_latest(out_dir, device, prog="sample.py"):
-    """load(out_dir): OUT_DIR/ckpt.pt, which sample.py and tools/probe.py read. Where a
-    sharded checkpoint (ckpt-sharded.json) stands beside it, the run's latest (checkpoint.latest,
-    the rule a resume follows) is read: a sharded one is refused, naming consolidate.py, which
-    writes ckpt.pt from it, unless ckpt.pt is its copy; otherwise a line on stderr says which one
-    is used."""
+def load_latest(out_dir, device, prog="sample.py", kept=None):
+    """OUT_DIR/ckpt.pt for sample.py and the tools, or with kept=ITER the one --keep_every kept.
+    A newer sharded checkpoint beside it (latest()) is refused, naming consolidate.py."""
+    if kept is not None:  # ckpt_ITER.pt, or a sharded one's folder ckpt_ITER/ (a run folder)
+        if os.path.isdir(os.path.join(out_dir, f"ckpt_{kept}")):
+            return load_latest(os.path.join(out_dir, f"ckpt_{kept}"), device, prog)
+        if os.path.isfile(os.path.join(out_dir, f"ckpt_{kept}.pt")):
+            return load(out_dir, device, f"ckpt_{kept}.pt")
+        found = sorted(int(m[1]) for m in map(KEPT.match, listing(out_dir)) if m)
+        raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} kept ("
+                              + (f"it keeps {', '.join(map(str, found))}" if found else
+                                 "none: train.py keeps them with --keep_every=N") + ")")
     model, ckpt = load(out_dir, device)
     taken, full, pointer = latest(out_dir)
     if pointer is None:
@@ -226,13 +249,43 @@ def load_latest(out_dir, device, prog="sample.py"):
     return model, ckpt
 
 
+def listing(folder):  # its names, sorted; none where there is no folder
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def keep(out_dir, iter_num, sharded):
+    """Keep the checkpoint just saved, which no later save removes: OUT_DIR/ckpt_ITER.pt, or a
+    sharded one as the run folder ckpt_ITER/ (pointer and shards); hard links, else copies."""
+    kept = os.path.join(out_dir, f"ckpt_{iter_num}{'' if sharded else '.pt'}")
+    tmp = files.temporary_name(kept)
+    try:
+        if sharded:
+            meta = read_pointer(out_dir)
+            shutil.copytree(os.path.join(out_dir, meta["folder"]),
+                            os.path.join(tmp, meta["folder"]), copy_function=link)
+            files.write_json(os.path.join(tmp, POINTER), meta)
+        else:
+            link(os.path.join(out_dir, CKPT), tmp)
+        files.remove(kept)  # one kept at this iteration before (a run saved again there)
+        os.replace(tmp, kept)
+    except OSError as e:
+        files.remove(tmp)
+        raise CheckpointError(f"could not keep {kept}: {files.why_write_failed(e, out_dir)}; "
+                              f"the latest checkpoint is saved") from None
+
+
+def link(source, copy):
+    try:  # a hard link writes nothing twice
+        os.link(source, copy)
+    except OSError:  # a filesystem without them
+        shutil.copyfile(source, copy)
+
+
 # -----------------------------------------------------------------------------
 # The sharded format
 
 def tensors(model, optimizer):
-    """The flat dict of tensors DCP saves and loads: model.<name> and
-    optim.<name>.<exp_avg|exp_avg_sq|step> (only tensors: the plain data goes to the JSON
-    pointer)."""
+    """The flat dict of tensors DCP saves and loads: model.<name>, optim.<name>.<state>."""
     # the root keeps its weights gathered after a forward without backward
     if hasattr(model, "reshard"):
         model.reshard()
@@ -245,9 +298,8 @@ def tensors(model, optimizer):
 
 
 def save_sharded(out_dir, model, optimizer, master, data):
-    """Every rank writes its shards into a new folder (shards_folder); then rank 0 points
-    ckpt-sharded.json at it (atomic replace) and removes the previous folder. `data`: the
-    checkpoint's plain entries (configs, iter_num, ...)."""
+    """Every rank writes its shards into a new folder; then rank 0 points ckpt-sharded.json at it
+    (atomic replace, with data: the plain entries) and removes the previous folder."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     old = [None]
@@ -288,18 +340,15 @@ def save_sharded(out_dir, model, optimizer, master, data):
 
 
 def shards_folder(iter_num, named):
-    """The folder a sharded checkpoint of iter_num is written into: shards-<iter>, or
-    shards-<iter>-1 when the pointer names shards-<iter> already (a run saved again at the same
-    iteration, as a sequential run resumed after its data ran out does), so that the checkpoint the
-    pointer names stays whole until it names the new."""
+    """shards-<iter>, or shards-<iter>-1 where the pointer names that already (a run saved again
+    at one iteration): the named checkpoint stays whole until the pointer names the new."""
     folder = f"shards-{iter_num:08d}"
     return folder + "-1" if named == folder else folder
 
 
 def metadata_reader(path):
-    """DCP's reader for the folder `path`, but its .metadata (a pickle written by PyTorch) is read
-    by an unpickler that builds only DCP's own metadata classes, torch sizes, dtypes and layouts,
-    and paths: loading never runs code."""
+    """DCP's reader for the folder `path`, its .metadata (a pickle) read by an unpickler that builds
+    only DCP's metadata classes, torch sizes, dtypes, layouts and paths: it never runs code."""
     from torch.distributed.checkpoint import FileSystemReader
 
     class MetadataReader(FileSystemReader):
@@ -334,8 +383,7 @@ def metadata_reader(path):
 
 
 def cause(e):
-    """'Type: first line' of an error; for DCP's CheckpointException (a BaseException that gathers
-    every rank's failure), of the first rank's."""
+    """'Type: first line' of an error; of DCP's CheckpointException, its first rank's failure."""
     from torch.distributed.checkpoint.api import CheckpointException
     if isinstance(e, CheckpointException) and e.failures:
         rank, (e, _) = next(iter(sorted(e.failures.items(), key=lambda kv: kv[0])))
@@ -345,8 +393,7 @@ def cause(e):
 
 
 def failed(path, e):
-    """The sharded checkpoint in folder path cannot be read: say so, and what is left (without
-    losing anything)."""
+    """The sharded checkpoint in folder path cannot be read: say so, and what is left."""
     out_dir = os.path.dirname(path)
     other = (f"move {POINTER} away to resume from {CKPT}, "
              f"the other checkpoint there, or "
@@ -365,18 +412,15 @@ def crc32(path):
 
 
 def share(path, rank=None, world=None):
-    """The files of the shards folder path that this rank checksums: every world-th, from its rank
-    on."""
+    """The files of the shards folder path that this rank checksums: every world-th from rank."""
     rank = dist.get_rank() if rank is None else rank
     world = dist.get_world_size() if world is None else world
     return sorted(os.listdir(path))[rank::world]
 
 
 def verify(out_dir, meta, no_dist=False):
-    """Every file of the sharded checkpoint against the CRC-32 its pointer records, before anything
-    is read (each rank its share; no_dist: this process all of them); a mismatch is one
-    CheckpointError on every rank. Sharded checkpoints written before checksums were recorded are
-    read unchecked."""
+    """Every file of the sharded checkpoint against its pointer's CRC-32s before any read (each rank
+    its share; no_dist: all here); a mismatch is one CheckpointError on every rank."""
     path = os.path.join(out_dir, meta["folder"])
     if "checksums" not in meta:
         return
@@ -406,9 +450,8 @@ def stored_keys(out_dir, meta):
 
 
 def dcp_load(state, out_dir, meta, no_dist=False):
-    """DCP-load `state` (a dict of tensors, each filled in place) from the folder `meta` names; any
-    failure (a missing, truncated or foreign shard) is one CheckpointError, raised on every rank
-    (DCP gathers one rank's failure to all). no_dist: this process reads everything by itself."""
+    """DCP-load `state` (tensors, filled in place) from the folder `meta` names; any failure is one
+    CheckpointError on every rank. no_dist: this process reads everything by itself."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     path = os.path.join(out_dir, meta["folder"])
@@ -435,11 +478,9 @@ def load_sharded(out_dir, meta, model, optimizer):
 
 
 def load_whole(out_dir, meta):
-    """A sharded checkpoint in one process, as the dict a resume continues from (resume.load's:
-    ckpt.pt's entries, "model" the model): for DDP and single-process resumes and for
-    consolidation."""
+    """A sharded checkpoint read whole in one process, as a resume's dict (run.load's)."""
     verify(out_dir, meta, no_dist=True)
-    model = RecursiveGPT(Config.from_dict(meta["model_config"]))
+    model = RecursiveGPT(config_of(meta, os.path.join(out_dir, POINTER)))
     tc = meta["train_config"]
     optimizer = model.configure_optimizer(tc["weight_decay"], tc["lr"] or 0.0,
                                           (tc["beta1"], tc["beta2"]))

@@ -1,20 +1,17 @@
 """
-Training over many processes with torchrun: the process group, and how the model is spread over
-the processes, one object whichever way: whole on every process with DDP (Spread), or its weights,
-gradients and AdamW state sharded with FSDP2 (--fsdp=true: Sharded). train.py takes one at the start
-and never asks which it is.
+Training over many processes with torchrun: the process group, and how the model is spread, one
+object whichever way: whole on every process with DDP (Spread), or weights, gradients and AdamW
+state sharded with FSDP2 (--fsdp=true: Sharded). train.py takes one and never asks which.
 
     distributed, rank, world = process_group()          # torchrun's RANK, WORLD_SIZE
     spread = spread_over(tc, distributed, world)        # --fsdp: Sharded, else Spread
     raw_model, model = spread.wrap(model, device, tc, scratch=True)  # model: compiled, in DDP
     with spread.sync(model, last=...): loss.backward()  # DDP all-reduces at the last micro-batch
-    spread.save(out_dir, raw_model, optimizer, master, state)
 
-FSDP2's units: one per unique block, plus the root (embedding, routers, final LayerNorm, head). A
-shared core's blocks run K times a forward: FSDP gathers their weights at each application and
-accumulates the K gradients into the one sharded gradient. On GPUs blocks gather bf16 weights and
-reduce float32 gradients; the root and the blocks' inputs stay float32 and autocast is on as under
-DDP, so the residual stream, the MeSH buffer, LayerNorms and the loss are float32 as there.
+FSDP2's units: one per unique block, plus the root. A shared core's blocks, run K times a forward,
+are gathered at each application and their K gradients accumulate into one shard. On GPUs blocks
+gather bf16 weights and reduce float32 gradients; the residual stream, the MeSH buffer, LayerNorms
+and the loss stay float32 under autocast, as under DDP.
 """
 
 import datetime
@@ -29,7 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import UsageError
-from support import checkpoint
+from support import checkpoint, files
 
 # DDP's switch for syncing buffers at every forward: forward_sync_buffers from torch 2.13 on
 NO_BUFFER_SYNC = next(k for k in ("forward_sync_buffers", "broadcast_buffers")
@@ -46,8 +43,7 @@ class LaunchError(UsageError):
 
 def process_group():
     """(distributed, rank, world size) from torchrun's RANK and WORLD_SIZE; no RANK: one process.
-    RANK set but not by torchrun (a shell's leftover of an earlier job) is refused: it would wait
-    for peers that never come."""
+    RANK set but not by torchrun (a shell's leftover) is refused: it would wait for no one."""
     rank, size = os.environ.get("RANK", "-1"), os.environ.get("WORLD_SIZE")
     if rank == "-1":
         return False, 0, 1
@@ -71,35 +67,73 @@ def process_group():
 
 
 def join(device, timeout):
-    """Join this torchrun job's process group (NCCL on GPUs, else gloo); a collective then waits
-    at most timeout seconds on the others (a frozen peer, then a line)."""
+    """Join this torchrun job's process group (NCCL on GPUs, else gloo), waits of timeout s."""
     _started["timeout"] = timeout
-    wait = datetime.timedelta(seconds=timeout)
     try:
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo",
-                                timeout=wait, **attempt_store(wait))
+                                timeout=datetime.timedelta(seconds=timeout), store=store(timeout),
+                                rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
     except RuntimeError as e:  # torch's DistStoreError, DistNetworkError: the others never came
-        raise LaunchError(f"could not join the other processes of this torchrun job "
-                          f"({first_line(e)}): one failed before joining (its own output says "
-                          f"why), or did not come within --dist_timeout={timeout:g} s") from None
+        raise not_joined(e, timeout) from None
 
 
-def attempt_store(wait):
-    """init_process_group's store under torchrun's agent store, keyed by the restart: a restarted
-    process could otherwise read the address a killed one published before its new peer replaces
-    it. {} outside torchrun."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return {}
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=wait)
-    return {"store": dist.PrefixStore(f"nanomesh/attempt_{attempt}", agent),
-            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+def not_joined(error, timeout):  # the line for a process that could not join its job
+    return LaunchError(f"could not join the other processes of this torchrun job "
+                       f"({first_line(error)}): one failed before joining (its own output says "
+                       f"why), or did not come within --dist_timeout={timeout:g} s")
+
+
+def store(timeout):
+    """This job's key-value store, made once: torchrun's agent store (else rank 0's) under a
+    prefix keyed by the restart, so a restart never reads what a killed process published."""
+    if "store" not in _started:
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        try:
+            tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                is_master=not agent and os.environ["RANK"] == "0",
+                                timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+        except RuntimeError as e:
+            raise not_joined(e, timeout) from None
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        _started["store"] = dist.PrefixStore(f"nanomesh/attempt_{attempt}", tcp)
+    return _started["store"]
+
+
+def one_folder(out_dir, timeout):
+    """Several nodes need one out_dir that all see: rank 0 writes a file there, named through the
+    job's store, and where any process does not see it, all stop with the same line."""
+    world, local = int(os.environ.get("WORLD_SIZE", 1)), os.environ.get("LOCAL_WORLD_SIZE")
+    if os.environ.get("RANK", "-1") == "-1" or int(local or world) == world:
+        return  # one process, or one machine
+    rank, token = int(os.environ["RANK"]), None
+    jobs, made = store(timeout), not os.path.isdir(out_dir)
+    try:
+        if rank == 0:
+            os.makedirs(out_dir, exist_ok=True)
+            token = files.temporary_name(os.path.join(out_dir, "one-folder"))
+            open(token, "x").close()
+            jobs.set("token", os.path.basename(token))
+        seen = os.path.isfile(os.path.join(out_dir, jobs.get("token").decode()))
+        jobs.set(f"saw/{rank}", "" if seen else platform.node())
+        jobs.wait([f"saw/{r}" for r in range(world)])
+        blind = [(r, jobs.get(f"saw/{r}").decode()) for r in range(world)]
+    except RuntimeError as e:  # a store's timeout: a process never came, or stopped
+        raise not_joined(e, timeout) from None
+    finally:
+        if token:
+            files.remove(token)
+            if made:
+                os.rmdir(out_dir)
+    r, host = next(((r, host) for r, host in blind if host), (0, ""))
+    if host:
+        raise UsageError(f"--out_dir={out_dir} is not one folder for all processes: rank {r} (on "
+                         f"{host}) does not see the file rank 0 wrote there; several nodes need "
+                         f"one out_dir on a filesystem every node sees, at the same path")
 
 
 def launch_id():
-    """Which torchrun launch this process belongs to, as its checkpoints record it (None outside
-    torchrun): torchrun's run id, or where that is its default "none", this machine and launcher."""
+    """This process's torchrun launch, as checkpoints record it (the run id, or machine:pid)."""
     run = os.environ.get("TORCHELASTIC_RUN_ID")
     if run is None:
         return None
@@ -107,9 +141,8 @@ def launch_id():
 
 
 def restarted(given, out_dir, master):
-    """The flags given, or for a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) of the launch
-    whose checkpoint is in out_dir, the flags that continue it (--init_from=resume): started again,
-    the run would begin over its own checkpoint or refuse its folder."""
+    """The flags given, or for a torchrun restart of the launch whose checkpoint is in out_dir, the
+    flags that continue it (--init_from=resume), not begin over it."""
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if count in ("", "0") or given.get("init_from") == "resume" or launch_id() is None:
         return given
@@ -133,8 +166,7 @@ def grouped():
 
 
 def lost_peer(error):
-    """The one line for a collective that failed: another process stopped (its own output says
-    why), or past --dist_timeout one never answered (frozen, or its machine unreachable)."""
+    """The one line for a failed collective: a peer stopped, or did not answer in --dist_timeout."""
     first = first_line(error)
     if not re.search(r"timed out|timeout", first, re.IGNORECASE):
         return f"another process of this torchrun job stopped ({first}); its own output says why"
@@ -165,8 +197,7 @@ def close():
 
 
 def from_rank0(fn, distributed, master):
-    """fn() on rank 0, its result (or its one-line error) shared with every rank, so that all act
-    on one decision and none waits forever when rank 0 fails."""
+    """fn() on rank 0, its result or one-line error shared with every rank: one decision for all."""
     result, failed = None, None
     if master:
         try:
@@ -186,9 +217,8 @@ def from_rank0(fn, distributed, master):
 # How the model is spread: whole (one process, DDP) or sharded (FSDP2)
 
 def spread_over(tc, distributed, world):
-    """Sharded with --fsdp=true (torchrun only), else Spread; --grad_accum must share out evenly
-    over the processes (not given: one micro-batch a process, saved so that a resume keeps it)."""
-    tc.grad_accum = tc.grad_accum or world
+    """Sharded with --fsdp=true, else Spread; --grad_accum must share out evenly."""
+    tc.grad_accum = tc.grad_accum or world  # one micro-batch a process, saved
     if tc.grad_accum % world:
         raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the world size "
                          f"{world}; use a multiple of {world}")
@@ -202,8 +232,7 @@ class Spread:
     flag = ""                     # what the command that resumes it adds
 
     def wrap(self, model, device, tc, scratch):
-        """(the model on its device, what trains: compiled with --compile, under torchrun in DDP,
-        which gives every process rank 0's weights when it wraps)."""
+        """(the model on its device, what trains: compiled, in DDP, with rank 0's weights)."""
         raw = model.to(device)
         model = torch.compile(raw) if tc.compile else raw
         if dist.is_initialized():  # no buffers to broadcast: the rotary tables are the same
@@ -241,8 +270,7 @@ class Sharded(Spread):
                              "process: --nproc_per_node=1)")
 
     def wrap(self, model, device, tc, scratch):
-        """(the sharded model, what trains: the same, compiled with --compile). A scratch model
-        takes rank 0's initial weights first, as DDP does."""
+        """(the sharded model, what trains: compiled); a scratch model takes rank 0's weights."""
         if not device.startswith("cuda") and torch.__version__ < (2, 7):  # FSDP2's CPU streams
             raise UsageError(f"--fsdp=true on {device} needs torch 2.7 or later (this is "
                              f"{torch.__version__}): upgrade torch, or train without --fsdp (DDP)")
@@ -273,8 +301,7 @@ class Sharded(Spread):
         checkpoint.save_sharded(out_dir, model, optimizer, master, state)
 
     def load(self, resume, model, optimizer):
-        """A sharded checkpoint's shards (each rank its own), or a whole checkpoint's optimizer
-        state cut to this rank's shards (its weights came with the model)."""
+        """A sharded checkpoint's shards, or a whole one's optimizer state cut to this rank's."""
         if "folder" in resume:
             checkpoint.load_sharded(os.path.dirname(resume["path"]), resume, model, optimizer)
         else:
@@ -282,8 +309,7 @@ class Sharded(Spread):
 
 
 def shard_optimizer_state(state_dict, optimizer):
-    """A whole optimizer state dict with every tensor of a sharded parameter cut to this rank's
-    shard, ready for optimizer.load_state_dict (ids follow the order of the optimizer's groups)."""
+    """A whole optimizer state dict, each sharded parameter's tensors cut to this rank's shard."""
     from torch.distributed.tensor import DTensor, distribute_tensor
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state = {}

@@ -1,43 +1,67 @@
 """
-The plan of a training launch, per GPU, before it starts: `python train.py CONFIG --plan=true`.
-Nothing is built: the figures are device.py's arithmetic, the same that refuses a run that cannot
-fit. For --plan_gpus processes (default: WORLD_SIZE under torchrun, else 8) and GPUs of --gpu_memory
-GiB it prints weights, gradients, optimizer state, working buffers and activations, with and
-without --grad_checkpoint, under DDP and under FSDP (--fsdp=true), and whether each fits.
+The plan of a training launch: `python train.py CONFIG --plan=true`, built from device.py's
+arithmetic (the same that refuses a run that cannot fit), for --plan_gpus processes of a --gpu. Per
+GPU: weights, gradients, AdamW, buffers and activations under DDP and FSDP, with and without
+--grad_checkpoint; the one a run should take (choose(): every config/ sets it); FLOPs and days.
 """
 
 import os
 
-from support.device import GiB, memory, param_counts
+from configurator import UsageError
+from support.device import GiB, PEAK_BF16_FLOPS, flops_per_token, memory, param_counts
+
+GPUS = {"a100": (80, 312e12), "h100": (80, PEAK_BF16_FLOPS["NVIDIA H100"])}  # GiB, FLOP/s
+# [choice] of each GPU's memory a plan leaves free: the CUDA context, the allocator's fragments,
+# the activation estimate's error (within 25% of measured peaks: test_plan.py), compile's buffers
+HEADROOM = 0.2
+MFU = 0.4  # [choice] the model FLOPs utilisation the time assumes: a stated guess, not measured
+SPREADS = [("DDP", False, False), ("DDP + grad_ckpt", False, True), ("FSDP", True, False),
+           ("FSDP + grad_ckpt", True, True)]  # in the order a run prefers them (choose)
 
 
 def plan_gpus(given):
-    """The process count to plan for: --plan_gpus, else torchrun's WORLD_SIZE, else one node of
-    8."""
+    """The process count to plan for: --plan_gpus, else torchrun's WORLD_SIZE, else 8."""
     return given if given is not None else int(os.environ.get("WORLD_SIZE", 8))
 
 
+def choose(cfg, batch_size, n, gib, compute_bytes):
+    """The spread a run should take, (name, fsdp, grad_checkpoint): the first of SPREADS within
+    (1 - HEADROOM) of gib, or None."""
+    room = (1 - HEADROOM) * gib * GiB
+    return next((s for s in SPREADS
+                 if memory(cfg, batch_size, n, *s[1:], compute_bytes)["total"] <= room), None)
+
+
 def plan(tc, cfg):
-    """The plan's text for TrainConfig tc (batch_size, dtype, plan_gpus, gpu_memory) and model
-    cfg."""
-    n = plan_gpus(tc.plan_gpus)
+    """The plan's text for TrainConfig tc and model cfg."""
+    if tc.gpu not in GPUS:
+        raise UsageError(f"--gpu={tc.gpu} is not one of {', '.join(GPUS)}; name one, or give "
+                         f"--gpu_memory=GIB and --gpu_tflops=TFLOPS")
+    n, (gib, peak) = plan_gpus(tc.plan_gpus), GPUS[tc.gpu]  # each replaced by its flag, if given
+    gib, peak = tc.gpu_memory or gib, 1e12 * tc.gpu_tflops if tc.gpu_tflops else peak
     a = 4 if tc.dtype == "float32" else 2  # auto means bf16 autocast on the GPUs planned for
-    P = param_counts(cfg)[0]
     tokens = tc.batch_size * cfg.block_size
-    lines = [f"memory plan: {tc.model} layout {cfg.layout} scheme {cfg.scheme}, {P:,} params, "
-             f"micro-batch {tc.batch_size} x {cfg.block_size} = {tokens:,} tokens, "
-             f"{'float32' if a == 4 else 'bf16 autocast'}, "
-             f"{n} GPU(s) of {tc.gpu_memory:g} GiB",
+    name = "as given" if tc.gpu_memory or tc.gpu_tflops else tc.gpu
+    lines = [f"plan: {tc.model} layout {cfg.layout} scheme {cfg.scheme}, "
+             f"{param_counts(cfg)[0]:,} params, micro-batch {tc.batch_size} x {cfg.block_size} = "
+             f"{tokens:,} tokens, {'float32' if a == 4 else 'bf16 autocast'}, {n} GPU(s) of "
+             f"{gib:g} GiB and {peak / 1e12:g} TFLOPS ({name})",
              f"{'GiB per GPU':<18}{'weights':>9}{'grads':>9}{'AdamW':>9}{'working':>9}"
              f"{'activ.':>9}{'total':>9}  fits"]
-    for fsdp in (False, True):
-        for ckpt in (False, True):
-            m = memory(cfg, tc.batch_size, n, fsdp, ckpt, a)
-            name = ("FSDP" if fsdp else "DDP") + (" + grad_ckpt" if ckpt else "")
-            fits = "yes" if m["total"] <= tc.gpu_memory * GiB else "no"
-            lines.append(f"{name:<18}" + "".join(f" {m[k] / GiB:>8.2f}" for k in
-                                                  ("weights", "gradients", "optimizer", "working",
-                                                   "activations", "total")) + f"  {fits}")
-    lines.append("add the CUDA context and allocator slack (about 1-3 GiB); "
-                 "torch.compile may save fewer activations")
+    chosen = choose(cfg, tc.batch_size, n, gib, a)
+    for spread in SPREADS:
+        m = memory(cfg, tc.batch_size, n, spread[1], spread[2], a)
+        lines.append(f"{spread[0]:<18}" + "".join(f" {m[k] / GiB:>8.2f}" for k in (
+            "weights", "gradients", "optimizer", "working", "activations", "total"))
+            + ("  yes" if m["total"] <= gib * GiB else "  no")
+            + ("  <- the choice" if spread == chosen else ""))
+    lines.append(f"the choice: the first within {1 - HEADROOM:.0%} of {gib:g} GiB (the rest: the "
+                 f"CUDA context, the allocator, the estimate's error){'' if chosen else ': none'}")
+    step = flops_per_token(cfg) * tc.batch_size * tc.grad_accum * cfg.block_size
+    again = 4 / 3 if tc.grad_checkpoint else 1  # grad_ckpt: each block's forward runs again
+    days = step * tc.max_iters * again / (n * peak * MFU) / 86400
+    lines.append(f"time, as set: {step:.3g} FLOPs a step ({flops_per_token(cfg):.3g} a token), "
+                 f"{tc.max_iters:,} steps: {days:,.1f} days on {n} GPU(s) at {MFU:.0%} MFU "
+                 f"({days * 24 * n:,.0f} GPU-hours"
+                 + (", x 4/3 for grad_ckpt's recompute)" if again > 1 else ")"))
     return "\n".join(lines)

@@ -1,22 +1,19 @@
 """
 A training run's own folder, OUT_DIR, from start to end: the checkpoint a resume continues from and
-every check it must pass, the folder held by its real path, a fresh run's refusal to start over
-another (unless --overwrite), the run taking the folder (its lock, killed writers' leftovers, its
-log), checkpoints saved only of a model that did not blow up, and the line that continues a
-stopped run. train.py makes one Run:
+its checks, a fresh run's refusal to start over another (unless --overwrite), the folder taken (its
+lock, killed writers' leftovers, its log), checkpoints saved only of a model that did not blow up:
 
-    run = Run(given.get("out_dir", "out"), master)
+    run = Run(TrainConfig, given, master)  # the settings' class, the flags given
     given = run.resume(given)              # --init_from=resume: its latest checkpoint, run.ckpt
-    tc = run.settings(TrainConfig, given)  # a resume's saved settings, then the flags given
+    tc = run.settings(given)               # a resume's saved settings, then the flags given
     if not run.check(tc, given, spread):   # everything checked; a finished run is left alone
         return 0
     run.start(tc, device.type)             # the run takes OUT_DIR
     run.write(record, text)                # print, and append to log.jsonl
     run.save(model, optimizer, state, losses)  # refused for a model that blew up
 
-A resume continues bit for bit: the same data (a step's batches depend on the step alone), the
-same random state, the same AdamW moments; either checkpoint format resumes in either mode.
-Nothing a run writes follows a link out of its folder.
+A resume continues bit for bit (a step's batches depend on the step alone), either checkpoint
+format in either mode. Nothing a run writes follows a link out of its folder.
 """
 
 import dataclasses
@@ -30,9 +27,9 @@ import torch.distributed as dist
 
 from configurator import UsageError, value_of
 from support import checkpoint, distributed, files
-from support.checkpoint import CKPT, POINTER, SHARDS, CheckpointError
+from support.checkpoint import CKPT, KEPT, POINTER, SHARDS, CheckpointError
 from support.log import RunLog, check_log, need_wandb
-from mesh import Config, RecursiveGPT
+from mesh import RecursiveGPT
 
 NOT_KEPT = ("out_dir", "fsdp")  # a resume writes where it read; how it spreads is the launch's
 # train.py resolves or derives these (auto, None): a checkpoint keeps them as given
@@ -43,8 +40,9 @@ DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab): ten times a unifo
 class Run:
     """OUT_DIR of one training run, as rank 0 (master) or another rank sees it."""
 
-    def __init__(self, out_dir, master):
-        self.out_dir, self.master = out_dir, master
+    def __init__(self, cls, given, master):
+        self.cls, self.master = cls, master  # the settings' dataclass (train.py's TrainConfig)
+        self.out_dir = given.get("out_dir", cls.out_dir)
         self.ckpt = None        # the checkpoint a resumed run continues from (load()'s dict)
         self.log = None         # OUT_DIR/log.jsonl (rank 0's), once the run has started
         self.spread = None      # how the model is spread: what it saves, and how
@@ -53,8 +51,9 @@ class Run:
         self.device_type = None  # whose random state a checkpoint keeps
 
     def resume(self, given):
-        """--init_from=resume (or a torchrun restart of the launch that saved here): load the
-        run's latest checkpoint, the folder owned first (a live run may be saving into it)."""
+        """--init_from=resume (or a torchrun restart): the latest checkpoint, the folder owned
+        first (a live run may be saving into it), once every process sees the folder rank 0 does."""
+        distributed.one_folder(self.out_dir, given.get("dist_timeout", self.cls.dist_timeout))
         given = distributed.restarted(given, self.out_dir, self.master)
         if given.get("init_from") != "resume":
             return given
@@ -63,14 +62,21 @@ class Run:
         self.ckpt = load(self.out_dir, sharded=bool(given.get("fsdp")))
         return given
 
-    def settings(self, cls, given):
-        """The run's settings, a cls: a resume's saved ones (read as a config file's values are;
-        all but NOT_KEPT), then the flags given over them. A saved value that is wrong is named as
-        the checkpoint's, with the flag that replaces it."""
-        saved, path = {}, self.ckpt and self.ckpt["path"]
+    def settings(self, given):
+        """A resume's saved settings (all but NOT_KEPT, read as a config file's: unknown ones
+        refused, missing ones defaulted), then the flags given; a wrong saved value is named."""
+        saved, path, cls = {}, self.ckpt and self.ckpt["path"], self.cls
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        for key, value in (self.ckpt or {}).get("train_config", {}).items():
-            if key in fields and key not in NOT_KEPT and key not in given:
+        old = (self.ckpt or {}).get("train_config", {})
+        unknown = sorted(set(old) - set(fields))
+        if unknown:
+            raise CheckpointError(f"{path} is intact, but this code has no setting "
+                                  f"{', '.join(unknown)}, which its run was trained with; resume "
+                                  f"it with the code that wrote it")
+        if self.ckpt:
+            checkpoint.defaults(path, self.ckpt, "train_config", cls)
+        for key, value in old.items():
+            if key not in NOT_KEPT and key not in given:
                 try:
                     saved[key] = value_of(fields[key], value, f"{path}'s saved train_config")
                 except UsageError as e:
@@ -99,14 +105,16 @@ class Run:
         return (self.ckpt.get("data") or {}) if self.ckpt else None
 
     def check(self, tc, given, spread):
-        """Everything before the run touches OUT_DIR: the folder held by its real path (a link
-        re-pointed later moves nothing), then a resume's every reason it cannot continue, or a
-        fresh run's refusal to start over a run. False for a resumed run that is finished."""
+        """Everything before the run touches OUT_DIR, held by its real path (a link re-pointed later
+        moves nothing). False for a resumed run that is finished."""
         real = os.path.realpath(tc.out_dir)
         self.out_dir = tc.out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
         self.spread = spread
         if tc.wandb_log:  # refused before the data and the model, if wandb is not installed
             need_wandb()
+        if tc.keep_every % tc.eval_interval:
+            raise UsageError(f"--keep_every={tc.keep_every} keeps checkpoints, which are saved "
+                             f"every --eval_interval={tc.eval_interval} steps: give a multiple")
         if self.ckpt:
             check_resumable(self.ckpt, tc, given)
             self.saved_iter = self.ckpt["iter_num"]
@@ -116,9 +124,9 @@ class Run:
         return True
 
     def start(self, tc, device_type):
-        """All checked: rank 0 takes OUT_DIR (its lock, killed writes' leftovers, its log). A fresh
-        run over an old one (--overwrite) replaces all of it at its first checkpoint."""
-        self.device_type = device_type
+        """Rank 0 takes OUT_DIR (lock, leftovers, log); a run --overwrite replaces goes at its
+        first checkpoint."""
+        self.device_type, self.keep_every = device_type, tc.keep_every
         if not self.master:
             return
         out_dir, fresh = self.out_dir, self.ckpt is None
@@ -135,8 +143,7 @@ class Run:
                           tc if tc.wandb_log else None)
 
     def restore(self, model, optimizer, seed, rank, world, device_type):
-        """A resumed run's AdamW state (under FSDP its weights too), and its random state: rank 0's
-        saved one; every other rank its own seed for this step (their dropout masks differ)."""
+        """A resumed run's AdamW state (FSDP: weights too) and random state (others: seeded)."""
         self.spread.load(self.ckpt, model, optimizer)
         if rank == 0:
             torch.set_rng_state(self.ckpt["rng"]["torch"].cpu())
@@ -151,10 +158,8 @@ class Run:
             self.log.write(record, text)
 
     def save(self, model, optimizer, state, losses):
-        """Save a checkpoint of state (plain data) with the model and AdamW, unless the model blew
-        up (FloatingPointError, naming the last good checkpoint); then commit the log. It also
-        keeps what a resume needs to go on exactly: the settings as given, the random state, when
-        and by which torchrun launch it was saved."""
+        """Save state (plain data, with what a resume needs to go on exactly), the model and AdamW
+        unless the model blew up (FloatingPointError); keep it (--keep_every); commit the log."""
         check_saveable(model, optimizer, losses, state["iter_num"], self.last_good)
         rng = {"torch": torch.get_rng_state()}
         if self.device_type == "cuda":
@@ -162,7 +167,9 @@ class Run:
         state = {**state, "rng": rng, "saved_at": time.time(), "launch": distributed.launch_id()}
         state["train_config"] = {**state["train_config"], **self.as_given}
         self.spread.save(self.out_dir, model, optimizer, self.master, state)
-        self.saved_iter = state["iter_num"]
+        self.saved_iter = it = state["iter_num"]
+        if self.master and self.keep_every and it and it % self.keep_every == 0:
+            checkpoint.keep(self.out_dir, it, self.spread.checkpoint == POINTER)
         if self.master:
             self.log.commit()
 
@@ -186,10 +193,8 @@ class Run:
 # A resume: the checkpoint it continues from, and every check it must pass
 
 def load(out_dir, sharded):
-    """The run in OUT_DIR as the dict a resume continues from: the checkpoint's entries, "model"
-    its model, "path" its file; of ckpt.pt and a sharded checkpoint, the latest (checkpoint.latest).
-    sharded (an FSDP launch): a sharded checkpoint gives its plain data and a model of its config,
-    whose shards each rank reads later (distributed.Sharded.load); otherwise it is read whole."""
+    """The latest checkpoint in OUT_DIR as a resume's dict (its entries, "model", "path"). sharded
+    (FSDP): a sharded one gives a model of its config, each rank reading its shards later."""
     if not out_dir.strip():  # "" would read the working folder's files
         raise UsageError("--out_dir is empty; give the run's folder: "
                          "--init_from=resume --out_dir=OUT_DIR")
@@ -207,14 +212,13 @@ def load(out_dir, sharded):
     if not sharded:
         return checkpoint.load_whole(out_dir, meta)
     return {**meta, "rng": checkpoint.rng_from_json(meta["rng"]),
-            "model": RecursiveGPT(Config.from_dict(meta["model_config"])),
+            "model": RecursiveGPT(checkpoint.config_of(meta, os.path.join(out_dir, POINTER))),
             "path": os.path.join(out_dir, POINTER)}
 
 
 def check_resumable(ckpt, tc, given):
-    """Every reason the run in ckpt cannot continue as train.py was asked: something it needs is
-    missing or damaged, a model setting given contradicts it, its AdamW state does not fit its
-    model, or a sequential run's windows a step changed (its dataset is data/dataset.py's)."""
+    """Every reason the run in ckpt cannot continue as asked: something missing or damaged, a model
+    setting given against it, AdamW's state not its model's, a sequential run's step resized."""
     path, problem = ckpt["path"], None
     kinds = {"iter_num": int, "best_val_loss": float, "rng": dict,
              **({} if "folder" in ckpt else {"optimizer": dict})}
@@ -280,15 +284,13 @@ def optimizer_mismatch(saved, optimizer):
 # OUT_DIR's checkpoints: a fresh run is refused over an old one, which --overwrite replaces
 
 def run_files(out_dir):
-    """The files that make OUT_DIR a run: ckpt.pt, ckpt-sharded.json, shards-<iter>/."""
-    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
-    return [os.path.join(out_dir, n) for n in sorted(names)
-            if n in (CKPT, POINTER) or SHARDS.match(n)]
+    """The files that make OUT_DIR a run: ckpt.pt, ckpt-sharded.json, shards-<iter>/, kept ones."""
+    return [os.path.join(out_dir, n) for n in checkpoint.listing(out_dir)
+            if n in (CKPT, POINTER) or SHARDS.match(n) or KEPT.match(n)]
 
 
 def check_fresh(out_dir, overwrite):
-    """A scratch run into out_dir: refused where a run is (unless --overwrite), and where a live
-    one is first of all."""
+    """A scratch run into out_dir: refused where a run is (unless --overwrite), a live one first."""
     if os.path.isdir(out_dir):
         files.own(out_dir)
         check_log(out_dir)
@@ -300,19 +302,18 @@ def check_fresh(out_dir, overwrite):
 
 
 def replace_old_run(out_dir, keep):
-    """After a fresh run's first checkpoint (keep: its format's file) the old run goes: the other
-    format's checkpoint, and every shards folder the (new) pointer does not name."""
+    """After a fresh run's first checkpoint (keep: its format's file) the old run's files go."""
     named = checkpoint.read_pointer(out_dir)["folder"] if keep == POINTER else None
     for path in run_files(out_dir):
         name = os.path.basename(path)
-        if name == (POINTER if keep == CKPT else CKPT) or SHARDS.match(name) and name != named:
+        if name == (POINTER if keep == CKPT else CKPT) or SHARDS.match(name) and name != named \
+                or KEPT.match(name):
             files.remove(path)
 
 
 def remove_unfinished_shards(out_dir):
-    """Remove the shards folders ckpt-sharded.json does not name: killed sharded writes, or the
-    previous checkpoint's, left by a kill after the pointer moved on (by the run that owns
-    OUT_DIR)."""
+    """Remove the shards folders ckpt-sharded.json does not name: killed writes' or the previous
+    checkpoint's (by the run that owns OUT_DIR)."""
     meta = checkpoint.read_pointer(out_dir)
     for name in os.listdir(out_dir):
         if SHARDS.match(name) and (meta is None or name != meta["folder"]):
@@ -328,8 +329,7 @@ def _local(v):
 
 
 def unsaveable(model, optimizer, losses):
-    """Why this model must not be saved, or None: an evaluated loss not finite or blown up (far
-    worse than a uniform guess), or a weight or optimizer state that is not finite."""
+    """Why this model must not be saved (a loss or tensor not finite, a loss blown up), or None."""
     limit = DIVERGED * math.log(model.config.vocab_size)
     for split, loss in losses.items():
         if not math.isfinite(loss):
@@ -349,8 +349,7 @@ def unsaveable(model, optimizer, losses):
 
 
 def check_saveable(model, optimizer, losses, iter_num, last_good):
-    """Raise FloatingPointError, naming the last good checkpoint, unless the model may be saved.
-    Under FSDP each rank checks its own shards, and all stop if any found one not finite."""
+    """FloatingPointError, naming the last good checkpoint, unless every rank may save its part."""
     reason = unsaveable(model, optimizer, losses)
     if dist.is_initialized():
         flag = torch.tensor(float(reason is not None), device=model.lm_head.weight.device)

@@ -281,3 +281,22 @@ def test_which_checkpoint_a_resume_takes_is_decided_by_training_progress(sharded
         assert note == ("" if iter_num != 2 or not ahead else
                         f"note: {out} holds two checkpoints of iter 2, ckpt.pt and ckpt-sharded.json; resuming from "
                         f"{taken}, saved later by the clock\n")
+
+
+def test_a_kept_sharded_checkpoint_is_a_run_folder_later_saves_leave(sharded, tmp_path, capsys):
+    """--keep_every under FSDP keeps ckpt_ITER/, a run folder (pointer and shards) that the save
+    after it leaves whole; sample.py --ckpt=ITER names consolidate.py, then reads its copy."""
+    out = shutil.copytree(sharded, tmp_path / "run")
+    r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=6", "--keep_every=4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    kept = out / "ckpt_4"
+    listed = sorted(os.listdir(out))
+    assert listed == ["ckpt-sharded.json", "ckpt_4", "log.jsonl", "shards-00000006"]
+    assert sorted(os.listdir(kept)) == ["ckpt-sharded.json", "shards-00000004"]
+    assert json.loads((kept / "ckpt-sharded.json").read_text())["iter_num"] == 4
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={out}", "--ckpt=4"]) == 2
+    assert f"{kept} holds a sharded checkpoint" in capsys.readouterr().err
+    assert consolidate.main([f"--out_dir={kept}"]) == 0
+    assert sample.main([f"--out_dir={out}", "--ckpt=4", "--max_new_tokens=4"]) == 0
+    assert checkpoint.load(str(kept))[1]["iter_num"] == 4

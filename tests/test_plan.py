@@ -14,7 +14,9 @@ from tools import bench
 import configurator
 from support import device as plan, files as plain
 import train
-from mesh import Config, RecursiveGPT
+from conftest import ROOT
+from mesh import PRESETS, Config, RecursiveGPT
+from support.plan import choose
 
 # (n_embd, block_size, batch_size, vocab_size): two sizes whose activations (100-350 MB) dwarf the
 # parameters (under 1M) and the process's own memory noise
@@ -69,37 +71,109 @@ def test_fsdp_shards_weights_gradients_and_optimizer_state():
 
 
 @pytest.mark.slow
-def test_plan_prints_the_table_and_allocates_nothing(tmp_path, capsys):
+def test_plan_prints_the_table_the_choice_and_the_time_and_allocates_nothing(tmp_path, capsys):
     out = tmp_path / "out"
-    assert train.main([os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config/pythia-6.9b_mesh.json"),
-                       "--plan=true", "--plan_gpus=8", "--gpu_memory=80", f"--out_dir={out}"]) == 0
+    assert train.main([os.path.join(ROOT, "config/pythia-6.9b_mesh.json"), "--plan=true", "--plan_gpus=8",
+                       f"--out_dir={out}"]) == 0
     text = capsys.readouterr().out
     rows = {line[:18].strip(): line.split() for line in text.splitlines()[2:6]}
-    assert "pythia-6.9b layout 5+11R2+5 scheme mesh" in text and "8 GPU(s) of 80 GiB" in text
+    assert "pythia-6.9b layout 5+11R2+5 scheme mesh" in text and "8 GPU(s) of 80 GiB and 989 TFLOPS (h100)" in text
     assert rows["DDP"][-1] == "no" and rows["FSDP + grad_ckpt"][-1] == "yes"  # 6.9B needs FSDP on 80 GB
+    assert rows["FSDP"][-4:] == ["yes", "<-", "the", "choice"] and text.count("<- the choice") == 1
     assert float(rows["DDP"][1]) == pytest.approx(8 * float(rows["FSDP"][1]), rel=0.01)  # weights / 8
+    # the time: 6 x the unrolled non-embedding parameters + the head + attention, per token, by hand
+    D, L, V, T, tokens, steps = 4096, 32, 50432, 4096, 2 * 256 * 4096, 119209
+    step = (6 * (L * (12 * D * D + 13 * D) + D * V) + 12 * L * D * T) * tokens
+    days = step * steps / (8 * 989e12 * 0.4) / 86400
+    assert f"time, as set: {step:.3g} FLOPs a step" in text
+    assert f"{steps:,} steps: {days:,.1f} days on 8 GPU(s) at 40% MFU ({days * 24 * 8:,.0f} GPU-hours)" in text
     assert not out.exists()
+    assert train.main([os.path.join(ROOT, "config/pythia-160m_mesh.json"), "--plan=true", "--gpu=a100",
+                       "--gpu_tflops=100", "--gpu_memory=40"]) == 0
+    text = capsys.readouterr().out
+    assert "8 GPU(s) of 40 GiB and 100 TFLOPS (as given)" in text and "x 4/3 for grad_ckpt's recompute" in text
 
 
-def test_plan_bad_input_is_one_line(capsys):
-    assert train.main(["--plan=true", "--plan_gpus=0"]) == 2
-    assert "--plan_gpus=0 must be at least 1" in capsys.readouterr().err
+@pytest.mark.parametrize("flags, message", [
+    (["--plan_gpus=0"], "--plan_gpus=0 must be at least 1"),
+    (["--gpu=v100"], "--gpu=v100 is not one of a100, h100; name one, or give --gpu_memory=GIB and --gpu_tflops=TFLOPS"),
+    (["--gpu_tflops=0"], "--gpu_tflops=0.0 must be a finite number above 0")])
+def test_plan_bad_input_is_one_line(flags, message, capsys):
+    assert train.main(["--plan=true", *flags]) == 2
+    assert capsys.readouterr().err == f"train.py: error: {message}\n"
 
 
-@pytest.mark.slow
-def test_every_shipped_config_fits_8_gpus_of_80_gib_as_it_is_set():
-    """Each config/ file's own choice (DDP or --fsdp, with or without --grad_checkpoint) fits its plan on one
-    node of 8 x 80 GiB, and one that DDP cannot fit sets fsdp: 6.9B does."""
-    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
-    sharded = []
-    for name in sorted(os.listdir(folder)):
-        given = configurator.parse_flags(train.TrainConfig, [os.path.join(folder, name)], "train.py",
-                                         read_config=plain.read_config)
-        tc = train.TrainConfig(**given)
+# -----------------------------------------------------------------------------
+# config/: every variant of the paper's Table 1 at every Pythia size, on one recipe
+
+# The paper's layouts by size (Section 4, Table 1); 2.8b and 6.9b keep about two thirds of vanilla's blocks too
+LAYOUTS = {"pythia-160m": ["2+4R2+2"], "pythia-410m": ["4+8R2+4", "3+6R3+3"], "pythia-1b": ["3+5R2+3"],
+           "pythia-1.4b": ["4+8R2+4"], "pythia-2.8b": ["5+11R2+5"], "pythia-6.9b": ["5+11R2+5"]}
+# vanilla's non-embedding parameters (Pythia's own counts)
+VANILLA = {"pythia-160m": 85_056_000, "pythia-410m": 302_311_424, "pythia-1b": 805_736_448,
+           "pythia-1.4b": 1_208_602_624, "pythia-2.8b": 2_517_652_480, "pythia-6.9b": 6_444_163_072}
+# Appendix B: 512 sequences of 4096 tokens a step, 119,209 steps (250B tokens) of the Pile once, in order
+RECIPE = dict(block_size=4096, dataset="data/pile/document", data_order="sequential", max_iters=119209,
+              weight_decay=0.01, beta1=0.9, beta2=0.95, grad_clip=1.0, min_lr=None, warmup_iters=None,
+              lr_decay_iters=None, eval_interval=1000, eval_iters=100, log_interval=10, dtype="bfloat16",
+              compile=True, keep_every=10000, seed=1337, sample_tokens=0, init_from="scratch", data_root="data",
+              epochs=1, n_slots=None, cycle=None, router_init=None, slot0=None, n_embd=None, n_head=None,
+              dropout=None)
+
+
+def pythia_configs():
+    """{file name: its TrainConfig} of every config/pythia-*.json."""
+    folder = os.path.join(ROOT, "config")
+    return {name: train.TrainConfig(**configurator.parse_flags(
+        train.TrainConfig, [os.path.join(folder, name)], "train.py", read_config=plain.read_config))
+        for name in sorted(os.listdir(folder)) if name.startswith("pythia-")}
+
+
+def test_every_table1_variant_at_every_size_is_a_config_on_one_recipe():
+    """vanilla, base, anchor and mesh for each of the paper's layouts at each size, named for it; every setting
+    the recipe's, the peak learning rate Pythia's for its size, 512 x 4096 tokens a step."""
+    configs = pythia_configs()
+    expected = {}
+    for model, layouts in LAYOUTS.items():
+        expected[f"{model}_vanilla.json"] = (model, str(PRESETS[model]["n_layer"]), "base")
+        for i, layout in enumerate(layouts):
+            for scheme in ("base", "anchor", "mesh"):
+                expected[f"{model}_{layout + '_' if i else ''}{scheme}.json"] = (model, layout, scheme)
+    assert sorted(configs) == sorted(expected)
+    for name, tc in configs.items():
+        assert (tc.model, tc.layout, tc.scheme) == expected[name], name
+        assert {k: getattr(tc, k) for k in RECIPE} == RECIPE, name
+        assert tc.lr == PRESETS[tc.model]["lr"] and tc.batch_size * tc.grad_accum == 512, name
+        assert tc.out_dir == "out-" + name[:-len(".json")].replace("_", "-"), name
+
+
+def test_every_layout_keeps_the_vanilla_depth_and_its_share_of_the_parameters():
+    """Each recursive layout applies as many blocks as vanilla has (the same compute depth) from fewer unique ones:
+    about two thirds of vanilla's non-embedding parameters (11 of 16 blocks at 1b, 21 of 32 at 2.8b and 6.9b),
+    half for 3+6R3+3; plus the final LayerNorm and, for MeSH, its routers ((K+1) x 2 x (D B + B), Table 5)."""
+    for name, tc in pythia_configs().items():
         cfg = train.model_config(tc, vocab_size=None)
-        own = plan.memory(cfg, tc.batch_size, 8, tc.fsdp, tc.grad_checkpoint, 4 if tc.dtype == "float32" else 2)
-        ddp = plan.memory(cfg, tc.batch_size, 8, False, tc.grad_checkpoint, 4 if tc.dtype == "float32" else 2)
-        assert own["total"] <= 80 * plan.GiB, name
-        assert tc.fsdp == (ddp["total"] > 80 * plan.GiB), name
-        sharded += [name] if tc.fsdp else []
-    assert sharded == ["pythia-6.9b_mesh.json"]
+        D, depth, unique = cfg.n_embd, PRESETS[tc.model]["n_layer"], cfg.shape.unique
+        non_embedding = plan.param_counts(cfg)[0] - 2 * cfg.vocab_size * D
+        routers = (cfg.n_steps + 1) * 2 * (D * cfg.slots + cfg.slots) if tc.scheme == "mesh" else 0
+        assert cfg.shape.depth == depth, name
+        assert non_embedding == (VANILLA[tc.model] - 2 * D) // depth * unique + 2 * D + routers, name
+        share = 1 if name.endswith("_vanilla.json") else 1 / 2 if tc.layout == "3+6R3+3" else 2 / 3
+        assert unique / depth == pytest.approx(share, abs=0.025), name
+
+
+def test_every_config_spreads_as_its_plan_chooses():
+    """Each config/ file's fsdp and grad_checkpoint are its plan's choice on 8 h100s: DDP unless the model's state
+    needs sharding, activations recomputed only where they do not fit in 80% of the memory. 160m's 76.7 GiB
+    without recomputing is too close to 80; 1.4b's mesh, at 63.0, is not."""
+    folder = os.path.join(ROOT, "config")
+    chosen = {}
+    for name in sorted(os.listdir(folder)):
+        tc = train.TrainConfig(**configurator.parse_flags(train.TrainConfig, [os.path.join(folder, name)], "train.py",
+                                                          read_config=plain.read_config))
+        cfg = train.model_config(tc, vocab_size=None)
+        spread = choose(cfg, tc.batch_size, 8, 80, 4 if tc.dtype == "float32" else 2)
+        assert (tc.fsdp, tc.grad_checkpoint) == spread[1:], name
+        chosen[name] = spread[0]
+    assert chosen["pythia-160m_mesh.json"] == "DDP + grad_ckpt" and chosen["pythia-1.4b_mesh.json"] == "DDP"
+    assert chosen["pythia-6.9b_mesh.json"] == "FSDP" and chosen["classroom.json"] == "DDP"

@@ -8,6 +8,7 @@ is named, and runs, data and paths resolve the same way from any working folder.
 
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 import train
+from support import checkpoint
 from conftest import ROOT, TINY, poison_micro_batch, run, snapshot
 
 pytestmark = pytest.mark.slow  # real training runs and processes: python -m pytest --all
@@ -371,3 +373,152 @@ def test_a_process_that_cannot_join_its_job_is_one_line(rank, data_root, tmp_pat
         "train.py: error: could not join the other processes of this torchrun job ("), err
     assert last.endswith("): one failed before joining (its own output says why), or did not come within "
                          "--dist_timeout=3 s")
+
+
+# -----------------------------------------------------------------------------
+# Kept checkpoints: every N-th iteration's, besides the latest, read by the tools with --ckpt=ITER
+
+def test_kept_checkpoints_outlive_later_saves_and_the_tools_read_them(data_root, tmp_path, capsys):
+    """--keep_every=4 (checkpoints every 2): ckpt_4.pt beside ckpt.pt, still there after the saves at 6 and 8; a
+    resume continues from the latest; sample.py, probe.py and routing.py with --ckpt=4 read what the same tools
+    read from a folder whose ckpt.pt is iter 4's."""
+    from tools import probe, routing
+    import sample
+    out, alone = tmp_path / "run", tmp_path / "alone"
+    assert run(["--max_iters=6", "--eval_interval=2", "--keep_every=4"], data_root, out) == 0
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "ckpt_4.pt", "log.jsonl"] and iter_of(out) == 6
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=8"]) == 0
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "ckpt_4.pt", "ckpt_8.pt", "log.jsonl"]
+    assert (iter_of(out), iter_of(out, "ckpt_4.pt"), iter_of(out, "ckpt_8.pt")) == (8, 4, 8)
+    assert records(out, "val_loss") == [0, 2, 4, 6, 8]  # the resume took the latest, iter 6's
+    alone.mkdir()
+    shutil.copy(out / "ckpt_4.pt", alone / "ckpt.pt")
+    capsys.readouterr()
+    outputs = []
+    for folder, kept in ((out, ["--ckpt=4"]), (alone, [])):
+        assert sample.main([f"--out_dir={folder}", *kept, "--max_new_tokens=20"]) == 0
+        for tool in (probe, routing):
+            assert tool.main([f"--out_dir={folder}", *kept, f"--json={tmp_path / tool.__name__}.json"]) == 0
+        shown = capsys.readouterr().out.replace(str(folder), "FOLDER")
+        numbers = [json.loads((tmp_path / f"{tool.__name__}.json").read_text()) for tool in (probe, routing)]
+        outputs.append((shown, [[{**r, "out_dir": None} for r in rs] for rs in numbers]))
+    assert outputs[0] == outputs[1] and "---------------" in outputs[0][0]
+    assert sample.main([f"--out_dir={out}", "--ckpt=6"]) == 2
+    assert one_line(capsys, "sample.py") == f"sample.py: error: {out} has no checkpoint of iter 6 kept (it keeps 4, 8)\n"
+    assert sample.main([f"--out_dir={alone}", "--ckpt=4"]) == 2
+    assert "none: train.py keeps them with --keep_every=N" in one_line(capsys, "sample.py")
+    assert run(["--max_iters=6", "--eval_interval=2", "--keep_every=3"], data_root, tmp_path / "other") == 2
+    assert one_line(capsys) == ("train.py: error: --keep_every=3 keeps checkpoints, which are saved every "
+                                "--eval_interval=2 steps: give a multiple\n")
+    assert run(["--max_iters=2", "--overwrite=true"], data_root, out) == 0  # a new run replaces all of the old
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl"]
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints of other versions of the code: a missing field takes its default, an unknown one is named
+
+OLD = [  # (what differs, the change to the checkpoint, the one line of each reader, or None: it reads it)
+    ("missing fields", lambda c: (c["model_config"].pop("slot0"), c["train_config"].pop("keep_every")), None),
+    ("unknown field", lambda c: c["model_config"].update(depth_scale=2.0),
+     "is intact, but this code cannot build its model (unknown config field(s) depth_scale; expected "),
+    ("unknown scheme", lambda c: c["model_config"].update(scheme="half"),
+     "is intact, but this code cannot build its model (unknown scheme 'half'; expected one of "),
+]
+
+
+@pytest.mark.parametrize("what, change, message", OLD, ids=[w for w, _, _ in OLD])
+def test_checkpoints_of_other_code_are_read_or_named_never_called_corrupt(what, change, message, finished, tmp_path,
+                                                                           capsys):
+    """A checkpoint saved before a field with a default existed loads with that default, which one note says;
+    one with a config field or a scheme this code does not know is refused by name, as intact, by sample.py,
+    probe.py, routing.py and a resume alike, and left as it is."""
+    from tools import probe, routing
+    import sample
+    out = shutil.copytree(finished, tmp_path / "run")
+    resave(out / "ckpt.pt", change)
+    before = snapshot(out)
+    readers = [("sample.py", sample.main, ["--max_new_tokens=4"]), ("probe.py", probe.main, ["--num_samples=2"]),
+               ("routing.py", routing.main, []), ("train.py", train.main, ["--init_from=resume", "--max_iters=4"])]
+    for prog, main, flags in readers:
+        capsys.readouterr()
+        checkpoint._noted.clear()  # each command notes once: here they share one process
+        code = main([f"--out_dir={out}", *flags])
+        err = capsys.readouterr().err
+        if message is None:
+            assert code == 0, err
+            notes = [line for line in err.splitlines() if line.startswith("note:")]
+            note = f"note: {out / 'ckpt.pt'} was saved without "
+            assert notes[0] == note + "model_config's slot0; this code's defaults: slot0='scaled'"
+            assert notes[1:] == ([note + "train_config's keep_every; this code's defaults: keep_every=0"]
+                                 if prog == "train.py" else [])
+        else:
+            assert code == 2 and err.count("\n") == 1 and "corrupt" not in err, err
+            assert err.startswith(f"{prog}: error: {out / 'ckpt.pt'} {message}") and err.endswith(
+                "); read it with the code that wrote it\n"), err
+            assert snapshot(out) == before
+    assert message is not None or iter_of(out) == 4
+
+
+def test_a_setting_this_code_does_not_know_is_named_on_resume(finished, tmp_path, capsys):
+    import sample
+    out = shutil.copytree(finished, tmp_path / "run")
+    resave(out / "ckpt.pt", lambda c: c["train_config"].update(router_lr=0.1))
+    before = snapshot(out)
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
+    assert one_line(capsys) == (f"train.py: error: {out / 'ckpt.pt'} is intact, but this code has no setting router_lr, "
+                                f"which its run was trained with; resume it with the code that wrote it\n")
+    assert snapshot(out) == before
+    assert sample.main([f"--out_dir={out}", "--max_new_tokens=4"]) == 0  # the model needs none of it
+
+
+def test_no_message_advises_deleting_a_checkpoint():
+    """Nothing that reads or writes checkpoints tells anyone to delete one (a message or otherwise)."""
+    names = ["train.py", "sample.py", *(f"support/{n}" for n in os.listdir(os.path.join(ROOT, "support"))),
+             "tools/probe.py", "tools/routing.py", "tools/consolidate.py", "tools/lm_eval_mesh.py"]
+    found = [name for name in names if name.endswith(".py") and "delete" in open(os.path.join(ROOT, name)).read()]
+    assert found == []
+
+
+# -----------------------------------------------------------------------------
+# Several nodes: one out_dir that every node sees, or every node stops with one line
+
+def two_nodes(folders, *flags):
+    """Two torchrun 'nodes' of one process each on this machine (static rendezvous on a free port), each started
+    in its own folder with the same flags: their (exit code, output) pairs."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+                               f"--node_rank={rank}", "--master_addr=127.0.0.1", f"--master_port={port}",
+                               os.path.join(ROOT, "train.py"), *flags], cwd=folder, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              start_new_session=True) for rank, folder in enumerate(folders)]
+    try:
+        return [(p.wait(timeout=600), p.stdout.read()) for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def test_two_nodes_without_one_shared_out_dir_both_stop_in_one_line(finished, data_root, tmp_path):
+    """Each node with its own copy of the run (no shared filesystem): both stop with the line that names the cause,
+    nothing written; where today rank 0 would find its copy finished and leave, the other waiting for it. With one
+    folder for both (the same path), the same resume runs."""
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        shutil.copytree(finished, node / "run")
+    before = snapshot(*nodes)
+    flags = [*TINY, f"--data_root={data_root}", "--out_dir=run", "--grad_accum=2", "--init_from=resume",
+             "--max_iters=2", "--dist_timeout=60"]
+    for code, output in two_nodes(nodes, *flags):
+        errors = [line for line in output.splitlines() if "train.py: error: " in line]
+        assert code != 0 and errors == [
+            "train.py: error: --out_dir=run is not one folder for all processes: rank 1 (on "
+            f"{platform.node()}) does not see the file rank 0 wrote there; several nodes need one out_dir on a "
+            "filesystem every node sees, at the same path"], output[-3000:]
+    assert snapshot(*nodes) == before
+    results = two_nodes([nodes[0], nodes[0]], *flags[:-2], "--max_iters=4", "--dist_timeout=60")
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    assert iter_of(nodes[0] / "run") == 4 and records(nodes[0] / "run", "val_loss") == [0, 2, 4]

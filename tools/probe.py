@@ -205,8 +205,8 @@ def json_ready(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None):
-    model, ckpt = checkpoint.load_latest(out_dir, device, "probe.py")  # the run's latest
+def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None, kept=None):
+    model, ckpt = checkpoint.load_latest(out_dir, device, "probe.py", kept)  # the latest, or kept
     cfg = model.config
     # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
     states = cfg.n_steps + 3
@@ -375,6 +375,7 @@ class ProbeConfig:
     num_samples: int = setting(64, "validation sequences per checkpoint")
     seed: int = setting(0, "seed of the sequence positions")
     sigma_frac: float = setting(SIGMA_FRAC, "RBF bandwidth / the median distance")
+    ckpt: int | None = setting(None, "a kept checkpoint's iteration (--keep_every); None: latest")
     device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
     data_root: str | None = setting(
         None, "where the checkpoints' dataset is now; None: where each trained", path=True)
@@ -403,7 +404,7 @@ def run(given):
     results = []
     for out_dir in a.out_dir:
         results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device,
-                                        a.data_root))
+                                        a.data_root, a.ckpt))
         print(report(results[-1]))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

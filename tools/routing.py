@@ -104,8 +104,8 @@ def sentence(ckpt, model, text, tokens, seed, data_root=None):
     return torch.tensor([ids]), tokenizer
 
 
-def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None):
-    model, ckpt = checkpoint.load_latest(out_dir, device, "routing.py")  # the run's latest
+def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None, kept=None):
+    model, ckpt = checkpoint.load_latest(out_dir, device, "routing.py", kept)  # latest, or kept
     idx, tokenizer = sentence(ckpt, model, text, tokens, seed, data_root)
     cfg, seen = model.config, routing(model, idx.to(device))
     text = lambda ids: [token_text(tokenizer, i) for i in ids]
@@ -226,6 +226,7 @@ class RoutingConfig:
     text: str | None = setting(None, "the sentence; None: a window of the validation split")
     tokens: int = setting(32, "the window's length without --text (at most block_size)")
     seed: int = setting(0, "where the validation window starts (as probe.py's --seed)")
+    ckpt: int | None = setting(None, "a kept checkpoint's iteration (--keep_every); None: latest")
     device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
     data_root: str | None = setting(
         None, "where the checkpoints' dataset is now; None: where each trained", path=True)
@@ -250,7 +251,8 @@ def run(given):
     device = resolve_device(a.device)
     results = []
     for out_dir in a.out_dir:
-        results.append(routing_checkpoint(out_dir, a.text, a.tokens, a.seed, device, a.data_root))
+        results.append(routing_checkpoint(out_dir, a.text, a.tokens, a.seed, device, a.data_root,
+                                          a.ckpt))
         print(report(results[-1]))
     for path in filter(None, (a.json, a.png)):  # their folders, once the model has run
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
