@@ -92,6 +92,11 @@ def test_plan_prints_the_table_the_choice_and_the_time_and_allocates_nothing(tmp
                        "--gpu_tflops=100", "--gpu_memory=40"]) == 0
     text = capsys.readouterr().out
     assert "8 GPU(s) of 40 GiB and 100 TFLOPS (as given)" in text and "x 4/3 for grad_ckpt's recompute" in text
+    # without --grad_accum (as the classroom's defaults): one micro-batch a process, 4 of them
+    assert train.main(["--model=pythia-160m", "--plan=true", "--plan_gpus=4", "--block_size=1024"]) == 0
+    D, L, V, T = 768, 12, 50304, 1024
+    step = (6 * (L * (12 * D * D + 13 * D) + D * V) + 12 * L * D * T) * 4 * 16 * T  # vanilla 12
+    assert f"time, as set: {step:.3g} FLOPs a step" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags, message", [
