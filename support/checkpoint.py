@@ -19,7 +19,6 @@ it is used (loaded into a DDP process, it makes gloo's shutdown hang now and the
 
 import os
 import pickle
-import re
 import shlex
 import sys
 import warnings
@@ -35,8 +34,7 @@ from mesh import Config, RecursiveGPT
 
 # a whole checkpoint; the pointer of a sharded one
 CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"
-# the folders of sharded checkpoints (sharded.shards_folder)
-SHARDS = re.compile(r"^shards-\d{8}(-1)?$")
+SHARDS = files.SHARDS  # the folders of sharded checkpoints (files.py: no output lands in them)
 
 
 class CheckpointError(UsageError):
