@@ -305,10 +305,9 @@ def _owner(path):
 
 
 def check_writable(path, flag, ending="", folder=False):
-    """Raise UsageError now, not after a long run, when --flag's output (a file whose name ends in
-    `ending`, or with folder a folder to write files in) cannot be written there, or would land
-    among a run's or a dataset's files, which no output may touch. Missing folders the writer
-    makes."""
+    """Raise UsageError now, not after a long run, when --flag's output (a file ending in `ending`,
+    or with folder a folder) cannot be written, or would land among a run's or a dataset's files,
+    which no output may touch. Missing folders the writer makes."""
     shown, kind = f"--{flag}={path}", "folder" if folder else "file name"
     if os.path.exists(path) and os.path.isdir(path) != folder:
         raise UsageError(f"{shown} is a {'file' if folder else 'folder'}; give a {kind}")

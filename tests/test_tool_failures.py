@@ -319,6 +319,49 @@ def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
     assert not (tmp_path / "res").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc") or not hasattr(signal, "SIGKILL"),
+                    reason="needs POSIX signals and /proc to list processes")
+def test_kill_9_of_table1_ends_its_run_and_a_rerun_continues_it(tmp_path):
+    """kill -9 of table1.py while its run trains: the run, its launcher gone, saves a checkpoint and ends on
+    its own (no orphan keeps training or holds the folder); a rerun continues that run from its checkpoint."""
+    (tmp_path / "text.txt").write_text(TEXT)
+    prepare("shakespeare_char", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"),
+            log=lambda *a: None)
+    root, run = tmp_path / "root", tmp_path / "root" / "vanilla_s0"
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "table1.py"), "--only=vanilla", "--seeds=0",
+           "--max_iters=100000", f"--root={root}", f"--results={tmp_path / 'res'}", f"--data_root={tmp_path / 'data'}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        wait_for(lambda: printed(run, "iter 0: train loss"), "the run trains", p)
+        p.kill()
+        p.communicate(timeout=HANG)
+        deadline = time.time() + HANG
+        while live_processes(str(root)):  # the run, alone now, ends by itself
+            assert time.time() < deadline, "the run outlives table1.py"
+            time.sleep(0.2)
+        assert not held(run)
+        left = [n for n in os.listdir(run) if n.startswith(".train.out-")]  # its output, table1.py's temporary
+        text = "".join((run / n).read_text() for n in left)
+        assert "is gone: finishing this step, then saving a checkpoint" in text and "checkpoint saved" in text, text
+        saved = torch.load(run / "ckpt.pt", weights_only=True)["iter_num"]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        wait_for(lambda: any("model " in (run / n).read_text() for n in os.listdir(run)
+                             if n.startswith(".train.out-") and n not in left), "the rerun takes the run", p)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=HANG)
+    finally:  # a failed test leaves nothing running
+        for pid in set(live_processes(str(root))):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert p.returncode == 130 and " --init_from=resume)" in out, (out, err)
+    assert torch.load(run / "ckpt.pt", weights_only=True)["iter_num"] > saved
+    assert not set(left) & set(os.listdir(run))  # the dead one's temporary: cleared by the rerun
+
+
 BAD_CYCLE_INPUTS = [  # (which file, its content, words of the one-line error)
     ("sweep", "[1, 2]", "is not a table1.json of tools/table1.py (it holds no list of \"runs\", but list); "
                         "give --sweep the table1.json of a tools/table1.py run"),
@@ -386,8 +429,8 @@ def test_an_output_file_is_never_a_file_of_a_run_or_a_dataset(tool, target, tiny
 
 
 def test_a_figure_is_never_drawn_into_a_run_or_a_dataset(tiny_ckpt, data_root, capsys):
-    """draw.py's and routing.py's --png, and probe.py's --png folder: refused in one line inside a sharded
-    checkpoint's folder or a dataset's, before any model is built or run."""
+    """draw.py's and routing.py's --png, routing.py's --json and probe.py's --png folder: refused in one line
+    inside a sharded checkpoint's folder (onto a shard too) or a dataset's, before any model is built or run."""
     from tools import draw, routing
     (tiny_ckpt / "shards-00000004").mkdir()
     dataset = os.path.join(data_root, "tiny")
@@ -395,6 +438,8 @@ def test_a_figure_is_never_drawn_into_a_run_or_a_dataset(tiny_ckpt, data_root, c
     for tool, argv, words in [
             (draw, [f"--png={tiny_ckpt}/shards-00000004/model.png"],
              f"is the {os.path.join('shards-00000004', 'model.png')} of the run in {tiny_ckpt}"),
+            (routing, [f"--out_dir={tiny_ckpt}", f"--json={tiny_ckpt}/shards-00000004/__0_0.distcp"],
+             f"is the {os.path.join('shards-00000004', '__0_0.distcp')} of the run in {tiny_ckpt}"),
             (routing, [f"--out_dir={tiny_ckpt}", f"--png={dataset}/sentence.png"],
              f"is the sentence.png of the dataset in {dataset}"),
             (probe, [f"--out_dir={tiny_ckpt}", f"--png={dataset}"], f"is a folder of the dataset in {dataset}"),
