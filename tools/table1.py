@@ -22,10 +22,10 @@ the table also gives each variant's paired differences to base (same layout) and
 seed.
 
 Runs go through `python train.py` (one at a time, or --jobs at once) into ROOT/NAME/; a run whose
-result.json exists is skipped, so an interrupted table resumes where it stopped; a finished run of
-another --max_iters is refused, never replaced. One table1.py per --root (it holds the folder's
-lock). SIGTERM, SIGINT (Ctrl-C) or SIGHUP to table1.py stops its runs too (each saves a checkpoint)
-and waits for them.
+result.json exists is skipped and an interrupted one continues from its checkpoint, so a table
+resumes where it stopped; a finished run of another --max_iters is refused, never replaced. One
+table1.py per --root (it holds the folder's lock). SIGTERM, SIGINT (Ctrl-C) or SIGHUP to table1.py
+stops its runs too (each saves a checkpoint) and waits for them; its kill -9 stops them as well.
 The final validation loss is measured here, not taken from train.py's log: each final checkpoint is
 evaluated on the same fixed EVAL_BATCHES batches of the validation split (identical batches for
 every variant). Results go to RESULTS/table1.json and RESULTS/table1.md, which name the dataset the
