@@ -2,27 +2,17 @@
 Byte-level BPE tokenizers from a Hugging Face tokenizer.json (GPT-NeoX / Pythia's, GPT-2's, ...),
 run by tiktoken: the same ids as the `tokenizers` package, without it.
 
-    from data.bpe import ByteLevelBPE
     tok = ByteLevelBPE("pythia-160m")        # a folder holding tokenizer.json, or the file itself
     tok.encode("Hello  world<|endoftext|>")  # -> [12092, 50276, 1533, 0]
-    tok.decode(ids)
 
-How the file maps onto tiktoken (tiktoken.Encoding: a regex, then merges by rank):
-- Byte-level: each vocabulary string spells bytes through GPT-2's byte-to-character table
-  (printable bytes stand for themselves, the others for characters from U+0100 on).
-- Ranks: tiktoken merges, within a piece, the adjacent pair whose concatenation has the lowest
-  rank. Giving every token the position of the merge that makes it (the 256 single bytes first)
-  is the merge order of the file's `merges`, which is what `tokenizers` follows. tiktoken's
-  ranks are also its output ids, so our ids are mapped to the file's through one table.
-- Pre-tokenizer: ByteLevel's regex is GPT-2's, tiktoken's r50k/gpt2 pattern.
-- Normalizer: none or NFC (GPT-NeoX's), applied by us before tiktoken.
-- Added tokens (<|endoftext|>, GPT-NeoX's runs of 2-24 spaces, ...): split off first, leftmost-
-  longest as `tokenizers` does, those with normalized=false before normalization, the others after.
-A BPE file outside these shapes (another pre-tokenizer, a merge that makes a token twice, added
-tokens with lstrip/rstrip/single_word) runs through the `tokenizers` package instead, when it is
-installed; otherwise it is refused by name. A damaged file (two tokens on one id, a merge of unknown
-tokens, an added token without an id, another model type) is refused by check(), naming the field.
-Post-processing (added BOS/EOS) is never applied: datasets and prompts are plain text.
+How the file maps onto tiktoken (a regex, then merges by rank): each vocabulary string spells
+bytes through GPT-2's byte-to-character table; every token's rank is the position of the merge that
+makes it (the 256 bytes first), the merge order `tokenizers` follows, and one table maps tiktoken's
+ranks to the file's ids; ByteLevel's regex is GPT-2's; the normalizer (none or NFC) runs first;
+added tokens (<|endoftext|>, GPT-NeoX's runs of spaces) are split off first, leftmost-longest as
+`tokenizers` does. A file of another shape runs through the `tokenizers` package where it is
+installed, else is refused by name; a damaged one is refused by check(), naming the field. No
+post-processing (BOS/EOS): datasets and prompts are plain text.
 """
 import hashlib
 import json

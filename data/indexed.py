@@ -1,13 +1,11 @@
 """
-The Megatron / GPT-NeoX indexed dataset (MMIDIDX): PREFIX.bin holds the tokens of every sequence
-back to back, PREFIX.idx says where each sequence starts. Pythia's pre-tokenized, pre-shuffled Pile
-is in this format (document.bin + document.idx, 146,432,000 sequences of 2049 tokens).
+The Megatron / GPT-NeoX indexed dataset (MMIDIDX), the format of Pythia's pre-tokenized Pile
+(document.bin + document.idx, 146,432,000 sequences of 2049 tokens): PREFIX.bin holds every
+sequence's tokens back to back, PREFIX.idx where each starts. Read memory-mapped: nothing copied.
 
-    from data.indexed import IndexedDataset, write_indexed
-    write_indexed("data/x/document", [np.array([5, 6, 7]), np.array([8, 9])])
-    ds = IndexedDataset("data/x/document")          # or the folder holding document.{bin,idx}
-    ds[1]               # -> the tokens of sequence 1, a read-only view into the memory-mapped .bin
-    ds.tokens           # -> every token, one memory-mapped 1-d array (no copy)
+    ds = IndexedDataset("data/x/document")  # or the folder holding document.{bin,idx}
+    ds[1]                                   # the tokens of sequence 1, a view of the .bin's map
+    ds.tokens                               # every token, one memory-mapped 1-d array
 
 The .idx file, all integers little-endian:
 
@@ -20,12 +18,9 @@ The .idx file, all integers little-endian:
     int64[n]  pointers: byte offset of each sequence in the .bin
     int64[m]  document index: the first sequence of each document, then n
 
-Reading maps both files and copies nothing, so memory stays constant whatever the size. Opening
-checks the header, that the file sizes agree with it, and that the sequences tile the .bin exactly
-(pointer i+1 = pointer i + size i x itemsize, the last one ending at the end of the .bin), in
-slices of a few MB; anything else is a DataError naming the file.
+Opening checks the header, that the file sizes agree with it and that the sequences tile the .bin
+exactly, in slices of a few MB; anything else is a DataError naming the file.
 """
-import array
 import functools
 import os
 
@@ -43,9 +38,8 @@ CHECK_SLICE = 1 << 20  # sequences checked at a time: bounded memory for any ind
 
 
 def indexed_prefix(path):
-    """PATH/document, PATH/document.idx, PATH/document.bin or a folder holding document.{bin,idx}
-    -> the prefix PATH/document; None when there is no such pair. A pair that is there but not of
-    regular files (a FIFO, a device) is a DataError, not 'missing'."""
+    """PATH/document, PATH/document.idx or .bin, or a folder holding document.{bin,idx} -> the
+    prefix PATH/document, or None; a pair of files that are not regular ones is a DataError."""
     for prefix in (os.path.join(path, "document"), path,
                    path[:-4] if path.endswith((".idx", ".bin")) else None):
         if prefix and all(os.path.exists(prefix + ext) for ext in (".idx", ".bin")):
@@ -59,10 +53,9 @@ def indexed_prefix(path):
 
 
 def dataset_at(name, project):
-    """The folder of the dataset a --dataset path names (data/meta.py's dataset_folder), or None:
-    the folder holding an indexed dataset (PATH/document or a folder holding document.{bin,idx}),
-    which must hold its meta.json too (data/prepare.py --indexed writes it), or a prepared folder.
-    A relative path is tried from the working folder, then from the project folder."""
+    """The folder of the dataset a --dataset path names (meta.py's dataset_folder), or None: an
+    indexed dataset's, with its meta.json (prepare.py --indexed writes one), or a prepared one. A
+    relative path is tried from the working folder, then from the project folder."""
     from data.meta import read_meta
     bases = [name] if os.path.isabs(name) else [name, os.path.join(project, name)]
     prefix = next((p for p in map(indexed_prefix, bases) if p), None)
@@ -124,8 +117,7 @@ class IndexedDataset:
                        else np.zeros(0, self.dtype))
 
     def _check(self, bin_bytes):
-        """The sequences tile the .bin: consecutive pointers, the last one ending where the file
-        ends."""
+        """The sequences tile the .bin: consecutive pointers, the last ending at the file's end."""
         item, n, end = self.dtype.itemsize, len(self.sizes), 0
         bad = f"{self.prefix}.idx does not match {self.prefix}.bin"
         for lo in range(0, n, CHECK_SLICE):
@@ -159,36 +151,14 @@ class IndexedDataset:
         return int(self.pointers[i]) // self.dtype.itemsize
 
 
-def write_indexed(prefix, sequences, dtype=np.uint16, documents=None):
-    """Write PREFIX.bin and PREFIX.idx from an iterable of 1-d token arrays (one sequence each),
-    streamed: only the sizes are held in memory. Returns the number of sequences. The caller stages
-    the files (prepare.py writes into a temporary folder)."""
-    dtype = np.dtype(dtype)
-    if dtype not in CODES:
-        raise ValueError(f"cannot write {dtype.name} tokens in the indexed format; use one of "
-                         f"{', '.join(sorted(t.name for t in CODES))}")
-    sizes = array.array("i")  # 4 bytes a sequence, the only thing held in memory
-    with open(prefix + ".bin", "wb") as f:
-        for seq in sequences:
-            seq = np.asarray(seq)
-            if seq.size and (seq.min() < np.iinfo(dtype).min or seq.max() > np.iinfo(dtype).max):
-                raise ValueError(f"token ids {seq.min()}..{seq.max()} do not fit in {dtype.name}")
-            seq.astype(dtype).tofile(f)
-            sizes.append(len(seq))
-    write_index(prefix, np.frombuffer(sizes, dtype=np.int32), dtype, documents)
-    return len(sizes)
-
-
-def write_index(prefix, sizes, dtype, documents=None):
-    """PREFIX.idx for a PREFIX.bin that holds sequences of `sizes` tokens back to back. documents:
-    the document index (the first sequence of each document, then len(sizes)); default: every
-    sequence a document of its own, as in Pythia's data."""
+def write_index(prefix, sizes, dtype):
+    """PREFIX.idx for a PREFIX.bin of sequences of `sizes` tokens back to back, each sequence a
+    document of its own (as in Pythia's data)."""
     dtype, sizes = np.dtype(dtype), np.asarray(sizes, dtype="<i4")
     pointers = np.zeros(len(sizes), dtype="<i8")
     np.cumsum(sizes[:-1], dtype=np.int64, out=pointers[1:])
     pointers *= dtype.itemsize
-    doc = (np.arange(len(sizes) + 1, dtype="<i8") if documents is None
-           else np.asarray(documents, dtype="<i8"))
+    doc = np.arange(len(sizes) + 1, dtype="<i8")
     with open(prefix + ".idx", "wb") as f:
         f.write(MAGIC + VERSION.to_bytes(8, "little") + bytes([CODES[dtype]]) +
                 len(sizes).to_bytes(8, "little") + len(doc).to_bytes(8, "little"))
@@ -197,17 +167,14 @@ def write_index(prefix, sizes, dtype, documents=None):
 
 
 def train_sequences(n):
-    """How many of n sequences are train: all but a held-out tail of 1% of them (at least one) for
-    validation. Pythia's data (146,432,000 sequences) keeps its last 1,464,320 for validation, past
-    the 250B tokens (about 122M sequences) that the paper's runs read."""
+    """How many of n sequences are train: all but the last 1% (at least one), held out. Pythia's
+    last 1,464,320 are past the 250B tokens (about 122M sequences) that the paper's runs read."""
     return n - max(1, n // 100)
 
 
 def split_tokens(prefix, split):
-    """The train or val tokens of the indexed dataset PREFIX (train all but the last 1% of its
-    sequences, val those), a memory-mapped 1-d array, and the path of its .bin. The dataset is
-    checked once per process however many splits are read from it (while its two files stay as they
-    are)."""
+    """(the train or val tokens of the indexed dataset PREFIX, memory-mapped; its .bin's path),
+    checked once a process while its two files stay as they are."""
     stamp = tuple((st.st_size, st.st_mtime_ns)
                   for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
     ds = _checked(os.path.abspath(prefix), stamp)

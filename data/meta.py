@@ -1,8 +1,7 @@
 """
-A dataset's files, checked before use: its meta.json (what it must hold, and that it names only
-files of its own folder), its splits' files (one that shrank is one line, never a SIGBUS), where a
-dataset is, and the record a checkpoint keeps of its data, so that a dataset prepared again from
-other text is refused by name rather than read as if it were the same.
+A dataset's files checked before use (its meta.json; its splits, where one that shrank is one line,
+never a SIGBUS), where a dataset is, and the record a checkpoint keeps of its data: a dataset
+prepared again from other text is refused by name, never read as if it were the same.
 
     meta = read_meta("data/shakespeare_char/meta.json")
     folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))  # refused if it changed
@@ -16,7 +15,7 @@ from data import PROJECT_DATA, DataError, data_root
 from support import files
 
 KINDS = ("char", "gpt2", "bpe")  # tokenizer.py's kinds
-# check_ids checks every token id of a split up to SCAN_BYTES; beyond, SCAN_PIECES pieces of
+# check_ids reads every id of a split up to SCAN_BYTES, of a larger one SCAN_PIECES pieces of
 # SCAN_PIECE_BYTES evenly spread (the first and the last included): a huge dataset starts fast
 SCAN_BYTES = 1 << 30
 SCAN_PIECES = 256
@@ -25,8 +24,7 @@ GPT2_VOCAB = 50257  # tiktoken's GPT-2 BPE (bpe.py's GPT2.VOCAB_SIZE, without lo
 
 
 def dtype_for_vocab(vocab_size, indexed=False):
-    """The token dtype of a dataset: uint16 for a vocabulary of up to 65,535, else uint32, or in
-    the indexed format (which has no uint32) Megatron's int32."""
+    """uint16 for up to 65,535 token ids, else uint32 (in the indexed format, Megatron's int32)."""
     if vocab_size <= 65535:
         return "uint16"
     return "int32" if indexed else "uint32"
@@ -70,8 +68,8 @@ def read_meta(path):
 
 
 def check_split_file(path, meta, expected, fix):
-    """Raise DataError, ending with fix, unless path is a split's .bin that meta.json describes:
-    a regular file, not empty, of whole tokens of its dtype, `expected` of them (None: any)."""
+    """Raise DataError, ending with fix, unless path is a split's .bin as meta.json describes it: a
+    regular file, not empty, of whole tokens of its dtype, `expected` of them (None: any)."""
     if os.path.exists(path) and not os.path.isfile(path):
         raise DataError(f"{path} is not a regular file (a folder, a FIFO or a device?); {fix}")
     if not os.path.isfile(path):
@@ -105,19 +103,16 @@ def check_ids(data, vocab_size, path, fix):
 
 
 def hold(data, path):
-    """Keep path open beside data, its memory map (closed with it), and its size now, which
-    check_intact compares."""
+    """Keep path open beside data, its memory map, until it closes; its size now (check_intact)."""
     fd = os.open(path, os.O_RDONLY)
     weakref.finalize(data, os.close, fd)
     data.held = (fd, os.fstat(fd).st_size, path)
 
 
 def check_intact(data):
-    """Raise DataError when the file under a split of load_split's has shrunk since it was opened
-    (another program truncated it, or rewrote it in place): a read past its new end would end the
-    process with SIGBUS, without a word. Checked before every read of windows, on the file's
-    own descriptor: a dataset replaced whole (prepare.py renames new files in) is not mistaken
-    for it."""
+    """Raise DataError when the file under a split has shrunk since it was opened (truncated, or
+    rewritten in place): a read past its new end would end the process with SIGBUS, without a word.
+    Checked on its own descriptor: a dataset replaced whole (renamed in) is not mistaken for it."""
     fd, size, path = getattr(data, "held", (None, 0, None))
     now = size if fd is None else os.fstat(fd).st_size
     if now < size:
@@ -131,14 +126,13 @@ def check_intact(data):
 # Where a dataset is, and the record a checkpoint keeps of it
 
 def is_path(dataset):
-    """A --dataset that names a path (PATH/document, a folder holding document.{bin,idx}) rather
-    than a folder of data_root."""
+    """A --dataset that names a path (PATH/document, a folder), not a folder of data_root."""
     return "/" in dataset or os.sep in dataset
 
 
 def dataset_folder(root, name):
-    """The folder of prepared dataset `name` under data_root `root` (data_root's rule), or None; a
-    path (is_path): the indexed dataset's folder, or the prepared one it names (dataset_at)."""
+    """The folder of prepared dataset `name` under data_root `root`, or None; a path (is_path): the
+    indexed dataset's folder, or the prepared one it names (dataset_at)."""
     if is_path(name):
         from data.indexed import dataset_at
         return dataset_at(name, os.path.dirname(PROJECT_DATA))
@@ -147,8 +141,8 @@ def dataset_folder(root, name):
 
 
 def dataset_record(folder, meta=None):
-    """What a checkpoint records of its training data: the tokenizer and its vocabulary, dtype,
-    token counts and the source's sha256, from the dataset's meta.json (or meta, read already)."""
+    """What a checkpoint records of its data (tokenizer, vocabulary, dtype, token counts, the
+    source's sha256), from the dataset's meta.json (or meta, read already)."""
     if meta is None:
         meta = read_meta(os.path.join(folder, "meta.json"))
     keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
@@ -157,11 +151,9 @@ def dataset_record(folder, meta=None):
 
 
 def checkpoint_dataset(train_config, trained_on=None, root=None):
-    """The prepared folder of the dataset a checkpoint was (or is being) trained on; train_config:
-    the TrainConfig saved in it, as a dict. trained_on: the checkpoint's record of that data
-    (dataset_record); a folder whose meta.json now says otherwise is refused by name. root: a
-    --data_root given, where the data is now, instead of the saved one (absolute since it is saved
-    so; an older checkpoint's relative one is found by data_root's rule)."""
+    """The folder of the dataset a checkpoint trained on (train_config: its TrainConfig, a dict),
+    refused by name where it no longer matches trained_on, the checkpoint's dataset_record. root:
+    a --data_root, where the data is now (default: the saved one, by data_root's rule)."""
     name = train_config["dataset"]
     root = data_root(root or train_config.get("data_root", "data"))
     folder = trained_folder(root, name)
@@ -183,8 +175,8 @@ def trained_folder(root, name):
 
 
 def check_unchanged(folder, name, trained_on, now):
-    """Refuse the dataset in folder, whose record is now, by name where it is not the data of a
-    checkpoint's record trained_on (nothing to compare when it kept none)."""
+    """Refuse the dataset in folder (record now) by name where it is not the data of a checkpoint's
+    record trained_on (nothing to compare when it kept none)."""
     then = trained_on or {}
     changed = [k for k in sorted(set(then) | set(now)) if then and then.get(k) != now.get(k)]
     if changed:
@@ -196,8 +188,7 @@ def check_unchanged(folder, name, trained_on, now):
 
 
 def _difference(key, then, now):
-    """One field of two dataset records that differ, in words (a vocabulary as the characters
-    it gained or lost)."""
+    """One field of two dataset records that differ, in words (characters gained or lost)."""
     if key == "chars" and isinstance(then, str) and isinstance(now, str):
         added, lost = "".join(sorted(set(now) - set(then))), "".join(sorted(set(then) - set(now)))
         words = ([f"{added!r} added"] if added else []) + ([f"{lost!r} removed"] if lost else [])

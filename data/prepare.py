@@ -1,46 +1,23 @@
 """
-Prepare a text dataset for nanoMeSH: tokenize it into train.bin / val.bin plus meta.json.
+Prepare a text dataset for nanoMeSH: tokenize it into OUT_ROOT/NAME/ (OUT_ROOT: this folder).
 
     python data/prepare.py --dataset shakespeare_char           # Tiny Shakespeare, characters
     python data/prepare.py --dataset shakespeare                # Tiny Shakespeare, GPT-2 BPE
     python data/prepare.py --dataset pydoc                      # offline: Python's pydoc topics
     python data/prepare.py --dataset mytext --input my.txt [--tokenizer char|gpt2|PATH]
-                           [--num_proc 4]
     python data/prepare.py --dataset mytext --input my.txt --tokenizer pythia-160m --format indexed
     python data/prepare.py --indexed data/pile/document --tokenizer pythia-160m/tokenizer.json
 
-Writes OUT_ROOT/NAME/{train.bin,val.bin,meta.json} (OUT_ROOT defaults to this folder).
-The .bin files are flat arrays of token ids (uint16, or uint32 when the vocabulary is
-larger than 65535); the first 90% of the tokens are train, the last 10% val. meta.json
-records the tokenizer, vocab_size, dtype, token counts, the source and its sha256.
---tokenizer PATH is a byte-level BPE tokenizer.json (or a Hugging Face model folder holding
-one), e.g. Pythia's GPT-NeoX tokenizer (data/bpe.py); it is copied into NAME/, so the dataset
-decodes without the original. --format indexed writes NAME/document.{bin,idx} instead, the
-Megatron / GPT-NeoX format (data/indexed.py), in sequences of --seq_len tokens, the last 1% of
-them held out for validation. --indexed PATH writes only meta.json (and the tokenizer's copy)
-beside an indexed dataset made elsewhere, e.g. Pythia's pre-tokenized Pile: train.py then reads
-it where it is. --num_proc N tokenizes in N processes, with the same output as one.
-
-Tiny Shakespeare is downloaded (to OUT_ROOT/NAME/input.txt) and checked against its
-known sha256 before use; --url or the NANOMESH_SHAKESPEARE_URL environment variable
-replace the address (e.g. a mirror or a file:// URL). --input FILE uses a local copy
-instead (its hash is recorded, not enforced). The GPT-2 vocabulary comes from tiktoken;
-offline, point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files.
-
-Files of any size are streamed in chunks of about chunk_bytes, cut after a newline, so memory stays
-bounded. GPT-2 BPE is applied per chunk, which is what you get by splitting the text after newlines
-and encoding the pieces separately. Outputs are staged in a temporary folder
-(.NAME-PID-HEX.nanomesh.tmp) and moved into place at the end, meta.json last, so an error never
-leaves a half-written dataset; the staging folders of killed prepares are removed by the next one.
-load_split checks the .bin files against meta.json before they are used. A NAME/ folder that holds
-files but no meta.json is another tool's (nanoGPT's data/shakespeare): it is refused, never written
-over.
+NAME/ holds train.bin + val.bin (or Megatron's document.bin + .idx) and meta.json; data/README.md
+is the reference. The text streams in chunks (bounded memory) into a staging folder moved into
+place at the end, meta.json last: an error never leaves half a dataset, nor writes over a folder
+of another tool's.
 """
 import contextlib
+import errno
 import hashlib
 import http.client
 import io
-import json
 import os
 import shlex
 import shutil
@@ -51,35 +28,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# run as a script (python data/prepare.py): the project's modules are one folder up
-if __package__ in (None, ""):
+if __package__ in (None, ""):  # python data/prepare.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import command, files  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
 from data import PROJECT_DATA, DataError, data_root  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
-from data.meta import dataset_folder, is_path  # noqa: E402
-from data.meta import dtype_for_vocab  # noqa: E402
+from data.meta import dataset_folder, dtype_for_vocab, is_path  # noqa: E402
 from data.tokenizer import Tokenizer  # noqa: E402
 
 SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
                    "tinyshakespeare/input.txt")
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
-# in OUT_ROOT: why the default dataset fell back on pydoc (ensure_dataset)
-OFFLINE = ".shakespeare_char.offline"
-# a dataset folder's old meta.json while its new files move in (prepare)
-REPLACING = ".meta.json.replacing"
-PROGRESS_BYTES = 64 << 20  # one progress line per 64 MiB read
-# the longest dataset name: its staging folder's name (~35 bytes more) must fit in 255
-NAME_BYTES = 200
+OFFLINE = ".shakespeare_char.offline"  # in OUT_ROOT: why the default dataset fell back on pydoc
+REPLACING = ".meta.json.replacing"  # a dataset folder's old meta.json while new files move in
+PROGRESS = 64 << 20  # bytes read between two progress lines
+NAME_BYTES = 200  # the longest dataset name: its staging folder's (~35 bytes more) fits in 255
 
 
 class DownloadError(DataError):
-    """The download itself failed (offline, bad address), as opposed to a bad file."""
+    """The download itself failed (offline, a bad address), as opposed to a bad file."""
 
     def __init__(self, url, reason, dataset):
-        self.url, self.reason = url, reason
+        self.reason = reason
         super().__init__(f"could not download {url} ({reason}); prepare it from a local copy with: "
                          f"python data/prepare.py --dataset {dataset} --input FILE")
 
@@ -88,26 +60,16 @@ def _stderr(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def _size(n):
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
-    """Yield the text of `source` (a path or bytes) in pieces of about chunk_bytes, cut after
-    a newline (or, in a line longer than a chunk, between characters); checks it is UTF-8. A
-    byte order mark that starts the text (Windows editors write one) is a marker, not a character:
-    it is dropped."""
+    """The text of source (a path, or bytes) in pieces of about chunk_bytes, cut after a newline
+    (in a longer line, between characters), checked to be UTF-8. A byte order mark that starts
+    it (Windows editors write one) is a marker, not a character: dropped."""
     f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     total = len(source) if isinstance(source, bytes) else os.path.getsize(source)
-    carry, offset, done, mark, first = b"", 0, 0, PROGRESS_BYTES, True
+    carry, offset, mark = b"", 0, PROGRESS
     with f:
         while True:
             block = f.read(chunk_bytes)
-            done += len(block)
             if sha is not None:
                 sha.update(block)
             buf = carry + block
@@ -125,13 +87,13 @@ def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
                 text = piece.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(f"{label} is not UTF-8: invalid byte 0x{piece[e.start]:02x} "
-                                   f"at byte offset {offset + e.start}") from None
+                                f"at byte offset {offset + e.start}") from None
+            if offset == 0:  # the first character, whole (cuts fall between characters)
+                text = text.removeprefix("\ufeff")
             offset += len(piece)
-            if done >= mark:
-                log(f"prepare: {what} {_size(done)} / {_size(total)}")
-                mark += PROGRESS_BYTES
-            if text and first:  # the first character, whole (cuts fall between characters)
-                text, first = text.removeprefix("\ufeff"), False
+            if f.tell() >= mark:
+                log(f"prepare: {what} {f.tell() >> 20:,} / {total >> 20:,} MiB")
+                mark += PROGRESS
             if text:
                 yield text
 
@@ -148,11 +110,9 @@ def _download(url, dest, expected_sha256, dataset, log):
         except (OSError, ValueError, http.client.HTTPException) as e:
             raise DownloadError(url, str(getattr(e, "reason", "") or e) or type(e).__name__,
                                 dataset) from None
-    got = sha.hexdigest()
-    if expected_sha256 and got != expected_sha256:
-        os.remove(dest)
+    if expected_sha256 and sha.hexdigest() != expected_sha256:
         raise DataError(f"{url} is not the expected file: sha256 expected {expected_sha256}, "
-                        f"got {got}")
+                        f"got {sha.hexdigest()}")
 
 
 def _pydoc_text():
@@ -163,46 +123,38 @@ def _pydoc_text():
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-_worker_tokenizer = None
+_worker = {}  # a tokenizing process's Tokenizer (--num_proc)
 
 
 def _start_worker(spec):
-    global _worker_tokenizer
-    _worker_tokenizer = Tokenizer(**spec)
+    _worker["tokenizer"] = Tokenizer(**spec)
 
 
-def _encode_in_worker(text, dtype):
-    return _worker_tokenizer.encode_array(text).astype(dtype)
+def _encode_in_worker(text):
+    return _worker["tokenizer"].encode_array(text)
 
 
 def _encoded(chunks, tok, dtype, num_proc):
-    """The token ids of each text chunk, in order. With num_proc > 1 the chunks are encoded in that
-    many processes, at most 2 x num_proc chunks in flight (bounded memory); the output is the
-    same."""
+    """The token ids of each text chunk, in order; num_proc > 1: encoded in that many processes,
+    2 x num_proc chunks at a time (bounded memory), the output the same."""
     if num_proc == 1:
-        for text in chunks:
-            yield tok.encode_array(text).astype(dtype)
+        yield from (tok.encode_array(text).astype(dtype) for text in chunks)
         return
-    import collections
+    import itertools
     import multiprocessing
     spec = {"kind": tok.kind, "chars": getattr(tok, "chars", None),
             "path": getattr(tok, "path", None)}
     with multiprocessing.get_context("spawn").Pool(num_proc, _start_worker, (spec,)) as pool:
-        pending = collections.deque()
-        for text in chunks:
-            pending.append(pool.apply_async(_encode_in_worker, (text, dtype)))
-            if len(pending) >= 2 * num_proc:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+        while batch := list(itertools.islice(chunks, 2 * num_proc)):
+            yield from (ids.astype(dtype) for ids in pool.map(_encode_in_worker, batch))
 
 
 def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2049, num_proc=1):
-    """Stream source into stage/{train,val}.bin (fmt flat) or stage/document.{bin,idx} (fmt
-    indexed: sequences of seq_len tokens, the last one shorter); tok=None builds a char vocabulary.
-    Returns meta."""
+    """Stream source into stage/{train,val}.bin, or for fmt indexed stage/document.{bin,idx}
+    (sequences of seq_len tokens, the last one shorter); tok None: a char vocabulary, scanned
+    first. Returns meta."""
     sha, scan = hashlib.sha256(), tok is None
-    if scan:  # char: a first pass collects the character set (and hashes the source)
+    if scan:  # a first pass collects the character set (and hashes the source)
         chars = set()
         for text in _read_chunks(source, label, chunk_bytes, log, "scanning", sha):
             chars.update(text)
@@ -220,48 +172,43 @@ def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2
         shutil.copyfile(tok.path, os.path.join(stage, "tokenizer.json"))
     if fmt == "indexed":
         sizes = np.full(n // seq_len + (n % seq_len > 0), seq_len, dtype=np.int32)
-        if len(sizes):
-            sizes[-1] = n - seq_len * (len(sizes) - 1)
         if len(sizes) < 2:
             raise DataError(f"{label} is too small: {n} tokens make fewer than 2 sequences of "
                             f"{seq_len} (one is held out for validation); use a smaller --seq_len "
                             f"or more text")
+        sizes[-1] = n - seq_len * (len(sizes) - 1)
         write_index(os.path.join(stage, "document"), sizes, dtype)
         n_train = int(sizes[:train_sequences(len(sizes))].sum())
-        return {**meta, "format": "indexed", "prefix": "document", "sequences": len(sizes),
-                "seq_len": seq_len, "train_tokens": n_train, "val_tokens": n - n_train,
-                "sha256": sha.hexdigest()}
-    n_train = n * 9 // 10
-    if n_train == 0 or n_train == n:
-        raise DataError(f"{label} is too small: {n} tokens cannot be split into train and val")
-    # train is a prefix of all tokens: copy the tail out through a memmap, then truncate
-    tokens = np.memmap(all_path, dtype=dtype, mode="r", shape=(n,))
-    with open(os.path.join(stage, "val.bin"), "wb") as f:
-        for i in range(n_train, n, 1 << 24):
-            tokens[i:min(i + (1 << 24), n)].tofile(f)
-    del tokens  # close the map before truncating the file under it
-    os.truncate(all_path, n_train * np.dtype(dtype).itemsize)
+        meta.update(format="indexed", prefix="document", sequences=len(sizes), seq_len=seq_len)
+    else:
+        n_train = n * 9 // 10
+        if n_train == 0 or n_train == n:
+            raise DataError(f"{label} is too small: {n} tokens cannot be split into train and val")
+        # train is a prefix of all tokens: copy the tail out through a memmap, then truncate
+        tokens = np.memmap(all_path, dtype=dtype, mode="r", shape=(n,))
+        with open(os.path.join(stage, "val.bin"), "wb") as f:
+            for i in range(n_train, n, 1 << 24):
+                tokens[i:min(i + (1 << 24), n)].tofile(f)
+        del tokens  # close the map before truncating the file under it
+        os.truncate(all_path, n_train * np.dtype(dtype).itemsize)
     return {**meta, "train_tokens": n_train, "val_tokens": n - n_train, "sha256": sha.hexdigest()}
 
 
-def tokenizer_kind(tokenizer):
-    """--tokenizer: 'char', 'gpt2', or a path (a tokenizer.json or a model folder holding one) ->
-    'bpe'. A path that is not there is refused: nothing is downloaded, so 'pythia-160m' must be a
-    folder on this machine."""
-    if tokenizer in (None, "char", "gpt2"):
-        return tokenizer
-    if not os.path.exists(tokenizer):
-        raise DataError(f"--tokenizer {tokenizer}: there is no such file or folder here; "
+def named_tokenizer(name):
+    """--tokenizer -> None for 'char' (a vocabulary only the text makes), else the Tokenizer of
+    'gpt2' or of a path (a tokenizer.json, or a model folder holding one): nothing is downloaded."""
+    if name in ("char", "gpt2"):
+        return Tokenizer("gpt2") if name == "gpt2" else None
+    if not os.path.exists(name):
+        raise DataError(f"--tokenizer {name}: there is no such file or folder here; "
                         f"give char, gpt2, or the path of a tokenizer.json or of a downloaded "
                         f"Hugging Face model folder holding one (nothing is downloaded)")
-    return "bpe"
+    return Tokenizer("bpe", path=name)
 
 
 def foreign_files(folder):
     """The names in a dataset folder that data/prepare.py did not make, where it did not make the
-    folder (it has no meta.json, nor the old one of a replacement cut short): [] for a folder of
-    ours or an empty one. nanoMeSH writes over nothing of another tool's (nanoGPT's train.bin,
-    val.bin and meta.pkl, say)."""
+    folder (no meta.json, nor the old one of a cut-short replacement): nanoGPT's, say."""
     if not os.path.isdir(folder) or any(os.path.isfile(os.path.join(folder, n))
                                         for n in ("meta.json", REPLACING)):
         return []
@@ -280,8 +227,7 @@ def check_ours(folder, root_flag):
 
 
 def check_name(dataset):
-    """Raise DataError unless dataset is a name prepare can make a folder of: the rule, in its
-    words."""
+    """Raise DataError unless dataset is a name prepare can make a folder of, saying the rule."""
     size = len(str(dataset).encode("utf-8", "surrogatepass"))
     if not dataset or dataset.startswith(".") \
             or any(c in dataset for c in ("/", "\\", os.sep, "\0")) or size > NAME_BYTES:
@@ -291,14 +237,46 @@ def check_name(dataset):
                         f"choose another --dataset")
 
 
+def make_folder(folder, dataset, out_root, root_flag):
+    """os.makedirs(folder) for a dataset; a root that cannot be written (read-only, not ours) is a
+    DataError that names the fixes. Returns whether it made folder."""
+    made = not os.path.isdir(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        there = (f", or have it prepared there by someone who can: python data/prepare.py "
+                 f"--dataset {dataset} --out_root {shlex.quote(out_root)}"
+                 if root_flag == "--data_root" else "")
+        raise DataError(f"cannot write dataset {dataset!r} in {root_flag}={out_root} "
+                        f"({e.strerror}); give a {root_flag} you can write to{there}") from None
+    return made
+
+
+def _source(dataset, input, url):
+    """(source, label): the text to prepare, a path or bytes (None: url's, downloaded later), and
+    its name in messages. A missing or empty file, or an unknown dataset, is refused now."""
+    if input is not None:
+        if not os.path.isfile(input):
+            raise DataError(f"input file {input} does not exist")
+        if os.path.getsize(input) == 0:
+            raise DataError(f"{input} is empty")
+        return input, input
+    if dataset in ("shakespeare", "shakespeare_char") or url is not None:
+        return None, url or os.environ.get("NANOMESH_SHAKESPEARE_URL") or SHAKESPEARE_URL
+    if dataset == "pydoc":
+        return _pydoc_text().encode("utf-8"), "pydoc_data.topics"
+    raise DataError(f"unknown dataset {dataset!r}{closest(dataset, DATASETS)}; known datasets: "
+                    f"{', '.join(sorted(DATASETS))} (any other name needs --input FILE)")
+
+
 def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA,
             chunk_bytes=1 << 20, log=_stderr, format="flat", seq_len=2049, num_proc=1,
             root_flag="--out_root"):
-    """Tokenize a dataset into OUT_ROOT/dataset/ and return that folder's path. tokenizer: 'char',
-    'gpt2' or the path of a byte-level BPE tokenizer.json (or a model folder holding one); format:
-    'flat' (train.bin + val.bin) or 'indexed' (document.bin + document.idx, sequences of seq_len
-    tokens, data/indexed.py). A folder OUT_ROOT/dataset of another tool's is refused (check_ours),
-    root_flag naming the fix."""
+    """Tokenize a dataset into OUT_ROOT/dataset/ and return that folder. tokenizer: 'char', 'gpt2'
+    or a byte-level BPE tokenizer.json's path (or a model folder's); format: 'flat' or 'indexed'
+    (sequences of seq_len tokens). root_flag names the fix where OUT_ROOT is no place for it."""
     check_name(dataset)
     if input is not None and url is not None:
         raise DataError("pass either --input or --url, not both")
@@ -307,81 +285,55 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
     if seq_len < 2 or num_proc < 1:
         raise DataError(f"--seq_len={seq_len} must be at least 2 "
                         f"and --num_proc={num_proc} at least 1")
-    kind = DATASETS.get(dataset, "char")
-    if tokenizer and dataset in DATASETS and tokenizer_kind(tokenizer) != kind:
-        raise DataError(f"dataset {dataset!r} uses the {kind} tokenizer; "
-                           f"pick another --dataset name for a {tokenizer} version")
-    kind = tokenizer_kind(tokenizer) or kind
-    is_shakespeare = dataset.startswith("shakespeare") and dataset in DATASETS
-    # resolve the source first, so a bad name or missing file is reported before any work
-    if input is not None:
-        if not os.path.isfile(input):
-            raise DataError(f"input file {input} does not exist")
-        source, label = input, input
-    elif is_shakespeare or url is not None:
-        url = url or (os.environ.get("NANOMESH_SHAKESPEARE_URL") or SHAKESPEARE_URL)
-        source, label = None, url  # downloaded below, into the staging folder
-    elif dataset == "pydoc":
-        source, label = _pydoc_text().encode("utf-8"), "pydoc_data.topics"
-    else:
-        raise DataError(f"unknown dataset {dataset!r}{closest(dataset, DATASETS)}; known datasets: "
-                           f"{', '.join(sorted(DATASETS))} (any other name needs --input FILE)")
-    if input is not None and os.path.getsize(input) == 0:
-        raise DataError(f"{label} is empty")
+    if tokenizer and dataset in DATASETS and tokenizer != DATASETS[dataset]:
+        raise DataError(f"dataset {dataset!r} uses the {DATASETS[dataset]} tokenizer; "
+                        f"pick another --dataset name for a {tokenizer} version")
+    source, label = _source(dataset, input, url)  # a bad name or file, before any work
     final = os.path.join(out_root, dataset)
-    check_ours(final, root_flag)  # before anything is made, downloaded or loaded
-    # fail early if the vocabulary is missing
-    tok = (Tokenizer("gpt2") if kind == "gpt2" else
-           Tokenizer("bpe", path=tokenizer) if kind == "bpe" else None)
-
+    check_ours(final, root_flag)
+    tok = named_tokenizer(tokenizer or DATASETS.get(dataset, "char"))  # a missing vocabulary too
     started = time.perf_counter()
-    created_root, created = not os.path.isdir(out_root), not os.path.isdir(final)
-    os.makedirs(out_root, exist_ok=True)
-    os.makedirs(final, exist_ok=True)
+    made = [f for f in (out_root, final) if make_folder(f, dataset, out_root, root_flag)]
     try:  # one prepare of a dataset at a time: two would mix their files
-        files.own(final, flag="--dataset", note=False)
+        took = files.own(final, flag="--dataset", note=False)
     except UsageError:  # a live run's shared lock, or another prepare's
         raise DataError(f"dataset {dataset!r} in {out_root} is in use: a live train.py run "
                         f"reads it, or another data/prepare.py writes it ({final} is locked); "
                         f"wait for it to end, or prepare it under another name") from None
     files.remove_dead_temporaries(out_root)  # the staging folders of killed prepares
-    stage = files.temporary_name(final)
-    os.mkdir(stage)
+    stage = files.temporary_name(final, folder=True)  # held while this process writes it
     try:
-        if source is None:  # download into the stage; it lands next to the .bin files as input.txt
+        if source is None:  # downloaded into the stage: it lands beside the .bin files
             source = os.path.join(stage, "input.txt")
-            _download(url, source, SHAKESPEARE_SHA256 if is_shakespeare else None, dataset, log)
+            shakespeare = dataset in ("shakespeare", "shakespeare_char")
+            _download(label, source, SHAKESPEARE_SHA256 if shakespeare else None, dataset, log)
             if os.path.getsize(source) == 0:
                 raise DataError(f"{label} is empty")
         meta = _tokenize(source, label, tok, stage, chunk_bytes, log, format, seq_len, num_proc)
-        meta = {"dataset": dataset, **meta, "source": os.path.abspath(input) if input else label}
-        with open(os.path.join(stage, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2, ensure_ascii=False)
-        # commit: set the old meta.json aside first so a crash midway never pairs it with new .bin
-        # files (yet the folder stays recognizably ours), then move everything in, meta.json last
-        # (its presence marks a complete dataset)
-        os.makedirs(final, exist_ok=True)
+        files.write_json(os.path.join(stage, "meta.json"), {
+            "dataset": dataset, **meta, "source": os.path.abspath(input) if input else label})
+        # commit: the old meta.json set aside first (a crash midway never pairs it with new .bin
+        # files, yet the folder stays ours), then everything moved in, meta.json last (a complete
+        # dataset)
         if os.path.exists(os.path.join(final, "meta.json")):
             os.replace(os.path.join(final, "meta.json"), os.path.join(final, REPLACING))
         for name in sorted(os.listdir(stage), key=lambda name: name == "meta.json"):
             os.replace(os.path.join(stage, name), os.path.join(final, name))
-        if os.path.exists(os.path.join(final, REPLACING)):
-            os.remove(os.path.join(final, REPLACING))
-    # a full disk, most often: numpy reports it as a short write, naming no file
-    except OSError as e:
+        files.remove(os.path.join(final, REPLACING))
+    except OSError as e:  # a full disk, most often (numpy's short write names no file)
         raise DataError(f"could not write dataset {dataset!r} in {out_root}: "
                         f"{files.why_write_failed(e, out_root)}; "
                         f"the dataset was not written") from None
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        files.disown(final)
-        # left empty: we made it, it goes
-        for made, folder in ((created, final), (created_root, out_root)):
-            if made:
-                with contextlib.suppress(OSError):
-                    os.rmdir(folder)
-    if dataset == "shakespeare_char" and os.path.exists(os.path.join(out_root, OFFLINE)):
-        os.remove(os.path.join(out_root, OFFLINE))  # downloaded after all: no more falling back
+        files.remove(stage)
+        files.disown(stage)
+        if took:
+            files.disown(final)
+        for folder in reversed(made):  # left empty: we made it, it goes
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+    if dataset == "shakespeare_char":  # downloaded after all: no more falling back
+        files.remove(os.path.join(out_root, OFFLINE))
     n, seconds = meta['train_tokens'] + meta['val_tokens'], time.perf_counter() - started
     log(f"prepare: {dataset}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
         f"vocab {meta['vocab_size']}, {meta['dtype']} -> {final} "
@@ -390,10 +342,9 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
 
 
 def check_root_ours(out_root):
-    """A dataset is made on first use only in a data root of nanoMeSH's: the project's data/, a new
-    or empty folder, or one whose dataset folders are all data/prepare.py's; another project's
-    data/ (nanoGPT's, whose shakespeare/ holds train.bin, val.bin and meta.pkl) is refused, nothing
-    written there."""
+    """A dataset is made on first use only in a data root of nanoMeSH's (the project's data/, a new
+    or empty folder, or one of prepare.py's datasets); another project's (nanoGPT's data/, whose
+    shakespeare/ holds train.bin, val.bin and meta.pkl) is refused, nothing written there."""
     if not os.path.isdir(out_root) or os.path.samefile(out_root, PROJECT_DATA):
         return
     foreign = [n for n in sorted(os.listdir(out_root)) if not n.startswith(".")
@@ -407,17 +358,14 @@ def check_root_ours(out_root):
 
 
 def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
-    """Return the name of the dataset folder to train on, preparing a named dataset if needed (one
-    already prepared is found as dataset_folder finds it; a path is an indexed dataset's). Offline,
-    shakespeare_char falls back on the 'pydoc' corpus so that training still runs, and remembers it
-    (OFFLINE): later runs train on pydoc at once, saying why, until
-    python data/prepare.py --dataset shakespeare_char succeeds. Processes that meet a dataset not
-    prepared yet take turns on OUT_ROOT's lock: the first prepares it, the others wait for it, then
-    find it prepared and train on it."""
+    """The name of the dataset folder to train on (dataset_folder's rule; a path is an indexed
+    dataset's), prepared first where it is a known one not there yet. Offline, shakespeare_char
+    falls back on 'pydoc' and remembers why (OFFLINE) until data/prepare.py --dataset
+    shakespeare_char succeeds. Processes that meet an unprepared dataset take turns on OUT_ROOT's
+    lock: the first prepares it, the others then find it."""
     if dataset_folder(out_root, dataset):
         return dataset
-    # e.g. nanoGPT's folder
-    if is_path(dataset) and os.path.isdir(dataset) and foreign_files(dataset):
+    if is_path(dataset) and os.path.isdir(dataset) and foreign_files(dataset):  # nanoGPT's?
         kept = [n for n in ("train.bin", "val.bin", "meta.pkl") if n in foreign_files(dataset)]
         other = f" (its {', '.join(kept)}: another tool's format, nanoGPT's?)" if kept else ""
         raise DataError(f"{dataset} has no meta.json, by which nanoMeSH reads a dataset{other}; "
@@ -436,22 +384,22 @@ def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
                         f"or prepare it with: python data/prepare.py "
                         f"--dataset {dataset} --input FILE{there}")
     check_root_ours(out_root)
-    created = not os.path.isdir(out_root)
-    os.makedirs(out_root, exist_ok=True)
-    waiting = lambda: log(f"prepare: another process is preparing data in {out_root}; "
-                          f"waiting for it")
+    made = make_folder(out_root, dataset, out_root, "--data_root")
+    took = files.own(out_root, "--data_root", note=False, waiting=lambda: log(
+        f"prepare: another process holds {out_root} (preparing data there, or a run whose "
+        f"--out_dir it is); waiting for it"))
     try:
-        with files.one_at_a_time(out_root, waiting):
-            return _first_use(dataset, out_root, log)
+        return _first_use(dataset, out_root, log)
     finally:
-        if created:  # left empty (a failed prepare): we made it, it goes
+        if took:
+            files.disown(out_root)
+        if made:  # left empty (a failed prepare): we made it, it goes
             with contextlib.suppress(OSError):
                 os.rmdir(out_root)
 
 
 def _first_use(dataset, out_root, log):
-    """ensure_dataset's work, in OUT_ROOT's turn: the dataset may have been prepared while this one
-    waited."""
+    """ensure_dataset's work, in OUT_ROOT's turn: the dataset may have been prepared meanwhile."""
     if dataset_folder(out_root, dataset):
         return dataset
     offline = os.path.join(out_root, OFFLINE)  # a failed download of Tiny Shakespeare, remembered
@@ -476,18 +424,13 @@ def _first_use(dataset, out_root, log):
 
 
 def describe_indexed(path, tokenizer, log=_stderr):
-    """Write meta.json (and the tokenizer's copy) beside an existing indexed dataset, e.g. Pythia's
-    Pile, so that train.py can read it where it is: nothing is copied or converted. Returns the
-    folder."""
-    if not tokenizer:
-        raise DataError("--indexed needs --tokenizer: 'gpt2', or a tokenizer.json or model folder "
-                        "(for Pythia's Pile: the tokenizer.json of any Pythia model)")
-    if tokenizer_kind(tokenizer) == "char":
+    """Write meta.json (and the tokenizer's copy) beside an indexed dataset made elsewhere, e.g.
+    Pythia's Pile, for train.py to read it where it is (nothing copied). Returns the folder."""
+    tok = named_tokenizer(tokenizer or "char")  # (Pythia's Pile: any Pythia's tokenizer.json)
+    if tok is None:
         raise DataError("--indexed needs a BPE tokenizer: 'gpt2' or a tokenizer.json "
                         "(a character vocabulary is only known from its text)")
     ds = IndexedDataset(path)
-    tok = (Tokenizer("bpe", path=tokenizer) if tokenizer_kind(tokenizer) == "bpe"
-           else Tokenizer("gpt2"))
     head = np.asarray(ds.tokens[:1 << 24])
     if head.size and (head.min() < 0 or head.max() >= tok.vocab_size):
         raise DataError(f"{ds.prefix}.bin holds token id {int(head.max())}, past the tokenizer's "
@@ -522,8 +465,8 @@ class PrepareConfig:
     dataset: str | None = setting(None, "the output folder's name (known names below)")
     input: str | None = setting(None, "a local text file (UTF-8) to use instead of downloading",
                                 path=True)
-    url: str | None = setting(None, "the download address "
-                              "(default: the canonical Tiny Shakespeare)")
+    url: str | None = setting(None, "the download address (default: $NANOMESH_SHAKESPEARE_URL, "
+                              "or the canonical Tiny Shakespeare's)")
     tokenizer: str | None = setting(None, "char, gpt2, or a tokenizer.json (or a model folder "
                                     "holding one); default: the dataset's, or char", path=True)
     out_root: str = setting(PROJECT_DATA, "where NAME/ is written", path=True)
@@ -551,9 +494,8 @@ def run(given):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    return command.main("data/prepare.py", run, argv, PrepareConfig,
-                        f"known datasets: {', '.join(sorted(DATASETS))}")
+    return command.main("data/prepare.py", run, sys.argv[1:] if argv is None else argv,
+                        PrepareConfig, f"known datasets: {', '.join(sorted(DATASETS))}")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,10 @@
 """
-The one tokenizer helper: text <-> token ids for every kind of dataset, from its meta.json.
+Text <-> token ids for every kind of dataset, from its meta.json: "char" (the characters of the
+training text) and bpe.py's subword vocabularies, loaded only for them: "gpt2" (tiktoken's) and
+"bpe" (a byte-level BPE tokenizer.json such as Pythia's, of which the dataset keeps a copy).
 
-    from data.tokenizer import Tokenizer
     tok = Tokenizer.load("data/shakespeare_char")   # the tokenizer a dataset was made with
     ids = tok.encode("ROMEO:")                       # -> [30, 27, 25, 17, 27, 10]
-    tok.decode(ids)
-
-Kinds: "char" (the characters of the training text) and the subword vocabularies of bpe.py,
-loaded only for them: "gpt2" (tiktoken's GPT-2 BPE) and "bpe" (a byte-level BPE tokenizer.json
-such as Pythia's GPT-NeoX tokenizer; the dataset keeps its own copy of the file).
 """
 import json
 import os
@@ -20,8 +16,7 @@ from data.meta import read_meta
 
 
 class Tokenizer:
-    """Character-level, or a subword vocabulary of bpe.py, (de)serialized as the tokenizer part
-    of meta.json."""
+    """Character-level, or a subword vocabulary of bpe.py; to_meta() is its part of meta.json."""
 
     def __init__(self, kind, chars=None, encoding="gpt2", path=None):
         self.kind = kind

@@ -16,7 +16,6 @@ torch.distributed.checkpoint is imported only where used (in a DDP process it ca
 import dataclasses
 import os
 import pickle
-import re
 import shlex
 import shutil
 import sys
@@ -33,10 +32,8 @@ from mesh import Config, ConfigError, RecursiveGPT
 
 # a whole checkpoint; the pointer of a sharded one
 CKPT, POINTER = "ckpt.pt", "ckpt-sharded.json"
-# the folders of sharded checkpoints (sharded.shards_folder)
-SHARDS = re.compile(r"^shards-\d{8}(-1)?$")
-# kept checkpoints (--keep_every): ckpt_<iter>.pt, or a sharded one's folder ckpt_<iter>/
-KEPT = re.compile(r"^ckpt_(\d+)(\.pt)?$")
+# sharded checkpoints' folders, kept checkpoints' names (files.py: no output lands on them)
+SHARDS, KEPT = files.SHARDS, files.KEPT
 _noted = set()  # (checkpoint, config) whose missing fields were noted: once each
 
 

@@ -1,18 +1,16 @@
 """
-How every script runs: its command line parsed against its dataclass of settings, bad input as
-one line, a stdout or stderr that fails never its undoing, signals as a clean stop, and locks and
-the process group given back on every way out.
+How every script runs (main): its settings parsed, bad input as one line, a failing stdout never
+its undoing, signals as a clean stop (Stop), locks and the process group given back at the end.
 
     sys.exit(command.main("train.py", train, argv, TrainConfig))  # fn(given) -> its exit code
     stop = command.Stop.poll()   # a loop that can stop cleanly: the first signal is a request
-    if stop.requested(): ...     # Ctrl-C, SIGTERM, SIGHUP, or the launcher gone: finish and save
 
-Bad input is a UsageError (configurator.py; the project's other errors subclass it) or an OSError:
-one line, exit 2. A model that blew up (FloatingPointError): one line, exit 1. A signal: one line,
-exit 130. --debug=true shows the traceback instead; any other exception is a bug and keeps its
-traceback.
+Bad input, a UsageError (configurator.py) or an OSError: one line, exit 2; a model that blew up
+(FloatingPointError): exit 1; a signal: exit 130. A bug keeps its traceback, as all do with --debug.
 """
 
+import contextlib
+import dataclasses
 import errno
 import os
 import re
@@ -25,34 +23,32 @@ from support import files
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # SIGHUP: not on Windows
 # a collective's error when another process of the job is gone
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|[Tt]imed out|Socket Timeout")
-# a project tool that launches a process names itself here, so that the process can outlive nothing
-LAUNCHER = "NANOMESH_LAUNCHER"
+LAUNCHER = "NANOMESH_LAUNCHER"  # a tool that launches a process names itself here (Stop.poll)
 
 
 def main(prog, fn, argv, settings=None, notes="", stopped=None):
-    """fn(given) as a command: given its flags parsed against the dataclass `settings` (None: fn
-    gets argv as it is); returns the exit code. stopped: what a signal's one line says after
-    "stopped by SIGTERM, " (the default: what a kill mid-write leaves)."""
+    """fn(given) as a command, given argv parsed against the dataclass `settings` (None: argv as it
+    is); returns the exit code. stopped: what a signal's line says after "stopped by SIGTERM, "."""
     given, name = {}, os.path.basename(prog)  # tools/probe.py's errors: "probe.py: error: ..."
     kept = keep(name)
     Stop.install()
     try:
-        given = argv if settings is None else \
-            parse_flags(settings, argv, prog, notes, read_config=files.read_config)
-        return fn(given) or 0
+        if settings is not None:
+            given = parse_flags(settings, argv, prog, notes, read_config=files.read_config)
+            check_text(settings, given)
+        return fn(argv if settings is None else given) or 0
     except Exception as e:
-        debug = isinstance(given, dict) and given.get("debug")
-        if isinstance(e, FloatingPointError) and not debug:
-            return report(name, e, code=1)
-        if isinstance(e, (UsageError, OSError)) and not debug:
-            return report(name, e)
-        if isinstance(e, RuntimeError) and LOST_PEER.search(str(e)) and not debug:
+        if given.get("debug"):
+            raise
+        if isinstance(e, (UsageError, OSError, FloatingPointError)):  # a blown-up model: exit 1
+            return report(name, e, code=1 if isinstance(e, FloatingPointError) else 2)
+        if isinstance(e, RuntimeError) and LOST_PEER.search(str(e)):
             from support import distributed  # another process of the job is gone: one line
             if distributed.grouped():
                 return report(name, distributed.lost_peer(e), code=1)
         raise
     except KeyboardInterrupt as e:  # Ctrl-C, or Stopped: a signal that stops at once
-        if isinstance(given, dict) and given.get("debug"):
+        if given.get("debug"):
             raise
         signame = e.name if isinstance(e, Stopped) else "SIGINT"
         what = ("after the run finished; its last checkpoint is saved, so nothing is lost"
@@ -69,6 +65,21 @@ def main(prog, fn, argv, settings=None, notes="", stopped=None):
         restore(kept)
 
 
+def check_text(settings, given):
+    """Refuse a setting that holds bytes no UTF-8 text has (a command line's non-UTF-8 bytes reach
+    Python as lone surrogates): a path may hold whatever the file system takes."""
+    for field in dataclasses.fields(settings):
+        encode, values = os.fsencode if field.metadata.get("path") else str.encode, \
+            given.get(field.name)
+        for value in values if isinstance(values, list) else [values]:
+            try:
+                if isinstance(value, str):
+                    encode(value)
+            except UnicodeEncodeError:
+                raise UsageError(f"--{field.name}={value!r:.60} is not UTF-8 text (it holds "
+                                 f"bytes no UTF-8 text has); give it in UTF-8") from None
+
+
 # -----------------------------------------------------------------------------
 # Signals
 
@@ -81,16 +92,14 @@ class Stopped(KeyboardInterrupt):
 
 
 class Stop:
-    """SIGINT, SIGTERM and SIGHUP for the command main() runs. By default a signal raises Stopped
-    at once. A loop that can stop cleanly polls instead (poll()): its first signal only sets
-    `asked` (train.py finishes its step and saves; table1.py passes the signal on to its runs and
-    waits for them); a second signal raises, as does any once finished(). A signal ignored when the
-    command started (nohup's SIGHUP) stays ignored. A process a launcher started (torchrun's worker,
-    a run of table1.py's) whose launcher is gone stops as if signalled: it checks its parent."""
+    """SIGINT, SIGTERM and SIGHUP for the command main() runs: a signal raises Stopped at once,
+    unless a loop polls (poll()): then the first is a request (train.py finishes its step and
+    saves), a second raises, as does any once finished(). One ignored at the start (nohup's SIGHUP)
+    stays ignored. A process whose launcher (torchrun, table1.py) is gone stops as if signalled."""
     signals = 0      # how many came
     polled = False   # a loop polls: the first signal is a request
     saved = False    # the run's last checkpoint is saved: any signal now stops at once
-    held = False     # a signal now waits for release() (a result being written whole)
+    held = False     # a signal now is counted, nothing more (hold)
     launcher = None  # the parent pid whose end stops this process
     _previous = []   # (signal, handler) pairs to put back
 
@@ -119,9 +128,8 @@ class Stop:
 
     @classmethod
     def poll(cls, launched=False, says="finishing this step, then saving a checkpoint"):
-        """From now on the first signal is a request that requested() reports, and `says` what
-        follows. launched: this process was started by a launcher (torchrun, or a project tool
-        that set LAUNCHER) whose end must stop it too."""
+        """From now on the first signal is a request that requested() reports; `says` what follows.
+        launched: started by a launcher (torchrun, a tool setting LAUNCHER) whose end stops it."""
         cls.polled, cls.says = True, says
         ppid = os.getppid()
         if launched or os.environ.get(LAUNCHER) == str(ppid):
@@ -139,8 +147,7 @@ class Stop:
 
     @classmethod
     def finished(cls):
-        """The run's last checkpoint is saved: a signal now stops at once, as does one that came
-        while it was saved. Returns True."""
+        """The last checkpoint is saved: a signal now (or one while saving) stops at once. True."""
         cls.saved = True
         if cls.signals:
             raise Stopped(cls.name)
@@ -148,19 +155,12 @@ class Stop:
 
     @classmethod
     def hold(cls):
-        """Signals wait until release(): what is being written goes out whole."""
+        """From now on a signal is counted, nothing more: what is being written goes out whole."""
         cls.held = True
-
-    @classmethod
-    def release(cls):
-        cls.held = False
-        if cls.signals:
-            raise Stopped(cls.name)
 
 
 def ignore_ctrl_c():
-    """In a helper process of a command: the terminal's Ctrl-C reaches the whole process group,
-    and the parent answers it (ending the helper)."""
+    """In a command's helper process: the terminal's Ctrl-C is the parent's to answer."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -173,10 +173,9 @@ _notes = []  # notes of streams given up, not yet in a run's log
 
 
 class Stream:
-    """A text stream that never raises. A write that fails (a reader gone, a lost terminal, a full
-    disk) gives the stream up: its descriptor is pointed at os.devnull, one note says so on stderr
-    (and in the run's log), and the command goes on. A character the encoding lacks is escaped. A
-    print from a signal handler in the middle of a write waits for that write to end."""
+    """A text stream that never raises: a failed write (a reader gone, a lost terminal, a full disk)
+    points it at os.devnull, says so once on stderr (and in the run's log), and the command goes
+    on. A character the encoding lacks is escaped; a signal handler's print waits for the write."""
 
     def __init__(self, stream, name, prog):
         self.stream, self.name, self.prog = stream, name, prog
@@ -187,52 +186,40 @@ class Stream:
         return len(text)
 
     def flush(self):
-        self._one_at_a_time(self._flush)
+        self._one_at_a_time(self.stream.flush)
 
     def __getattr__(self, name):  # encoding, fileno, isatty, ...: the stream's own
         return getattr(self.stream, name)
 
     def _one_at_a_time(self, fn, *args):
+        self.waiting.append((fn, args))
         if self.busy:  # called from a signal handler, in the middle of a write: done after it
-            self.waiting.append((fn, args))
             return
         self.busy = True
         try:
-            fn(*args)
             while self.waiting:
                 fn, args = self.waiting.pop(0)
-                fn(*args)
+                if self.given_up:
+                    continue
+                try:
+                    fn(*args)
+                except OSError as e:
+                    self._give_up(e)
         finally:
             self.busy = False
 
     def _write(self, text):
-        if self.given_up:
-            return
         try:
-            try:
-                self.stream.write(text)
-            except UnicodeEncodeError:  # an encoding without these characters: escaped (\xe9)
-                encoding = self.stream.encoding or "ascii"
-                self.stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
-        except OSError as e:
-            self._give_up(e)
-
-    def _flush(self):
-        if self.given_up:
-            return
-        try:
-            self.stream.flush()
-        except OSError as e:
-            self._give_up(e)
+            self.stream.write(text)
+        except UnicodeEncodeError:  # an encoding without these characters: escaped (\xe9)
+            encoding = self.stream.encoding or "ascii"
+            self.stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
 
     def _give_up(self, error):
         self.given_up = True
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.stream.fileno())
-            os.close(devnull)
-        except (OSError, ValueError):  # no descriptor (a stream in memory): nothing to point
-            pass
+        # (a stream in memory has no descriptor to point: ValueError)
+        with contextlib.suppress(OSError, ValueError), open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), self.stream.fileno())
         why = f"{error.strerror or error}: {WHY[error.errno]}" if error.errno in WHY else error
         note = (f"{self.prog}: note: cannot write to standard {self.name} ({why}); nothing more is "
                 f"printed there, and nothing else stops")
@@ -242,9 +229,8 @@ class Stream:
 
 
 def keep(prog):
-    """sys.stdout and sys.stderr through Stream from now on; returns what restore() puts back
-    (nothing where they already are, in a command run by another; a stream that is None, as `>&-`
-    leaves it, stays None)."""
+    """sys.stdout and sys.stderr through Stream from now on (unless they are, or are None, as `>&-`
+    leaves one); returns what restore() puts back."""
     kept = []
     for name, word in (("stdout", "output"), ("stderr", "error")):
         stream = getattr(sys, name)

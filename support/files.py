@@ -1,18 +1,14 @@
 """
-Files read and written so that nothing is lost: every JSON file read as plain data with limits,
-writes that a crash never leaves half done, folders held by one process at a time, the leftovers
-of killed writers, and output paths that may never land on a run's or a dataset's files.
+Files so that nothing is lost: JSON read as plain data with limits, writes a crash never leaves
+half done, folders held by one process at a time, killed writers' leftovers cleared, and outputs
+that never land on a run's or a dataset's files.
 
     obj = files.read_json(path)                        # a regular file, size and depth limits
     files.atomic_write(path, lambda f: f.write(data))  # the old file or the new, never half
     files.own(out_dir)                                 # a second run there is refused
     files.check_writable(path, "json")                 # before a long computation, not after
-
-Every temporary is named .NAME-PID-HEX.nanomesh.tmp beside its destination; the cleaner removes
-only names of exactly that form whose writer is dead, so a user's look-alike file survives.
 """
 
-import contextlib
 import errno
 import json
 import os
@@ -28,7 +24,7 @@ MAX_BYTES = 64 << 20  # larger than any config, meta.json, pointer or result fil
 MAX_DEPTH = 64        # nesting: the project's own files are at most 4 deep
 MARK = ".nanomesh.tmp"  # the end of every temporary name the project makes, and of no other
 TEMPORARY = re.compile(r"^\..+-(\d+)-[0-9a-f]{12}" + re.escape(MARK) + "$")  # .NAME-PID-HEX{MARK}
-_owned = {}  # this process's folder locks: real path -> descriptor (None: no lock could be taken)
+_owned = {}  # this process's locks: real path -> descriptor (None: no lock could be taken)
 
 
 # -----------------------------------------------------------------------------
@@ -39,9 +35,8 @@ class PlainDataError(UsageError):
 
 
 def read_bytes(path, max_bytes=MAX_BYTES):
-    """The bytes of the regular file path; a FIFO, a device or a folder is refused before it is
-    read (opened non-blocking: a FIFO without a writer cannot hang the open), as is a file over
-    max_bytes. OSError passes through for the caller to word."""
+    """The bytes of the regular file path, at most max_bytes; a FIFO (opened non-blocking: no
+    writer cannot hang it), a device or a folder is refused unread. OSError passes through."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -79,9 +74,9 @@ STRING, BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"'), re.compile(r"[\[\]{}]")
 
 
 def parse_json(text, max_depth=MAX_DEPTH, nan=False):
-    """text -> its JSON value. Nested too deep (checked before parsing, so json never recurses far),
-    a repeated key, or NaN / Infinity (unless nan: a log's loss that blew up) is a PlainDataError;
-    json.JSONDecodeError passes through with its position."""
+    """text -> its JSON value. Too deep (counted first: json never recurses far), a repeated key,
+    or NaN / Infinity (unless nan: a log's blown-up loss) is a PlainDataError; a JSONDecodeError
+    passes through with its position."""
     depth = deepest = 0
     for m in BRACKET.finditer(STRING.sub("", text)):
         depth += 1 if m[0] in "[{" else -1
@@ -123,31 +118,38 @@ def plain_name(value):
 # -----------------------------------------------------------------------------
 # Writing: atomic, and the leftovers of killed writers
 
-def temporary_name(path):
-    """A fresh temporary name beside path, carrying this process's pid."""
-    folder, name = os.path.split(os.path.abspath(path))
-    return os.path.join(folder, f".{name}-{os.getpid()}-{uuid.uuid4().hex[:12]}{MARK}")
+def temporary_name(path, folder=False):
+    """A new temporary beside path, .NAME-PID-HEX.nanomesh.tmp, made now (an empty file, or a
+    folder) and locked by this process until disown() or its end: no cleaner takes it meanwhile."""
+    where, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(where, f".{name}-{os.getpid()}-{uuid.uuid4().hex[:12]}{MARK}")
+    if folder:
+        os.mkdir(tmp)
+    else:  # the mode a plain write gets (not mkstemp's private 0600)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    own(tmp, note=False)
+    return tmp
 
 
 def atomic_write(path, write, mode="wb"):
     """write(f) into a temporary file beside path, fsync, then os.replace: a crash leaves the old
-    file or the new. A failed write removes its temporary and raises OSError whose strerror says
-    why in words (a full disk, whatever the writer made of ENOSPC); the old file is unchanged."""
+    file or the new. A failed write removes its temporary and raises OSError saying why in words
+    (a full disk, whatever the writer made of ENOSPC); the old file is unchanged."""
     tmp = temporary_name(path)
-    try:  # "x": created afresh, with the mode a plain write gets (not mkstemp's private 0600)
-        with open(tmp, mode.replace("w", "x"),
-                  **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        remove(tmp)
         if isinstance(e, (OSError, RuntimeError)):  # torch's zip writer: RuntimeError
             raise OSError(getattr(e, "errno", None) or errno.EIO,
                           why_write_failed(e, os.path.dirname(tmp))) from None
         raise
+    finally:
+        disown(tmp)
 
 
 def append(path, data, fd=None):
@@ -190,7 +192,7 @@ def why_write_failed(error, folder):
 
 
 def process_alive(pid):
-    """Whether process pid still runs on this machine."""
+    """Whether process pid still runs on this machine (where no lock tells)."""
     if sys.platform == "win32":  # there os.kill(pid, 0) would send CTRL_C_EVENT
         import ctypes
         kernel = ctypes.windll.kernel32
@@ -206,91 +208,82 @@ def process_alive(pid):
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, another user's
-        return True
+        pass
     return True
 
 
 def remove(path):
     """Remove a file or folder if it is there; a symbolic link itself, never followed."""
-    if not os.path.lexists(path):
-        return
-    if os.path.islink(path) or not os.path.isdir(path):
-        os.remove(path)
-    else:
+    if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
 
 
 def remove_dead_temporaries(folder):
-    """Remove folder's temporaries whose writer is dead, or is this process (which calls this only
-    between its writes)."""
-    for name in os.listdir(folder):
-        m = TEMPORARY.match(name)
-        if m and (int(m[1]) == os.getpid() or not process_alive(int(m[1]))):
-            remove(os.path.join(folder, name))
+    """Remove folder's temporaries (names of exactly that form: a look-alike stays) whose writer is
+    gone: their lock is free, whatever their PID now means (reused, or another PID namespace's).
+    Where no lock can be taken at all, those whose PID is no live process."""
+    for name in filter(TEMPORARY.match, os.listdir(folder)):
+        path = os.path.join(folder, name)
+        try:
+            os.close(_lock(path))  # taken: its writer is gone
+        except BlockingIOError:  # held: its writer lives
+            continue
+        except OSError:  # no lock here: the PID in its name decides
+            if process_alive(int(TEMPORARY.match(name)[1])):
+                continue
+        remove(path)
 
 
 # -----------------------------------------------------------------------------
-# Folders held by one process at a time
+# Locks: folders held by one process at a time
 
-def own(folder, flag="--out_dir", note=True, shown=None, shared=False):
-    """Lock folder for this process: a flock on the folder itself, so no file is made and the
-    system drops it when the process ends, kill -9 included. Held by another: UsageError. No lock
-    possible (no flock, Windows): a one-line note. shared: a lock many readers hold together (live
-    runs on their dataset), refused while a writer holds it and refusing a writer meanwhile."""
+def _lock(path, shared=False, wait=False):
+    """An open descriptor of path holding its flock (exclusive, or shared); BlockingIOError while
+    another process holds it (unless wait); another OSError where no flock can be taken here."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        raise OSError(errno.ENOSYS, "no flock on this system") from None
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # (a FIFO opens at once)
+    how = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, how)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def own(folder, flag="--out_dir", note=True, shown=None, shared=False, waiting=None):
+    """Lock folder for this process: a flock on it (no file made; dropped at the process's end,
+    kill -9 included). True: taken now; False: held already (a process never waits on itself).
+    Held by another: UsageError, or with waiting, waiting() says so and this waits its turn. No
+    lock possible (Windows, some NFS): a note. shared: a lock many readers hold together (live runs
+    on their dataset), refused while a writer holds it and refusing a writer meanwhile."""
     key = os.path.realpath(folder)
     if key in _owned:
-        return
-    _owned[key] = None
+        return False
     try:
-        import fcntl
-        fd = os.open(folder, os.O_RDONLY)
-    except (ImportError, OSError) as e:
-        if note:
-            print(f"note: cannot lock {flag}={folder} "
-                  f"({getattr(e, 'strerror', None) or 'no flock on this system'}); "
-                  f"make sure no other run uses it", flush=True)
-        return
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        _owned[key] = _lock(folder, shared)
     except BlockingIOError:
-        os.close(fd)
-        del _owned[key]
-        if shared:
-            raise UsageError(f"{shown or f'{flag}={folder}'} is being written (another process "
-                             f"holds the folder's lock, as data/prepare.py does); "
-                             f"wait for it to end") from None
-        raise UsageError(f"another run is using {shown or f'{flag}={folder}'} "
-                         f"(it holds the folder's lock); wait for it to end, "
-                         f"or choose another {flag}") from None
-    except OSError as e:  # no flock on folders (some NFS setups): go on, unprotected
-        if note:
-            print(f"note: cannot lock {flag}={folder} ({e.strerror}); "
-                  f"make sure no other run uses it", flush=True)
-    _owned[key] = fd
-
-
-@contextlib.contextmanager
-def one_at_a_time(folder, waiting):
-    """Hold an exclusive flock on folder for the with-block, waiting while another process holds it
-    (waiting() says so, once): processes meeting here take turns; a killed holder blocks nobody.
-    No lock possible: no turns, no wait."""
-    try:
-        import fcntl
-        fd = os.open(folder, os.O_RDONLY)
-    except (ImportError, OSError):
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if waiting:
             waiting()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:  # no flock on folders here: go on without turns
-            pass
-        yield
-    finally:
-        os.close(fd)  # (closing the descriptor drops the lock)
+            _owned[key] = _lock(folder, shared, wait=True)
+            return True
+        what = shown or f"{flag}={folder}"
+        if shared:
+            raise UsageError(f"{what} is being written (another process holds the folder's lock, "
+                             f"as data/prepare.py does); wait for it to end") from None
+        raise UsageError(f"another run is using {what} (it holds the folder's lock); wait for it "
+                         f"to end, or choose another {flag}") from None
+    except OSError as e:
+        _owned[key] = None
+        if note:
+            print(f"note: cannot lock {flag}={folder} ({e.strerror}); make sure no other run "
+                  f"uses it", flush=True)
+    return True
 
 
 def disown(folder):
@@ -302,13 +295,12 @@ def disown(folder):
 
 def check_free(folder, flag="--out_dir", shown=None):
     """Raise UsageError if another process owns folder now; this one keeps no lock."""
-    if os.path.realpath(folder) not in _owned:
-        own(folder, flag, note=False, shown=shown)
+    if own(folder, flag, note=False, shown=shown):
         disown(folder)
 
 
 def release():
-    """Give up every folder this process owns."""
+    """Give up every lock this process holds."""
     for fd in filter(None, _owned.values()):
         os.close(fd)
     _owned.clear()
@@ -318,36 +310,43 @@ def release():
 # Output paths: never a run's or a dataset's file
 
 RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.out")
-DATA_FILES = ("meta.json", "train.bin", "val.bin", "document.bin", "document.idx", "tokenizer.json",
-              "input.txt")
+SHARDS = re.compile(r"^shards-\d{8}(-1)?$")  # the folders of a run's sharded checkpoints
+KEPT = re.compile(r"^ckpt_(\d+)(\.pt)?$")  # --keep_every's: ckpt_<iter>.pt, or sharded ckpt_<iter>/
 
 
-def owner(path):
-    """(kind, file) where path (or what a link there points to) is a file of a run's folder ('run':
-    it holds a checkpoint or a log) or of a dataset's ('dataset': it holds meta.json); else None."""
+def _owner(path):
+    """(kind, folder, name) where path, or what a link there points to, is a run's file (one of
+    RUN_FILES, a kept checkpoint, anything in its shards folders) or a dataset's (anything beside a
+    meta.json)."""
     for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
         folder, name = os.path.split(where)
-        if name in RUN_FILES and any(os.path.exists(os.path.join(folder, f))
-                                     for f in RUN_FILES[:3]):
-            return "run", where
-        if name in DATA_FILES and os.path.isfile(os.path.join(folder, "meta.json")):
-            return "dataset", where
+        shards = SHARDS.match(os.path.basename(folder)) or KEPT.match(os.path.basename(folder))
+        run = os.path.dirname(folder) if shards else folder  # a sharded checkpoint's: its run's
+        if (shards or name in RUN_FILES or KEPT.match(name)) and \
+                any(os.path.exists(os.path.join(run, n)) for n in RUN_FILES[:3]):
+            return "run", run, os.path.relpath(where, run)
+        if os.path.isfile(os.path.join(folder, "meta.json")):
+            return "dataset", folder, name
     return None
 
 
-def check_writable(path, flag):
-    """Raise UsageError now, not after a long run, when --flag's output file cannot be written (its
-    missing folders the writer makes), or is a run's or a dataset's file, which an output must
-    never replace or append to."""
-    if os.path.isdir(path):
-        raise UsageError(f"--{flag}={path} is a folder; give a file name")
-    if owner(path):
-        kind, (folder, name) = owner(path)[0], os.path.split(owner(path)[1])
-        raise UsageError(f"--{flag}={path} is the {name} of the {kind} in {folder}, "
-                         f"which this would write over; give another file name")
-    there = os.path.dirname(os.path.abspath(path))
+def check_writable(path, flag, ending="", folder=False):
+    """Raise UsageError now, not after a long run, when --flag's output (a file ending in `ending`,
+    or with folder a folder) cannot be written, or would land among a run's or a dataset's files,
+    which no output may touch. Missing folders the writer makes."""
+    shown, kind = f"--{flag}={path}", "folder" if folder else "file name"
+    if os.path.exists(path) and os.path.isdir(path) != folder:
+        raise UsageError(f"{shown} is a {'file' if folder else 'folder'}; give a {kind}")
+    if not path.lower().endswith(ending):
+        raise UsageError(f"{shown} does not end in {ending}; give a {kind} that does")
+    found = _owner(os.path.join(path, "x") if folder else path)
+    if found:
+        what = "a folder" if folder else f"the {found[2]}"
+        raise UsageError(f"{shown} is {what} of the {found[0]} in {found[1]}, which no output may "
+                         f"write; give another {kind}")
+    there = path if folder else os.path.dirname(os.path.abspath(path))
     while not os.path.exists(there):  # folders the writer will make: the nearest one there decides
-        there = os.path.dirname(there)
+        there = os.path.dirname(os.path.abspath(there))
     if not os.path.isdir(there) or not os.access(there, os.W_OK) or \
             os.path.exists(path) and not os.access(path, os.W_OK):
         raise UsageError(f"cannot write --{flag}={path}: no permission, or a file where a folder "

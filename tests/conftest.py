@@ -89,6 +89,16 @@ def copy_with_a_bug(tmp_path):
     return copy, 1 + source[:source.index("targets[:, 1:]")].count("\n")
 
 
+def write_indexed(prefix, sequences, dtype="uint16"):
+    """PREFIX.bin and PREFIX.idx holding sequences (1-d token arrays), as Megatron writes them: the
+    tokens back to back, then data/indexed.py's write_index. Returns the number of sequences."""
+    import numpy as np
+    from data.indexed import write_index
+    np.concatenate([np.asarray(s) for s in sequences]).astype(dtype).tofile(prefix + ".bin")
+    write_index(prefix, [len(s) for s in sequences], dtype)
+    return len(sequences)
+
+
 def snapshot(*folders):
     """Every file under the folders with its content hash: equal snapshots mean nothing changed."""
     found = {}

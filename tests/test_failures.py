@@ -246,37 +246,161 @@ def test_two_runs_started_together_one_wins(data_root, tmp_path):  # noqa: F811
     assert iters == list(range(1, len(iters) + 1))
 
 
+# a writer that makes its temporary (a file, or a folder as prepare.py's staging) as every writer does, says its
+# name, and waits
+WRITER = ("import sys, time; from support import files; "
+          "print(files.temporary_name(sys.argv[1], folder=sys.argv[2] == 'folder'), flush=True); time.sleep(600)")
+
+
+def start_writer(path, folder):
+    p = subprocess.Popen(python("-c", WRITER, str(path), "folder" if folder else "file"), cwd=ROOT,
+                         stdout=subprocess.PIPE, text=True)
+    return p, os.path.basename(p.stdout.readline().strip())
+
+
 @pytest.mark.parametrize("kind", ["checkpoint temporary file", "prepare staging folder"])
-def test_cleanup_removes_only_what_dead_processes_left(kind, tmp_path):
-    """A cleanup removes the leftovers of a dead process (and of its own), never those of a live one, nor
-    a user's file or folder that only looks like a leftover."""
-    live = subprocess.Popen(python("-c", "import time; time.sleep(60)"))
-    dead = subprocess.Popen(python("-c", "pass"))
-    dead.wait()
+@pytest.mark.parametrize("flock", [True, False], ids=["locks", "no flock here"])
+def test_cleanup_removes_only_what_dead_writers_left(kind, flock, tmp_path, monkeypatch):
+    """A cleanup removes the temporaries of dead writers (one killed by kill -9; this process's, let go), and a dead
+    writer's whose PID is now a live process's (simulated: its name made to carry a live PID), never a live
+    writer's, nor a user's file or folder that only looks like a leftover. Where no flock can be taken (simulated:
+    flock fails as on some NFS), the PID in the name decides: then the reused PID's leftover stays."""
+    folder = kind == "prepare staging folder"
+    live, live_name = start_writer(tmp_path / "ckpt.pt", folder)
+    dead, dead_name = start_writer(tmp_path / "log.jsonl", folder)
+    reused, reused_name = start_writer(tmp_path / "result.json", folder)
+    for p in (dead, reused):
+        p.kill()
+        p.wait()
+    # the second dead writer's PID now a live process's: its name made to carry the live writer's PID
+    os.rename(tmp_path / reused_name, tmp_path / reused_name.replace(f"-{reused.pid}-", f"-{live.pid}-"))
+    reused_name = reused_name.replace(f"-{reused.pid}-", f"-{live.pid}-")
+    held = os.path.basename(runfiles.temporary_name(str(tmp_path / "train.out"), folder))  # this process's
+    let_go = runfiles.temporary_name(str(tmp_path / "meta.json"), folder)
+    runfiles.disown(let_go)  # this process's, let go: its writer is done with it
     mark = runfiles.MARK
     lookalikes = {f".notes-{dead.pid}-a1b2c3.tmp", f".ckpt.pt-{dead.pid}-0123abcd4567.tmp",
-                  f".x-{dead.pid}-0123abcd.nanomesh.tmp", f".y-{dead.pid}-0123abcd4567ef.nanomesh.tmp"}
+                  f".x-{dead.pid}-0123abcd.nanomesh.tmp", f".y-{dead.pid}-0123abcd4567ef.nanomesh.tmp",
+                  f"keep-{dead.pid}-a1b2c3d4e5f6{mark}"}  # (not hidden: not ours)
     try:
-        if kind == "checkpoint temporary file":
-            names = {pid: (f".ckpt.pt-{pid}-0123abcd4567{mark}", f".log.jsonl-{pid}-4567ef012345{mark}")
-                     for pid in (live.pid, dead.pid, os.getpid())}
-            for name in (*sum(names.values(), ()), *lookalikes):
-                (tmp_path / name).write_bytes(b"partial")
-            runfiles.remove_dead_temporaries(str(tmp_path))
-            assert set(os.listdir(tmp_path)) == {*names[live.pid], *lookalikes}
-        else:
-            names = {pid: f".tiny-{pid}-a1b2c3d4e5f6{mark}" for pid in (live.pid, dead.pid)}
-            for name in (*names.values(), *lookalikes):
+        for name in lookalikes:
+            if folder:
                 (tmp_path / name).mkdir()
-                (tmp_path / name / "train.bin").write_bytes(b"12")
-            (tmp_path / f"keep-{dead.pid}-a1b2c3d4e5f6{mark}").mkdir()  # not hidden: not ours
-            runfiles.remove_dead_temporaries(str(tmp_path))
-            assert set(os.listdir(tmp_path)) == {names[live.pid], f"keep-{dead.pid}-a1b2c3d4e5f6{mark}",
-                                                 *lookalikes}
-            assert all((tmp_path / name / "train.bin").read_bytes() == b"12" for name in lookalikes)
+            else:
+                (tmp_path / name).write_bytes(b"partial")
+        if not flock:
+            import fcntl
+
+            def no_flock(*args):
+                raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+            monkeypatch.setattr(fcntl, "flock", no_flock)
+        runfiles.remove_dead_temporaries(str(tmp_path))
+        # without locks, the PIDs decide: this process's let-go one and the reused PID's stay
+        kept = {live_name, held, *lookalikes} | (set() if flock else {os.path.basename(let_go), reused_name})
+        assert set(os.listdir(tmp_path)) == kept and dead_name not in kept
     finally:
         live.kill()
         live.wait()
+        runfiles.release()
+
+
+NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]  # its command runs as PID 1
+
+
+def in_namespace_works():
+    try:
+        return subprocess.run([*NAMESPACE, "true"], capture_output=True).returncode == 0
+    except OSError:  # no unshare command
+        return False
+
+
+def wait_for_name(folder, prefix):
+    while not [n for n in os.listdir(folder) if n.startswith(prefix)]:
+        time.sleep(0.1)
+    return next(n for n in os.listdir(folder) if n.startswith(prefix))
+
+
+@pytest.mark.skipif(not in_namespace_works(), reason="no PID namespaces here (unshare needs root)")
+def test_a_staging_folder_is_its_writers_in_any_pid_namespace(tmp_path):
+    """Two data/prepare.py in one data root, each PID 1 of its own PID namespace (as in two containers): the
+    second's cleanup leaves the first's live staging folder alone, and the first finishes. A third, killed by
+    kill -9 while it downloads, leaves a staging folder named with PID 1, a live process (init) here: the next
+    prepare removes it all the same."""
+    root, text, fifo = tmp_path / "data", write_text(tmp_path / "t.txt", TEXT), tmp_path / "download"
+    root.mkdir()
+    os.mkfifo(fifo)  # a download that waits for this test to write it
+    def downloading(name):  # a prepare in a namespace of its own, its download waiting on the FIFO
+        return subprocess.Popen([*NAMESPACE, *python("data/prepare.py", f"--dataset={name}",
+                                                     f"--url={fifo.as_uri()}", f"--out_root={root}")],
+                                cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    first = third = None
+    try:
+        first = downloading("first")
+        stage = wait_for_name(root, ".first-1-")
+        r = subprocess.run([*NAMESPACE, *python("data/prepare.py", "--dataset=second", f"--input={text}",
+                                                f"--out_root={root}")], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0 and (root / stage).is_dir(), r.stderr
+        with open(fifo, "w") as f:
+            f.write(TEXT)
+        assert first.wait(timeout=HANG) == 0 and (root / "first" / "meta.json").is_file(), first.stderr.read()
+        third = downloading("third")
+        with open(fifo, "w") as f:  # half a download: 4 MB written, then the downloader is killed
+            f.write("x" * (4 << 20))
+            f.flush()
+            stage = wait_for_name(root, ".third-1-")
+            third.kill()  # (unshare --kill-child: its PID 1 dies with it)
+            third.wait()
+    finally:
+        for p in filter(None, (first, third)):
+            p.kill()
+            p.wait()
+    assert (root / stage).is_dir()
+    subprocess.run(python("data/prepare.py", "--dataset=fourth", f"--input={text}", f"--out_root={root}"), cwd=ROOT,
+                   check=True, capture_output=True)
+    assert sorted(os.listdir(root)) == ["first", "fourth", "second", "third"]  # (third: the folder it made, empty)
+    assert os.listdir(root / "third") == []
+
+
+def test_a_run_whose_data_root_is_its_out_dir_never_waits_on_itself(tmp_path):
+    """train.py --out_dir=. --data_root=. on a dataset not prepared yet: it holds the folder as its run's, so it
+    prepares the dataset there at once rather than wait for itself."""
+    flags = [f for f in TINY if not f.startswith("--dataset")]
+    r = subprocess.run(python(os.path.join(ROOT, "train.py"), *flags, "--dataset=pydoc", "--out_dir=.",
+                              "--data_root=.", "--max_iters=1"), cwd=tmp_path, capture_output=True, text=True,
+                       timeout=HANG)
+    assert r.returncode == 0 and "waiting" not in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "log.jsonl", "pydoc"]
+
+
+def test_a_read_only_data_root_names_the_fix(tmp_path):
+    """A data root on a read-only file system (a real one, where this machine lets us mount it; else a folder
+    without write permission, which root ignores) and a dataset not prepared there: one line naming both fixes,
+    exit 2, nothing written."""
+    root = tmp_path / "shared"
+    root.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(root)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        root.chmod(0o555)
+        if os.access(root, os.W_OK):
+            pytest.skip("cannot mount a read-only file system here, and permissions do not stop this user")
+    try:
+        why = os.strerror(errno.EROFS if mounted else errno.EACCES)
+        r = subprocess.run(train_cmd(str(root), tmp_path / "out", "--dataset=pydoc", "--max_iters=1"), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=HANG)
+        assert r.returncode == 2 and r.stderr == (
+            f"train.py: error: cannot write dataset 'pydoc' in --data_root={root} ({why}); give a --data_root you "
+            f"can write to, or have it prepared there by someone who can: python data/prepare.py --dataset pydoc "
+            f"--out_root {root}\n")
+        r = subprocess.run(python("data/prepare.py", "--dataset=pydoc", f"--out_root={root}"), cwd=ROOT,
+                           capture_output=True, text=True, timeout=HANG)
+        assert r.returncode == 2 and r.stderr == (f"prepare.py: error: cannot write dataset 'pydoc' in "
+                                                  f"--out_root={root} ({why}); give a --out_root you can write to\n")
+        assert os.listdir(root) == [] and not (tmp_path / "out").exists()
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(root)], check=True)
+        root.chmod(0o755)
 
 
 def test_a_users_lookalike_of_a_leftover_survives_a_real_run(data_root, tmp_path):  # noqa: F811
@@ -860,7 +984,7 @@ def test_bad_files_and_values_are_one_line(name, case, message, finished, tmp_pa
 
 def test_int32_indexed_data_trains_and_a_negative_id_is_refused(tmp_path, capsys):
     """Megatron writes int32 token ids; those datasets train, and an id below 0 is refused like one too large."""
-    from data.indexed import write_indexed
+    from conftest import write_indexed
     from data.prepare import describe_indexed
     rng = np.random.default_rng(0)
     (tmp_path / "pile").mkdir()

@@ -99,6 +99,14 @@ def test_table1_offline_names_the_data_it_trained_on(laptop):
         assert (folder / "res" / "table1_curves.png").stat().st_size > 0
     except ImportError:
         assert "matplotlib is not installed, so no figures (pip install matplotlib)" in r.stdout
+    # the data moved: a rerun given its new root reuses the runs and passes the root on to its figures
+    (folder / "res" / "table1_probe.json").unlink()
+    os.rename(folder / "data", folder / "moved")
+    r = run("tools/table1.py", "--only=vanilla,base", "--seeds=0", "--max_iters=2", "--root=runs", "--results=res",
+            f"--data_root={folder / 'moved'}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert [p["dataset"] for p in json.loads((folder / "res" / "table1_probe.json").read_text())] == ["pydoc"]
+    os.rename(folder / "moved", folder / "data")  # as the other tests expect it
 
 
 def test_bench_says_what_it_cannot_measure(laptop):

@@ -231,7 +231,7 @@ def test_routing_predicts_after_each_step_what_a_model_stopped_there_predicts(tm
     ([], "probe.py: error: give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)\n"),
     (["--out_dir=x", "--sigma_frac=inf"], "probe.py: error: --sigma_frac=inf must be a positive finite number\n"),
     (["--out_dir=nowhere", "--json=/tmp"], "probe.py: error: --json=/tmp is a folder; give a file name\n"),
-    (["--out_dir=nowhere", "--png=README.md"], "probe.py: error: --png=README.md is a file; give a folder for the figures\n"),
+    (["--out_dir=nowhere", "--png=README.md"], "probe.py: error: --png=README.md is a file; give a folder\n"),
 ])
 def test_probe_bad_input_is_one_line_and_exit_2(args, message, capsys):
     code = probe.main(args)

@@ -319,6 +319,49 @@ def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
     assert not (tmp_path / "res").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc") or not hasattr(signal, "SIGKILL"),
+                    reason="needs POSIX signals and /proc to list processes")
+def test_kill_9_of_table1_ends_its_run_and_a_rerun_continues_it(tmp_path):
+    """kill -9 of table1.py while its run trains: the run, its launcher gone, saves a checkpoint and ends on
+    its own (no orphan keeps training or holds the folder); a rerun continues that run from its checkpoint."""
+    (tmp_path / "text.txt").write_text(TEXT)
+    prepare("shakespeare_char", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"),
+            log=lambda *a: None)
+    root, run = tmp_path / "root", tmp_path / "root" / "vanilla_s0"
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "table1.py"), "--only=vanilla", "--seeds=0",
+           "--max_iters=100000", f"--root={root}", f"--results={tmp_path / 'res'}", f"--data_root={tmp_path / 'data'}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        wait_for(lambda: printed(run, "iter 0: train loss"), "the run trains", p)
+        p.kill()
+        p.communicate(timeout=HANG)
+        deadline = time.time() + HANG
+        while live_processes(str(root)):  # the run, alone now, ends by itself
+            assert time.time() < deadline, "the run outlives table1.py"
+            time.sleep(0.2)
+        assert not held(run)
+        left = [n for n in os.listdir(run) if n.startswith(".train.out-")]  # its output, table1.py's temporary
+        text = "".join((run / n).read_text() for n in left)
+        assert "is gone: finishing this step, then saving a checkpoint" in text and "checkpoint saved" in text, text
+        saved = torch.load(run / "ckpt.pt", weights_only=True)["iter_num"]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        wait_for(lambda: any("model " in (run / n).read_text() for n in os.listdir(run)
+                             if n.startswith(".train.out-") and n not in left), "the rerun takes the run", p)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=HANG)
+    finally:  # a failed test leaves nothing running
+        for pid in set(live_processes(str(root))):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert p.returncode == 130 and " --init_from=resume)" in out, (out, err)
+    assert torch.load(run / "ckpt.pt", weights_only=True)["iter_num"] > saved
+    assert not set(left) & set(os.listdir(run))  # the dead one's temporary: cleared by the rerun
+
+
 BAD_CYCLE_INPUTS = [  # (which file, its content, words of the one-line error)
     ("sweep", "[1, 2]", "is not a table1.json of tools/table1.py (it holds no list of \"runs\", but list); "
                         "give --sweep the table1.json of a tools/table1.py run"),
@@ -351,30 +394,63 @@ def test_cycle_names_a_file_of_another_kind_in_one_line(which, content, words, t
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("tool", ["probe", "bench"])
+@pytest.mark.parametrize("tool", ["probe", "bench", "routing"])
 @pytest.mark.parametrize("target", ["ckpt.pt", "log.jsonl", "a link to ckpt.pt", "the dataset's meta.json",
-                                    "the dataset's train.bin"])
+                                    "the dataset's train.bin", "a shard of a sharded checkpoint",
+                                    "a new file in the dataset's folder"])
 def test_an_output_file_is_never_a_file_of_a_run_or_a_dataset(tool, target, tiny_ckpt, data_root, tmp_path, capsys):
-    from tools import bench
+    from tools import bench, routing
     (tiny_ckpt / "log.jsonl").write_text('{"iter": 0, "loss": 3.2}\n')
+    (tiny_ckpt / "shards-00000004").mkdir()
+    (tiny_ckpt / "shards-00000004" / "__0_0.distcp").write_bytes(b"a shard")
     (tmp_path / "link.json").symlink_to(tiny_ckpt / "ckpt.pt")
-    path, kind, folder = {"ckpt.pt": (tiny_ckpt / "ckpt.pt", "run", tiny_ckpt),
-                          "log.jsonl": (tiny_ckpt / "log.jsonl", "run", tiny_ckpt),
-                          "a link to ckpt.pt": (tmp_path / "link.json", "run", tiny_ckpt),
-                          "the dataset's meta.json": (os.path.join(data_root, "tiny", "meta.json"), "dataset", None),
-                          "the dataset's train.bin": (os.path.join(data_root, "tiny", "train.bin"), "dataset",
-                                                      None)}[target]
-    folder = folder or os.path.join(data_root, "tiny")
-    name = "ckpt.pt" if target == "a link to ckpt.pt" else os.path.basename(path)
+    dataset = os.path.join(data_root, "tiny")
+    path, kind, folder, name = {
+        "ckpt.pt": (tiny_ckpt / "ckpt.pt", "run", tiny_ckpt, "ckpt.pt"),
+        "log.jsonl": (tiny_ckpt / "log.jsonl", "run", tiny_ckpt, "log.jsonl"),
+        "a link to ckpt.pt": (tmp_path / "link.json", "run", tiny_ckpt, "ckpt.pt"),
+        "the dataset's meta.json": (os.path.join(dataset, "meta.json"), "dataset", dataset, "meta.json"),
+        "the dataset's train.bin": (os.path.join(dataset, "train.bin"), "dataset", dataset, "train.bin"),
+        "a shard of a sharded checkpoint": (tiny_ckpt / "shards-00000004" / "__0_0.distcp", "run", tiny_ckpt,
+                                            os.path.join("shards-00000004", "__0_0.distcp")),
+        "a new file in the dataset's folder": (os.path.join(dataset, "notes.json"), "dataset", dataset, "notes.json"),
+    }[target]
     before = snapshot(tiny_ckpt, data_root)
     if tool == "probe":
         code = probe.main([f"--out_dir={tiny_ckpt}", "--num_samples=2", f"--json={path}"])
-        code = code
+    elif tool == "routing":
+        code = routing.main([f"--out_dir={tiny_ckpt}", "--text=the", f"--json={path}"])
     else:
         code = bench.main(["--n_embd=32", "--n_head=2", "--layout=1+1R2+1", "--block_size=16", f"--json={path}"])
     err = one_line(capsys, f"{tool}.py")
     assert code == 2 and err.strip().endswith(f"error: --json={path} is the {name} of the {kind} in {folder}, which "
-                                              f"this would write over; give another file name"), err
+                                              f"no output may write; give another file name"), err
+    assert snapshot(tiny_ckpt, data_root) == before
+
+
+def test_a_figure_is_never_drawn_into_a_run_or_a_dataset(tiny_ckpt, data_root, capsys):
+    """draw.py's and routing.py's --png, routing.py's --json and probe.py's --png folder: refused in one line
+    inside a sharded checkpoint's folder (onto a shard too), on a kept checkpoint (ckpt_ITER.pt, the folder
+    ckpt_ITER/) or in a dataset's folder, before any model is built or run."""
+    from tools import draw, routing
+    (tiny_ckpt / "shards-00000004").mkdir()
+    dataset = os.path.join(data_root, "tiny")
+    before = snapshot(tiny_ckpt, data_root)
+    for tool, argv, words in [
+            (draw, [f"--png={tiny_ckpt}/shards-00000004/model.png"],
+             f"is the {os.path.join('shards-00000004', 'model.png')} of the run in {tiny_ckpt}"),
+            (routing, [f"--out_dir={tiny_ckpt}", f"--json={tiny_ckpt}/shards-00000004/__0_0.distcp"],
+             f"is the {os.path.join('shards-00000004', '__0_0.distcp')} of the run in {tiny_ckpt}"),
+            (routing, [f"--out_dir={tiny_ckpt}", f"--png={dataset}/sentence.png"],
+             f"is the sentence.png of the dataset in {dataset}"),
+            (probe, [f"--out_dir={tiny_ckpt}", f"--png={dataset}"], f"is a folder of the dataset in {dataset}"),
+            (probe, [f"--out_dir={tiny_ckpt}", f"--png={tiny_ckpt}/shards-00000004"],
+             f"is a folder of the run in {tiny_ckpt}"),
+            (draw, [f"--png={tiny_ckpt}/ckpt_4.pt"], f"is the ckpt_4.pt of the run in {tiny_ckpt}"),  # kept
+            (probe, [f"--out_dir={tiny_ckpt}", f"--png={tiny_ckpt}/ckpt_8"], f"is a folder of the run in {tiny_ckpt}")]:
+        assert tool.main(argv) == 2
+        err = one_line(capsys, f"{tool.__name__.split('.')[-1]}.py")
+        assert words in err and "which no output may write" in err, err
     assert snapshot(tiny_ckpt, data_root) == before
 
 
@@ -521,3 +597,62 @@ def test_a_tools_failing_stdout_stops_nothing(stdout, tiny_ckpt, tmp_path):
             assert path.stat().st_size > 0, path
             if name.endswith(".json"):
                 plain.read_json(str(path))  # whole JSON
+
+
+# -----------------------------------------------------------------------------
+# Bad text, names and sizes: one line with the fix, exit 2, nothing written, before any model runs
+
+@pytest.mark.parametrize("script, flags, message", [
+    ("tools/routing.py", [b"--text=the \xff king"], "--text='the \\udcff king' is not UTF-8 text"),
+    ("tools/routing.py", [b"--text=\xed\xa0\x80"], "--text='\\udced\\udca0\\udc80' is not UTF-8 text"),
+    ("sample.py", [b"--start=\xffROMEO"], "--start='\\udcffROMEO' is not UTF-8 text"),
+], ids=["routing, a byte not UTF-8", "routing, an encoded surrogate", "sample, a byte not UTF-8"])
+def test_a_command_line_that_is_not_utf8_text_is_one_line(script, flags, message, tiny_ckpt, tmp_path):
+    """Bytes no UTF-8 text has (Python keeps them as lone surrogates) in a text setting: one line, exit 2."""
+    output = [f"--json={tmp_path / 'r.json'}"] if script.endswith("routing.py") else []
+    r = subprocess.run([sys.executable, os.path.join(ROOT, script), f"--out_dir={tiny_ckpt}", *flags, *output],
+                       capture_output=True, cwd=tmp_path, timeout=HANG)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.count("\n") == 1 and message in err and "give it in UTF-8" in err, err
+    assert os.listdir(tmp_path) == ["run"]
+
+
+def test_a_config_files_lone_surrogate_is_one_line(tiny_ckpt, tmp_path, capsys):
+    from tools import routing
+    (tmp_path / "c.json").write_text('{"text": "a \\ud800 b"}')
+    assert routing.main([str(tmp_path / "c.json"), f"--out_dir={tiny_ckpt}"]) == 2
+    assert "--text='a \\ud800 b' is not UTF-8 text" in one_line(capsys, "routing.py")
+
+
+@pytest.mark.parametrize("tool, flags, message", [
+    ("draw", ["--png=model.pgn"], "--png=model.pgn does not end in .png; give a file name that does"),
+    ("routing", ["--text=the", "--png=model.pgn"], "--png=model.pgn does not end in .png; give a file name that does"),
+    ("probe", ["--png=a_file"], "--png=a_file is a file; give a folder"),
+    ("routing", ["--text="], "--text is empty; give a sentence, or leave --text out for a window of the validation "
+                             "split"),
+    ("draw", ["--layout=1000000000"], "--layout=1000000000 applies 1,000,000,000 blocks; a drawing or a summary "
+                                      "shows at most 256"),
+    ("draw", ["--layout=1+1R100000+1"], "--layout=1+1R100000+1 applies 100,002 blocks; a drawing or a summary "
+                                        "shows at most 256"),
+    ("draw", ["--scheme=mesh", "--n_slots=100000000"], "--n_slots=100000000 must be at most 256"),
+    ("draw", ["--n_embd=100000000000"], "--n_embd=100000000000 must be at most 65536"),
+])
+def test_bad_names_and_sizes_are_refused_before_anything_is_built(tool, flags, message, tiny_ckpt, tmp_path, capsys,
+                                                                   monkeypatch):
+    from tools import draw, routing
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("mine")
+    ran = []
+    monkeypatch.setattr(RecursiveGPT, "forward", lambda *a, **kw: ran.append(1))  # no model runs first
+    monkeypatch.setattr(draw, "summary", lambda cfg: ran.append(1))  # nor is one built
+    fn = {"draw": draw.main, "routing": routing.main, "probe": probe.main}[tool]
+    assert fn(([] if tool == "draw" else [f"--out_dir={tiny_ckpt}"]) + flags) == 2
+    assert one_line(capsys, f"{tool}.py").strip() == f"{tool}.py: error: {message}" and not ran
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "run"]
+
+
+def test_the_word_none_is_a_text_to_route(tiny_ckpt, capsys):
+    """--text=none routes the four characters n, o, n, e; only leaving --text out routes a validation window."""
+    from tools import routing
+    assert routing.main([f"--out_dir={tiny_ckpt}", "--text=none"]) == 0
+    assert "token             n    o    n    e" in capsys.readouterr().out

@@ -13,16 +13,20 @@ the routers that write each step's output into the slots and read the next state
 """
 
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, setting  # noqa: E402
+from configurator import UsageError, check_ranges, setting  # noqa: E402
 from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout,  # noqa: E402
                   summary)
 from support import command, files  # noqa: E402
 
+# [choice] the most applied blocks, or buffer slots, drawn or summed up: a drawing of more is
+# unreadable (and slow to build even on the meta device); Pythia's deepest model has 36 layers
+MAX_DRAWN = 256
 # the update rules between steps, as the README's table writes them
 RULES = {"base": "h(t+1) = f_t(h(t))", "residual": "h(t+1) = f_t(h(t)) + h(t)",
          "anchor": "h(t+1) = f_t(h(t)) + h(0)", "anchor_emb": "h(t+1) = f_t(h(t)) + h_emb"}
@@ -153,6 +157,16 @@ class DrawConfig:
     vocab_size: int | None = setting(None, "vocabulary size; None: the preset's")
     png: str | None = setting(None, "draw it into this PNG file (needs matplotlib)", path=True)
 
+    def __post_init__(self):  # sizes no drawing or summary can show, refused before any is built
+        check_ranges(self, [("n_slots", lambda v: v <= MAX_DRAWN, f"at most {MAX_DRAWN}"),
+                            ("n_embd", lambda v: v <= 1 << 16, "at most 65536"),
+                            ("vocab_size", lambda v: v <= 1 << 24, "at most 16777216")])
+        counts = re.findall(r"(\d+)(?:R(\d+))?", self.layout or "")  # P+CRN+Q: P + C x N + Q
+        blocks = sum(float(c) * float(n or 1) for c, n in counts)
+        if blocks > MAX_DRAWN:
+            raise UsageError(f"--layout={self.layout[:40]} applies {blocks:,.0f} blocks; a drawing "
+                             f"or a summary shows at most {MAX_DRAWN}")
+
 
 def main(argv=None):
     notes = (f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}\n"
@@ -164,7 +178,7 @@ def main(argv=None):
 def run(given):
     a = DrawConfig(**given)
     if a.png:
-        files.check_writable(a.png, "png")
+        files.check_writable(a.png, "png", ".png")
     chosen = {k: v for k, v in asdict(a).items() if k not in ("model", "png")}
     try:
         if a.scheme is None and a.layout and not parse_layout(a.layout).schedule:

@@ -399,8 +399,8 @@ def run(given):
     device = resolve_device(a.device)
     if a.json:  # find out now, not after the probing
         files.check_writable(a.json, "json")
-    if a.png and os.path.exists(a.png) and not os.path.isdir(a.png):
-        raise UsageError(f"--png={a.png} is a file; give a folder for the figures")
+    if a.png:
+        files.check_writable(a.png, "png", folder=True)
     results = []
     for out_dir in a.out_dir:
         results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device,

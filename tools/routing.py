@@ -223,7 +223,7 @@ def write_png(results, path):
 class RoutingConfig:
     """Each token's effort and MeSH routing on one sentence, checkpoints side by side."""
     out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)")
-    text: str | None = setting(None, "the sentence; None: a window of the validation split")
+    text: str = setting("", "the sentence (any text); not given: a window of the validation split")
     tokens: int = setting(32, "the window's length without --text (at most block_size)")
     seed: int = setting(0, "where the validation window starts (as probe.py's --seed)")
     ckpt: int | None = setting(None, "a kept checkpoint's iteration (--keep_every); None: latest")
@@ -245,14 +245,17 @@ def run(given):
         raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
     if a.tokens < 1:
         raise UsageError(f"--tokens={a.tokens} must be at least 1")
+    if "text" in given and not a.text:
+        raise UsageError("--text is empty; give a sentence, or leave --text out for a window of "
+                         "the validation split")
     for flag in ("json", "png"):  # find out now, not after the model ran
         if getattr(a, flag):
-            files.check_writable(getattr(a, flag), flag)
+            files.check_writable(getattr(a, flag), flag, ".png" if flag == "png" else "")
     device = resolve_device(a.device)
     results = []
     for out_dir in a.out_dir:
-        results.append(routing_checkpoint(out_dir, a.text, a.tokens, a.seed, device, a.data_root,
-                                          a.ckpt))
+        results.append(routing_checkpoint(out_dir, a.text or None, a.tokens, a.seed, device,
+                                          a.data_root, a.ckpt))
         print(report(results[-1]))
     for path in filter(None, (a.json, a.png)):  # their folders, once the model has run
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

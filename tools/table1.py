@@ -22,10 +22,10 @@ the table also gives each variant's paired differences to base (same layout) and
 seed.
 
 Runs go through `python train.py` (one at a time, or --jobs at once) into ROOT/NAME/; a run whose
-result.json exists is skipped, so an interrupted table resumes where it stopped; a finished run of
-another --max_iters is refused, never replaced. One table1.py per --root (it holds the folder's
-lock). SIGTERM, SIGINT (Ctrl-C) or SIGHUP to table1.py stops its runs too (each saves a checkpoint)
-and waits for them.
+result.json exists is skipped and an interrupted one continues from its checkpoint, so a table
+resumes where it stopped; a finished run of another --max_iters is refused, never replaced. One
+table1.py per --root (it holds the folder's lock). SIGTERM, SIGINT (Ctrl-C) or SIGHUP to table1.py
+stops its runs too (each saves a checkpoint) and waits for them; its kill -9 stops them as well.
 The final validation loss is measured here, not taken from train.py's log: each final checkpoint is
 evaluated on the same fixed EVAL_BATCHES batches of the validation split (identical batches for
 every variant). Results go to RESULTS/table1.json and RESULTS/table1.md, which name the dataset the
@@ -91,8 +91,7 @@ def ablation_slots(layout):  # B = K+1 .. K+4 (the paper's default B = K+3 is th
 
 
 def run_name(variant, layout, seed, n_slots=None):
-    """vanilla_s0, mesh_s0 (the default layout), mesh_3+2R3+3_s0 (another), mesh_B3_s0 (the
-    ablation)."""
+    """vanilla_s0, mesh_s0 (default layout), mesh_3+2R3+3_s0 (another), mesh_B3_s0 (ablation)."""
     where = "" if variant == "vanilla" or layout == LOOP_LAYOUT else f"_{layout}"
     return f"{variant}{where}{f'_B{n_slots}' if n_slots else ''}_s{seed}"
 
@@ -115,14 +114,15 @@ def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
 
 
 def train_command(run, out_dir, max_iters, device="cpu", data_root="data", train=TRAIN):
-    """train.py's command line for a run. --overwrite=true: an interrupted run of ours there is
-    replaced (a finished one never reaches here: check_redoable), by train.py's own rules (at its
-    first checkpoint, never while another run owns the folder)."""
+    """train.py's command line for a run: an interrupted run of ours there (a finished one of other
+    settings never reaches here: check_redoable) is continued from its checkpoint; one that saved
+    none is replaced (--overwrite=true, by train.py's own rules: never while another owns it)."""
+    resume = os.path.isfile(os.path.join(out_dir, checkpoint.CKPT))
     flags = dict(out_dir=out_dir, **train, max_iters=max_iters,
                  eval_interval=max(1, max_iters // 4), layout=run["layout"],
                  scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
                  **CHOICES.get(run["variant"], {}), device=device, data_root=data_root,
-                 overwrite="true")
+                 **(dict(init_from="resume") if resume else dict(overwrite="true")))
     given = [f"--{k}={v}" for k, v in flags.items() if v is not None]
     return [sys.executable, os.path.join(ROOT, "train.py")] + given
 
@@ -134,7 +134,8 @@ class Children:
     """The processes table1.py runs (train.py, probe.py), each in a session of its own, so that a
     signal reaches them only through table1.py (command.Stop, polled): each signal it receives is
     passed on as a SIGTERM (train.py saves a checkpoint and exits on the first, stops at once on a
-    second), no new one starts, and table1.py waits for them all before it exits."""
+    second), no new one starts, and table1.py waits for them all before it exits; killed (kill -9),
+    it is their launcher gone (command.LAUNCHER, train_all): train.py saves and exits."""
 
     def run(self, cmd, **kwargs):
         """cmd's exit code, as subprocess.run(cmd, **kwargs) gives it, with every signal passed on;
@@ -165,8 +166,7 @@ def ms_per_iter(log_path):
 
 
 def val_loss(model, batches):
-    """Mean cross-entropy over batches (n, B, T+1): every batch has B x T targets, so this is the
-    token mean."""
+    """Mean cross-entropy over batches (n, B, T+1), each of B x T targets: the token mean."""
     return statistics.fmean(model.evaluate((w[:, :-1], w[:, 1:]) for w in batches))
 
 
@@ -314,8 +314,7 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
 # Aggregation and the Markdown tables (pure: tested in test_probe.py)
 
 def trained_on(results):
-    """The name of the one dataset all the runs trained on; runs of different datasets are refused
-    by name."""
+    """The one dataset all the runs trained on; runs of different datasets are refused by name."""
     seen = {}
     for r in results:
         seen.setdefault((r["dataset"], r.get("data_sha256")), []).append(r["name"])
@@ -523,7 +522,7 @@ def train_all(runs, a, train):
     for run in runs:
         check_redoable(run, os.path.join(a.root, run["name"]), a.max_iters, train)
     threads = max(1, (os.cpu_count() or 1) // a.jobs)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), command.LAUNCHER: str(os.getpid())}
     pool = ThreadPoolExecutor(a.jobs)  # each run is its own process; threads only wait on them
     try:
         return list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device,
@@ -606,7 +605,8 @@ def write_results(results, a, seeds, layouts, only, train):
             # the tools as commands, as train.py is
             stem = out.partition("=")[2].removesuffix(".png")
             if figures and CHILDREN.run([sys.executable, os.path.join(ROOT, "tools", tool), *(
-                    f"--out_dir={d}" for d in figures), f"--json={stem}.json", out]):
+                    f"--out_dir={d}" for d in figures), f"--json={stem}.json", out,
+                    f"--data_root={a.data_root}"]):
                 if command.Stop.signals:
                     raise command.Stopped(command.Stop.name)
                 fail(f"{tool} failed on {', '.join(figures)}; its own lines above say why")
