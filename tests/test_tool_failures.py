@@ -446,7 +446,8 @@ def test_a_figure_is_never_drawn_into_a_run_or_a_dataset(tiny_ckpt, data_root, c
             (probe, [f"--out_dir={tiny_ckpt}", f"--png={dataset}"], f"is a folder of the dataset in {dataset}"),
             (probe, [f"--out_dir={tiny_ckpt}", f"--png={tiny_ckpt}/shards-00000004"],
              f"is a folder of the run in {tiny_ckpt}"),
-            (draw, [f"--png={tiny_ckpt}/ckpt_4.pt"], f"is the ckpt_4.pt of the run in {tiny_ckpt}"),  # kept
+            (probe, [f"--out_dir={tiny_ckpt}", f"--json={tiny_ckpt}/ckpt_4.pt"],  # kept checkpoints
+             f"is the ckpt_4.pt of the run in {tiny_ckpt}"),
             (probe, [f"--out_dir={tiny_ckpt}", f"--png={tiny_ckpt}/ckpt_8"], f"is a folder of the run in {tiny_ckpt}")]:
         assert tool.main(argv) == 2
         err = one_line(capsys, f"{tool.__name__.split('.')[-1]}.py")
