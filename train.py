@@ -71,11 +71,9 @@ class TrainConfig:
     epochs: int = setting(1, "sequential: passes over the data allowed before the run stops")
     out_dir: str = setting("out", "the run's folder: ckpt.pt, log.jsonl", path=True)
     overwrite: bool = setting(False, "let a scratch run replace the run in out_dir")
-    init_from: str = setting("scratch", "scratch, resume, or a vanilla model looped to --layout: "
-                             "vanilla:OUT_DIR (a run) or hf:PATH (a GPT-NeoX folder)")
+    init_from: str = setting("scratch", "scratch, resume, or loop a vanilla:OUT_DIR or hf:PATH")
     core_init: str = setting("stepwise", "a looped source's cores: stepwise or average layers")
-    # optimisation (Appendix B: AdamW (0.9, 0.95), wd 0.01 on matrices, clip 1.0, 1% linear
-    # warmup, cosine to 10% of peak)
+    # optimisation: the paper's recipe (Appendix B)
     batch_size: int = setting(16, "micro-batch per process")
     grad_accum: int | None = setting(None, "micro-batches a step, all processes; None: one each")
     max_iters: int = setting(1000, "optimizer steps")
@@ -113,8 +111,7 @@ class TrainConfig:
     debug: bool = setting(False, "show Python tracebacks for errors")
 
     def __post_init__(self):
-        """The settings' own checks, before anything is read or written: each in its range, then
-        with the others; the model's by mesh.Config's own checks."""
+        """The settings' checks, before anything is read or written (the model's: mesh.Config's)."""
         check_ranges(self, RANGES)
         if self.data_order not in ("random", "sequential"):
             raise UsageError(f"--data_order={self.data_order} is not random or sequential")
