@@ -123,9 +123,11 @@ class Stop:
         follows. launched: this process was started by a launcher (torchrun, or a project tool
         that set LAUNCHER) whose end must stop it too."""
         cls.polled, cls.says = True, says
-        ppid = os.getppid()
-        if launched or os.environ.get(LAUNCHER) == str(ppid):
+        ppid, named = os.getppid(), os.environ.get(LAUNCHER, "")
+        if launched or named == str(ppid):
             cls.launcher = ppid
+        elif named.isdigit() and not files.process_alive(int(named)):  # gone before this poll
+            cls.launcher = int(named)
         return cls
 
     @classmethod

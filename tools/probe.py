@@ -40,6 +40,7 @@ from data.meta import checkpoint_dataset  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.capture import capture  # noqa: E402
 from support.device import physical_memory, resolve_device  # noqa: E402
+from tools.curves import colour  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance
 # between distinct tokens of the state. A bandwidth relative to the median makes CKA invariant to an
@@ -195,8 +196,10 @@ def json_ready(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None):
-    model, ckpt = checkpoint.load_latest(out_dir, device, "probe.py")  # the run's latest
+def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None,
+                     unfinished=False):
+    # the run's latest, once it is finished (unless `unfinished`)
+    model, ckpt, state = checkpoint.load_run(out_dir, device, "probe.py", unfinished)
     cfg = model.config
     # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
     states = cfg.n_steps + 3
@@ -209,7 +212,7 @@ def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=N
     idx = validation_windows(ckpt, cfg.block_size, num_samples, seed, data_root).to(device)
     result = {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"], "layout": cfg.layout,
               "scheme": cfg.scheme, "num_samples": num_samples, "seq_len": cfg.block_size,
-              "seed": seed}
+              "seed": seed, "state": state or "finished"}
     result.update(probe(model, idx, sigma_frac))
     return result
 
@@ -222,7 +225,7 @@ def fmt(v, spec=".2f"):
 
 
 def report(r):
-    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, "
+    lines = [f"== {r['out_dir']}{unfinished(r)}: layout {r['layout']}, scheme {r['scheme']}, "
              f"{r['num_samples']} x {r['seq_len']} tokens of {r['dataset']} =="]
     lines.append("effort (relative update, mean +- std):  " +
                  "  ".join(f"{k} {m:.3f}+-{s:.3f}" for k, (m, s) in r["effort"].items()))
@@ -248,8 +251,13 @@ def report(r):
     return "\n".join(lines)
 
 
+def unfinished(r):  # what a title adds for a run used before it finished
+    return "" if r["state"] == "finished" else f" ({r['state']})"
+
+
 def title(r):
-    return f"{os.path.basename(os.path.normpath(r['out_dir']))}\n{r['layout']} {r['scheme']}"
+    return (f"{os.path.basename(os.path.normpath(r['out_dir']))}{unfinished(r)}\n"
+            f"{r['layout']} {r['scheme']}")
 
 
 def write_pngs(results, folder):
@@ -276,7 +284,8 @@ def write_pngs(results, folder):
     for ax, r in zip(axes[0], results):
         names = list(r["effort"])
         m, s = zip(*r["effort"].values())
-        ax.bar(range(len(names)), m, yerr=s, capsize=3, color="tab:blue")
+        kind = r["scheme"] if "step0" in names else "vanilla"  # (vanilla: no loop steps)
+        ax.bar(range(len(names)), m, yerr=s, capsize=3, color=colour(kind))
         ax.set_xticks(range(len(names)), names, rotation=45)
         ax.set_title(title(r), fontsize=9)
     axes[0][0].set_ylabel("relative update")
@@ -347,6 +356,7 @@ class ProbeConfig:
     json: str | None = setting(None, "write the numbers here", path=True)
     png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)",
                               path=True)
+    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
 
 
 def main(argv=None):
@@ -369,7 +379,7 @@ def run(given):
     results = []
     for out_dir in a.out_dir:
         results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device,
-                                        a.data_root))
+                                        a.data_root, a.unfinished))
         print(report(results[-1]))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

@@ -40,7 +40,7 @@ from data.tokenizer import Tokenizer  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.capture import capture  # noqa: E402
 from support.device import resolve_device  # noqa: E402
-from tools.probe import json_ready, relative_update  # noqa: E402
+from tools.probe import json_ready, relative_update, unfinished  # noqa: E402
 
 SCAN = 100_000  # tokens searched for a line's start, at most
 SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
@@ -98,11 +98,13 @@ def sentence(ckpt, model, text, tokens, seed, data_root=None):
     return torch.tensor([ids]), tokenizer
 
 
-def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None):
-    model, ckpt = checkpoint.load_latest(out_dir, device, "routing.py")  # the run's latest
+def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None, unfinished=False):
+    # the run's latest, once it is finished (unless `unfinished`)
+    model, ckpt, state = checkpoint.load_run(out_dir, device, "routing.py", unfinished)
     idx, tokenizer = sentence(ckpt, model, text, tokens, seed, data_root)
     cfg = model.config
     return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme,
+            "state": state or "finished",
             "dataset": ckpt["train_config"]["dataset"],
             "n_slots": cfg.slots if cfg.scheme == "mesh" else None, "ids": idx[0].tolist(),
             "tokens": [token_text(tokenizer, i) for i in idx[0].tolist()],
@@ -115,7 +117,7 @@ def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None):
 def report(r):
     w = max(5, *(len(t) + 1 for t in r["tokens"]))  # a column per token
     row = lambda label, cells: f"{label:<14}" + "".join(f"{c:>{w}}" for c in cells)
-    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, "
+    lines = [f"== {r['out_dir']}{unfinished(r)}: layout {r['layout']}, scheme {r['scheme']}, "
              f"{len(r['tokens'])} tokens of {r['dataset']} ==", row("token", r["tokens"]),
              "effort (relative update, per token):"]
     lines += [row(f"  {part}", [f"{v:.2f}" for v in values])
@@ -132,7 +134,8 @@ def report(r):
 
 
 def title(r):
-    return f"{os.path.basename(os.path.normpath(r['out_dir']))} ({r['layout']} {r['scheme']})"
+    return (f"{os.path.basename(os.path.normpath(r['out_dir']))} ({r['layout']} {r['scheme']})"
+            + unfinished(r))
 
 
 def write_png(results, path):
@@ -207,6 +210,7 @@ class RoutingConfig:
         None, "where the checkpoints' dataset is now; None: where each trained", path=True)
     json: str | None = setting(None, "write the numbers here", path=True)
     png: str | None = setting(None, "write the figure here (needs matplotlib)", path=True)
+    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
 
 
 def main(argv=None):
@@ -226,7 +230,8 @@ def run(given):
     device = resolve_device(a.device)
     results = []
     for out_dir in a.out_dir:
-        results.append(routing_checkpoint(out_dir, a.text, a.tokens, a.seed, device, a.data_root))
+        results.append(routing_checkpoint(out_dir, a.text, a.tokens, a.seed, device, a.data_root,
+                                          a.unfinished))
         print(report(results[-1]))
     for path in filter(None, (a.json, a.png)):  # their folders, once the model has run
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
