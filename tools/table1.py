@@ -2,31 +2,20 @@
 table1.py: the paper's Table 1 in a classroom: Tiny Shakespeare (characters) on a laptop CPU.
 
     python tools/table1.py                 # the table, then the B ablation and probe figures
-    python tools/table1.py --only=vanilla,mesh --seeds=0 --max_iters=200 --root=runs/quick \
-        --results=runs/quick               # a quick subset, away from the full table's runs
-    python tools/table1.py --layouts=2+4R2+2,3+2R3+3,2+2R4+2,3+1R6+3 \
-        --only=vanilla,base,anchor,mesh --results=results/depth_sweep  # at K = 2, 3, 4, 6
     python tools/table1.py --lesson        # one class period (LESSON.md): vanilla, base, mesh
 
 Every variant applies 12 blocks (vanilla `12` against the loop layouts, default `2+4R2+2`, with
-each scheme of mesh.SCHEMES; the ablation of Appendix E.1: mesh with B = K+1 ... K+4 slots, seed 0,
-first layout) at width 128, 4 heads, context 64, batch 16, peak LR 1e-3 on train.py's schedule,
-and a seed's data order is every variant's: nothing is tuned per variant, and the table pairs each
-variant with base (same layout) and vanilla, seed by seed.
+each scheme of mesh.SCHEMES; the ablation of Appendix E.1: mesh with B = K+1 ... K+4 slots, seed 0)
+at width 128, 4 heads, context 64, batch 16, peak LR 1e-3 on train.py's schedule, and a seed's
+data order is every variant's: nothing is tuned per variant, differences are paired seed by seed.
 
 Runs go through `python train.py` into ROOT/NAME/, --jobs at a time, each with its share of the
-cores and a line per evaluation. Nothing trains twice: a run with a result.json is reused, a stopped
-one continues from its checkpoint, a finished checkpoint is evaluated; a finished run of other
-settings is refused, never replaced. A run records the update rule it trained with (launch.json):
-after an edit of mesh.SCHEMES a rerun trains that scheme's runs again, and says so. A signal to
-table1.py, or its end (kill -9 too), stops its runs, each saving a checkpoint: the same command
-continues them. One table1.py per --root (it holds the folder's lock).
-
-The final val loss is measured here: every final checkpoint on the same EVAL_BATCHES validation
-batches. Into RESULTS: table1.json and table1.md, which name the dataset (offline, train.py falls
-back on the pydoc text; runs of different data are refused), the curves (table1_curves.png), and
-probe.py's and routing.py's figures of base and mesh, seed 0 (their printed numbers in .txt files
-beside them). Figures need matplotlib (pip install matplotlib). The table is printed last.
+cores and a line per evaluation. Nothing trains twice (a stopped run continues, a result.json is
+reused), nor with another update rule than mesh.SCHEMES's now, nor is a finished run of other
+settings replaced. A signal to table1.py, or its end, stops its runs, each saving a checkpoint.
+Every final checkpoint is evaluated here, on the same EVAL_BATCHES validation batches; into
+RESULTS go table1.json and table1.md (naming the dataset: offline, train.py falls back on the pydoc
+text), the curves, probe.py's and routing.py's figures (matplotlib) of base and mesh, seed 0.
 """
 
 import inspect
@@ -89,19 +78,16 @@ def ablation_slots(layout):  # B = K+1 .. K+4 (the paper's default B = K+3 is th
 
 
 def run_name(variant, layout, seed, n_slots=None):
-    """vanilla_s0, mesh_s0 (the default layout), mesh_3+2R3+3_s0 (another), mesh_B3_s0 (the
-    ablation)."""
+    """vanilla_s0, mesh_s0 (default layout), mesh_3+2R3+3_s0 (another), mesh_B3_s0 (ablation)."""
     where = "" if variant == "vanilla" or layout == LOOP_LAYOUT else f"_{layout}"
     return f"{variant}{where}{f'_B{n_slots}' if n_slots else ''}_s{seed}"
 
 
 def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
-    """-> list of runs {name, variant, layout, scheme, n_slots, seed}: vanilla once per seed, every
-    other variant per layout; ablation: B values on the first layout, whose B = K+3 is its mesh
-    seed 0."""
-    runs = [dict(name=run_name(v, layout, s), variant=v,
-                 layout=DEPTH_LAYOUT if v == "vanilla" else layout, scheme=SCHEME[v], n_slots=None,
-                 seed=s)
+    """-> runs {name, variant, layout, scheme, n_slots, seed}: vanilla once per seed, every other
+    variant per layout; ablation: B values on the first layout (B = K+3: its mesh seed 0)."""
+    runs = [dict(name=run_name(v, layout, s), variant=v, scheme=SCHEME[v], n_slots=None, seed=s,
+                 layout=DEPTH_LAYOUT if v == "vanilla" else layout)
             for layout in layouts for v in variants for s in seeds]
     for b in ablation:
         n_slots = None if b == steps(layouts[0]) + 3 else b
@@ -136,53 +122,44 @@ def rule(variant):
 # -----------------------------------------------------------------------------
 # The processes it runs, which stop with it
 
-class Children:
-    """The processes table1.py runs (train.py, probe.py), each in a session of its own, so that a
-    signal reaches them only through table1.py (command.Stop, polled): each signal it receives is
-    passed on as a SIGTERM (train.py saves a checkpoint and exits), no new one starts, and it waits
-    for them all. Each names table1.py its launcher (command.LAUNCHER): its end stops them too."""
-
-    def run(self, cmd, watch=lambda: None, env=None, **kwargs):
-        """cmd's exit code, as subprocess.run(cmd, **kwargs) gives it, with every signal passed on
-        and watch() called as it runs; Stopped instead of a start once table1.py is stopping."""
-        stop = command.Stop
-        if stop.signals:
-            raise command.Stopped(stop.name)
-        env = {**(env or os.environ), command.LAUNCHER: str(os.getpid())}
-        p, sent = subprocess.Popen(cmd, start_new_session=True, env=env, **kwargs), 0
-        while p.poll() is None:
-            if sent < stop.signals:
-                p.terminate()  # SIGTERM
-                sent += 1
-            time.sleep(0.1)
-            watch()
+def run_child(cmd, watch=lambda: None, env=None, **kwargs):
+    """cmd's exit code (as subprocess.run gives it), watch() called as it runs in a session of its
+    own: a signal comes only through table1.py (command.Stop), as a SIGTERM (train.py saves and
+    exits), and none starts after one; table1.py is its launcher (command.LAUNCHER): its end too."""
+    stop = command.Stop
+    if stop.signals:
+        raise command.Stopped(stop.name)
+    env = {**(env or os.environ), command.LAUNCHER: str(os.getpid())}
+    p, sent = subprocess.Popen(cmd, start_new_session=True, env=env, **kwargs), 0
+    while p.poll() is None:
+        if sent < stop.signals:
+            p.terminate()  # SIGTERM
+            sent += 1
+        time.sleep(0.1)
         watch()
-        return p.returncode
+    watch()
+    return p.returncode
 
 
-CHILDREN = Children()
+def progress(name, out_dir, max_iters, since):
+    """A watch() for a training run: a line per evaluation train.py has logged (log.jsonl) past
+    iteration `since` (a resumed run's are past): the run, the iteration, the val loss, the eta."""
+    log = os.path.join(out_dir, "log.jsonl")
 
-
-class Progress:
-    """A line per evaluation of a training run, as train.py logs it (log.jsonl): the run, the
-    iteration, the val loss, the eta; those up to iteration `since` (a resumed run's) are past."""
-
-    def __init__(self, name, out_dir, max_iters, since):
-        self.name, self.max_iters, self.shown = name, max_iters, since
-        self.path, self.size = os.path.join(out_dir, "log.jsonl"), None
-
-    def __call__(self):
-        size = os.path.getsize(self.path) if os.path.isfile(self.path) else None
-        if size in (None, self.size):
-            return
-        self.size, ms = size, None
-        for r in log_records(self.path):
+    def watch():
+        nonlocal since
+        ms = None
+        for r in log_records(log) if os.path.isfile(log) else ():
             ms = r.get("ms", ms)
-            if isinstance(r.get("val_loss"), NUMBER) and r["iter"] > self.shown:
-                self.shown, left = r["iter"], self.max_iters - r["iter"]
+            if isinstance(r.get("val_loss"), NUMBER) and r["iter"] > since:
+                since, left = r["iter"], max_iters - r["iter"]
                 eta = f", eta {ms * left / 60e3:.1f} min" if ms and left else ""
-                print(f"{self.name}: iter {r['iter']}/{self.max_iters}, val loss "
-                      f"{r['val_loss']:.4f}{eta}", flush=True)
+                say(f"{name}: iter {since}/{max_iters}, val loss {r['val_loss']:.4f}{eta}")
+    return watch
+
+
+def say(line):  # printed in one write: the runs' threads print at once
+    print(line + "\n", end="", flush=True)
 
 
 # -----------------------------------------------------------------------------
@@ -190,7 +167,7 @@ class Progress:
 
 def ms_per_iter(log_path):
     """Median of the per-iteration times (ms) of the logged windows (the first pays for warm-up)."""
-    ms = [r["ms"] for r in log_records(log_path) if isinstance(r.get("ms"), (int, float))]
+    ms = [r["ms"] for r in log_records(log_path) if isinstance(r.get("ms"), NUMBER)]
     return statistics.median(ms) if ms else None
 
 
@@ -206,10 +183,9 @@ def eval_batches(ckpt, model, data_root=None):
     return torch.from_numpy(random_windows(val, T + 1, n, EVAL_SEED)).view(EVAL_BATCHES, -1, T + 1)
 
 
-def val_curve(log_path):
-    """[[iter, val loss], ...] of every evaluation train.py logged."""
+def val_curve(log_path):  # [[iter, val loss], ...] of every evaluation train.py logged
     return [[r["iter"], r["val_loss"]] for r in log_records(log_path)
-            if isinstance(r.get("val_loss"), (int, float))]
+            if isinstance(r.get("val_loss"), NUMBER)]
 
 
 NUMBER = (int, float)
@@ -247,8 +223,7 @@ def read_result(path, run):
 
 
 def launched(out_dir):
-    """The run's launch.json, written as table1.py starts it: its variant, the update rule it
-    trains with, the pid of that table1.py; {} without one (a run from before it was kept)."""
+    """The run's launch.json (as table1.py started it: variant, update rule, its pid), or {}."""
     try:
         found = files.read_json(os.path.join(out_dir, LAUNCH))
     except (OSError, ValueError):
@@ -257,12 +232,10 @@ def launched(out_dir):
 
 
 def stage(run, out_dir, max_iters, train=TRAIN):
-    """Where the run in out_dir stands, checked before anything trains: (what, detail, note) with
-    what "done" (detail: its result, reused), "resume" (detail: its checkpoint's iteration; at
-    max_iters it is evaluated, not trained), "again" (detail: the update rule it trained with,
-    other than mesh.py's now) or "fresh". A finished run of other settings (--max_iters, --n_embd,
-    --lr) is refused (UsageError). A run without a record of its rule (launch.json, kept since
-    table1.py records it) counts as trained with mesh.py's today, and the note says so."""
+    """Where the run in out_dir stands: (what, detail, note), what "done" (detail: its result),
+    "resume" (its checkpoint's iteration; at max_iters: evaluated), "again" (the update rule it
+    trained with, not mesh.py's now) or "fresh". A finished run of other settings (--max_iters,
+    --n_embd, --lr) is refused; one with no record of its rule counts as mesh.py's, a note says."""
     result = saved = at = None
     if os.path.lexists(os.path.join(out_dir, "result.json")):
         result = saved = read_result(os.path.join(out_dir, "result.json"), run)
@@ -292,35 +265,28 @@ def stage(run, out_dir, max_iters, train=TRAIN):
         ("fresh", None, "")
 
 
-def take(out_dir, name):
-    """Refuse a folder a live run holds (UsageError), unless the table1.py that launched it is
-    gone (killed): then the run stops at its next step, its launcher gone, and saves a checkpoint,
-    which is waited for."""
-    try:
-        files.check_free(out_dir, flag="--root", shown=out_dir)
-    except UsageError:
-        pid = launched(out_dir).get("pid")
-        if type(pid) is not int or pid == os.getpid() or files.process_alive(pid):
-            raise
-        print(f"{name}: the train.py a killed table1.py left there is saving a checkpoint; "
-              f"waiting for it", flush=True)
-        with files.one_at_a_time(out_dir, lambda: None):
-            pass
-
-
 def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", train=TRAIN,
             threads=None):
     name, out_dir = run["name"], os.path.join(root, run["name"])
     what, detail, note = stage(run, out_dir, max_iters, train)
     if what == "done":  # a finished run of these settings (stage): reused
-        print(f"{name}: done (val loss {detail['val_loss']:.4f}){note}")
+        say(f"{name}: done (val loss {detail['val_loss']:.4f}){note}")
         return detail
     os.makedirs(out_dir, exist_ok=True)
-    take(out_dir, name)  # a live run there: touch nothing of it
-    what, detail, note = stage(run, out_dir, max_iters, train)  # one left may have saved since
+    try:  # a live run there: touch nothing of it, unless a killed table1.py left it (it saves)
+        files.check_free(out_dir, flag="--root", shown=out_dir)
+    except UsageError:
+        pid = launched(out_dir).get("pid")
+        if type(pid) is not int or files.process_alive(pid):
+            raise
+        say(f"{name}: the train.py a killed table1.py left there is saving a checkpoint; "
+            f"waiting for it")
+        with files.one_at_a_time(out_dir, lambda: None):
+            pass
+    what, detail, note = stage(run, out_dir, max_iters, train)  # as that one saved it
     if what == "again":
-        print(f"{name}: trained with {run['variant']} = {detail}, not mesh.py's "
-              f"{rule(run['variant'])} now: training it again", flush=True)
+        say(f"{name}: trained with {run['variant']} = {detail}, not mesh.py's "
+            f"{rule(run['variant'])} now: training it again")
     for stale in ("result.json", checkpoint.CKPT, "log.jsonl") if what != "resume" else ():
         files.remove(os.path.join(out_dir, stale))  # a run of other settings, or rule, or damaged
     files.write_json(os.path.join(out_dir, LAUNCH),
@@ -328,14 +294,14 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
     resume = what == "resume"
     cmd = train_command(run, out_dir, max_iters, device, data_root, train, threads, resume)
     if resume and detail >= max_iters:
-        print(f"{name}: trained to iter {detail}; evaluating it{note}", flush=True)
+        say(f"{name}: trained to iter {detail}; evaluating it{note}")
     else:
         doing = f"continuing from iter {detail}{note}" if resume else "training"
-        print(f"{name}: {doing} ({' '.join(cmd[2:])})", flush=True)
+        say(f"{name}: {doing} ({' '.join(cmd[2:])})")
         # its output: train.out, one for the run, as its log is one curve
         with open(os.path.join(out_dir, "train.out"), "a", encoding="utf-8") as f:
-            watch = Progress(name, out_dir, max_iters, detail if resume else -1)
-            rc = CHILDREN.run(cmd, watch, env, stdout=f, stderr=subprocess.STDOUT)
+            watch = progress(name, out_dir, max_iters, detail if resume else -1)
+            rc = run_child(cmd, watch, env, stdout=f, stderr=subprocess.STDOUT)
         if command.Stop.signals:  # it saved a checkpoint and stopped, as table1.py does now
             raise command.Stopped(command.Stop.name)
         if rc:
@@ -354,7 +320,7 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
                   dataset=ckpt["train_config"]["dataset"],
                   data_sha256=ckpt.get("data", {}).get("sha256"), val_curve=val_curve(log))
     files.write_json(os.path.join(out_dir, "result.json"), result)
-    print(f"{name}: val loss {result['val_loss']:.4f}, {ms(result['ms_per_iter'])} ms/iter")
+    say(f"{name}: val loss {result['val_loss']:.4f}, {ms(result['ms_per_iter'])} ms/iter")
     return result
 
 
@@ -362,8 +328,7 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
 # Aggregation and the Markdown tables (pure: tested in test_probe.py)
 
 def trained_on(results):
-    """The name of the one dataset all the runs trained on; runs of different datasets are refused
-    by name."""
+    """The name of the one dataset all the runs trained on; runs of other data are refused."""
     seen = {}
     for r in results:
         seen.setdefault((r["dataset"], r.get("data_sha256")), []).append(r["name"])
@@ -410,15 +375,12 @@ def aggregate(results, vanilla, seeds, layouts=(LOOP_LAYOUT,)):
                        val_loss_std=loss_std, seeds=sorted(rs),
                        ms_per_iter=mean_std([r["ms_per_iter"] for r in rs.values()])[0])
             row["share"] = row["params"] / vanilla
-            # a choice is compared with mesh too
-            refs = ("base", "vanilla") + (("mesh",) if v in CHOICES else ())
+            refs = ("base", "vanilla") + (("mesh",) if v in CHOICES else ())  # a choice: mesh too
             for ref in ("base", "vanilla", "mesh"):
                 others = runs_of(ref, layout)
-                paired = [r["val_loss"] - others[s]["val_loss"]
-                          for s, r in rs.items() if s in others]
-                compared = ref in refs and v not in (ref, "vanilla")
-                difference = mean_std(paired) if compared else (None, None)
-                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = difference
+                paired = [r["val_loss"] - others[s]["val_loss"] for s, r in rs.items()
+                          if s in others and ref in refs and v not in (ref, "vanilla")]
+                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(paired)  # (None, None): none
             rows.append(row)
     return rows
 
@@ -483,9 +445,8 @@ def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT, tr
 
 
 def write_curves(results, rows, layouts, path, dataset):
-    """Validation loss against the iteration, a panel per layout, a line per variant in its
-    colour: the mean over its seeds of train.py's evaluations (TRAIN's eval_iters batches), the
-    seeds' spread shaded, and a star at the end: the table's val loss (EVAL_BATCHES batches)."""
+    """Val loss against the iteration, a panel per layout, a line per variant: the mean of its
+    seeds' evaluations in train.py (their spread shaded), a star at the end the table's loss."""
     panels = []
     for layout in layouts:
         lines = []
@@ -528,8 +489,7 @@ class Table1Config:
     results: str = setting("runs/table1", "table1.json, table1.md and the figures go here",
                            path=True)
     device: str = setting("cpu", "train.py's --device for every run (mps or cuda: with --jobs=1)")
-    data_root: str = setting("data", "train.py's --data_root: where the dataset is, or is made",
-                             path=True)
+    data_root: str = setting("data", "train.py's --data_root: the datasets' folder", path=True)
     jobs: int = setting(1, "runs at once, each with cores/jobs threads")
     dry_run: bool = setting(False, "print the train.py commands and stop")
     lesson: bool = setting(False, "one class period (LESSON.md): "
@@ -543,13 +503,9 @@ def main(argv=None):
                         "again continues them (finished ones are kept)")
 
 
-def fail(message):
-    raise UsageError(message)
-
-
 def train_all(runs, a, train):
     """Every run's result, --jobs at a time, each with its share of the cores (--threads; and
-    OMP_NUM_THREADS); a finished run of other settings refused before any trains."""
+    OMP_NUM_THREADS), a finished run of other settings refused before any trains."""
     for run in runs:
         stage(run, os.path.join(a.root, run["name"]), a.max_iters, train)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads(a.jobs))}
@@ -568,26 +524,26 @@ def table1(given):
     try:
         seeds = [int(s) for s in a.seeds.split(",")]
     except ValueError:
-        fail(f"--seeds={a.seeds!r} must be comma-separated integers, e.g. --seeds=0,1,2")
+        raise UsageError(f"--seeds={a.seeds!r} must be comma-separated integers, as 0,1,2")
     only = a.only.split(",")
     for name in only:
         if name not in [*SCHEME, "ablation"]:
-            fail(f"--only: unknown {name!r}{closest(name, [*SCHEME, 'ablation'])}; "
-                 f"expected some of {', '.join([*SCHEME, 'ablation'])}")
+            raise UsageError(f"--only: unknown {name!r}{closest(name, [*SCHEME, 'ablation'])}; "
+                             f"expected some of {', '.join([*SCHEME, 'ablation'])}")
     for flag in ("max_iters", "jobs"):
         if getattr(a, flag) < 1:
-            fail(f"--{flag}={getattr(a, flag)} must be at least 1")
+            raise UsageError(f"--{flag}={getattr(a, flag)} must be at least 1")
     train = dict(TRAIN, n_embd=a.n_embd, lr=a.lr)
     layouts = a.layouts.split(",")
     for layout in layouts:
         try:
             shape = Config(layout=layout).shape
         except ConfigError as e:
-            fail(f"--layouts: {e}")
+            raise UsageError(f"--layouts: {e}") from None
         if shape.depth != 12 or not shape.schedule:
-            fail(f"--layouts: {layout!r} has compute depth {shape.depth} and "
-                 f"{len(shape.schedule)} loop steps; the table compares loop layouts of compute "
-                 f"depth 12 (such as 3+2R3+3) with vanilla 12")
+            raise UsageError(f"--layouts: {layout!r} has compute depth {shape.depth} and "
+                             f"{len(shape.schedule)} loop steps; the table compares loop layouts "
+                             f"of compute depth 12 (such as 3+2R3+3) with vanilla 12")
     ablation = ablation_slots(layouts[0]) if "ablation" in only else ()
     runs = plan([v for v in SCHEME if v in only], seeds, ablation, layouts)
     if a.dry_run:
@@ -606,8 +562,8 @@ def table1(given):
 
 
 def write_results(results, a, seeds, layouts, only, train):
-    """The tables (JSON and Markdown), the curves, probe.py's and routing.py's figures (their
-    numbers into .txt files, a line printed per figure), then the table, printed last."""
+    """The tables, the curves, probe.py's and routing.py's figures (their numbers into .txt files,
+    a line printed per figure), then the table, printed last."""
     dataset = trained_on(results)
     rows = aggregate(results, vanilla_params(a.n_embd), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
@@ -620,28 +576,23 @@ def write_results(results, a, seeds, layouts, only, train):
         machine=machine(a.jobs), table=rows, ablation=abl, runs=results))
     files.atomic_write(os.path.join(a.results, "table1.md"), lambda f: f.write(md), mode="w")
     write_curves(results, rows, layouts, os.path.join(a.results, "table1_curves.png"), dataset)
-    # probe.py's and routing.py's figures of base and mesh, seed 0, per layout
-    for layout in layouts:
+    for layout in layouts:  # probe.py's and routing.py's figures of base and mesh, seed 0
         names = [run_name(v, layout, 0) for v in ("base", "mesh")]
-        figures = [os.path.join(a.root, n) for n in names if any(r["name"] == n for r in results)]
+        runs = [f"--out_dir={a.root}/{r['name']}" for r in results if r["name"] in names]
         tag = "" if layout == LOOP_LAYOUT else f"_{layout}"
-        for tool, out in (("probe.py", f"--png={a.results}/table1_probe{tag}"),
-                          ("routing.py", f"--png={a.results}/table1_routing{tag}.png")):
-            # the tools as commands, as train.py is; their long output into a file
-            stem = out.partition("=")[2].removesuffix(".png")
-            if not figures:
-                continue
-            with open(f"{stem}.txt", "w", encoding="utf-8") as f:
-                rc = CHILDREN.run([sys.executable, os.path.join(ROOT, "tools", tool), *(
-                    f"--out_dir={d}" for d in figures), f"--json={stem}.json", out,
-                    f"--data_root={a.data_root}"], stdout=f, stderr=subprocess.STDOUT)
-            with open(f"{stem}.txt", encoding="utf-8") as f:
-                said = [line for line in f if line.startswith(("wrote ", tool))]
-            print("".join(said), end="")
-            if rc and command.Stop.signals:
+        for tool, png in (("probe.py", f"table1_probe{tag}"),
+                          ("routing.py", f"table1_routing{tag}.png")) if runs else ():
+            stem = os.path.join(a.results, png.removesuffix(".png"))
+            with open(f"{stem}.txt", "w", encoding="utf-8") as f:  # their long output
+                rc = run_child([sys.executable, os.path.join(ROOT, "tools", tool), *runs,
+                                f"--json={stem}.json", f"--png={a.results}/{png}",
+                                f"--data_root={a.data_root}"], stdout=f, stderr=subprocess.STDOUT)
+            with open(f"{stem}.txt", encoding="utf-8") as f:  # a line per figure
+                print("".join(line for line in f if line.startswith(("wrote ", tool))), end="")
+            if command.Stop.signals:
                 raise command.Stopped(command.Stop.name)
             if rc:
-                fail(f"{tool} failed on {', '.join(figures)}; {stem}.txt says why")
+                raise UsageError(f"{tool} failed on {' '.join(runs)}; {stem}.txt says why")
     print(f"wrote {a.results}/table1.json, {a.results}/table1.md\n\n{md}", end="")
 
 
