@@ -21,7 +21,7 @@ from conftest import ROOT, run
 from mesh import Config
 from support import checkpoint, command
 from support.capture import capture
-from tools import curves, draw, probe, routing
+from tools import curves, draw, probe, routing, table1
 
 
 # -----------------------------------------------------------------------------
@@ -267,6 +267,24 @@ def test_curves_without_matplotlib_says_so_in_one_line(runs, tmp_path, capsys, m
     command.main("curves.py", curves.run, [f"--out_dir={runs[0]}", f"--png={tmp_path / 'c.png'}"], curves.CurvesConfig)
     assert capsys.readouterr().out == "curves.py: matplotlib is not installed, so no figures (pip install matplotlib)\n"
     assert not (tmp_path / "c.png").exists()
+
+
+def test_table1_curves_name_vanilla_only_when_drawn_and_end_on_the_tables_loss(monkeypatch):
+    """Exercise 5 (base, half, mesh): no vanilla line, so its title names none; each variant in its
+    colour (curves.COLOURS), a star at the end: the table's val loss, not train.py's last one."""
+    kept = []
+    monkeypatch.setattr(table1, "plot", lambda panels, *a: kept.append(panels))
+    curve = {"base": [[0, 4.2], [4, 2.0]], "mesh": [[0, 4.2], [4, 1.9]], "vanilla": [[0, 4.2], [4, 1.8]]}
+    results = [dict(name=table1.run_name(v, "3+2R3+3", 0), variant=v, seed=0, params=1, val_loss=1.5,
+                    ms_per_iter=None, scheme=table1.SCHEME[v], val_curve=curve[v]) for v in curve]
+    for drawn_, title in ((results[:2], "3+2R3+3 on pydoc\n"), (results, "3+2R3+3 against vanilla 12 on pydoc\n")):
+        rows = table1.aggregate(drawn_, 10, [0], ["3+2R3+3"])
+        table1.write_curves(drawn_, rows, ["3+2R3+3"], "c.png", "pydoc")
+        (name, lines), = kept.pop()
+        assert name.startswith(title)
+    assert [(ln["colour"], ln["y"][-1]) for ln in lines] == [
+        ("black", 1.8), ("black", 1.5), ("tab:blue", 2.0), ("tab:blue", 1.5), ("tab:red", 1.9), ("tab:red", 1.5)]
+    assert [ln.get("style") for ln in lines[:2]] == [None, "*"]
 
 
 @pytest.mark.parametrize("args, message", [

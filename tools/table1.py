@@ -459,7 +459,8 @@ def write_curves(results, rows, layouts, path, dataset):
             lines += [dict(label=f"{row['variant']}, seeds {row['seeds']}", colour=c, x=x[:n],
                            y=losses.mean(0), band=(losses.min(0), losses.max(0))),
                       dict(label=None, colour=c, x=x[n - 1:n], y=[row["val_loss"]], style="*")]
-        panels.append((f"{layout} against vanilla {DEPTH_LAYOUT} on {dataset}\nval loss, lines: "
+        vs = f" against vanilla {DEPTH_LAYOUT}" if any(r["K"] == 0 for r in rows) else ""
+        panels.append((f"{layout}{vs} on {dataset}\nval loss, lines: "
                        f"train.py's ({TRAIN['eval_iters']} batches)\n\u2605: the table's "
                        f"({EVAL_BATCHES} batches)", lines))
     plot(panels, path, "table1.py")
