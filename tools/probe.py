@@ -22,7 +22,6 @@ optional dependency), PNG figures with the checkpoints side by side (--png). All
 computed in float64. std is over the N sequences (population std, ddof=0).
 """
 
-import json
 import math
 import os
 import sys
@@ -382,9 +381,7 @@ def run(given):
                                         a.data_root, a.unfinished))
         print(report(results[-1]))
     if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        files.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1,
-                                                          allow_nan=False), mode="w")
+        files.write_json(a.json, json_ready(results))
         print(f"wrote {a.json}")
     if a.png:
         for path in write_pngs(results, a.png):

@@ -23,7 +23,6 @@ matplotlib, one PNG (--png): the effort of both checkpoints on top, then each Me
 write and read weights.
 """
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -193,6 +192,7 @@ def write_png(results, path):
             row += 1
     fig.suptitle("One sentence, token by token: how much each part of the model changes each "
                  "token, and where MeSH's routers write and read it", fontsize=12)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -233,12 +233,8 @@ def run(given):
         results.append(routing_checkpoint(out_dir, a.text, a.tokens, a.seed, device, a.data_root,
                                           a.unfinished))
         print(report(results[-1]))
-    for path in filter(None, (a.json, a.png)):  # their folders, once the model has run
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    if a.json:
-        files.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1,
-                                                          ensure_ascii=False, allow_nan=False),
-                              mode="w")
+    if a.json:  # (its folder, once the model has run)
+        files.write_json(a.json, json_ready(results))
         print(f"wrote {a.json}")
     if a.png and write_png(results, a.png):
         print(f"wrote {a.png}")
