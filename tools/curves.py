@@ -28,14 +28,22 @@ def colour(variant):
     return COLOURS.get(variant) or OTHERS[sum(map(ord, variant)) % len(OTHERS)]
 
 
-def plot(panels, path, prog):
-    """A panel per (name, lines), a line dict(label, colour, x, y, style, band=(low, high))."""
+def pyplot(prog, what="figures"):
+    """matplotlib.pyplot drawing into files (Agg), or None without it, a line saying so: every
+    figure of the project is drawn through it."""
     try:
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"{prog}: matplotlib is not installed, so no figures (pip install matplotlib)")
-        return
+        print(f"{prog}: matplotlib is not installed, so no {what} (pip install matplotlib)")
+        return None
     plt.switch_backend("Agg")
+    return plt
+
+
+def plot(panels, path, prog):
+    """A panel per (name, lines), a line dict(label, colour, x, y, style, band=(low, high))."""
+    if not (plt := pyplot(prog)):
+        return
     with plt.rc_context({"font.size": 15, "lines.linewidth": 2.5, "lines.markersize": 9}):
         fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 6), squeeze=False,
                                  layout="constrained")

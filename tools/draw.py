@@ -22,6 +22,7 @@ from configurator import UsageError, setting  # noqa: E402
 from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout,  # noqa: E402
                   summary)
 from support import command, files  # noqa: E402
+from tools.curves import pyplot  # noqa: E402
 
 # the update rules between steps, as the README's table writes them
 RULES = {"base": "h(t+1) = f_t(h(t))", "residual": "h(t+1) = f_t(h(t)) + h(t)",
@@ -74,14 +75,8 @@ def draw(cfg, path):
     core repeats its colour, hatched); for mesh the buffer below, a lane per slot, which each
     router's write and read arrows cross, a dot on every slot: a softmax weight for each (Eq. 3,
     5). Returns path, or None without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("draw.py: matplotlib is not installed, so no picture, only the text above "
-              "(pip install matplotlib)")
+    if not (plt := pyplot("draw.py", "picture, only the text above")):
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
     shown = [p for p in parts(cfg) if p[1]]

@@ -39,7 +39,7 @@ from data.meta import checkpoint_dataset  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.capture import capture  # noqa: E402
 from support.device import physical_memory, resolve_device  # noqa: E402
-from tools.curves import colour  # noqa: E402
+from tools.curves import colour, pyplot  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance
 # between distinct tokens of the state. A bandwidth relative to the median makes CKA invariant to an
@@ -262,13 +262,8 @@ def title(r):
 def write_pngs(results, folder):
     """Paper-style figures, checkpoints side by side: effort.png (Fig. 3), cka.png (Fig. 4),
     spectrum.png (Fig. 5) and, if any checkpoint is mesh, routers.png. Returns the paths."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("probe.py: matplotlib not installed; skipping PNG figures (pip install matplotlib)")
+    if not (plt := pyplot("probe.py")):
         return []
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     os.makedirs(folder, exist_ok=True)
     n, paths = len(results), []

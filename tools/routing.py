@@ -39,6 +39,7 @@ from data.tokenizer import Tokenizer  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.capture import capture  # noqa: E402
 from support.device import resolve_device  # noqa: E402
+from tools.curves import pyplot  # noqa: E402
 from tools.probe import json_ready, relative_update, unfinished  # noqa: E402
 
 SCAN = 100_000  # tokens searched for a line's start, at most
@@ -141,14 +142,8 @@ def write_png(results, path):
     """One figure: each checkpoint's per-token effort side by side on top; below, for each MeSH
     checkpoint, a row per router with its write and read weights (slots x tokens). Returns path, or
     None without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("routing.py: matplotlib is not installed, so no figure, only the numbers "
-              "(pip install matplotlib)")
+    if not (plt := pyplot("routing.py", "figure, only the numbers")):
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     meshes = [r for r in results if r["routers"]]
