@@ -38,7 +38,9 @@ class SampleConfig:
     top_k: int | None = setting(200, "sample among the k likeliest tokens; None: all")
     seed: int = setting(1337, "the sampling's random seed")
     device: str = setting("auto", "auto: cuda, then mps, then cpu")
+    threads: int | None = setting(None, "CPU threads for torch; None: torch's (one per core)")
     compile: bool = setting(False, "torch.compile the forward: pays off for long generations")
+    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
     debug: bool = setting(False, "show Python tracebacks for errors")
 
     def __post_init__(self):  # in range, before anything is read (an inf temperature is uniform)
@@ -47,6 +49,7 @@ class SampleConfig:
             ("max_new_tokens", lambda v: v >= 0, "at least 0"),
             ("temperature", lambda v: v >= 0, "0 (greedy) or a finite number above it"),
             ("top_k", lambda v: v >= 1, "at least 1 (or None for no limit)"),
+            ("threads", lambda v: v >= 1, "at least 1 (or None: torch's choice)"),
         ])
 
 
@@ -77,10 +80,13 @@ def prompt(start):
 def sample(given):
     sc = SampleConfig(**given)
     device = resolve_device(sc.device)
-    if not os.path.isdir(sc.out_dir):
-        raise UsageError(f"--out_dir={sc.out_dir} does not exist; train a model first: "
-                         f"python train.py --out_dir={sc.out_dir}")
-    model, ckpt = checkpoint.load_latest(sc.out_dir, device, kept=sc.ckpt)  # latest, or a kept
+    if sc.threads is not None:  # else torch's choice; on cores busy with other work, try 1
+        torch.set_num_threads(sc.threads)
+    # the run's latest once it is finished (unless --unfinished), or a kept one (--ckpt=ITER)
+    model, ckpt, state = checkpoint.load_run(sc.out_dir, device, "sample.py", sc.unfinished,
+                                             sc.ckpt)
+    if state:
+        print(f"sample.py: from {sc.out_dir}, {state}")
     if sc.compile:  # the KV cache is preallocated: every one-token step has one shape, one graph
         model.compile()
     data = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), sc.data_root)

@@ -35,8 +35,8 @@ from support.run import Run
 
 # The settings' ranges: (names, the test each value must pass, the range in words); None passes
 RANGES = [
-    ("batch_size grad_accum eval_interval eval_iters log_interval epochs lr_decay_iters plan_gpus",
-     lambda v: v >= 1, "at least 1"),
+    ("batch_size grad_accum eval_interval eval_iters log_interval epochs lr_decay_iters plan_gpus "
+     "threads", lambda v: v >= 1, "at least 1"),
     ("max_iters sample_tokens warmup_iters keep_every", lambda v: v >= 0, "0 or more"),
     ("seed", lambda v: v >= 0, "0 or more (numpy's generators take no negative seed)"),
     ("lr gpu_tflops", lambda v: v > 0, "a finite number above 0"),
@@ -97,6 +97,7 @@ class TrainConfig:
     # system
     device: str = setting("auto", "auto: cuda, then mps, then cpu")
     dtype: str = setting("auto", "auto: bfloat16 autocast on GPUs that support it, else float32")
+    threads: int | None = setting(None, "CPU threads for torch; None: torch's (one per core)")
     compile: bool | None = setting(None, "torch.compile the model; None: on for CUDA only")
     grad_checkpoint: bool = setting(False, "recompute activations in backward to save memory")
     fsdp: bool = setting(False, "shard weights, gradients and AdamW state (FSDP2)")
@@ -225,7 +226,7 @@ def train(given):
               f"{raw_model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
               f"dataset {tc.dataset} ({len(data.train):,} train tokens, {tc.data_order} order), "
               f"device {device.name} {tc.dtype}, {world} process(es){spread.name}, "
-              f"{tokens_per_step:,} tokens/step", flush=True)
+              f"{tokens_per_step:,} tokens/step, {torch.get_num_threads()} CPU threads", flush=True)
 
     def save(losses):  # what a checkpoint keeps besides the weights and AdamW's state
         run.save(raw_model, optimizer, {
@@ -237,13 +238,12 @@ def train(given):
     stop = command.Stop.poll(distributed)  # Ctrl-C, SIGTERM, SIGHUP, a lost launcher: finish, save
     local = tc.grad_accum // world  # this process's micro-batches m = rank, rank + world, ...
     steps = data.steps(tc, cfg.block_size)  # sequential: at most those of its --epochs passes
-    resumed_at = iter_num
     t0, timed_from = time.time(), iter_num
     while True:
         done = iter_num >= steps
         if done and iter_num < tc.max_iters and master:  # sequential: its --epochs passes are read
             print(data.ran_out(iter_num, tc, cfg.block_size), flush=True)
-        new_here = not run.ckpt or iter_num != resumed_at  # a resume evaluated this step already
+        new_here = iter_num != run.saved_iter  # a resume evaluated this step already
         if done or (iter_num % tc.eval_interval == 0 and new_here):
             splits = {"train": data.train, "val": data.val}
             losses = evaluate(raw_model, splits, tc, device.name, autocast, rank, world)
@@ -291,7 +291,7 @@ def train(given):
             if mfu is not None:  # the log keeps its full precision (a tiny model's prints as 0.0%)
                 record["mfu"] = mfu
                 text += f", mfu {100 * mfu:.1f}%"
-            run.write(record, text)
+            run.write(record, text + device.pace(dt))  # with why, when far slower than at first
         if stopping:
             save({})
             run.stopped(iter_num, world)

@@ -278,6 +278,43 @@ def link(source, copy):
         shutil.copyfile(source, copy)
 
 
+def load_run(out_dir, device, prog, unfinished=False, kept=None):
+    """load_latest for a tool, which takes no run in the making unless told to (unfinished): one a
+    live process trains (it holds OUT_DIR's lock) or is still to train (it holds the folder above,
+    as table1.py does) is waited for, a line saying so; one stopped before its max_iters is refused
+    in one line. A kept checkpoint (--ckpt=ITER) is asked for by name: taken as it is.
+    -> (model, ckpt, "unfinished at iter N" or "", for the tool's output)."""
+    unfinished = unfinished or kept is not None
+    above = os.path.dirname(os.path.abspath(out_dir))
+    for folder, what in ((out_dir, "is still training"),
+                         (above, "is still to be trained by the process holding the folder above")):
+        def waiting(what=what):
+            print(f"{prog}: {out_dir} {what}; waiting for it (or give --unfinished=true to use "
+                  f"it as it is now)", file=sys.stderr, flush=True)
+        # its holder's turn first (a folder this process holds is its own: own() says False)
+        if not unfinished and os.path.isdir(folder) and files.own(folder, note=False,
+                                                                  waiting=waiting):
+            files.disown(folder)
+        try:
+            model, ckpt = load_latest(out_dir, device, prog, kept)
+        except CheckpointError:
+            if folder == above or unfinished:
+                raise
+            continue
+        at, end = ckpt["iter_num"], ckpt["train_config"].get("max_iters")
+        if unfinished or not isinstance(end, int) or at >= end:
+            break
+    if not isinstance(end, int) or at >= end:
+        return model, ckpt, ""
+    if not unfinished:
+        raise CheckpointError(f"{out_dir} is unfinished (iter {at} of its --max_iters={end}) and "
+                              f"nothing trains it now; continue it with python train.py "
+                              f"--init_from=resume {shlex.quote('--out_dir=' + out_dir)} (or the "
+                              f"table1.py command that trained it), or give --unfinished=true to "
+                              f"use it as it is")
+    return model, ckpt, f"unfinished at iter {at}"
+
+
 # -----------------------------------------------------------------------------
 # The sharded format
 

@@ -131,9 +131,11 @@ class Stop:
         """From now on the first signal is a request that requested() reports; `says` what follows.
         launched: started by a launcher (torchrun, a tool setting LAUNCHER) whose end stops it."""
         cls.polled, cls.says = True, says
-        ppid = os.getppid()
-        if launched or os.environ.get(LAUNCHER) == str(ppid):
+        ppid, named = os.getppid(), os.environ.get(LAUNCHER, "")
+        if launched or named == str(ppid):
             cls.launcher = ppid
+        elif named.isdigit() and not files.process_alive(int(named)):  # gone before this poll
+            cls.launcher = int(named)
         return cls
 
     @classmethod

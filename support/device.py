@@ -5,6 +5,7 @@ model or a decode that cannot fit before anything is allocated (plan.py prints t
 
     device = Device(tc, distributed, master)  # under torchrun "cuda:LOCAL_RANK", its group joined
     device.name, device.type, device.dtype, device.mfu(cfg, tokens, seconds, world)
+    device.pace(seconds)                       # ", 4x slower than its first steps: ..." or ""
     check_fits(cfg, batch_size, "cuda:0")      # UsageError where it needs more than the GPU has
 
 Bytes of a training step, with P the parameter count and n the processes (FSDP divides weights,
@@ -62,6 +63,9 @@ class Device:
         self.dtype = resolve_dtype(tc.dtype, self.name)
         self.compile = resolve_compile(tc.compile, self.type, master)
         self.peak = peak_bf16_flops(self.name, self.dtype)
+        if tc.threads is not None:  # else torch's choice: a thread per core (or OMP_NUM_THREADS)
+            torch.set_num_threads(tc.threads)
+        self.first = []  # the seconds a step took in this run's first logged windows
 
     def mfu(self, cfg, tokens, seconds, world):
         """Model FLOPs utilisation of training `tokens` tokens in `seconds` on world processes:
@@ -69,6 +73,16 @@ class Device:
         if not self.peak:
             return None
         return flops_per_token(cfg) * tokens / seconds / (self.peak * world)
+
+    def pace(self, seconds):
+        """What a log line adds when a step took 3x or more the fastest of the run's first three
+        logged windows: the cores are shared with other work, which threads that spin waiting for
+        each other make far worse than it need be."""
+        self.first += [seconds] * (len(self.first) < 3)
+        slower = seconds / min(self.first)
+        return "" if slower < 3 else (
+            f", {slower:.0f}x slower than its first steps: other work shares the cores, or threads "
+            f"wait on each other (try --threads=1, or fewer runs at once)")
 
 
 def resolve_device(name):

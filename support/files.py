@@ -176,7 +176,8 @@ def append(path, data, fd=None):
             os.close(fd)
 
 
-def write_json(path, obj):
+def write_json(path, obj):  # its folder made first
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write(path, lambda f: json.dump(obj, f, indent=1, ensure_ascii=False), mode="w")
 
 

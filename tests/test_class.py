@@ -1,22 +1,27 @@
 """
-Tests for what a class is shown: tools/draw.py (the model drawn from its Layout) and tools/routing.py
-(each token's effort and MeSH routing on one sentence).
+Tests for what a class is shown: tools/draw.py (the model drawn from its Layout), tools/routing.py
+(each token's effort and MeSH routing on one sentence), tools/curves.py (any runs' curves), and the
+tools pointed at a run still training or stopped early (exercises in any order).
 
     python -m pytest -q tests/test_class.py
 """
 
 import json
 import os
+import shutil
+import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from conftest import run
+import sample
+from conftest import ROOT, run
 from mesh import Config
-from support import checkpoint
+from support import checkpoint, command
 from support.capture import capture
-from tools import draw, routing
+from tools import curves, draw, probe, routing, table1
 
 
 # -----------------------------------------------------------------------------
@@ -45,6 +50,43 @@ def test_draw_prints_the_text_form_and_the_counts(capsys):
     draw.main(["--layout=2+4R2+2", "--scheme=residual"])
     out = capsys.readouterr().out
     assert out.count("h(t+1) = f_t(h(t)) + h(t)") == 2 and "buffer" not in out
+
+
+def drawn(cfg, monkeypatch, tmp_path):
+    """The matplotlib figure draw.draw makes of cfg (kept as it is saved)."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    import matplotlib.figure
+    kept, save = [], matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: kept.append(fig) or save(fig, *a, **k))
+    draw.draw(cfg, str(tmp_path / "model.png"))
+    return kept[0].axes[0]
+
+
+def test_each_router_is_drawn_against_every_slot(monkeypatch, tmp_path):
+    """Every router touches every slot (Eq. 3, 5: a softmax weight for each): the picture draws each write and
+    read arrow across all the buffer's lanes, a dot on each, at the step the router belongs to."""
+    cfg = Config(layout="2+2R4+2", scheme="mesh", n_embd=64, n_head=4)
+    ax = drawn(cfg, monkeypatch, tmp_path)
+    lanes = sorted(p.get_y() + 0.42 * p.get_height() / 0.85 for p in ax.patches
+                   if type(p).__name__ == "Rectangle" and p.get_facecolor()[:3] == (0xdd / 255,) * 3)
+    assert len(lanes) == cfg.slots == 7
+    dots = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert len(dots) == 2 * len(draw.routers(cfg)) == 2 * 5  # a write and a read per router
+    for line in dots:  # each crosses every lane, at one x
+        assert len(set(line.get_xdata())) == 1
+        assert sorted(line.get_ydata()) == pytest.approx(lanes)
+
+
+def test_vanilla_is_drawn_as_blocks_without_a_prelude_or_steps(monkeypatch, tmp_path, capsys):
+    cfg = Config(layout="12", n_embd=64, n_head=4)
+    assert [name for name, *_ in draw.parts(cfg)] == ["blocks", "coda"]
+    draw.main(["--layout=12", "--n_embd=64"])
+    out = capsys.readouterr().out
+    drawing = out.split("\n\n")[0]  # (mesh.summary's counts follow it)
+    assert drawing.startswith("token ids -> embedding h_emb (B, T, 64)\nblocks   [b0][b1]") and "prelude" not in drawing
+    texts = [t.get_text() for t in drawn(cfg, monkeypatch, tmp_path).texts]
+    assert "blocks" in texts and not any("prelude" in t or "between steps" in t for t in texts)
+    assert drawn(cfg, monkeypatch, tmp_path).get_title().startswith("layout 12, vanilla: compute depth 12")
 
 
 def test_draw_writes_a_png_or_says_why_not(tmp_path, capsys, monkeypatch):
@@ -155,11 +197,12 @@ def test_table1_lesson_is_six_runs_at_width_64_and_flags_override_it(capsys):
         "runs/lesson/base_3+2R3+3_s1", "runs/lesson/mesh_3+2R3+3_s0", "runs/lesson/mesh_3+2R3+3_s1"]
     assert all("--lr=0.002 " in line and "--n_embd=64 " in line and "--max_iters=700 " in line for line in lines)
     table1.main(["--lesson", "--dry_run", "--max_iters=8", "--layouts=2+2R4+2", "--only=mesh", "--seeds=3"])
+    share = max(1, (os.cpu_count() or 1) // 2)  # two runs at once: each its half of the cores
     assert capsys.readouterr().out.split()[1:] == [
         "--out_dir=runs/lesson/mesh_2+2R4+2_s3", "--dataset=shakespeare_char", "--batch_size=16", "--lr=0.002",
         "--eval_iters=20", "--sample_tokens=0", "--n_embd=64", "--n_head=4", "--block_size=64", "--max_iters=8",
         "--eval_interval=2", "--layout=2+2R4+2", "--scheme=mesh", "--seed=3", "--device=cpu", "--data_root=data",
-        "--overwrite=true"]
+        f"--threads={share}", "--overwrite=true"]
 
 
 def test_table1_reuses_a_finished_run_only_at_the_same_width_and_lr(tmp_path, monkeypatch):
@@ -172,9 +215,156 @@ def test_table1_reuses_a_finished_run_only_at_the_same_width_and_lr(tmp_path, mo
     (tmp_path / run["name"] / "result.json").write_text(json.dumps(done))
     assert table1.run_one(run, str(tmp_path), 5)["val_loss"] == 1.5  # the defaults: reused
     started = []
-    monkeypatch.setattr(table1.CHILDREN, "run", lambda cmd, **kw: started.append(cmd) or 1)
+    monkeypatch.setattr(table1, "run_child", lambda cmd, *a, **kw: started.append(cmd) or 1)
     for flag, train in (("--n_embd=128, not --n_embd=64", dict(table1.TRAIN, n_embd=64)),
                         ("--lr=0.001, not --lr=0.002", dict(table1.TRAIN, lr=2e-3))):
         with pytest.raises(UsageError, match=f"holds a finished run of {flag}, which table1.py never replaces"):
             table1.run_one(run, str(tmp_path), 5, train=train)
     assert started == []  # refused before anything trains
+
+
+# -----------------------------------------------------------------------------
+# curves.py: any runs' curves, a colour per variant in every figure
+
+def plotted(monkeypatch):
+    """The panels curves.plot draws, kept (and drawn on)."""
+    kept, plot = [], curves.plot
+    monkeypatch.setattr(curves, "plot", lambda panels, *a: kept.append(panels) or plot(panels, *a))
+    return kept
+
+
+def test_curves_draws_train_and_val_loss_of_any_runs_a_colour_per_variant(runs, tmp_path, capsys, monkeypatch):
+    kept = plotted(monkeypatch)
+    png = tmp_path / "figs" / "curves.png"
+    assert command.main("curves.py", curves.run, [f"--out_dir={runs[0]}", f"--out_dir={runs[1]}", f"--png={png}"],
+                        curves.CurvesConfig) == 0
+    (_, lines), = kept[0]
+    logged = [[r for r in map(json.loads, open(os.path.join(d, "log.jsonl"))) if "val_loss" in r] for d in runs]
+    assert [(ln["label"], ln["colour"], ln["style"][1:]) for ln in lines] == [
+        ("base (base) val", "tab:blue", "-"), ("train", "tab:blue", "--"),
+        ("mesh (mesh) val", "tab:red", "-"), ("train", "tab:red", "--")]
+    for (val, train), records in zip((lines[:2], lines[2:]), logged):  # the log's own evaluations
+        assert val["x"] == train["x"] == [r["iter"] for r in records]
+        assert val["y"] == [r["val_loss"] for r in records] and train["y"] == [r["train_loss"] for r in records]
+    try:
+        import matplotlib  # noqa: F401
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and capsys.readouterr().out == f"wrote {png}\n"
+    except ImportError:
+        assert "curves.py: matplotlib is not installed, so no figures" in capsys.readouterr().out
+
+
+def test_curves_of_two_runs_of_one_variant_share_its_colour_a_marker_each(runs, tmp_path, monkeypatch):
+    kept = plotted(monkeypatch)
+    twin = shutil.copytree(runs[1], tmp_path / "twin")
+    command.main("curves.py", curves.run, [f"--out_dir={runs[1]}", f"--out_dir={twin}",
+                                           f"--png={tmp_path / 'c.png'}"], curves.CurvesConfig)
+    (_, lines), = kept[0]
+    assert lines[0]["colour"] == lines[2]["colour"] == "tab:red" and lines[0]["style"] != lines[2]["style"]
+
+
+def test_curves_without_matplotlib_says_so_in_one_line(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    command.main("curves.py", curves.run, [f"--out_dir={runs[0]}", f"--png={tmp_path / 'c.png'}"], curves.CurvesConfig)
+    assert capsys.readouterr().out == "curves.py: matplotlib is not installed, so no figures (pip install matplotlib)\n"
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_table1_curves_name_vanilla_only_when_drawn_and_end_on_the_tables_loss(monkeypatch):
+    """Exercise 5 (base, half, mesh): no vanilla line, so its title names none; each variant in its
+    colour (curves.COLOURS), a star at the end: the table's val loss, not train.py's last one."""
+    kept = []
+    monkeypatch.setattr(table1, "plot", lambda panels, *a: kept.append(panels))
+    curve = {"base": [[0, 4.2], [4, 2.0]], "mesh": [[0, 4.2], [4, 1.9]], "vanilla": [[0, 4.2], [4, 1.8]]}
+    results = [dict(name=table1.run_name(v, "3+2R3+3", 0), variant=v, seed=0, params=1, val_loss=1.5,
+                    ms_per_iter=None, scheme=table1.SCHEME[v], val_curve=curve[v]) for v in curve]
+    for drawn_, title in ((results[:2], "3+2R3+3 on pydoc\n"), (results, "3+2R3+3 against vanilla 12 on pydoc\n")):
+        rows = table1.aggregate(drawn_, 10, [0], ["3+2R3+3"])
+        table1.write_curves(drawn_, rows, ["3+2R3+3"], "c.png", "pydoc")
+        (name, lines), = kept.pop()
+        assert name.startswith(title)
+    assert [(ln["colour"], ln["y"][-1]) for ln in lines] == [
+        ("black", 1.8), ("black", 1.5), ("tab:blue", 2.0), ("tab:blue", 1.5), ("tab:red", 1.9), ("tab:red", 1.5)]
+    assert [ln.get("style") for ln in lines[:2]] == [None, "*"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "curves.py: error: give a run's folder: --out_dir=OUT_DIR (again for more runs)"),
+    (["--out_dir=nowhere"], "curves.py: error: cannot use nowhere/log.jsonl: No such file or directory; check the path"),
+])
+def test_curves_bad_input_is_one_line(args, message, tmp_path, capsys):
+    assert command.main("curves.py", curves.run, args + [f"--png={tmp_path / 'c.png'}"], curves.CurvesConfig) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+# -----------------------------------------------------------------------------
+# Exercises in any order: a run still training is waited for, one stopped early is said so
+
+@pytest.fixture
+def stopped_early(runs, tmp_path):
+    """A copy of the mesh run whose checkpoint says it stopped at iter 2 of --max_iters=6."""
+    out = shutil.copytree(runs[1], tmp_path / "stopped")
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    ckpt["train_config"]["max_iters"] = 6
+    checkpoint.save(ckpt, str(out / "ckpt.pt"))
+    return str(out)
+
+
+def test_a_run_stopped_early_is_refused_in_one_line_or_used_as_it_is_when_told(stopped_early, tmp_path, capsys):
+    refusal = (f"is unfinished (iter 2 of its --max_iters=6) and nothing trains it now; continue it with python "
+               f"train.py --init_from=resume --out_dir={stopped_early} (or the table1.py command that trained it), "
+               f"or give --unfinished=true to use it as it is\n")
+    for prog, main in (("probe.py", probe.main), ("routing.py", routing.main), ("sample.py", sample.main)):
+        assert main([f"--out_dir={stopped_early}"]) == 2
+        assert capsys.readouterr().err == f"{prog}: error: {stopped_early} {refusal}"
+    assert probe.main([f"--out_dir={stopped_early}", "--unfinished=true", "--num_samples=2",
+                       f"--json={tmp_path / 'p.json'}"]) == 0
+    assert f"== {stopped_early} (unfinished at iter 2): layout" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert saved[0]["state"] == "unfinished at iter 2" and probe.title(saved[0]).startswith("stopped (unfinished at")
+    assert routing.main([f"--out_dir={stopped_early}", "--unfinished=true", "--text=the king"]) == 0
+    assert f"== {stopped_early} (unfinished at iter 2): layout" in capsys.readouterr().out
+    assert sample.main([f"--out_dir={stopped_early}", "--unfinished=true", "--max_new_tokens=4"]) == 0
+    assert capsys.readouterr().out.startswith(f"sample.py: from {stopped_early}, unfinished at iter 2\n")
+
+
+def hold(folder, then=""):
+    """A process holding folder's lock (as a training run or table1.py does) for 3 s, then running `then`
+    (Python) before it lets go; returns it once it holds the lock."""
+    code = ("import fcntl, os, sys, time, shutil\nfd = os.open(sys.argv[1], os.O_RDONLY)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(3)\n" + then)
+    p = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "held\n"
+    return p
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows: a run's folder is not locked there")
+def test_a_tool_waits_for_a_run_still_training_and_says_so(runs, tmp_path, capsys):
+    out = shutil.copytree(runs[1], tmp_path / "training")
+    held = hold(out, then=f"open({str(out / 'done')!r}, 'w').close()")  # the run's last act before it ends
+    try:
+        assert routing.main([f"--out_dir={out}", "--text=the king"]) == 0
+        assert (out / "done").exists()  # it waited for the run to end
+    finally:
+        held.wait()
+    captured = capsys.readouterr()
+    assert captured.err == (f"routing.py: {out} is still training; waiting for it (or give --unfinished=true to "
+                            f"use it as it is now)\n")
+    assert f"== {out}: layout" in captured.out  # finished: no mark
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows: a run's folder is not locked there")
+def test_a_tool_waits_for_a_run_table1_has_still_to_train(runs, tmp_path, capsys):
+    """Exercise 3 before exercise 2 ends: the run's folder is not there yet, but table1.py holds the folder
+    above it; the tool waits for it (here the holder makes the run, then ends) instead of advising training."""
+    root = tmp_path / "lesson"
+    root.mkdir()
+    held = hold(root, then=f"shutil.copytree({runs[0]!r}, {str(root / 'base_s0')!r})")
+    try:
+        assert probe.main([f"--out_dir={root / 'base_s0'}", "--num_samples=2"]) == 0
+    finally:
+        held.wait()
+    captured = capsys.readouterr()
+    assert captured.err == (f"probe.py: {root / 'base_s0'} is still to be trained by the process holding the folder "
+                            f"above; waiting for it (or give --unfinished=true to use it as it is now)\n")
+    assert "train one with" not in captured.err + captured.out

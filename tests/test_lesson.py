@@ -47,6 +47,18 @@ def test_the_lesson_is_whole():
     assert all(re.search(r"\(.*\d.*minutes?\)$", title) for title, *_ in found), [t for t, *_ in found]
 
 
+def test_the_setup_the_lesson_points_to_installs_matplotlib():
+    """The lesson's figures need matplotlib: the README's Quick start, which the lesson names as its
+    setup, installs requirements.txt on every line, and requirements.txt lists it."""
+    assert "the README's Quick start\ninstalls what they need" in open(LESSON, encoding="utf-8").read()
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    quick = re.search(r"## Quick start\n\n```bash\n(.*?)```", readme, flags=re.S)[1]
+    installs = [line for line in quick.splitlines() if line.startswith("pip ")]
+    assert len(installs) == 2 and all("pip install -r requirements.txt" in line for line in installs)
+    with open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8") as f:
+        assert "matplotlib" in [line.strip() for line in f if not line.startswith("#")]
+
+
 @pytest.fixture(scope="module")
 def classroom(tmp_path_factory):
     """A fresh copy of the project (no runs, no data) and run(command) there, offline."""

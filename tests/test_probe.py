@@ -150,7 +150,7 @@ def test_probe_end_to_end_writes_the_documented_json(tmp_path, capsys, monkeypat
     out = tmp_path / "runs" / "probe" / "probe.json"  # as the README's command: its folders made for it
     probe.main([f"--out_dir={d}" for d in runs] + ["--num_samples=10", f"--json={out}", f"--png={tmp_path / 'png'}"])
     printed = capsys.readouterr().out
-    assert "probe.py: matplotlib not installed; skipping PNG figures (pip install matplotlib)" in printed
+    assert "probe.py: matplotlib is not installed, so no figures (pip install matplotlib)" in printed
     assert "CKA (RBF, sigma = 0.8 x median distance)" in printed
     assert not (tmp_path / "png").exists()
     results = json.loads(out.read_text())

@@ -264,10 +264,10 @@ def wait_for(condition, what, p):
         time.sleep(0.2)
 
 
-def printed(run, words):
-    """Whether the train.py of the run folder has printed words yet (into its temporary train.out)."""
-    names = [n for n in os.listdir(run) if n.startswith(".train.out-")] if os.path.isdir(run) else []
-    return any(words in (run / n).read_text(errors="replace") for n in names)
+def printed(run, words, since=0):
+    """Whether the train.py of the run folder has printed words yet (into its train.out), past the first
+    `since` characters."""
+    return (run / "train.out").is_file() and words in (run / "train.out").read_text(errors="replace")[since:]
 
 
 def held(folder):
@@ -285,7 +285,8 @@ def held(folder):
 def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
     """table1.py with two runs at once, SIGTERM once both train: each run saves a checkpoint and ends,
     table1.py waits for them, says so in one line and exits 130; no process of theirs survives. A rerun's
-    runs then take their folders (nothing refuses them as live) and stop with it in turn."""
+    runs then take their folders (nothing refuses them as live), continue from their checkpoints, and stop
+    with it in turn."""
     (tmp_path / "text.txt").write_text(TEXT)
     prepare("shakespeare_char", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"),
             log=lambda *a: None)
@@ -296,8 +297,9 @@ def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # train.py's lines reach its train.out as they are printed
     for attempt, words in (("first", "iter 0: train loss"), ("rerun", "model ")):  # training; the folder taken
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        since = {r: len((r / "train.out").read_text()) if (r / "train.out").exists() else 0 for r in runs}
         try:
-            wait_for(lambda: all(printed(r, words) for r in runs), f"both runs print {words!r}", p)
+            wait_for(lambda: all(printed(r, words, since[r]) for r in runs), f"both runs print {words!r}", p)
             p.send_signal(signal.SIGTERM)
             out, err = p.communicate(timeout=HANG)
         finally:  # a failed test leaves nothing running
@@ -307,8 +309,8 @@ def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
                 except ProcessLookupError:
                     pass
         assert p.returncode == 130, (out, err)
-        assert err == ("\ntable1.py: stopped by SIGTERM, and its runs with it (the finished ones keep their "
-                       "result.json, which a rerun skips)\n"), err
+        assert err == ("\ntable1.py: stopped by SIGTERM, and its runs with it, each saving a checkpoint: the same "
+                       "command again continues them (finished ones are kept)\n"), err
         assert live_processes(str(root)) == [] and not any(held(r) for r in runs)
         if attempt == "first":
             for r in runs:
@@ -316,6 +318,9 @@ def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
                 assert "SIGTERM: finishing this step, then saving a checkpoint" in text and \
                     "checkpoint saved" in text, text
                 assert (r / "ckpt.pt").exists()
+        else:  # the same train.out and log go on: one output, one curve
+            assert all(f"{r.name}: continuing from iter " in out for r in runs), out
+            assert all((r / "train.out").read_text().count("model ") == 2 for r in runs)
     assert not (tmp_path / "res").exists()
 
 
@@ -461,7 +466,8 @@ def finished_run(folder, max_iters, how):
     folder.mkdir(parents=True)
     if how == "result.json":
         (folder / "result.json").write_text(json.dumps(dict(
-            name=folder.name, seed=0, max_iters=max_iters, params=1, val_loss=1.5, ms_per_iter=None)))
+            name=folder.name, seed=0, max_iters=max_iters, params=1, val_loss=1.5, ms_per_iter=None, val_curve=[],
+            dataset="tiny", data_sha256=None)))
         return
     model = RecursiveGPT(Config(vocab_size=8, block_size=16, n_embd=32, n_head=2, layout="1+1R2+1"))
     checkpoint.save(dict(model=model.state_dict(), model_config=model.config.to_dict(), iter_num=max_iters,

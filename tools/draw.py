@@ -23,6 +23,7 @@ from configurator import UsageError, check_ranges, setting  # noqa: E402
 from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout,  # noqa: E402
                   summary)
 from support import command, files  # noqa: E402
+from tools.curves import pyplot  # noqa: E402
 
 # [choice] the most applied blocks, or buffer slots, drawn or summed up: a drawing of more is
 # unreadable (and slow to build even on the meta device); Pythia's deepest model has 36 layers
@@ -40,7 +41,7 @@ def parts(cfg):
     for n in (s.prelude, *s.cores, s.coda):  # unique blocks are numbered prelude, each core, coda
         spans.append(list(range(first, first + n)))
         first += n
-    out = [("prelude", spans[0], False)]
+    out = [("prelude" if s.schedule else "blocks", spans[0], False)]  # vanilla: no prelude
     out += [(f"step {t}", spans[1 + c], c in s.schedule[:t]) for t, c in enumerate(s.schedule)]
     return out + [("coda", spans[-1], False)]
 
@@ -75,22 +76,18 @@ def text(cfg):
 
 def draw(cfg, path):
     """The same picture as a PNG: applied blocks left to right, coloured by unique block (a shared
-    core repeats its colour, hatched), the buffer's slots below for mesh with each router's write
-    and read arrows. Returns path, or None without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("draw.py: matplotlib is not installed, so no picture, only the text above "
-              "(pip install matplotlib)")
+    core repeats its colour, hatched); for mesh the buffer below, a lane per slot, which each
+    router's write and read arrows cross, a dot on every slot: a softmax weight for each (Eq. 3,
+    5). Returns path, or None without matplotlib."""
+    if not (plt := pyplot("draw.py", "picture, only the text above")):
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
     shown = [p for p in parts(cfg) if p[1]]
     n = sum(len(blocks) for _, blocks, _ in shown) + len(shown) - 1  # a gap between parts
     mesh = cfg.scheme == "mesh"
-    fig, ax = plt.subplots(figsize=(max(7, 0.55 * n + 2), 4.2 if mesh else 2.8),
+    lane = 0.3  # a slot's height in the buffer
+    fig, ax = plt.subplots(figsize=(max(7, 0.55 * n + 2), 2.8 + mesh * (0.3 * cfg.slots + 0.6)),
                            layout="constrained")
     colours = plt.get_cmap("tab20")
     x, centres = 0, {}
@@ -113,31 +110,34 @@ def draw(cfg, path):
               Patch(facecolor="w", edgecolor="k", hatch="//",
                     label="a core applied again: shared weights")]
     if mesh:
-        width = max(n, cfg.slots)
-        for b in range(cfg.slots):
-            left = b * width / cfg.slots
-            ax.add_patch(Rectangle((left, -1), 0.9 * width / cfg.slots, 0.7, facecolor="#ddd",
-                                   edgecolor="k"))
-            label = f"m{b}" + (" = h_emb" if b == 0 else "")
-            ax.text(left + 0.45 * width / cfg.slots, -0.65, label, ha="center", va="center",
-                    fontsize=8)
-        ax.text(-1.1, -0.65, f"buffer\n{cfg.slots} slots", ha="right", va="center", fontsize=9)
+        slots = [0.5 - (b + 1) * lane for b in range(cfg.slots)]  # each lane's bottom, m0 on top
+        for b, y in enumerate(slots):
+            ax.add_patch(Rectangle((0, y), x - 1, 0.85 * lane, facecolor="#ddd", edgecolor="k"))
+            ax.text(-0.15, y + 0.42 * lane, f"m{b}" + (" = h_emb" if b == 0 else ""),
+                    ha="right", va="center", fontsize=8)
+        ax.text(x - 1, 0.52, f"the buffer: {cfg.slots} slots", ha="right", va="bottom",
+                fontsize=9)
         for name in routers(cfg):
             at = centres["prelude" if name == "cycle" else name]
-            ax.add_patch(FancyArrowPatch((at - 0.2, 0.95), (at - 0.2, -0.25), arrowstyle="-|>",
-                                         mutation_scale=14, color="tab:red"))
-            ax.add_patch(FancyArrowPatch((at + 0.2, -0.25), (at + 0.2, 0.95), arrowstyle="-|>",
-                                         mutation_scale=14, color="tab:blue"))
-        legend += [Patch(color="tab:red", label="router: write the output into the slots"),
-                   Patch(color="tab:blue", label="router: read the next state from the slots")]
-    else:
+            for dx, colour, ends in ((-0.2, "tab:red", (0.95, slots[-1])),
+                                     (0.2, "tab:blue", (slots[-1], 0.95))):
+                ax.add_patch(FancyArrowPatch((at + dx, ends[0]), (at + dx, ends[1]),
+                                             arrowstyle="-|>", mutation_scale=14, color=colour))
+                ax.plot([at + dx] * cfg.slots, [y + 0.42 * lane for y in slots], "o", ms=4,
+                        color=colour)
+        legend += [Patch(color="tab:red", label="router: writes the step's output into every "
+                                                "slot, a weight each"),
+                   Patch(color="tab:blue", label="router: reads the next state from every slot, "
+                                                 "a weight each")]
+    elif cfg.shape.schedule:  # (vanilla has no steps)
         ax.text(n / 2, 0.6, f"between steps: {RULES.get(cfg.scheme, cfg.scheme)}", ha="center",
                 fontsize=9)
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, fontsize=8,
               frameon=False)
-    ax.set(xlim=(-2.5, x + 1.5), ylim=(-1.2 if mesh else 0.4, 2.9))
+    ax.set(xlim=(-2.5, x + 1.5), ylim=(0.3 - mesh * lane * (cfg.slots + 0.5), 2.9))
     ax.axis("off")
-    ax.set_title(f"layout {cfg.layout}, scheme {cfg.scheme}: compute depth {cfg.shape.depth}, "
+    scheme = f"scheme {cfg.scheme}" if cfg.shape.schedule else "vanilla"
+    ax.set_title(f"layout {cfg.layout}, {scheme}: compute depth {cfg.shape.depth}, "
                  f"{cfg.shape.unique} unique blocks", fontsize=11)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)

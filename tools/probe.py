@@ -26,7 +26,6 @@ optional dependency), PNG figures with the checkpoints side by side (--png). All
 computed in float64. std is over the N sequences (population std, ddof=0).
 """
 
-import json
 import math
 import os
 import sys
@@ -45,6 +44,7 @@ from data.meta import checkpoint_dataset  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from support.device import physical_memory, resolve_device  # noqa: E402
+from tools.curves import colour, pyplot  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance
 # between distinct tokens of the state. A bandwidth relative to the median makes CKA invariant to an
@@ -205,8 +205,10 @@ def json_ready(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None, kept=None):
-    model, ckpt = checkpoint.load_latest(out_dir, device, "probe.py", kept)  # the latest, or kept
+def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None,
+                     unfinished=False, kept=None):
+    # the run's latest, once it is finished (unless `unfinished`), or a kept one
+    model, ckpt, state = checkpoint.load_run(out_dir, device, "probe.py", unfinished, kept)
     cfg = model.config
     # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
     states = cfg.n_steps + 3
@@ -219,7 +221,7 @@ def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=N
     idx = validation_windows(ckpt, cfg.block_size, num_samples, seed, data_root).to(device)
     result = {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"], "layout": cfg.layout,
               "scheme": cfg.scheme, "n_steps": cfg.n_steps, "num_samples": num_samples,
-              "seq_len": cfg.block_size, "seed": seed}
+              "seq_len": cfg.block_size, "seed": seed, "state": state or "finished"}
     result.update(probe(model, idx, sigma_frac))
     return result
 
@@ -232,7 +234,7 @@ def fmt(v, spec=".2f"):
 
 
 def report(r):
-    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, "
+    lines = [f"== {r['out_dir']}{unfinished(r)}: layout {r['layout']}, scheme {r['scheme']}, "
              f"{r['num_samples']} x {r['seq_len']} tokens of {r['dataset']} =="]
     lines.append("effort (relative update, mean +- std):  " +
                  "  ".join(f"{k} {m:.3f}+-{s:.3f}" for k, (m, s) in r["effort"].items()))
@@ -264,20 +266,20 @@ def report(r):
     return "\n".join(lines)
 
 
+def unfinished(r):  # what a title adds for a run used before it finished
+    return "" if r["state"] == "finished" else f" ({r['state']})"
+
+
 def title(r):
-    return f"{os.path.basename(os.path.normpath(r['out_dir']))}\n{r['layout']} {r['scheme']}"
+    return (f"{os.path.basename(os.path.normpath(r['out_dir']))}{unfinished(r)}\n"
+            f"{r['layout']} {r['scheme']}")
 
 
 def write_pngs(results, folder):
     """Paper-style figures, checkpoints side by side: effort.png (Fig. 3), cka.png (Fig. 4),
     spectrum.png (Fig. 5), routers.png if any is mesh; steps.png, all in one. Returns the paths."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("probe.py: matplotlib not installed; skipping PNG figures (pip install matplotlib)")
+    if not (plt := pyplot("probe.py")):
         return []
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     os.makedirs(folder, exist_ok=True)
     n, paths = len(results), []
@@ -292,7 +294,8 @@ def write_pngs(results, folder):
     for ax, r in zip(axes[0], results):
         names = list(r["effort"])
         m, s = zip(*r["effort"].values())
-        ax.bar(range(len(names)), m, yerr=s, capsize=3, color="tab:blue")
+        kind = r["scheme"] if "step0" in names else "vanilla"  # (vanilla: no loop steps)
+        ax.bar(range(len(names)), m, yerr=s, capsize=3, color=colour(kind))
         ax.set_xticks(range(len(names)), names, rotation=45)
         ax.set_title(title(r), fontsize=9)
     axes[0][0].set_ylabel("relative update")
@@ -382,6 +385,7 @@ class ProbeConfig:
     json: str | None = setting(None, "write the numbers here", path=True)
     png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)",
                               path=True)
+    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
 
 
 def main(argv=None):
@@ -404,12 +408,10 @@ def run(given):
     results = []
     for out_dir in a.out_dir:
         results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device,
-                                        a.data_root, a.ckpt))
+                                        a.data_root, a.unfinished, a.ckpt))
         print(report(results[-1]))
     if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        files.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1,
-                                                          allow_nan=False), mode="w")
+        files.write_json(a.json, json_ready(results))
         print(f"wrote {a.json}")
     if a.png:
         for path in write_pngs(results, a.png):

@@ -26,7 +26,6 @@ matplotlib, one PNG (--png): the effort of both checkpoints on top, their predic
 then each MeSH checkpoint's write and read weights.
 """
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -43,7 +42,8 @@ from data.tokenizer import Tokenizer  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from support.device import resolve_device  # noqa: E402
-from tools.probe import json_ready, relative_update  # noqa: E402
+from tools.curves import pyplot  # noqa: E402
+from tools.probe import json_ready, relative_update, unfinished  # noqa: E402
 
 SCAN = 100_000  # tokens searched for a line's start, at most
 SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
@@ -104,12 +104,15 @@ def sentence(ckpt, model, text, tokens, seed, data_root=None):
     return torch.tensor([ids]), tokenizer
 
 
-def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None, kept=None):
-    model, ckpt = checkpoint.load_latest(out_dir, device, "routing.py", kept)  # latest, or kept
+def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None, unfinished=False,
+                       kept=None):
+    # the run's latest, once it is finished (unless `unfinished`), or a kept one
+    model, ckpt, state = checkpoint.load_run(out_dir, device, "routing.py", unfinished, kept)
     idx, tokenizer = sentence(ckpt, model, text, tokens, seed, data_root)
     cfg, seen = model.config, routing(model, idx.to(device))
     text = lambda ids: [token_text(tokenizer, i) for i in ids]
     return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "n_steps": cfg.n_steps,
+            "state": state or "finished",
             "dataset": ckpt["train_config"]["dataset"],
             "n_slots": cfg.slots if cfg.scheme == "mesh" else None, "ids": idx[0].tolist(),
             "tokens": text(idx[0].tolist()), **seen,
@@ -122,7 +125,7 @@ def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None, kept
 def report(r):
     w = max(5, *(len(t) + 1 for t in r["tokens"]))  # a column per token
     row = lambda label, cells: f"{label:<14}" + "".join(f"{c:>{w}}" for c in cells)
-    lines = [f"== {r['out_dir']}: layout {r['layout']}, scheme {r['scheme']}, "
+    lines = [f"== {r['out_dir']}{unfinished(r)}: layout {r['layout']}, scheme {r['scheme']}, "
              f"{len(r['tokens'])} tokens of {r['dataset']} ==", row("token", r["tokens"]),
              "effort (relative update, per token):"]
     lines += [row(f"  {part}", [f"{v:.2f}" for v in values])
@@ -143,21 +146,16 @@ def report(r):
 
 
 def title(r):
-    return f"{os.path.basename(os.path.normpath(r['out_dir']))} ({r['layout']} {r['scheme']})"
+    return (f"{os.path.basename(os.path.normpath(r['out_dir']))} ({r['layout']} {r['scheme']})"
+            + unfinished(r))
 
 
 def write_png(results, path):
     """One figure: each checkpoint's per-token effort side by side on top, then its predictions
     after each loop step; below, for each MeSH checkpoint, a row per router with its write and read
     weights (slots x tokens). Returns path, or None without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("routing.py: matplotlib is not installed, so no figure, only the numbers "
-              "(pip install matplotlib)")
+    if not (plt := pyplot("routing.py", "figure, only the numbers")):
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     meshes = [r for r in results if r["routers"]]
     rows = 2 + sum(len(r["routers"]) for r in meshes)
@@ -214,6 +212,7 @@ def write_png(results, path):
     fig.suptitle("One sentence, token by token: how much each part of the model changes each "
                  "token, what it predicts after each step, where MeSH's routers write and read it",
                  fontsize=12)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -232,6 +231,7 @@ class RoutingConfig:
         None, "where the checkpoints' dataset is now; None: where each trained", path=True)
     json: str | None = setting(None, "write the numbers here", path=True)
     png: str | None = setting(None, "write the figure here (needs matplotlib)", path=True)
+    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
 
 
 def main(argv=None):
@@ -255,14 +255,10 @@ def run(given):
     results = []
     for out_dir in a.out_dir:
         results.append(routing_checkpoint(out_dir, a.text or None, a.tokens, a.seed, device,
-                                          a.data_root, a.ckpt))
+                                          a.data_root, a.unfinished, a.ckpt))
         print(report(results[-1]))
-    for path in filter(None, (a.json, a.png)):  # their folders, once the model has run
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    if a.json:
-        files.atomic_write(a.json, lambda f: json.dump(json_ready(results), f, indent=1,
-                                                          ensure_ascii=False, allow_nan=False),
-                              mode="w")
+    if a.json:  # (its folder, once the model has run)
+        files.write_json(a.json, json_ready(results))
         print(f"wrote {a.json}")
     if a.png and write_png(results, a.png):
         print(f"wrote {a.png}")

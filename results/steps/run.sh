@@ -6,7 +6,7 @@
 set -euo pipefail
 export OMP_NUM_THREADS=1
 SWEEP=${SWEEP:-runs/sweep} HERE=$(dirname "$0")
-for layout in 3+2R3+3 2+2R4+2; do
+for layout in ${LAYOUTS:-3+2R3+3 2+2R4+2}; do  # LAYOUTS: probe only these again
   for seed in 0 1 2; do
     runs=(--out_dir=$SWEEP/vanilla_s$seed)
     for scheme in base anchor mesh; do runs+=(--out_dir=$SWEEP/${scheme}_${layout}_s$seed); done
@@ -21,8 +21,8 @@ here, rows = sys.argv[1], []
 for layout in ("3+2R3+3", "2+2R4+2"):
     seeds = [json.load(open(f"{here}/{layout}_s{s}.json")) for s in (0, 1, 2)]
     K = seeds[0][1]["n_steps"]
-    rows += [f"\n### K = {K}, `{layout}` (vanilla `12`: "
-             f"{np.mean([r[0]['loss'] for r in seeds]):.4f} ± {np.std([r[0]['loss'] for r in seeds]):.4f})\n",
+    vanilla = [r[0]["loss"] for r in seeds]
+    rows += [f"\n### K = {K}, `{layout}` (vanilla `12`: {np.mean(vanilla):.4f} ± {np.std(vanilla):.4f})\n",
              "| scheme | " + " | ".join(f"t = {t}" for t in range(2 * K + 1)) + " |",
              "|---|" + "---|" * (2 * K + 1)]
     for i, scheme in enumerate(("base", "anchor", "mesh"), 1):
