@@ -4,10 +4,8 @@ project's did-you-mean. Imports no torch (data/prepare.py's tokenizing workers u
 
     python train.py config/pythia-160m_mesh.json --max_iters=2000 --lr 6e-4 --compile
 
-Positional arguments are JSON files of plain values (read as data, never executed, by the reader
-the caller hands parse_flags: support/files.py's); flags after them override, as `--key=value`
-or `--key value`; a true/false setting alone means true. Each field of the dataclass is a flag,
-typed by its annotation and described by setting(); `--help` lists them. A typo or a value of the
+Positional arguments are JSON files of plain values (never executed); flags after them override,
+as `--key=value` or `--key value`; a true/false setting alone means true. A typo or a value of the
 wrong type is a UsageError naming the closest key or the type.
 """
 
@@ -28,9 +26,7 @@ TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class UsageError(ValueError):
-    """Bad input the project names (a setting, a file, a folder): the entry points print it as one
-    line and exit 2. The project's other errors subclass it; any other exception is a bug, and
-    keeps its traceback."""
+    """Bad input the project names: printed as one line, exit 2. Any other exception is a bug."""
 
 
 def setting(default, help, path=False):
@@ -44,7 +40,7 @@ def setting(default, help, path=False):
 
 def check_ranges(settings, ranges):
     """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
-    range in words); None (unset) passes, anything else must be finite and pass the test."""
+    range in words)."""
     for names, ok, allowed in ranges:
         for name in names.split():
             value = getattr(settings, name)
@@ -70,9 +66,8 @@ def report(prog, error, code=2):
 
 
 def value_of(field, value, file=None):
-    """A setting's value in its field's type (int, float, bool, str, list, or X | None), from
-    --key=TEXT, or from a file's JSON value (file: its name in words), which must already be of
-    that type ("100" for an integer, or an object for a path, is refused rather than converted)."""
+    """A setting's value in its field's type, from --key=TEXT or a file's JSON value (already of
+    that type: "100" for an integer is refused)."""
     union = isinstance(field.type, types.UnionType)  # X | None
     origin = typing.get_origin(field.type) or field.type  # list[str] -> list
     accepted = typing.get_args(field.type) if union else (origin,)
@@ -117,8 +112,7 @@ def value_of(field, value, file=None):
 
 
 def help_text(cls, prog, notes="", files=True):
-    """The usage line (files: config files first), cls's docstring, every setting with its default
-    and description, notes."""
+    """--help: the usage line, cls's docstring, every setting, notes."""
     configs = "[CONFIG.json ...] " if files else ""
     lines = [f"usage: python {prog} {configs}[--key=value | --key value ...]", "",
              (cls.__doc__ or "").strip(), ""]
@@ -133,10 +127,8 @@ def help_text(cls, prog, notes="", files=True):
 
 
 def parse_flags(cls, argv, prog, notes="", read_config=None):
-    """argv -> {setting: value} of the settings given, checked against cls's fields. The caller
-    merges it over the defaults (or a checkpoint's settings), so it knows what was given.
-    read_config(path) -> a JSON config file's object of settings, for the positional arguments:
-    support/files.py's, which reads every JSON file of the project with limits (None: no files)."""
+    """argv -> {setting: value} of the settings given, checked against cls's fields.
+    read_config(path) -> a JSON config file's settings (None: no files)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     given, args = {}, list(argv)  # the settings found so far; the arguments left to read
 
