@@ -18,7 +18,7 @@ import sys
 import types
 import typing
 
-LARGEST = 2**63 - 1  # no integer setting may be larger (a seed included: torch takes 64 bits)
+LARGEST = 2**63 - 1  # torch takes 64 bits
 WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "text", list: "text"}
 JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "true or false",
               dict: "an object", list: "a list", type(None): "null"}
@@ -58,7 +58,7 @@ def report(prog, error, code=2):
     """The one line an entry point prints for an error it can name; returns the exit code."""
     if isinstance(error, OSError) and error.filename:  # e.g. an --out_dir that is a file
         error = f"cannot use {error.filename}: {error.strerror}; check the path"
-    elif isinstance(error, OSError):  # no file named, e.g. a full disk met while flushing a write
+    elif isinstance(error, OSError):  # no file named: a full disk, say
         error = (f"{error.strerror or error}; check the disk (free space, permissions) "
                  f"and try again")
     print(f"{prog}: error: {error}", file=sys.stderr)
@@ -74,7 +74,7 @@ def value_of(field, value, file=None):
     kind, null = next(k for k in accepted if k is not type(None)), type(None) in accepted
     where = f"{file}: {field.name} is " if file else f"--{field.name}="
     bad = UsageError(f"{where}{value} is not {WORDS[kind]}" + (" (or None)" if null else ""))
-    if file is not None:  # null, or a value of the field's own type (an integer for a float)
+    if file is not None:  # null, or of the field's type
         number = (kind is float and type(value) is int) or (
             kind is int and type(value) is float and value.is_integer())
         if not ((value is None and null) or type(value) is kind or number):
@@ -136,7 +136,7 @@ def parse_flags(cls, argv, prog, notes="", read_config=None):
         if key not in fields:
             raise UsageError(f"unknown setting {key!r} in {where}{closest(key, fields, True)}; "
                              f"see python {prog} --help")
-        if isinstance(value, str) and "\0" in value:  # (from a file: no command line holds one)
+        if isinstance(value, str) and "\0" in value:
             raise UsageError(f"{key} in {where} holds a NUL byte, which no path or name can; "
                              f"remove it")
         value = value_of(fields[key], value, file and f"config file {file!r}")

@@ -55,7 +55,7 @@ def read_tokenizer_json(path):
     return file, spec
 
 
-MAX_ID = 1 << 24  # ids of a tokenizer this project runs are below 16,777,216 (GPT-NeoX's: 50,277)
+MAX_ID = 1 << 24  # GPT-NeoX's: 50,277
 
 
 def check(spec, file):
@@ -189,7 +189,7 @@ class ByteLevelBPE:
             ranks[made] = len(to_id)
             to_id.append(vocab[left + right])
         self._to_id = np.array(to_id, dtype=np.int64)           # tiktoken rank -> our id
-        self._bytes = {i: to_bytes(t) for t, i in vocab_bytes.items()}  # our id -> its bytes
+        self._bytes = {i: to_bytes(t) for t, i in vocab_bytes.items()}
         self._bytes.update({t["id"]: t["content"].encode("utf-8") for t in added})
         self._nfc = bool(spec.get("normalizer"))
         self._enc = tiktoken.Encoding(name=f"bpe:{self.fingerprint[:12]}", pat_str=GPT2_PATTERN,
@@ -258,5 +258,5 @@ class GPT2:
     def encode(self, text):
         return self._enc.encode(text, allowed_special={"<|endoftext|>"})
 
-    def decode(self, ids):  # ids outside the vocabulary (the model's padding rows) are dropped
+    def decode(self, ids):
         return self._enc.decode([int(i) for i in ids if 0 <= int(i) < self.VOCAB_SIZE])

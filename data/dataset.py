@@ -29,7 +29,7 @@ class Dataset:
     def __init__(self, folder, name, trained_on=None):
         """trained_on: a resumed run's record of its data, which this data must still match."""
         self.folder, self.name = folder, name
-        files.own(folder, "--dataset", note=False, shared=True)  # prepare.py waits for this run
+        files.own(folder, "--dataset", note=False, shared=True)
         meta = read_meta(os.path.join(folder, "meta.json"))
         self.record = dataset_record(folder, meta)  # what a checkpoint keeps of it
         if trained_on is not None:
@@ -150,5 +150,5 @@ def prepared(root, name):
     """--dataset, prepared first if it is not there (offline, shakespeare_char: pydoc's text)."""
     if dataset_folder(root, name):
         return name
-    from data.prepare import ensure_dataset  # the write side, loaded only to make a dataset
+    from data.prepare import ensure_dataset  # loaded only to make a dataset
     return ensure_dataset(name, root)

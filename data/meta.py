@@ -13,12 +13,11 @@ from data import PROJECT_DATA, DataError, data_root
 from support import files
 
 KINDS = ("char", "gpt2", "bpe")  # tokenizer.py's kinds
-# check_ids reads every id of a split up to SCAN_BYTES, of a larger one SCAN_PIECES pieces of
-# SCAN_PIECE_BYTES evenly spread (the first and the last included): a huge dataset starts fast
+# check_ids reads a split up to SCAN_BYTES whole, a larger one in SCAN_PIECES spread pieces
 SCAN_BYTES = 1 << 30
 SCAN_PIECES = 256
 SCAN_PIECE_BYTES = 1 << 20
-GPT2_VOCAB = 50257  # tiktoken's GPT-2 BPE (bpe.py's GPT2.VOCAB_SIZE, without loading tiktoken)
+GPT2_VOCAB = 50257  # GPT-2's, without loading tiktoken
 
 
 def dtype_for_vocab(vocab_size, indexed=False):
@@ -31,7 +30,7 @@ def dtype_for_vocab(vocab_size, indexed=False):
 def read_meta(path):
     """A dataset's meta.json as a dict; a damaged one is a DataError that names it."""
     try:
-        meta = files.read_json(path)  # a regular file of plain JSON, within size and depth limits
+        meta = files.read_json(path)
         if not isinstance(meta, dict) or not {"tokenizer", "dtype", "vocab_size"} <= set(meta):
             raise ValueError("no tokenizer, dtype or vocab_size")
         vocab = meta["vocab_size"]
@@ -42,7 +41,7 @@ def read_meta(path):
             raise ValueError(f"tokenizer {kind!r:.40} is not one of {', '.join(KINDS)}")
         if kind == "char" and len(str(meta.get("chars") or "")) != vocab:
             raise ValueError(f"its {vocab} characters are missing")
-        if kind != "char" and "chars" in meta:  # the vocabulary of one kind, the name of another
+        if kind != "char" and "chars" in meta:
             raise ValueError(f"it holds a character vocabulary (chars) but says tokenizer {kind!r}")
         if kind == "gpt2" and vocab != GPT2_VOCAB:
             raise ValueError(f"vocab_size {vocab} is not GPT-2's {GPT2_VOCAB}")
@@ -60,7 +59,7 @@ def read_meta(path):
                 raise ValueError(f"{key} {meta[key]!r:.60} is not a file name of the dataset's "
                                  f"own folder")
         return meta
-    except (OSError, ValueError, TypeError) as e:  # TypeError: np.dtype of a thing not a dtype
+    except (OSError, ValueError, TypeError) as e:
         raise DataError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again "
                         f"with python data/prepare.py") from None
 

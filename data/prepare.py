@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-if __package__ in (None, ""):  # python data/prepare.py: the project's modules are one folder up
+if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import command, files  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
@@ -39,10 +39,10 @@ SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/d
                    "tinyshakespeare/input.txt")
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
-OFFLINE = ".shakespeare_char.offline"  # in OUT_ROOT: why the default dataset fell back on pydoc
-REPLACING = ".meta.json.replacing"  # a dataset folder's old meta.json while new files move in
+OFFLINE = ".shakespeare_char.offline"  # why shakespeare_char fell back on pydoc
+REPLACING = ".meta.json.replacing"  # the old meta.json while new files move in
 PROGRESS = 64 << 20  # bytes read between two progress lines
-NAME_BYTES = 200  # the longest dataset name: its staging folder's (~35 bytes more) fits in 255
+NAME_BYTES = 200  # its staging folder's name fits in 255
 
 
 class DownloadError(DataError):
@@ -157,13 +157,13 @@ def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2
     dtype = dtype_for_vocab(tok.vocab_size, indexed=fmt == "indexed")
     n = 0
     all_path = os.path.join(stage, "document.bin" if fmt == "indexed" else "train.bin")
-    with open(all_path, "wb") as f:  # all tokens; for flat, the val tail is moved out below
+    with open(all_path, "wb") as f:  # all tokens; flat: val moved out below
         chunks = _read_chunks(source, label, chunk_bytes, log, "encoding", None if scan else sha)
         for ids in _encoded(chunks, tok, dtype, num_proc):
             ids.tofile(f)
             n += len(ids)
     meta = {**tok.to_meta(), "dtype": dtype}
-    if tok.kind == "bpe":  # the dataset keeps its own copy: it decodes without the original path
+    if tok.kind == "bpe":  # the dataset keeps its own copy
         shutil.copyfile(tok.path, os.path.join(stage, "tokenizer.json"))
     if fmt == "indexed":
         sizes = np.full(n // seq_len + (n % seq_len > 0), seq_len, dtype=np.int32)
@@ -280,7 +280,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
     source, label = _source(dataset, input, url)  # a bad name or file, before any work
     final = os.path.join(out_root, dataset)
     check_ours(final, root_flag)
-    tok = named_tokenizer(tokenizer or DATASETS.get(dataset, "char"))  # a missing vocabulary too
+    tok = named_tokenizer(tokenizer or DATASETS.get(dataset, "char"))
     started = time.perf_counter()
     made = [f for f in (out_root, final) if make_folder(f, dataset, out_root, root_flag)]
     try:  # one prepare of a dataset at a time: two would mix their files
@@ -384,7 +384,7 @@ def _first_use(dataset, out_root, log):
     """ensure_dataset's work, under OUT_ROOT's lock."""
     if dataset_folder(out_root, dataset):
         return dataset
-    offline = os.path.join(out_root, OFFLINE)  # a failed download of Tiny Shakespeare, remembered
+    offline = os.path.join(out_root, OFFLINE)
     if dataset == "shakespeare_char" and os.path.isfile(offline):
         with open(offline, encoding="utf-8") as f:
             log(f"prepare: training on the offline 'pydoc' corpus: {f.read().strip()}; "
@@ -407,7 +407,7 @@ def _first_use(dataset, out_root, log):
 
 def describe_indexed(path, tokenizer, log=_stderr):
     """Write meta.json beside an indexed dataset made elsewhere (Pythia's Pile); returns it."""
-    tok = named_tokenizer(tokenizer or "char")  # (Pythia's Pile: any Pythia's tokenizer.json)
+    tok = named_tokenizer(tokenizer or "char")
     if tok is None:
         raise DataError("--indexed needs a BPE tokenizer: 'gpt2' or a tokenizer.json "
                         "(a character vocabulary is only known from its text)")

@@ -70,7 +70,7 @@ def join(device, timeout):
                                 timeout=datetime.timedelta(seconds=timeout), store=store(timeout),
                                 rank=int(os.environ["RANK"]),
                                 world_size=int(os.environ["WORLD_SIZE"]))
-    except RuntimeError as e:  # torch's DistStoreError, DistNetworkError: the others never came
+    except RuntimeError as e:  # the others never came
         raise not_joined(e, timeout) from None
 
 
@@ -228,7 +228,7 @@ class Spread:
         """(the model on its device, what trains: compiled, in DDP, with rank 0's weights)."""
         raw = model.to(device)
         model = torch.compile(raw) if tc.compile else raw
-        if dist.is_initialized():  # no buffers to broadcast: the rotary tables are the same
+        if dist.is_initialized():  # no buffers to broadcast
             ids = [torch.device(device).index] if device.startswith("cuda") else None
             model = DDP(model, device_ids=ids, **{NO_BUFFER_SYNC: False})
         return raw, model
@@ -269,7 +269,7 @@ class Sharded(Spread):
                              f"{torch.__version__}): upgrade torch, or train without --fsdp (DDP)")
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        model = model.to(device)  # NCCL broadcasts GPU tensors; fully_shard keeps shards in place
+        model = model.to(device)  # fully_shard keeps shards in place
         if scratch:
             for p in model.parameters():
                 dist.broadcast(p.data, src=0)
@@ -281,7 +281,7 @@ class Sharded(Spread):
                                       cast_forward_inputs=False) if bf16 else MixedPrecisionPolicy()
         for block in [*model.prelude, *(b for core in model.cores for b in core), *model.coda]:
             fully_shard(block, mesh=mesh, mp_policy=blocks)
-        # the root too frees its gathered weights after a forward: an evaluation leaves none behind
+        # the root too frees its gathered weights after a forward
         fully_shard(model, mesh=mesh, reshard_after_forward=True)
         return model, torch.compile(model) if tc.compile else model
 

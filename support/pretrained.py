@@ -20,8 +20,8 @@ from support.checkpoint import CheckpointError, load_latest
 from configurator import UsageError
 from mesh import Config, ConfigError, RecursiveGPT
 
-LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0")  # from the flags
-TOKENS = ("tokenizer", "encoding", "chars", "tokenizer_sha256")  # the same ids, the same tokens
+LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0")
+TOKENS = ("tokenizer", "encoding", "chars", "tokenizer_sha256")  # the same ids
 
 
 def from_hf_neox(path):
@@ -70,7 +70,7 @@ def from_hf_neox(path):
     for name in ("model.safetensors", "pytorch_model.bin") if load_file else ("pytorch_model.bin",):
         files = [name] if os.path.isfile(os.path.join(path, name)) else []
         index = os.path.join(path, name + ".index.json")
-        if os.path.isfile(index):  # sharded: the index names the shards, files of this folder only
+        if os.path.isfile(index):  # sharded: the index names the shards
             try:
                 files = sorted(set(read_json(index)["weight_map"].values()))
                 outside = next((f for f in files if not plain_name(f)), None)
@@ -175,7 +175,7 @@ def loop(source, tc, given):
                          f"not --{wrong[0]}={given[wrong[0]]}: the width and heads are the "
                          f"source's; drop --{wrong[0]}")
     ours = {k: getattr(tc, k) for k in LOOPED if getattr(tc, k) is not None}
-    try:  # scale_embeddings too: the sqrt(D) a run trained with (Appendix B), off for Pythia's
+    try:  # scale_embeddings too: the sqrt(D) of Appendix B, off for Pythia's
         cfg = Config(**{**old.to_dict(), **ours, "block_size": tc.block_size or old.block_size,
                         "dropout": old.dropout if tc.dropout is None else tc.dropout})
     except ConfigError as e:
@@ -185,7 +185,7 @@ def loop(source, tc, given):
                          f"--init_from={tc.init_from} has {L} layers; loop fewer unique blocks")
     if tc.core_init not in ("stepwise", "average"):
         raise UsageError(f"--core_init={tc.core_init} is not stepwise or average")
-    model = RecursiveGPT(cfg)  # the routers' init: theirs (--router_init); the rest is replaced
+    model = RecursiveGPT(cfg)  # the routers' init kept; the rest replaced
     theirs, state = source.state_dict(), model.state_dict()
     for block, layers in core_layers(cfg.shape, L, tc.core_init).items():
         for key in [k for k in state if k.startswith(block + ".")]:
@@ -231,7 +231,7 @@ def check_tokenizer(path, tokenizer, dataset, master):
             print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; "
                   "the ids of a GPT-2 dataset mean other tokens to them")
         return
-    theirs = type(tokenizer)("bpe", path=path)  # data/tokenizer.py's, through the dataset's own
+    theirs = type(tokenizer)("bpe", path=path)
     if theirs.identity != tokenizer.identity:
         made = ("another tokenizer.json" if tokenizer.kind == "bpe"
                 else f"the {tokenizer.kind} tokenizer")

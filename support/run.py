@@ -28,7 +28,7 @@ from support.checkpoint import CKPT, KEPT, POINTER, SHARDS, CheckpointError
 from support.log import RunLog, check_log, need_wandb
 from mesh import RecursiveGPT
 
-NOT_KEPT = ("out_dir", "fsdp")  # a resume writes where it read; how it spreads is the launch's
+NOT_KEPT = ("out_dir", "fsdp")  # the launch's, not the checkpoint's
 # train.py resolves or derives these (auto, None): a checkpoint keeps them as given
 DERIVED = ("dtype", "compile", "lr", "min_lr", "warmup_iters", "lr_decay_iters")
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab): ten times a uniform guess's
@@ -38,12 +38,12 @@ class Run:
     """OUT_DIR of one training run, as rank 0 (master) or another rank sees it."""
 
     def __init__(self, cls, given, master):
-        self.cls, self.master = cls, master  # the settings' dataclass (train.py's TrainConfig)
+        self.cls, self.master = cls, master  # the settings' dataclass
         self.out_dir = given.get("out_dir", cls.out_dir)
-        self.ckpt = None        # the checkpoint a resumed run continues from (load()'s dict)
+        self.ckpt = None        # the checkpoint a resume continues from
         self.log = None         # OUT_DIR/log.jsonl (rank 0's), once the run has started
         self.spread = None      # how the model is spread: what it saves, and how
-        self.saved_iter = None  # the iteration of the last good checkpoint, None before one
+        self.saved_iter = None  # the last good checkpoint's iteration
         self.as_given = {}      # the settings a checkpoint keeps as they were given
         self.device_type = None  # whose random state a checkpoint keeps
 
@@ -104,7 +104,7 @@ class Run:
         real = os.path.realpath(tc.out_dir)
         self.out_dir = tc.out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
         self.spread = spread
-        if tc.wandb_log:  # refused before the data and the model, if wandb is not installed
+        if tc.wandb_log:  # refused early if wandb is missing
             need_wandb()
         if tc.keep_every % tc.eval_interval:
             raise UsageError(f"--keep_every={tc.keep_every} keeps checkpoints, which are saved "
@@ -126,10 +126,10 @@ class Run:
         os.makedirs(out_dir, exist_ok=True)
         files.own(out_dir)
         if fresh:
-            check_fresh(out_dir, tc.overwrite)  # again: another run may have finished there
+            check_fresh(out_dir, tc.overwrite)  # again: another run may have ended there
         check_log(out_dir)
         files.remove_dead_temporaries(out_dir)
-        if not (fresh and tc.overwrite):  # (an old run being replaced may have a damaged pointer)
+        if not (fresh and tc.overwrite):
             remove_unfinished_shards(out_dir)
         replace = (lambda: replace_old_run(out_dir, self.spread.checkpoint)) if fresh else None
         self.log = RunLog(out_dir, fresh, replace, None if fresh else self.ckpt["iter_num"],
