@@ -4,10 +4,8 @@ project's did-you-mean. Imports no torch (data/prepare.py's tokenizing workers u
 
     python train.py config/pythia-160m_mesh.json --max_iters=2000 --lr 6e-4 --compile
 
-Positional arguments are JSON files of plain values (read as data, never executed, by the reader
-the caller hands parse_flags: support/files.py's); flags after them override, as `--key=value`
-or `--key value`; a true/false setting alone means true. Each field of the dataclass is a flag,
-typed by its annotation and described by setting(); `--help` lists them. A typo or a value of the
+Positional arguments are JSON files of plain values (never executed); flags after them override,
+as `--key=value` or `--key value`; a true/false setting alone means true. A typo or a value of the
 wrong type is a UsageError naming the closest key or the type.
 """
 
@@ -20,7 +18,7 @@ import sys
 import types
 import typing
 
-LARGEST = 2**63 - 1  # no integer setting may be larger (a seed included: torch takes 64 bits)
+LARGEST = 2**63 - 1  # torch takes 64 bits
 WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "text", list: "text"}
 JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "true or false",
               dict: "an object", list: "a list", type(None): "null"}
@@ -28,9 +26,7 @@ TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class UsageError(ValueError):
-    """Bad input the project names (a setting, a file, a folder): the entry points print it as one
-    line and exit 2. The project's other errors subclass it; any other exception is a bug, and
-    keeps its traceback."""
+    """Bad input the project names: printed as one line, exit 2. Any other exception is a bug."""
 
 
 def setting(default, help, path=False):
@@ -44,7 +40,7 @@ def setting(default, help, path=False):
 
 def check_ranges(settings, ranges):
     """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
-    range in words); None (unset) passes, anything else must be finite and pass the test."""
+    range in words)."""
     for names, ok, allowed in ranges:
         for name in names.split():
             value = getattr(settings, name)
@@ -62,7 +58,7 @@ def report(prog, error, code=2):
     """The one line an entry point prints for an error it can name; returns the exit code."""
     if isinstance(error, OSError) and error.filename:  # e.g. an --out_dir that is a file
         error = f"cannot use {error.filename}: {error.strerror}; check the path"
-    elif isinstance(error, OSError):  # no file named, e.g. a full disk met while flushing a write
+    elif isinstance(error, OSError):  # no file named: a full disk, say
         error = (f"{error.strerror or error}; check the disk (free space, permissions) "
                  f"and try again")
     print(f"{prog}: error: {error}", file=sys.stderr)
@@ -70,16 +66,15 @@ def report(prog, error, code=2):
 
 
 def value_of(field, value, file=None):
-    """A setting's value in its field's type (int, float, bool, str, list, or X | None), from
-    --key=TEXT, or from a file's JSON value (file: its name in words), which must already be of
-    that type ("100" for an integer, or an object for a path, is refused rather than converted)."""
+    """A setting's value in its field's type, from --key=TEXT or a file's JSON value (already of
+    that type: "100" for an integer is refused)."""
     union = isinstance(field.type, types.UnionType)  # X | None
     origin = typing.get_origin(field.type) or field.type  # list[str] -> list
     accepted = typing.get_args(field.type) if union else (origin,)
     kind, null = next(k for k in accepted if k is not type(None)), type(None) in accepted
     where = f"{file}: {field.name} is " if file else f"--{field.name}="
     bad = UsageError(f"{where}{value} is not {WORDS[kind]}" + (" (or None)" if null else ""))
-    if file is not None:  # null, or a value of the field's own type (an integer for a float)
+    if file is not None:  # null, or of the field's type
         number = (kind is float and type(value) is int) or (
             kind is int and type(value) is float and value.is_integer())
         if not ((value is None and null) or type(value) is kind or number):
@@ -117,8 +112,7 @@ def value_of(field, value, file=None):
 
 
 def help_text(cls, prog, notes="", files=True):
-    """The usage line (files: config files first), cls's docstring, every setting with its default
-    and description, notes."""
+    """--help: the usage line, cls's docstring, every setting, notes."""
     configs = "[CONFIG.json ...] " if files else ""
     lines = [f"usage: python {prog} {configs}[--key=value | --key value ...]", "",
              (cls.__doc__ or "").strip(), ""]
@@ -133,10 +127,8 @@ def help_text(cls, prog, notes="", files=True):
 
 
 def parse_flags(cls, argv, prog, notes="", read_config=None):
-    """argv -> {setting: value} of the settings given, checked against cls's fields. The caller
-    merges it over the defaults (or a checkpoint's settings), so it knows what was given.
-    read_config(path) -> a JSON config file's object of settings, for the positional arguments:
-    support/files.py's, which reads every JSON file of the project with limits (None: no files)."""
+    """argv -> {setting: value} of the settings given, checked against cls's fields.
+    read_config(path) -> a JSON config file's settings (None: no files)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     given, args = {}, list(argv)  # the settings found so far; the arguments left to read
 
@@ -144,7 +136,7 @@ def parse_flags(cls, argv, prog, notes="", read_config=None):
         if key not in fields:
             raise UsageError(f"unknown setting {key!r} in {where}{closest(key, fields, True)}; "
                              f"see python {prog} --help")
-        if isinstance(value, str) and "\0" in value:  # (from a file: no command line holds one)
+        if isinstance(value, str) and "\0" in value:
             raise UsageError(f"{key} in {where} holds a NUL byte, which no path or name can; "
                              f"remove it")
         value = value_of(fields[key], value, file and f"config file {file!r}")

@@ -10,14 +10,12 @@ PROJECT_DATA = os.path.dirname(os.path.abspath(__file__))  # the project's data/
 
 
 class DataError(UsageError):
-    """A problem with the data the user can fix (a missing, damaged or changed file, an unknown
-    dataset, a tokenizer that cannot run): one line, exit 2."""
+    """A problem with the data the user can fix: one line, exit 2."""
 
 
 def data_root(root):
-    """The absolute folder a --data_root (or prepare.py's --out_root) names, one rule from any
-    folder: `data` is the project's data/; another relative root is from the working folder, or
-    the project folder where only that one exists. A checkpoint records the result."""
+    """The absolute folder a --data_root (or --out_root) names: `data` is the project's data/;
+    another relative root is from the working folder, or the project folder where only it exists."""
     if os.path.isabs(root):
         return root
     if os.path.normpath(root) == "data":

@@ -5,14 +5,9 @@ run by tiktoken: the same ids as the `tokenizers` package, without it.
     tok = ByteLevelBPE("pythia-160m")        # a folder holding tokenizer.json, or the file itself
     tok.encode("Hello  world<|endoftext|>")  # -> [12092, 50276, 1533, 0]
 
-How the file maps onto tiktoken (a regex, then merges by rank): each vocabulary string spells
-bytes through GPT-2's byte-to-character table; every token's rank is the position of the merge that
-makes it (the 256 bytes first), the merge order `tokenizers` follows, and one table maps tiktoken's
-ranks to the file's ids; ByteLevel's regex is GPT-2's; the normalizer (none or NFC) runs first;
-added tokens (<|endoftext|>, GPT-NeoX's runs of spaces) are split off first, leftmost-longest as
-`tokenizers` does. A file of another shape runs through the `tokenizers` package where it is
-installed, else is refused by name; a damaged one is refused by check(), naming the field. No
-post-processing (BOS/EOS): datasets and prompts are plain text.
+Onto tiktoken: every token's rank is the position of the merge that makes it (the 256 bytes
+first), one table maps ranks to the file's ids; added tokens are split off first. A file of another
+shape runs through the `tokenizers` package where installed, else is refused by name.
 """
 import hashlib
 import json
@@ -60,14 +55,12 @@ def read_tokenizer_json(path):
     return file, spec
 
 
-MAX_ID = 1 << 24  # ids of a tokenizer this project runs are below 16,777,216 (GPT-NeoX's: 50,277)
+MAX_ID = 1 << 24  # GPT-NeoX's: 50,277
 
 
 def check(spec, file):
     """What decides the ids, checked before anything is built from it (a DataError naming the
-    field): a BPE model whose vocab maps token strings to distinct ids in [0, MAX_ID), merges that
-    are pairs of tokens of the vocabulary making one, and added tokens each a string on an id of
-    its own (or its vocabulary entry's)."""
+    field)."""
     bad = f"{file} is not a tokenizer nanoMeSH can run:"
     model = spec["model"]
     if not isinstance(model, dict) or model.get("type") != "BPE":
@@ -106,8 +99,7 @@ def check(spec, file):
 
 
 def fingerprint(spec):
-    """sha256 of what decides the ids (model, added tokens, normalizer, pre-tokenizer, decoder):
-    equal for two copies of one tokenizer whatever their formatting or padding settings."""
+    """sha256 of what decides the ids: equal for two copies of one tokenizer."""
     keys = ("model", "added_tokens", "normalizer", "pre_tokenizer", "decoder")
     return hashlib.sha256(json.dumps({k: spec.get(k) for k in keys},
                                      sort_keys=True).encode()).hexdigest()
@@ -197,7 +189,7 @@ class ByteLevelBPE:
             ranks[made] = len(to_id)
             to_id.append(vocab[left + right])
         self._to_id = np.array(to_id, dtype=np.int64)           # tiktoken rank -> our id
-        self._bytes = {i: to_bytes(t) for t, i in vocab_bytes.items()}  # our id -> its bytes
+        self._bytes = {i: to_bytes(t) for t, i in vocab_bytes.items()}
         self._bytes.update({t["id"]: t["content"].encode("utf-8") for t in added})
         self._nfc = bool(spec.get("normalizer"))
         self._enc = tiktoken.Encoding(name=f"bpe:{self.fingerprint[:12]}", pat_str=GPT2_PATTERN,
@@ -232,8 +224,7 @@ class ByteLevelBPE:
         return ids
 
     def decode(self, ids):
-        """Special tokens are kept as text, as GPT-2's <|endoftext|> is; ids outside the vocabulary
-        are dropped."""
+        """Special tokens are kept as text; ids outside the vocabulary are dropped."""
         ids = [int(i) for i in ids]
         if self._hf is not None:
             return self._hf.decode([i for i in ids if 0 <= i < self.vocab_size],
@@ -267,5 +258,5 @@ class GPT2:
     def encode(self, text):
         return self._enc.encode(text, allowed_special={"<|endoftext|>"})
 
-    def decode(self, ids):  # ids outside the vocabulary (the model's padding rows) are dropped
+    def decode(self, ids):
         return self._enc.decode([int(i) for i in ids if 0 <= int(i) < self.VOCAB_SIZE])

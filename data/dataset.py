@@ -1,16 +1,12 @@
 """
-The dataset of a run, opened once: its folder (prepared on first use), its meta.json (read once),
-the tokenizer, the train and val tokens (memory-mapped, checked first), the record a checkpoint
-keeps of them (meta.py), the vocabulary the model pads to, and the shared lock that keeps
-data/prepare.py off it while a run reads it. And a run's batches: get_batch, windows of a split.
+The dataset of a run, opened once (its tokens, tokenizer and record), and its batches (get_batch).
 
     data = Dataset.open(tc, None, distributed=False, master=True)  # a new run's: prepared first
     data.train, data.val, data.tokenizer, data.record, data.vocab_size
     data.check_fits(model.config)     # every token id has a row, each split holds a window
     x, y = get_batch(data.train, tc, block_size, (0, step, micro_batch), "cpu")  # (B, T) each
 
-A dataset is a folder with meta.json and either train.bin + val.bin (flat token ids) or the
-Pile's format, Megatron's document.bin + document.idx (indexed.py).
+A dataset is a folder with meta.json and train.bin + val.bin, or document.bin + .idx (indexed.py).
 """
 import os
 
@@ -33,7 +29,7 @@ class Dataset:
     def __init__(self, folder, name, trained_on=None):
         """trained_on: a resumed run's record of its data, which this data must still match."""
         self.folder, self.name = folder, name
-        files.own(folder, "--dataset", note=False, shared=True)  # prepare.py waits for this run
+        files.own(folder, "--dataset", note=False, shared=True)
         meta = read_meta(os.path.join(folder, "meta.json"))
         self.record = dataset_record(folder, meta)  # what a checkpoint keeps of it
         if trained_on is not None:
@@ -44,11 +40,8 @@ class Dataset:
 
     @classmethod
     def open(cls, tc, trained_on, distributed, master):
-        """The dataset of TrainConfig tc (--data_root, --dataset). A fresh run's (trained_on None)
-        is prepared first where it is not there (by rank 0; offline, shakespeare_char trains on
-        pydoc's text, and tc.dataset says so). A resumed run's (trained_on: its checkpoint's record,
-        or {}) is the one it trained on, refused by name if it changed since. tc.data_root is made
-        absolute (data_root's rule), so that a checkpoint says where its data is, for any folder."""
+        """The dataset of TrainConfig tc: a fresh run's (trained_on None) prepared first; a
+        resumed run's the one it trained on (trained_on), refused if it changed since."""
         tc.data_root = data_root(tc.data_root)
         if trained_on is None:
             tc.dataset = from_rank0(lambda: prepared(tc.data_root, tc.dataset),
@@ -60,16 +53,14 @@ class Dataset:
 
     @property
     def vocab_size(self):
-        """The model's vocabulary for this data: a character set's own size, a subword
-        vocabulary's padded to a multiple of PAD_TO."""
+        """The model's vocabulary: a character set's size, a subword one's padded to PAD_TO."""
         size = self.tokenizer.vocab_size
         if self.tokenizer.kind == "char":
             return size
         return -(-size // PAD_TO) * PAD_TO
 
     def check_fits(self, cfg):
-        """Raise DataError unless the model (its Config) can train on this data: every token id
-        has a row in its vocabulary, and each split holds a window of block_size + 1 tokens."""
+        """Raise DataError unless the model (its Config) can train on this data."""
         tokenizer, name = self.tokenizer, self.name
         if cfg.vocab_size < tokenizer.vocab_size:
             raise DataError(f"dataset {name!r} has {tokenizer.vocab_size} tokens but the model's "
@@ -83,8 +74,7 @@ class Dataset:
                                 f"or more text")
 
     def steps(self, tc, block_size):
-        """The optimizer steps the run takes: --max_iters, or with --data_order=sequential at most
-        those of its --epochs passes over the training windows of block_size + 1 tokens."""
+        """The optimizer steps: --max_iters, or with sequential data at most --epochs passes."""
         if tc.data_order != "sequential":
             return tc.max_iters
         windows = len(self.train) // (block_size + 1)
@@ -102,10 +92,8 @@ class Dataset:
 
 
 def get_batch(data, tc, block_size, key, device):
-    """(inputs, targets), (B, T) each, from tc.batch_size windows of block_size + 1 tokens, chosen
-    by key alone: (0, step, micro-batch) to train, (split code, 0, k) to evaluate. Random: windows
-    at starts seeded by (seed, *key); sequential (training): micro-batch m of step it is windows
-    (it * grad_accum + m) * batch_size on (Pythia's data in Pythia's steps: data/README.md)."""
+    """(inputs, targets), (B, T) each, windows chosen by key alone: (0, step, micro-batch) to
+    train, (split code, 0, k) to evaluate; sequential: Pythia's order (data/README.md)."""
     if tc.data_order == "sequential" and key[0] == 0:
         _, it, m = key
         first = (it * tc.grad_accum + m) * tc.batch_size
@@ -117,11 +105,7 @@ def get_batch(data, tc, block_size, key, device):
 
 
 def load_split(data_dir, split, meta=None):
-    """The train or val tokens of a prepared dataset, memory-mapped (read-only), as one 1-d array,
-    checked against its meta.json first (meta.py: its size and token count, every token id below
-    the vocabulary size). An indexed dataset's are its sequences back to back: train all but the
-    last 1%, val those (indexed.py); its index is checked against its .bin when opened. meta: its
-    meta.json, read already."""
+    """A split's tokens, memory-mapped as one 1-d array, checked against meta.json first."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
     if meta is None:
@@ -141,10 +125,8 @@ def load_split(data_dir, split, meta=None):
 
 
 def random_windows(data, length, n, seed):
-    """n windows of `length` consecutive tokens of data (a 1-d array) at starts drawn by
-    np.random.default_rng(seed) (an int or a list of ints), any start from 0 to the last that
-    fits -> int64 array (n, length). The same arguments give the same windows: train.py's random
-    batches (length block_size + 1, seeded by (seed, step, micro-batch)) and probe.py's samples."""
+    """n windows of `length` tokens of data at starts drawn by default_rng(seed) -> int64 array
+    (n, length); the same arguments give the same windows."""
     if len(data) < length:
         raise DataError(f"the split has {len(data)} tokens, fewer than one window of {length}")
     starts = np.random.default_rng(seed).integers(0, len(data) - length + 1, size=n)
@@ -153,10 +135,8 @@ def random_windows(data, length, n, seed):
 
 
 def sequential_windows(data, length, first, n):
-    """Windows first ... first+n-1 of data cut into consecutive windows of `length` tokens -> int64
-    array (n, length); window k is data[k*length : (k+1)*length]. Past the last whole window the
-    count starts again at 0 (a next epoch, same order); the tokens after it are never read. On an
-    indexed dataset of sequences of `length` tokens (Pythia's: 2049) window k is sequence k."""
+    """Windows first ... first+n-1 of data cut into windows of `length` -> int64 (n, length);
+    past the last whole window the count starts again at 0 (a next epoch)."""
     per_epoch = len(data) // length
     if per_epoch == 0:
         raise DataError(f"the data ({len(data)} tokens) is shorter than one window of {length} "
@@ -170,5 +150,5 @@ def prepared(root, name):
     """--dataset, prepared first if it is not there (offline, shakespeare_char: pydoc's text)."""
     if dataset_folder(root, name):
         return name
-    from data.prepare import ensure_dataset  # the write side, loaded only to make a dataset
+    from data.prepare import ensure_dataset  # loaded only to make a dataset
     return ensure_dataset(name, root)

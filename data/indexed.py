@@ -18,8 +18,7 @@ The .idx file, all integers little-endian:
     int64[n]  pointers: byte offset of each sequence in the .bin
     int64[m]  document index: the first sequence of each document, then n
 
-Opening checks the header, that the file sizes agree with it and that the sequences tile the .bin
-exactly, in slices of a few MB; anything else is a DataError naming the file.
+Opening checks the header and that the sequences tile the .bin; else a DataError naming the file.
 """
 import functools
 import os
@@ -38,8 +37,7 @@ CHECK_SLICE = 1 << 20  # sequences checked at a time: bounded memory for any ind
 
 
 def indexed_prefix(path):
-    """PATH/document, PATH/document.idx or .bin, or a folder holding document.{bin,idx} -> the
-    prefix PATH/document, or None; a pair of files that are not regular ones is a DataError."""
+    """PATH/document(.idx, .bin), or a folder holding them -> the prefix PATH/document, or None."""
     for prefix in (os.path.join(path, "document"), path,
                    path[:-4] if path.endswith((".idx", ".bin")) else None):
         if prefix and all(os.path.exists(prefix + ext) for ext in (".idx", ".bin")):
@@ -53,9 +51,8 @@ def indexed_prefix(path):
 
 
 def dataset_at(name, project):
-    """The folder of the dataset a --dataset path names (meta.py's dataset_folder), or None: an
-    indexed dataset's, with its meta.json (prepare.py --indexed writes one), or a prepared one. A
-    relative path is tried from the working folder, then from the project folder."""
+    """The folder of the dataset a --dataset path names, or None; a relative path is tried from
+    the working folder, then from the project folder."""
     from data.meta import read_meta
     bases = [name] if os.path.isabs(name) else [name, os.path.join(project, name)]
     prefix = next((p for p in map(indexed_prefix, bases) if p), None)
@@ -152,8 +149,7 @@ class IndexedDataset:
 
 
 def write_index(prefix, sizes, dtype):
-    """PREFIX.idx for a PREFIX.bin of sequences of `sizes` tokens back to back, each sequence a
-    document of its own (as in Pythia's data)."""
+    """PREFIX.idx for a PREFIX.bin of sequences of `sizes` tokens, each its own document."""
     dtype, sizes = np.dtype(dtype), np.asarray(sizes, dtype="<i4")
     pointers = np.zeros(len(sizes), dtype="<i8")
     np.cumsum(sizes[:-1], dtype=np.int64, out=pointers[1:])
@@ -173,8 +169,7 @@ def train_sequences(n):
 
 
 def split_tokens(prefix, split):
-    """(the train or val tokens of the indexed dataset PREFIX, memory-mapped; its .bin's path),
-    checked once a process while its two files stay as they are."""
+    """(a split's tokens of the indexed dataset PREFIX, memory-mapped; its .bin's path)."""
     stamp = tuple((st.st_size, st.st_mtime_ns)
                   for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
     ds = _checked(os.path.abspath(prefix), stamp)

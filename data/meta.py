@@ -1,7 +1,5 @@
 """
-A dataset's files checked before use (its meta.json; its splits, where one that shrank is one line,
-never a SIGBUS), where a dataset is, and the record a checkpoint keeps of its data: a dataset
-prepared again from other text is refused by name, never read as if it were the same.
+A dataset's files checked before use, where a dataset is, and the record a checkpoint keeps of it.
 
     meta = read_meta("data/shakespeare_char/meta.json")
     folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))  # refused if it changed
@@ -15,12 +13,11 @@ from data import PROJECT_DATA, DataError, data_root
 from support import files
 
 KINDS = ("char", "gpt2", "bpe")  # tokenizer.py's kinds
-# check_ids reads every id of a split up to SCAN_BYTES, of a larger one SCAN_PIECES pieces of
-# SCAN_PIECE_BYTES evenly spread (the first and the last included): a huge dataset starts fast
+# check_ids reads a split up to SCAN_BYTES whole, a larger one in SCAN_PIECES spread pieces
 SCAN_BYTES = 1 << 30
 SCAN_PIECES = 256
 SCAN_PIECE_BYTES = 1 << 20
-GPT2_VOCAB = 50257  # tiktoken's GPT-2 BPE (bpe.py's GPT2.VOCAB_SIZE, without loading tiktoken)
+GPT2_VOCAB = 50257  # GPT-2's, without loading tiktoken
 
 
 def dtype_for_vocab(vocab_size, indexed=False):
@@ -33,7 +30,7 @@ def dtype_for_vocab(vocab_size, indexed=False):
 def read_meta(path):
     """A dataset's meta.json as a dict; a damaged one is a DataError that names it."""
     try:
-        meta = files.read_json(path)  # a regular file of plain JSON, within size and depth limits
+        meta = files.read_json(path)
         if not isinstance(meta, dict) or not {"tokenizer", "dtype", "vocab_size"} <= set(meta):
             raise ValueError("no tokenizer, dtype or vocab_size")
         vocab = meta["vocab_size"]
@@ -44,7 +41,7 @@ def read_meta(path):
             raise ValueError(f"tokenizer {kind!r:.40} is not one of {', '.join(KINDS)}")
         if kind == "char" and len(str(meta.get("chars") or "")) != vocab:
             raise ValueError(f"its {vocab} characters are missing")
-        if kind != "char" and "chars" in meta:  # the vocabulary of one kind, the name of another
+        if kind != "char" and "chars" in meta:
             raise ValueError(f"it holds a character vocabulary (chars) but says tokenizer {kind!r}")
         if kind == "gpt2" and vocab != GPT2_VOCAB:
             raise ValueError(f"vocab_size {vocab} is not GPT-2's {GPT2_VOCAB}")
@@ -62,14 +59,13 @@ def read_meta(path):
                 raise ValueError(f"{key} {meta[key]!r:.60} is not a file name of the dataset's "
                                  f"own folder")
         return meta
-    except (OSError, ValueError, TypeError) as e:  # TypeError: np.dtype of a thing not a dtype
+    except (OSError, ValueError, TypeError) as e:
         raise DataError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again "
                         f"with python data/prepare.py") from None
 
 
 def check_split_file(path, meta, expected, fix):
-    """Raise DataError, ending with fix, unless path is a split's .bin as meta.json describes it: a
-    regular file, not empty, of whole tokens of its dtype, `expected` of them (None: any)."""
+    """Raise DataError, ending with fix, unless path is a split's .bin as meta.json describes."""
     if os.path.exists(path) and not os.path.isfile(path):
         raise DataError(f"{path} is not a regular file (a folder, a FIFO or a device?); {fix}")
     if not os.path.isfile(path):
@@ -86,8 +82,7 @@ def check_split_file(path, meta, expected, fix):
 
 
 def check_ids(data, vocab_size, path, fix):
-    """Raise DataError, ending with fix, for a token id of data (a split read from path) outside
-    the vocabulary: every id up to SCAN_BYTES, past it those of SCAN_PIECES evenly spread pieces."""
+    """Raise DataError, ending with fix, for a token id of data outside the vocabulary."""
     piece = max(1, SCAN_PIECE_BYTES // data.itemsize)
     if data.nbytes <= SCAN_BYTES:
         starts = range(0, len(data), piece)
@@ -110,9 +105,7 @@ def hold(data, path):
 
 
 def check_intact(data):
-    """Raise DataError when the file under a split has shrunk since it was opened (truncated, or
-    rewritten in place): a read past its new end would end the process with SIGBUS, without a word.
-    Checked on its own descriptor: a dataset replaced whole (renamed in) is not mistaken for it."""
+    """Raise DataError when a split's file has shrunk since it was opened (else a SIGBUS)."""
     fd, size, path = getattr(data, "held", (None, 0, None))
     now = size if fd is None else os.fstat(fd).st_size
     if now < size:
@@ -131,8 +124,7 @@ def is_path(dataset):
 
 
 def dataset_folder(root, name):
-    """The folder of prepared dataset `name` under data_root `root`, or None; a path (is_path): the
-    indexed dataset's folder, or the prepared one it names (dataset_at)."""
+    """The folder of dataset `name` under data_root `root` (a path: dataset_at's), or None."""
     if is_path(name):
         from data.indexed import dataset_at
         return dataset_at(name, os.path.dirname(PROJECT_DATA))
@@ -141,8 +133,7 @@ def dataset_folder(root, name):
 
 
 def dataset_record(folder, meta=None):
-    """What a checkpoint records of its data (tokenizer, vocabulary, dtype, token counts, the
-    source's sha256), from the dataset's meta.json (or meta, read already)."""
+    """What a checkpoint records of its data, from the dataset's meta.json (or meta)."""
     if meta is None:
         meta = read_meta(os.path.join(folder, "meta.json"))
     keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
@@ -151,9 +142,7 @@ def dataset_record(folder, meta=None):
 
 
 def checkpoint_dataset(train_config, trained_on=None, root=None):
-    """The folder of the dataset a checkpoint trained on (train_config: its TrainConfig, a dict),
-    refused by name where it no longer matches trained_on, the checkpoint's dataset_record. root:
-    a --data_root, where the data is now (default: the saved one, by data_root's rule)."""
+    """The folder of the dataset a checkpoint trained on, refused where it no longer matches."""
     name = train_config["dataset"]
     root = data_root(root or train_config.get("data_root", "data"))
     folder = trained_folder(root, name)
@@ -175,8 +164,7 @@ def trained_folder(root, name):
 
 
 def check_unchanged(folder, name, trained_on, now):
-    """Refuse the dataset in folder (record now) by name where it is not the data of a checkpoint's
-    record trained_on (nothing to compare when it kept none)."""
+    """Refuse the dataset in folder where it is not the one trained_on records."""
     then = trained_on or {}
     changed = [k for k in sorted(set(then) | set(now)) if then and then.get(k) != now.get(k)]
     if changed:

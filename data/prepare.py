@@ -8,10 +8,8 @@ Prepare a text dataset for nanoMeSH: tokenize it into OUT_ROOT/NAME/ (OUT_ROOT: 
     python data/prepare.py --dataset mytext --input my.txt --tokenizer pythia-160m --format indexed
     python data/prepare.py --indexed data/pile/document --tokenizer pythia-160m/tokenizer.json
 
-NAME/ holds train.bin + val.bin (or Megatron's document.bin + .idx) and meta.json; data/README.md
-is the reference. The text streams in chunks (bounded memory) into a staging folder moved into
-place at the end, meta.json last: an error never leaves half a dataset, nor writes over a folder
-of another tool's.
+NAME/ holds train.bin + val.bin (or document.bin + .idx) and meta.json; data/README.md is the
+reference. Text streams through a staging folder moved into place, meta.json last.
 """
 import contextlib
 import errno
@@ -28,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-if __package__ in (None, ""):  # python data/prepare.py: the project's modules are one folder up
+if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import command, files  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
@@ -41,10 +39,10 @@ SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/d
                    "tinyshakespeare/input.txt")
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
-OFFLINE = ".shakespeare_char.offline"  # in OUT_ROOT: why the default dataset fell back on pydoc
-REPLACING = ".meta.json.replacing"  # a dataset folder's old meta.json while new files move in
+OFFLINE = ".shakespeare_char.offline"  # why shakespeare_char fell back on pydoc
+REPLACING = ".meta.json.replacing"  # the old meta.json while new files move in
 PROGRESS = 64 << 20  # bytes read between two progress lines
-NAME_BYTES = 200  # the longest dataset name: its staging folder's (~35 bytes more) fits in 255
+NAME_BYTES = 200  # its staging folder's name fits in 255
 
 
 class DownloadError(DataError):
@@ -61,9 +59,8 @@ def _stderr(msg):
 
 
 def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
-    """The text of source (a path, or bytes) in pieces of about chunk_bytes, cut after a newline
-    (in a longer line, between characters), checked to be UTF-8. A byte order mark that starts
-    it (Windows editors write one) is a marker, not a character: dropped."""
+    """source's UTF-8 text (a path, or bytes) in pieces of about chunk_bytes, cut after a
+    newline (or between characters); a leading byte order mark is dropped."""
     f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     total = len(source) if isinstance(source, bytes) else os.path.getsize(source)
     carry, offset, mark = b"", 0, PROGRESS
@@ -135,8 +132,7 @@ def _encode_in_worker(text):
 
 
 def _encoded(chunks, tok, dtype, num_proc):
-    """The token ids of each text chunk, in order; num_proc > 1: encoded in that many processes,
-    2 x num_proc chunks at a time (bounded memory), the output the same."""
+    """Each chunk's token ids, in order; num_proc > 1: that many processes, same output."""
     if num_proc == 1:
         yield from (tok.encode_array(text).astype(dtype) for text in chunks)
         return
@@ -150,9 +146,8 @@ def _encoded(chunks, tok, dtype, num_proc):
 
 
 def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2049, num_proc=1):
-    """Stream source into stage/{train,val}.bin, or for fmt indexed stage/document.{bin,idx}
-    (sequences of seq_len tokens, the last one shorter); tok None: a char vocabulary, scanned
-    first. Returns meta."""
+    """Stream source into stage/{train,val}.bin (or document.{bin,idx}); returns meta.
+    tok None: a char vocabulary, scanned first."""
     sha, scan = hashlib.sha256(), tok is None
     if scan:  # a first pass collects the character set (and hashes the source)
         chars = set()
@@ -162,13 +157,13 @@ def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2
     dtype = dtype_for_vocab(tok.vocab_size, indexed=fmt == "indexed")
     n = 0
     all_path = os.path.join(stage, "document.bin" if fmt == "indexed" else "train.bin")
-    with open(all_path, "wb") as f:  # all tokens; for flat, the val tail is moved out below
+    with open(all_path, "wb") as f:  # all tokens; flat: val moved out below
         chunks = _read_chunks(source, label, chunk_bytes, log, "encoding", None if scan else sha)
         for ids in _encoded(chunks, tok, dtype, num_proc):
             ids.tofile(f)
             n += len(ids)
     meta = {**tok.to_meta(), "dtype": dtype}
-    if tok.kind == "bpe":  # the dataset keeps its own copy: it decodes without the original path
+    if tok.kind == "bpe":  # the dataset keeps its own copy
         shutil.copyfile(tok.path, os.path.join(stage, "tokenizer.json"))
     if fmt == "indexed":
         sizes = np.full(n // seq_len + (n % seq_len > 0), seq_len, dtype=np.int32)
@@ -195,8 +190,7 @@ def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2
 
 
 def named_tokenizer(name):
-    """--tokenizer -> None for 'char' (a vocabulary only the text makes), else the Tokenizer of
-    'gpt2' or of a path (a tokenizer.json, or a model folder holding one): nothing is downloaded."""
+    """--tokenizer -> None for 'char', else the Tokenizer of 'gpt2' or of a path."""
     if name in ("char", "gpt2"):
         return Tokenizer("gpt2") if name == "gpt2" else None
     if not os.path.exists(name):
@@ -207,8 +201,7 @@ def named_tokenizer(name):
 
 
 def foreign_files(folder):
-    """The names in a dataset folder that data/prepare.py did not make, where it did not make the
-    folder (no meta.json, nor the old one of a cut-short replacement): nanoGPT's, say."""
+    """The files of a dataset folder prepare.py did not make (no meta.json): nanoGPT's, say."""
     if not os.path.isdir(folder) or any(os.path.isfile(os.path.join(folder, n))
                                         for n in ("meta.json", REPLACING)):
         return []
@@ -216,7 +209,7 @@ def foreign_files(folder):
 
 
 def check_ours(folder, root_flag):
-    """Raise DataError when folder, where a dataset is to be written, holds another tool's files."""
+    """Raise DataError when folder holds another tool's files."""
     foreign = foreign_files(folder)
     if foreign:
         shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 3
@@ -227,7 +220,7 @@ def check_ours(folder, root_flag):
 
 
 def check_name(dataset):
-    """Raise DataError unless dataset is a name prepare can make a folder of, saying the rule."""
+    """Raise DataError unless dataset is a valid folder name."""
     size = len(str(dataset).encode("utf-8", "surrogatepass"))
     if not dataset or dataset.startswith(".") \
             or any(c in dataset for c in ("/", "\\", os.sep, "\0")) or size > NAME_BYTES:
@@ -238,8 +231,7 @@ def check_name(dataset):
 
 
 def make_folder(folder, dataset, out_root, root_flag):
-    """os.makedirs(folder) for a dataset; a root that cannot be written (read-only, not ours) is a
-    DataError that names the fixes. Returns whether it made folder."""
+    """os.makedirs(folder), an unwritable root a DataError; returns whether it made it."""
     made = not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -255,8 +247,7 @@ def make_folder(folder, dataset, out_root, root_flag):
 
 
 def _source(dataset, input, url):
-    """(source, label): the text to prepare, a path or bytes (None: url's, downloaded later), and
-    its name in messages. A missing or empty file, or an unknown dataset, is refused now."""
+    """(source, label): a path or bytes (None: url's, downloaded later), and its name."""
     if input is not None:
         if not os.path.isfile(input):
             raise DataError(f"input file {input} does not exist")
@@ -274,9 +265,7 @@ def _source(dataset, input, url):
 def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA,
             chunk_bytes=1 << 20, log=_stderr, format="flat", seq_len=2049, num_proc=1,
             root_flag="--out_root"):
-    """Tokenize a dataset into OUT_ROOT/dataset/ and return that folder. tokenizer: 'char', 'gpt2'
-    or a byte-level BPE tokenizer.json's path (or a model folder's); format: 'flat' or 'indexed'
-    (sequences of seq_len tokens). root_flag names the fix where OUT_ROOT is no place for it."""
+    """Tokenize a dataset into OUT_ROOT/dataset/ and return that folder."""
     check_name(dataset)
     if input is not None and url is not None:
         raise DataError("pass either --input or --url, not both")
@@ -291,7 +280,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
     source, label = _source(dataset, input, url)  # a bad name or file, before any work
     final = os.path.join(out_root, dataset)
     check_ours(final, root_flag)
-    tok = named_tokenizer(tokenizer or DATASETS.get(dataset, "char"))  # a missing vocabulary too
+    tok = named_tokenizer(tokenizer or DATASETS.get(dataset, "char"))
     started = time.perf_counter()
     made = [f for f in (out_root, final) if make_folder(f, dataset, out_root, root_flag)]
     try:  # one prepare of a dataset at a time: two would mix their files
@@ -312,9 +301,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
         meta = _tokenize(source, label, tok, stage, chunk_bytes, log, format, seq_len, num_proc)
         files.write_json(os.path.join(stage, "meta.json"), {
             "dataset": dataset, **meta, "source": os.path.abspath(input) if input else label})
-        # commit: the old meta.json set aside first (a crash midway never pairs it with new .bin
-        # files, yet the folder stays ours), then everything moved in, meta.json last (a complete
-        # dataset)
+        # commit: the old meta.json set aside first, then everything moved in, meta.json last
         if os.path.exists(os.path.join(final, "meta.json")):
             os.replace(os.path.join(final, "meta.json"), os.path.join(final, REPLACING))
         for name in sorted(os.listdir(stage), key=lambda name: name == "meta.json"):
@@ -342,9 +329,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
 
 
 def check_root_ours(out_root):
-    """A dataset is made on first use only in a data root of nanoMeSH's (the project's data/, a new
-    or empty folder, or one of prepare.py's datasets); another project's (nanoGPT's data/, whose
-    shakespeare/ holds train.bin, val.bin and meta.pkl) is refused, nothing written there."""
+    """Refuse a data root of another project's (nanoGPT's data/) for first-use preparing."""
     if not os.path.isdir(out_root) or os.path.samefile(out_root, PROJECT_DATA):
         return
     foreign = [n for n in sorted(os.listdir(out_root)) if not n.startswith(".")
@@ -358,11 +343,8 @@ def check_root_ours(out_root):
 
 
 def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
-    """The name of the dataset folder to train on (dataset_folder's rule; a path is an indexed
-    dataset's), prepared first where it is a known one not there yet. Offline, shakespeare_char
-    falls back on 'pydoc' and remembers why (OFFLINE) until data/prepare.py --dataset
-    shakespeare_char succeeds. Processes that meet an unprepared dataset take turns on OUT_ROOT's
-    lock: the first prepares it, the others then find it."""
+    """The dataset to train on, a known one prepared first (under OUT_ROOT's lock).
+    Offline, shakespeare_char falls back on 'pydoc' and remembers why (OFFLINE)."""
     if dataset_folder(out_root, dataset):
         return dataset
     if is_path(dataset) and os.path.isdir(dataset) and foreign_files(dataset):  # nanoGPT's?
@@ -399,10 +381,10 @@ def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
 
 
 def _first_use(dataset, out_root, log):
-    """ensure_dataset's work, in OUT_ROOT's turn: the dataset may have been prepared meanwhile."""
+    """ensure_dataset's work, under OUT_ROOT's lock."""
     if dataset_folder(out_root, dataset):
         return dataset
-    offline = os.path.join(out_root, OFFLINE)  # a failed download of Tiny Shakespeare, remembered
+    offline = os.path.join(out_root, OFFLINE)
     if dataset == "shakespeare_char" and os.path.isfile(offline):
         with open(offline, encoding="utf-8") as f:
             log(f"prepare: training on the offline 'pydoc' corpus: {f.read().strip()}; "
@@ -424,9 +406,8 @@ def _first_use(dataset, out_root, log):
 
 
 def describe_indexed(path, tokenizer, log=_stderr):
-    """Write meta.json (and the tokenizer's copy) beside an indexed dataset made elsewhere, e.g.
-    Pythia's Pile, for train.py to read it where it is (nothing copied). Returns the folder."""
-    tok = named_tokenizer(tokenizer or "char")  # (Pythia's Pile: any Pythia's tokenizer.json)
+    """Write meta.json beside an indexed dataset made elsewhere (Pythia's Pile); returns it."""
+    tok = named_tokenizer(tokenizer or "char")
     if tok is None:
         raise DataError("--indexed needs a BPE tokenizer: 'gpt2' or a tokenizer.json "
                         "(a character vocabulary is only known from its text)")

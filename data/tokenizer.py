@@ -1,7 +1,6 @@
 """
-Text <-> token ids for every kind of dataset, from its meta.json: "char" (the characters of the
-training text) and bpe.py's subword vocabularies, loaded only for them: "gpt2" (tiktoken's) and
-"bpe" (a byte-level BPE tokenizer.json such as Pythia's, of which the dataset keeps a copy).
+Text <-> token ids for every kind of dataset, from its meta.json: "char", "gpt2" (tiktoken's)
+and "bpe" (a tokenizer.json such as Pythia's, bpe.py).
 
     tok = Tokenizer.load("data/shakespeare_char")   # the tokenizer a dataset was made with
     ids = tok.encode("ROMEO:")                       # -> [30, 27, 25, 17, 27, 10]

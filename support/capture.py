@@ -15,12 +15,8 @@ from mesh import SCHEMES
 
 @contextmanager
 def capture(model):
-    """with capture(model) as cap: model(idx) records, without changing a value, what the
-    diagnostics study: "states" (name, h) for h_emb, h0 ... hK, out; "blocks" (name, input,
-    output) for the prelude, each loop step and the coda (when it has blocks); "routers" (name,
-    w_write, w_read) for the transitional cycle, then each step. forward applies each part
-    through model.run, wrapped here; forward hooks on the routers see their weights. Each
-    forward's record replaces the one before."""
+    """with capture(model) as cap: model(idx) records, changing no value, "states" (name, h),
+    "blocks" (name, input, output) and "routers" (name, w_write, w_read)."""
     cap = dict(states=[], blocks=[], routers=[])
     K, run = model.config.n_steps, model.run
 
@@ -59,10 +55,8 @@ def capture(model):
 def readout(model, cap):
     """The logits (B, T, V) the model gives if it stops after loop step t, for t = 0 ... K: the
     recorded state h(t) through the coda, ln_f and lm_head exactly as forward takes h(K), so
-    entry K is forward's own. Early exit through the coda: a probe, not the paper's method.
-    Past K where no weight belongs to a step: the schemes with an update rule (base, residual,
-    anchor, ...) run the last loop step's core again, up to t = 2K. MeSH stops at K: its routers
-    are one per step and its buffer has K+3 slots. Yields one step's logits at a time."""
+    entry K is forward's own (a probe, not the paper's method). Schemes without per-step weights
+    run on up to t = 2K; MeSH stops at K (a router per step)."""
     states, K = dict(cap["states"]), model.config.n_steps
     h = states["h_emb"]
     rope = model.rotary(h.size(1), None, model.compute_dtype(h.device.type))  # as forward's

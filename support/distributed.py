@@ -1,17 +1,14 @@
 """
-Training over many processes with torchrun: the process group, and how the model is spread, one
-object whichever way: whole on every process with DDP (Spread), or weights, gradients and AdamW
-state sharded with FSDP2 (--fsdp=true: Sharded). train.py takes one and never asks which.
+Training over many processes with torchrun: the process group, and the model spread whole with DDP
+(Spread) or sharded with FSDP2 (--fsdp=true: Sharded); train.py never asks which.
 
     distributed, rank, world = process_group()          # torchrun's RANK, WORLD_SIZE
     spread = spread_over(tc, distributed, world)        # --fsdp: Sharded, else Spread
     raw_model, model = spread.wrap(model, device, tc, scratch=True)  # model: compiled, in DDP
     with spread.sync(model, last=...): loss.backward()  # DDP all-reduces at the last micro-batch
 
-FSDP2's units: one per unique block, plus the root. A shared core's blocks, run K times a forward,
-are gathered at each application and their K gradients accumulate into one shard. On GPUs blocks
-gather bf16 weights and reduce float32 gradients; the residual stream, the MeSH buffer, LayerNorms
-and the loss stay float32 under autocast, as under DDP.
+FSDP2's units: one per unique block, plus the root; a shared core's K gradients accumulate into
+one shard. On GPUs blocks gather bf16 weights and reduce float32 gradients.
 """
 
 import datetime
@@ -42,8 +39,7 @@ class LaunchError(UsageError):
 # The processes of a torchrun job
 
 def process_group():
-    """(distributed, rank, world size) from torchrun's RANK and WORLD_SIZE; no RANK: one process.
-    RANK set but not by torchrun (a shell's leftover) is refused: it would wait for no one."""
+    """(distributed, rank, world size) from torchrun's RANK and WORLD_SIZE; no RANK: one process."""
     rank, size = os.environ.get("RANK", "-1"), os.environ.get("WORLD_SIZE")
     if rank == "-1":
         return False, 0, 1
@@ -74,7 +70,7 @@ def join(device, timeout):
                                 timeout=datetime.timedelta(seconds=timeout), store=store(timeout),
                                 rank=int(os.environ["RANK"]),
                                 world_size=int(os.environ["WORLD_SIZE"]))
-    except RuntimeError as e:  # torch's DistStoreError, DistNetworkError: the others never came
+    except RuntimeError as e:  # the others never came
         raise not_joined(e, timeout) from None
 
 
@@ -85,8 +81,7 @@ def not_joined(error, timeout):  # the line for a process that could not join it
 
 
 def store(timeout):
-    """This job's key-value store, made once: torchrun's agent store (else rank 0's) under a
-    prefix keyed by the restart, so a restart never reads what a killed process published."""
+    """This job's key-value store, prefixed by the restart (never a killed process's keys)."""
     if "store" not in _started:
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         try:
@@ -101,8 +96,7 @@ def store(timeout):
 
 
 def one_folder(out_dir, timeout):
-    """Several nodes need one out_dir that all see: rank 0 writes a file there, named through the
-    job's store, and where any process does not see it, all stop with the same line."""
+    """Stop every process with one line unless all see rank 0's out_dir."""
     world, local = int(os.environ.get("WORLD_SIZE", 1)), os.environ.get("LOCAL_WORLD_SIZE")
     if os.environ.get("RANK", "-1") == "-1" or int(local or world) == world:
         return  # one process, or one machine
@@ -141,8 +135,7 @@ def launch_id():
 
 
 def restarted(given, out_dir, master):
-    """The flags given, or for a torchrun restart of the launch whose checkpoint is in out_dir, the
-    flags that continue it (--init_from=resume), not begin over it."""
+    """The flags given, or for a torchrun restart, those that resume its checkpoint."""
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if count in ("", "0") or given.get("init_from") == "resume" or launch_id() is None:
         return given
@@ -235,7 +228,7 @@ class Spread:
         """(the model on its device, what trains: compiled, in DDP, with rank 0's weights)."""
         raw = model.to(device)
         model = torch.compile(raw) if tc.compile else raw
-        if dist.is_initialized():  # no buffers to broadcast: the rotary tables are the same
+        if dist.is_initialized():  # no buffers to broadcast
             ids = [torch.device(device).index] if device.startswith("cuda") else None
             model = DDP(model, device_ids=ids, **{NO_BUFFER_SYNC: False})
         return raw, model
@@ -276,7 +269,7 @@ class Sharded(Spread):
                              f"{torch.__version__}): upgrade torch, or train without --fsdp (DDP)")
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        model = model.to(device)  # NCCL broadcasts GPU tensors; fully_shard keeps shards in place
+        model = model.to(device)  # fully_shard keeps shards in place
         if scratch:
             for p in model.parameters():
                 dist.broadcast(p.data, src=0)
@@ -288,7 +281,7 @@ class Sharded(Spread):
                                       cast_forward_inputs=False) if bf16 else MixedPrecisionPolicy()
         for block in [*model.prelude, *(b for core in model.cores for b in core), *model.coda]:
             fully_shard(block, mesh=mesh, mp_policy=blocks)
-        # the root too frees its gathered weights after a forward: an evaluation leaves none behind
+        # the root too frees its gathered weights after a forward
         fully_shard(model, mesh=mesh, reshard_after_forward=True)
         return model, torch.compile(model) if tc.compile else model
 

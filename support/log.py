@@ -1,8 +1,6 @@
 """
-A run's log, OUT_DIR/log.jsonl: one JSON record a line, appended whole or not at all, and read
-back by a resume (which drops what a killed run logged past its checkpoint, so that a plot of the
-log is one curve) and by the tools that draw it. With --wandb_log=true rank 0 also logs every
-record to Weights & Biases under the same keys.
+A run's log, OUT_DIR/log.jsonl: one JSON record a line, appended whole or not at all; a resume
+drops what a killed run logged past its checkpoint. --wandb_log=true mirrors it to Weights & Biases.
 
     log = RunLog(out_dir, fresh=True)   # (run.py's Run opens it; wandb=tc to mirror it)
     log.write({"iter": 100, "loss": 2.1}, "iter 100: loss 2.1000")  # printed, then appended
@@ -25,15 +23,14 @@ class LogError(command.UsageError):
 
 
 def log_lines(path):
-    """(line number, the line's bytes, its record or None for a damaged line) for each line of the
-    log at path: a regular file of records {"iter": int, ...}."""
+    """(line number, bytes, record or None if damaged) for each line of the log at path."""
     try:
         data = files.read_bytes(path, MAX_LOG)
     except files.PlainDataError as e:
         raise LogError(f"{path} {e}; move it away, then resume the run") from None
     for number, line in enumerate(data.splitlines(keepends=True), start=1):
         try:
-            record = files.parse_json(line.decode("utf-8"), nan=True)  # a loss that blew up
+            record = files.parse_json(line.decode("utf-8"), nan=True)  # NaN: a loss that blew up
             if not isinstance(record, dict) or type(record.get("iter", 0)) is not int:
                 raise ValueError("not a record of an iteration")
         except ValueError:  # UnicodeDecodeError and json's errors included
@@ -42,15 +39,13 @@ def log_lines(path):
 
 
 def log_records(path):
-    """The whole records of the log at path, a damaged line left out (for a reader: nothing
-    moves)."""
+    """The whole records of the log at path, a damaged line left out."""
     return [record for _, _, record in log_lines(path) if record is not None]
 
 
 def read_log(path, upto):
-    """The log's lines of iterations up to upto, as bytes. A damaged line (half a line left by a
-    kill or a full disk) never blocks a resume: it is moved into log.jsonl.damaged (or .damaged-2,
-    ...), which one note names."""
+    """The log's lines of iterations up to upto, as bytes; a damaged line is moved into
+    log.jsonl.damaged, which one note names."""
     kept, bad = [], []
     for number, line, record in log_lines(path):
         if record is None:
@@ -71,8 +66,7 @@ def read_log(path, upto):
 
 
 def check_log(out_dir):
-    """Refuse an OUT_DIR/log.jsonl that is a symbolic link (a run writes only inside its folder)
-    or not a regular file (a FIFO would hang the run that reads it)."""
+    """Refuse an OUT_DIR/log.jsonl that is a symbolic link or not a regular file."""
     path = os.path.join(out_dir, LOG)
     if os.path.islink(path):
         raise LogError(f"{path} is a symbolic link, and a run writes only inside its folder; "
@@ -83,10 +77,8 @@ def check_log(out_dir):
 
 
 class RunLog:
-    """OUT_DIR/log.jsonl, appended to. A fresh run over an old one (--overwrite) writes into a
-    temporary file until commit(), at its first checkpoint, so that until then the old log still
-    matches the old checkpoint. A record is appended whole or not at all: a write that fails (a
-    full disk) takes its half line back."""
+    """OUT_DIR/log.jsonl, appended to; --overwrite writes a temporary file until commit(), so
+    that until then the old log still matches the old checkpoint."""
 
     def __init__(self, out_dir, fresh, on_commit=None, resumed_at=None, wandb=None):
         """on_commit: called at the first commit (a fresh run's: the old run's files go).
@@ -112,7 +104,7 @@ class RunLog:
     def write(self, record, text):
         """Print text, and append record to the log."""
         print(text, flush=True)
-        stream_lost = command.note()  # stdout given up: said in the log too, for a lost terminal
+        stream_lost = command.note()  # stdout given up: said in the log too
         record = {**record, "note": stream_lost} if stream_lost else record
         try:  # whole records only, for the resume
             files.append(self.path, (json.dumps(record) + "\n").encode(), self.fd)
@@ -152,9 +144,8 @@ def need_wandb():
 
 
 def wandb_run(log, tc, resumed_at):
-    """A wandb run mirroring the log, its charts against iter; its files go into OUT_DIR/wandb
-    (WANDB_MODE=offline: `wandb sync` them later). Its id is a record of the log, which a resume
-    keeps, so that the resume continues the same wandb run."""
+    """A wandb run mirroring the log into OUT_DIR/wandb; its id, kept in the log, lets a resume
+    continue the same wandb run."""
     wandb, out_dir = need_wandb(), os.path.dirname(log.path)
     ids = [r["wandb_run_id"] for r in log_records(log.path) if "wandb_run_id" in r
            ] if resumed_at is not None else []

@@ -1,8 +1,6 @@
 """
-The plan of a training launch: `python train.py CONFIG --plan=true`, built from device.py's
-arithmetic (the same that refuses a run that cannot fit), for --plan_gpus processes of a --gpu. Per
-GPU: weights, gradients, AdamW, buffers and activations under DDP and FSDP, with and without
---grad_checkpoint; the one a run should take (choose(): every config/ sets it); FLOPs and days.
+The plan of a training launch: `python train.py CONFIG --plan=true`, from device.py's arithmetic:
+per GPU memory under DDP and FSDP, with and without --grad_checkpoint; the spread to take; days.
 """
 
 import os

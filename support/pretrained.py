@@ -1,15 +1,12 @@
 """
-A model from a pretrained one: a vanilla model (one of this project's runs, or a Hugging Face
-GPT-NeoX / Pythia checkpoint, imported without transformers) as itself or looped into a recursive
-model, to fine-tune or uptrain.
+A model from a pretrained vanilla one (this project's run, or a Hugging Face GPT-NeoX / Pythia
+checkpoint), as itself or looped into a recursive model:
 
     model = pretrained.load_hf("path/to/pythia-160m")  # layout 'L', scheme 'base', unscaled
     python train.py --init_from=hf:path/to/pythia-160m --dataset=...   # fine-tune it (for_training)
     python train.py --init_from=vanilla:out --layout=2+4R2+2 --scheme=mesh  # loop a run, uptrain
 
-The fused query_key_value weight is laid out per head, [head][q|k|v][head_dim], and becomes our
-[q | k | v] rows; weights come from model.safetensors (needs safetensors) or pytorch_model.bin
-(loaded with weights_only=True: never runs code), or the shards a *.index.json names.
+The fused query_key_value weight, [head][q|k|v][head_dim], becomes our [q | k | v] rows.
 """
 
 import json
@@ -23,14 +20,12 @@ from support.checkpoint import CheckpointError, load_latest
 from configurator import UsageError
 from mesh import Config, ConfigError, RecursiveGPT
 
-LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0")  # from the flags
-TOKENS = ("tokenizer", "encoding", "chars", "tokenizer_sha256")  # the same ids, the same tokens
+LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0")
+TOKENS = ("tokenizer", "encoding", "chars", "tokenizer_sha256")  # the same ids
 
 
 def from_hf_neox(path):
-    """config.json plus model.safetensors or pytorch_model.bin (or a sharded *.index.json) ->
-    (Config, RecursiveGPT state_dict). A setting that our GPT-NeoX block cannot express is refused
-    by name."""
+    """A GPT-NeoX folder -> (Config, RecursiveGPT state_dict); what we cannot express is refused."""
     where = f"cannot import {path}"
     try:
         hf = read_json(os.path.join(path, "config.json"))
@@ -75,7 +70,7 @@ def from_hf_neox(path):
     for name in ("model.safetensors", "pytorch_model.bin") if load_file else ("pytorch_model.bin",):
         files = [name] if os.path.isfile(os.path.join(path, name)) else []
         index = os.path.join(path, name + ".index.json")
-        if os.path.isfile(index):  # sharded: the index names the shards, files of this folder only
+        if os.path.isfile(index):  # sharded: the index names the shards
             try:
                 files = sorted(set(read_json(index)["weight_map"].values()))
                 outside = next((f for f in files if not plain_name(f)), None)
@@ -135,9 +130,7 @@ def from_hf_neox(path):
 
 
 def load_hf(path, device="cpu"):
-    """A Hugging Face GPT-NeoX checkpoint folder (a Pythia download is one) as a vanilla
-    RecursiveGPT: layout 'L', scheme 'base', scale_embeddings off, so its logits are the original
-    model's. Its config is a plain Config, so training can continue. See from_hf_neox."""
+    """A GPT-NeoX folder as a vanilla RecursiveGPT whose logits are the original model's."""
     cfg, state = from_hf_neox(path)
     model = RecursiveGPT(cfg)
     model.load_state_dict(state)
@@ -145,9 +138,8 @@ def load_hf(path, device="cpu"):
 
 
 def for_training(tc, given, data, master):
-    """train.py --init_from=vanilla:OUT_DIR or hf:PATH: the source, a vanilla model, as the model
-    of --layout and --scheme (loop). -> (model, source): source the plain record every checkpoint
-    of the run keeps, so that a resume continues the uptraining rather than converting again."""
+    """--init_from=vanilla:OUT_DIR or hf:PATH, looped -> (model, source), source the record that
+    every checkpoint keeps, so that a resume does not convert again."""
     kind, _, path = tc.init_from.partition(":")
     if kind not in ("vanilla", "hf") or not path:
         raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, "
@@ -174,12 +166,8 @@ def for_training(tc, given, data, master):
 
 
 def loop(source, tc, given):
-    """The vanilla model source as the model of --layout, --scheme and MeSH's settings: the
-    prelude its first P layers, the coda its last Q, each core's blocks from its middle layers by
-    --core_init (core_layers); embeddings, final norm and head its own, MeSH's routers as
-    --router_init starts them. Every other setting is the source's (but --block_size, --dropout),
-    and so are the layout and scheme where no flag gives them. With K = 1 and P + C + Q its
-    layers, scheme base, this is the source itself."""
+    """The vanilla model source as the model of --layout and --scheme: prelude its first P layers,
+    coda its last Q, cores from its middle layers by --core_init (core_layers)."""
     old, L = source.config, source.config.shape.prelude
     wrong = [k for k in ("n_embd", "n_head") if k in given and given[k] != getattr(old, k)]
     if wrong:
@@ -187,7 +175,7 @@ def loop(source, tc, given):
                          f"not --{wrong[0]}={given[wrong[0]]}: the width and heads are the "
                          f"source's; drop --{wrong[0]}")
     ours = {k: getattr(tc, k) for k in LOOPED if getattr(tc, k) is not None}
-    try:  # scale_embeddings too: the sqrt(D) a run trained with (Appendix B), off for Pythia's
+    try:  # scale_embeddings too: the sqrt(D) of Appendix B, off for Pythia's
         cfg = Config(**{**old.to_dict(), **ours, "block_size": tc.block_size or old.block_size,
                         "dropout": old.dropout if tc.dropout is None else tc.dropout})
     except ConfigError as e:
@@ -197,7 +185,7 @@ def loop(source, tc, given):
                          f"--init_from={tc.init_from} has {L} layers; loop fewer unique blocks")
     if tc.core_init not in ("stepwise", "average"):
         raise UsageError(f"--core_init={tc.core_init} is not stepwise or average")
-    model = RecursiveGPT(cfg)  # the routers' init: theirs (--router_init); the rest is replaced
+    model = RecursiveGPT(cfg)  # the routers' init kept; the rest replaced
     theirs, state = source.state_dict(), model.state_dict()
     for block, layers in core_layers(cfg.shape, L, tc.core_init).items():
         for key in [k for k in state if k.startswith(block + ".")]:
@@ -237,15 +225,13 @@ def core_layers(shape, L, core_init):
 
 
 def check_tokenizer(path, tokenizer, dataset, master):
-    """An imported model knows the ids of its own tokenizer (PATH/tokenizer.json): a dataset made
-    with another one is refused. Without a tokenizer.json in PATH only a GPT-2 dataset gets a note
-    (Pythia's is GPT-NeoX's)."""
+    """Refuse a dataset made with another tokenizer than the imported model's."""
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         if master and tokenizer.kind == "gpt2":
             print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; "
                   "the ids of a GPT-2 dataset mean other tokens to them")
         return
-    theirs = type(tokenizer)("bpe", path=path)  # data/tokenizer.py's, through the dataset's own
+    theirs = type(tokenizer)("bpe", path=path)
     if theirs.identity != tokenizer.identity:
         made = ("another tokenizer.json" if tokenizer.kind == "bpe"
                 else f"the {tokenizer.kind} tokenizer")

@@ -1,7 +1,5 @@
 """
-A training run's own folder, OUT_DIR, from start to end: the checkpoint a resume continues from and
-its checks, a fresh run's refusal to start over another (unless --overwrite), the folder taken (its
-lock, killed writers' leftovers, its log), checkpoints saved only of a model that did not blow up:
+A training run's own folder, OUT_DIR, from start to end: resume, checks, lock, log, checkpoints:
 
     run = Run(TrainConfig, given, master)  # the settings' class, the flags given
     given = run.resume(given)              # --init_from=resume: its latest checkpoint, run.ckpt
@@ -12,8 +10,7 @@ lock, killed writers' leftovers, its log), checkpoints saved only of a model tha
     run.write(record, text)                # print, and append to log.jsonl
     run.save(model, optimizer, state, losses)  # refused for a model that blew up
 
-A resume continues bit for bit (a step's batches depend on the step alone), either checkpoint
-format in either mode. Nothing a run writes follows a link out of its folder.
+A resume continues bit for bit (a step's batches depend on the step alone).
 """
 
 import dataclasses
@@ -31,7 +28,7 @@ from support.checkpoint import CKPT, KEPT, POINTER, SHARDS, CheckpointError
 from support.log import RunLog, check_log, need_wandb
 from mesh import RecursiveGPT
 
-NOT_KEPT = ("out_dir", "fsdp")  # a resume writes where it read; how it spreads is the launch's
+NOT_KEPT = ("out_dir", "fsdp")  # the launch's, not the checkpoint's
 # train.py resolves or derives these (auto, None): a checkpoint keeps them as given
 DERIVED = ("dtype", "compile", "lr", "min_lr", "warmup_iters", "lr_decay_iters")
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab): ten times a uniform guess's
@@ -41,18 +38,17 @@ class Run:
     """OUT_DIR of one training run, as rank 0 (master) or another rank sees it."""
 
     def __init__(self, cls, given, master):
-        self.cls, self.master = cls, master  # the settings' dataclass (train.py's TrainConfig)
+        self.cls, self.master = cls, master  # the settings' dataclass
         self.out_dir = given.get("out_dir", cls.out_dir)
-        self.ckpt = None        # the checkpoint a resumed run continues from (load()'s dict)
+        self.ckpt = None        # the checkpoint a resume continues from
         self.log = None         # OUT_DIR/log.jsonl (rank 0's), once the run has started
         self.spread = None      # how the model is spread: what it saves, and how
-        self.saved_iter = None  # the iteration of the last good checkpoint, None before one
+        self.saved_iter = None  # the last good checkpoint's iteration
         self.as_given = {}      # the settings a checkpoint keeps as they were given
         self.device_type = None  # whose random state a checkpoint keeps
 
     def resume(self, given):
-        """--init_from=resume (or a torchrun restart): the latest checkpoint, the folder owned
-        first (a live run may be saving into it), once every process sees the folder rank 0 does."""
+        """--init_from=resume (or a torchrun restart): the latest checkpoint."""
         distributed.one_folder(self.out_dir, given.get("dist_timeout", self.cls.dist_timeout))
         given = distributed.restarted(given, self.out_dir, self.master)
         if given.get("init_from") != "resume":
@@ -63,8 +59,7 @@ class Run:
         return given
 
     def settings(self, given):
-        """A resume's saved settings (all but NOT_KEPT, read as a config file's: unknown ones
-        refused, missing ones defaulted), then the flags given; a wrong saved value is named."""
+        """A resume's saved settings (all but NOT_KEPT), then the flags given."""
         saved, path, cls = {}, self.ckpt and self.ckpt["path"], self.cls
         fields = {f.name: f for f in dataclasses.fields(cls)}
         old = (self.ckpt or {}).get("train_config", {})
@@ -105,12 +100,11 @@ class Run:
         return (self.ckpt.get("data") or {}) if self.ckpt else None
 
     def check(self, tc, given, spread):
-        """Everything before the run touches OUT_DIR, held by its real path (a link re-pointed later
-        moves nothing). False for a resumed run that is finished."""
+        """Everything before the run touches OUT_DIR; False for a finished resumed run."""
         real = os.path.realpath(tc.out_dir)
         self.out_dir = tc.out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
         self.spread = spread
-        if tc.wandb_log:  # refused before the data and the model, if wandb is not installed
+        if tc.wandb_log:  # refused early if wandb is missing
             need_wandb()
         if tc.keep_every % tc.eval_interval:
             raise UsageError(f"--keep_every={tc.keep_every} keeps checkpoints, which are saved "
@@ -124,8 +118,7 @@ class Run:
         return True
 
     def start(self, tc, device_type):
-        """Rank 0 takes OUT_DIR (lock, leftovers, log); a run --overwrite replaces goes at its
-        first checkpoint."""
+        """Rank 0 takes OUT_DIR (lock, leftovers, log)."""
         self.device_type, self.keep_every = device_type, tc.keep_every
         if not self.master:
             return
@@ -133,10 +126,10 @@ class Run:
         os.makedirs(out_dir, exist_ok=True)
         files.own(out_dir)
         if fresh:
-            check_fresh(out_dir, tc.overwrite)  # again: another run may have finished there
+            check_fresh(out_dir, tc.overwrite)  # again: another run may have ended there
         check_log(out_dir)
         files.remove_dead_temporaries(out_dir)
-        if not (fresh and tc.overwrite):  # (an old run being replaced may have a damaged pointer)
+        if not (fresh and tc.overwrite):
             remove_unfinished_shards(out_dir)
         replace = (lambda: replace_old_run(out_dir, self.spread.checkpoint)) if fresh else None
         self.log = RunLog(out_dir, fresh, replace, None if fresh else self.ckpt["iter_num"],
@@ -158,8 +151,7 @@ class Run:
             self.log.write(record, text)
 
     def save(self, model, optimizer, state, losses):
-        """Save state (plain data, with what a resume needs to go on exactly), the model and AdamW
-        unless the model blew up (FloatingPointError); keep it (--keep_every); commit the log."""
+        """Save state, the model and AdamW unless the model blew up; commit the log."""
         check_saveable(model, optimizer, losses, state["iter_num"], self.last_good)
         rng = {"torch": torch.get_rng_state()}
         if self.device_type == "cuda":
@@ -193,8 +185,7 @@ class Run:
 # A resume: the checkpoint it continues from, and every check it must pass
 
 def load(out_dir, sharded):
-    """The latest checkpoint in OUT_DIR as a resume's dict (its entries, "model", "path"). sharded
-    (FSDP): a sharded one gives a model of its config, each rank reading its shards later."""
+    """The latest checkpoint in OUT_DIR as a resume's dict (its entries, "model", "path")."""
     if not out_dir.strip():  # "" would read the working folder's files
         raise UsageError("--out_dir is empty; give the run's folder: "
                          "--init_from=resume --out_dir=OUT_DIR")
@@ -217,8 +208,7 @@ def load(out_dir, sharded):
 
 
 def check_resumable(ckpt, tc, given):
-    """Every reason the run in ckpt cannot continue as asked: something missing or damaged, a model
-    setting given against it, AdamW's state not its model's, a sequential run's step resized."""
+    """Every reason the run in ckpt cannot continue as asked."""
     path, problem = ckpt["path"], None
     kinds = {"iter_num": int, "best_val_loss": float, "rng": dict,
              **({} if "folder" in ckpt else {"optimizer": dict})}
@@ -312,8 +302,7 @@ def replace_old_run(out_dir, keep):
 
 
 def remove_unfinished_shards(out_dir):
-    """Remove the shards folders ckpt-sharded.json does not name: killed writes' or the previous
-    checkpoint's (by the run that owns OUT_DIR)."""
+    """Remove the shards folders ckpt-sharded.json does not name."""
     meta = checkpoint.read_pointer(out_dir)
     for name in os.listdir(out_dir):
         if SHARDS.match(name) and (meta is None or name != meta["folder"]):

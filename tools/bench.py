@@ -6,9 +6,7 @@ Speed and memory of every state-passing scheme side by side, on the device this 
     python tools/bench.py --compile=true --json=bench.jsonl  # --json: a JSON line a variant
     python tools/bench.py --profile=true --decode=false  # where a CPU train step's time goes
 
-Every variant runs the layout's compute depth (`vanilla` as one unshared stack). Rounds interleave
-the variants, so that a busy machine slows them alike: figures are medians over rounds, ratios
-paired per round.
+Rounds interleave the variants, so that a busy machine slows them alike: figures are medians.
 """
 
 import dataclasses
@@ -108,8 +106,7 @@ def build(cfg, bc, device):
 
 
 def train_step(model, opt, x, y, autocast, eager=False):
-    """One AdamW step, no clipping. eager: a compiled model's own forward (model.forward skips
-    the compiled call), so that nothing compiles again."""
+    """One AdamW step, no clipping; eager: nothing compiles again."""
     with autocast:
         _, loss = (model.forward if eager else model)(x, y)
     loss.backward()
@@ -138,8 +135,7 @@ def timed(fn, device):
 
 
 def rounds(fns, n, measure):
-    """{key: [measure(fn), a round each]}: n rounds, each measuring every fn of fns once, in an
-    order rotated by the round (no fn always first, or right after another)."""
+    """{key: [measure(fn), a round each]}: n rounds, the order rotated each round."""
     out, keys = {key: [] for key in fns}, list(fns)
     for r in range(n):
         for key in keys[r % len(keys):] + keys[:r % len(keys)]:
@@ -148,9 +144,8 @@ def rounds(fns, n, measure):
 
 
 def profile_steps(step, steps=PROFILE_STEPS):
-    """step() once, then `steps` times under torch.profiler -> those steps' seconds: wall (step()
-    alone, not the profiler's bookkeeping), matmul and attention (the operators' own time), and
-    matmul_flops as the profiler counts them (2 m n k a product)."""
+    """step() once, then `steps` times under torch.profiler -> seconds of wall, matmul and
+    attention, and matmul_flops as the profiler counts them."""
     P, wall = torch.profiler, 0.0
     with P.profile(activities=[P.ProfilerActivity.CPU], with_flops=True, acc_events=True,
                    schedule=P.schedule(wait=0, warmup=1, active=steps)) as prof:
@@ -167,8 +162,7 @@ def profile_steps(step, steps=PROFILE_STEPS):
 
 
 def cpu_seconds():
-    """(CPU seconds all processes have been busy, None without Linux's /proc/stat; of which
-    this process and its finished children)."""
+    """(CPU seconds all processes were busy, None without /proc/stat; of which this process)."""
     own = sum(os.times()[:4])
     try:
         with open("/proc/stat") as f:  # cpu user nice system idle iowait ... in clock ticks
@@ -180,8 +174,7 @@ def cpu_seconds():
 
 @torch.no_grad()
 def decode_speeds(models, device, bc, reps=3):
-    """{name: (new tokens/s of greedy generate() with the KV cache, without, speedup, graphs
-    built)}: sample.py's decode, batch 1, no autocast; the speedup paired per round."""
+    """{name: (tokens/s of greedy generate() with the KV cache, without, speedup, graphs)}."""
     vocab_size = next(iter(models.values())).config.vocab_size
     prompt = torch.randint(vocab_size, (1, PROMPT), device=device)
     fns = {}
@@ -203,8 +196,7 @@ def decode_speeds(models, device, bc, reps=3):
 
 
 def peak_mb(device):
-    """This process's peak memory in MB since step_memory reset it: the CUDA allocator's,
-    else the resident set's (Linux's VmHWM; None without /proc)."""
+    """This process's peak memory in MB: the CUDA allocator's, else VmHWM (None without /proc)."""
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated(device) / 2**20
     try:  # not ru_maxrss: on Linux a child starts with its parent's
@@ -222,9 +214,7 @@ def held_bytes(model, opt):
 
 
 def step_memory(model, opt, x, y, autocast, device, steps=1, eager=False):
-    """(MB at the peak of `steps` train steps, MB of it they add to what was held before),
-    the peak reset first: on CUDA the allocator's (exact) plus held_bytes, else the resident
-    set's (reset where Linux allows)."""
+    """(MB at the peak of `steps` train steps, MB of it they add to what was held before)."""
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     else:
@@ -243,8 +233,7 @@ def step_memory(model, opt, x, y, autocast, device, steps=1, eager=False):
 
 
 def peak_memory(cfg, bc, conn):
-    """In a fresh process: build, then step_memory of 3 steps (AdamW's state comes in the
-    first)."""
+    """In a fresh process: build, then step_memory of 3 steps."""
     command.ignore_ctrl_c()  # the terminal's Ctrl-C is the parent's to answer
     device, _, autocast = setup(bc)
     model, opt = build(cfg, bc, device)
@@ -253,8 +242,7 @@ def peak_memory(cfg, bc, conn):
 
 
 def in_fresh_process(fn, *args):
-    """fn(*args, conn) in a new interpreter (spawn: none of this process's memory comes along)
-    -> what it sends, or (None, None) if it dies. Stopped meanwhile, the child ends first."""
+    """fn(*args, conn) in a new interpreter -> what it sends, or (None, None) if it dies."""
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=fn, args=(*args, send))

@@ -4,8 +4,7 @@ sample.py, tools/probe.py, tools/table1.py and tools/lm_eval_mesh.py read.
 
     python tools/consolidate.py --out_dir=OUT_DIR   # its ckpt-sharded.json and shards -> ckpt.pt
 
-It needs the whole model and its AdamW state in this machine's memory; it owns OUT_DIR while it
-works (never beside a live run), and never replaces a ckpt.pt saved after the sharded checkpoint.
+It needs the whole model and AdamW state in memory; it never replaces a newer ckpt.pt.
 """
 
 import os

@@ -34,8 +34,7 @@ class CycleConfig:
 
 
 def records(path, flag=None):
-    """The run records of a table1.json (flag: the setting that named it) or, flag None, of one
-    run's result.json: a damaged file, or another tool's JSON, is one line naming it."""
+    """The run records of a table1.json (flag: the setting that named it) or of a result.json."""
     try:
         found = files.read_json(path)
         runs = [found] if not flag else found.get("runs") if isinstance(found, dict) else None
@@ -62,8 +61,7 @@ def records(path, flag=None):
 
 
 def paired(loss, a, b, layout, seeds=None):
-    """(mean, std, how many) of a's val loss minus b's, seed by seed, over the seeds both have
-    (of `seeds`, if given); vanilla's runs are the compute depth's, layout 12."""
+    """(mean, std, how many) of a's val loss minus b's, seed by seed, over the seeds both have."""
     b_layout = "12" if b == "vanilla" else layout
     d = [x - loss[b, b_layout, s] for (v, lay, s), x in sorted(loss.items())
          if (v, lay) == (a, layout) and (b, b_layout, s) in loss

@@ -5,10 +5,8 @@ The one GPU check, one command of at most 10 minutes on a Linux machine with one
     python tools/gpu_check.py --out DIR --only=tier  # one part again: its files, a report of it
     python tools/gpu_check.py --tiny --out DIR       # every part at a tiny shape, on any machine
 
-Its parts, in the order their numbers are needed: bench.py at two Pythia widths (SHAPES), the
-CUDA tier, and a profile of mesh's step where its MFU missed 40%. Each runs in its own process
-group until its deadline; DIR/report.md is rewritten after each. Exit 1 if a part failed,
-overran, was stopped or skipped every test, else 0; 2 for bad input.
+Its parts: bench.py at two Pythia widths (SHAPES), the CUDA tier, and a profile of mesh's step
+where its MFU missed 40%. Exit 1 if a part failed, overran, was stopped or skipped every test.
 """
 
 import datetime
@@ -147,8 +145,7 @@ def tier_lines(log):
 
 
 def profile_main(args, steps=3):
-    """The profile's process: mesh as bench.py builds it, two warm-up steps, then the top
-    operators of `steps` steps by their own device time."""
+    """The top operators of mesh's `steps` steps by their own device time."""
     import torch
     from tools import bench
     bc = bench.BenchConfig(**parse_flags(bench.BenchConfig, [*args, "--schemes=mesh"], BENCH))
@@ -168,8 +165,7 @@ def profile_main(args, steps=3):
 
 
 def run_part(cmd, env, log_path, timeout):
-    """cmd in its own process group, its output into log_path -> (status, note); the group is
-    ended after, whatever happened."""
+    """cmd in its own process group, output into log_path -> (status, note)."""
     with open(log_path, "w", encoding="utf-8") as log:
         command.Stop.hold()  # a signal waits until the part is started and watched
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -10,10 +10,8 @@ model_args: out_dir (default out), dtype (float32, bfloat16 or float16), max_gen
 256), or pretrained=PATH: a Hugging Face GPT-NeoX folder (a Pythia download) and its tokenizer.
 From Python: `import lm_eval_mesh`, then lm_eval.simple_evaluate(model="mesh", ...).
 
-Context and continuation are encoded together and split where the context's own encoding ends,
-as lm_eval's causal models do, with the checkpoint's tokenizer. An empty context, and a rolling
-log-likelihood's first window, are conditioned on <|endoftext|>, or for character models, which
-have none, on a newline, which separates paragraphs in their training text [choice].
+An empty context is conditioned on <|endoftext|>, or for character models, which have none, on a
+newline, which separates paragraphs in their training text [choice].
 """
 import math
 import os
@@ -102,9 +100,7 @@ class MeshLM(TemplateLM):
     @torch.no_grad()
     def _loglikelihood_tokens(self, requests, disable_tqdm=False):
         """requests: (cache key or None, context tokens, continuation tokens) -> [(log p,
-        is_greedy)]. A forward pass a batch over context + continuation less its last token, cut
-        from the left to block_size, read just before each continuation token; rows right-padded
-        (causal attention keeps it from real positions), longest first (similar lengths)."""
+        is_greedy)]; rows right-padded, longest first."""
         L, results = self.block_size, [None] * len(requests)
         order = sorted(range(len(requests)),
                        key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
@@ -149,8 +145,7 @@ class MeshLM(TemplateLM):
         return totals
 
     def generate_until(self, requests, disable_tqdm=False, chunk=32):
-        """Greedy (do_sample: sampled) decoding with the KV cache, a request at a time, `chunk`
-        tokens a generate() call (each prefills once more): it stops soon after an `until`."""
+        """Decoding with the KV cache, a request at a time, until an `until`."""
         outputs = []
         for req in tqdm(requests, disable=disable_tqdm):
             context, kwargs = req.args
