@@ -2,7 +2,8 @@
 # The step readout of results/README.md's "What each loop step knows": probe.py on the depth
 # sweep's checkpoints (tools/table1.py's runs in $SWEEP, 1200 iterations each) at K = 3 (3+2R3+3)
 # and K = 4 (2+2R4+2), vanilla, base, anchor and mesh, seeds 0-2; then steps.md, the mean ± std
-# over seeds of step_loss (t = 0 ... K, on to 2K for base and anchor), and steps_K.png (seed 0).
+# over seeds of step_loss (t = 0 ... K, on to 2K for base and anchor), and LAYOUT/steps.png (seed 0;
+# of probe.py's figures only this one is kept here).
 set -euo pipefail
 export OMP_NUM_THREADS=1
 SWEEP=${SWEEP:-runs/sweep} HERE=$(dirname "$0")
@@ -32,6 +33,6 @@ for layout in ("3+2R3+3", "2+2R4+2"):
         rows.append(f"| {scheme} | " + " | ".join(cells + ["-"] * (2 * K + 1 - len(cells))) + " |")
 with open(f"{here}/steps.md", "w") as f:
     f.write("Validation loss had the model stopped after loop step t (probe.py's step_loss, 64 "
-            "sequences, mean ± std over seeds 0-2); * the trained K.\n" + "\n".join(rows) + "\n")
+            "sequences, mean ± population std over seeds 0-2); * the trained K.\n" + "\n".join(rows) + "\n")
 print(open(f"{here}/steps.md").read())
 PY
