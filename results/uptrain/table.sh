@@ -12,7 +12,7 @@ python - "$ROOT" "$SWEEP" "$HERE" <<'EOF'
 import json, os, sys
 sys.path.insert(0, os.getcwd())
 from support import checkpoint, files
-from tools.table1 import eval_batches, mean_std, pm, val_loss
+from tools.table1 import LOOP_LAYOUT, eval_batches, mean_std, pm, val_loss
 root, sweep, here = sys.argv[1:]
 LAYOUTS, SCHEMES = ("2+4R2+2", "3+2R3+3"), ("base", "anchor", "mesh")
 SEEDS = tuple(int(s) for s in os.environ.get("SEEDS", "0 1 2").split())  # as run.sh's
@@ -26,6 +26,7 @@ old = files.read_json(saved)["runs"] if os.path.exists(saved) else {}
 runs = {}
 def loss(column, name):  # table1.py's evaluation of a final checkpoint, or None if not there yet
     if column == "scratch 1200":
+        name = name.replace(f"_{LOOP_LAYOUT}_", "_")  # table1.py names its default layout's runs so
         result = os.path.join(sweep, name, "result.json")
         return files.read_json(result)["val_loss"] if os.path.exists(result) else recorded.get(name)
     out = os.path.join(root, COLUMNS[column], name)
