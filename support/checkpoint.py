@@ -254,7 +254,7 @@ def keep(out_dir, iter_num, sharded):
     """Keep the checkpoint just saved, which no later save removes: OUT_DIR/ckpt_ITER.pt, or a
     sharded one as the run folder ckpt_ITER/ (pointer and shards); hard links, else copies."""
     kept = os.path.join(out_dir, f"ckpt_{iter_num}{'' if sharded else '.pt'}")
-    tmp = files.temporary_name(kept)
+    tmp = files.temporary_name(kept, folder=sharded)
     try:
         if sharded:
             meta = read_pointer(out_dir)
@@ -262,6 +262,7 @@ def keep(out_dir, iter_num, sharded):
                             os.path.join(tmp, meta["folder"]), copy_function=link)
             files.write_json(os.path.join(tmp, POINTER), meta)
         else:
+            os.remove(tmp)  # (made empty) its name, for the link
             link(os.path.join(out_dir, CKPT), tmp)
         files.remove(kept)  # one kept at this iteration before (a run saved again there)
         os.replace(tmp, kept)
@@ -269,6 +270,8 @@ def keep(out_dir, iter_num, sharded):
         files.remove(tmp)
         raise CheckpointError(f"could not keep {kept}: {files.why_write_failed(e, out_dir)}; "
                               f"the latest checkpoint is saved") from None
+    finally:
+        files.disown(tmp)
 
 
 def link(source, copy):

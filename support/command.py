@@ -157,8 +157,15 @@ class Stop:
 
     @classmethod
     def hold(cls):
-        """From now on a signal is counted, nothing more: what is being written goes out whole."""
+        """Signals are counted, nothing more, until release(): what is written goes out whole."""
         cls.held = True
+
+    @classmethod
+    def release(cls):
+        """Signals act again; one that came while held stops the command now."""
+        cls.held = False
+        if cls.signals:
+            raise Stopped(cls.name)
 
 
 def ignore_ctrl_c():

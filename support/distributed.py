@@ -105,8 +105,7 @@ def one_folder(out_dir, timeout):
     try:
         if rank == 0:
             os.makedirs(out_dir, exist_ok=True)
-            token = files.temporary_name(os.path.join(out_dir, "one-folder"))
-            open(token, "x").close()
+            token = files.temporary_name(os.path.join(out_dir, "one-folder"))  # made, empty
             jobs.set("token", os.path.basename(token))
         seen = os.path.isfile(os.path.join(out_dir, jobs.get("token").decode()))
         jobs.set(f"saw/{rank}", "" if seen else platform.node())
@@ -117,6 +116,7 @@ def one_folder(out_dir, timeout):
     finally:
         if token:
             files.remove(token)
+            files.disown(token)
             if made:
                 os.rmdir(out_dir)
     r, host = next(((r, host) for r, host in blind if host), (0, ""))

@@ -381,7 +381,7 @@ def test_a_process_that_cannot_join_its_job_is_one_line(rank, data_root, tmp_pat
 def test_kept_checkpoints_outlive_later_saves_and_the_tools_read_them(data_root, tmp_path, capsys):
     """--keep_every=4 (checkpoints every 2): ckpt_4.pt beside ckpt.pt, still there after the saves at 6 and 8; a
     resume continues from the latest; sample.py, probe.py and routing.py with --ckpt=4 read what the same tools
-    read from a folder whose ckpt.pt is iter 4's."""
+    read from a folder whose ckpt.pt is iter 4's (taken as unfinished: a kept one is asked for by name)."""
     from tools import probe, routing
     import sample
     out, alone = tmp_path / "run", tmp_path / "alone"
@@ -395,7 +395,7 @@ def test_kept_checkpoints_outlive_later_saves_and_the_tools_read_them(data_root,
     shutil.copy(out / "ckpt_4.pt", alone / "ckpt.pt")
     capsys.readouterr()
     outputs = []
-    for folder, kept in ((out, ["--ckpt=4"]), (alone, [])):
+    for folder, kept in ((out, ["--ckpt=4"]), (alone, ["--unfinished=true"])):  # iter 4 of 6, both
         assert sample.main([f"--out_dir={folder}", *kept, "--max_new_tokens=20"]) == 0
         for tool in (probe, routing):
             assert tool.main([f"--out_dir={folder}", *kept, f"--json={tmp_path / tool.__name__}.json"]) == 0
