@@ -29,18 +29,24 @@ class UsageError(ValueError):
     """Bad input the project names: printed as one line, exit 2. Any other exception is a bug."""
 
 
-def setting(default, help, path=False):
+def setting(default, help, path=False, choices=None):
     """A dataclass field with its one-line description, which --help shows; a list default
-    makes a flag that may be given several times. path: a leading ~ means the home folder."""
-    metadata = {"help": help, "path": path}
+    makes a flag that may be given several times. path: a leading ~ means the home folder.
+    choices: the values it takes (check_ranges)."""
+    metadata = {"help": help, "path": path, "choices": choices}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def check_ranges(settings, ranges):
-    """Raise UsageError for the first setting outside its range: ranges holds (names, test, the
-    range in words)."""
+def check_ranges(settings, ranges=()):
+    """Raise UsageError for the first setting outside its range (ranges holds (names, test, the
+    range in words)) or not among its choices."""
+    for f in dataclasses.fields(settings):
+        value, choices = getattr(settings, f.name), f.metadata.get("choices")
+        if choices and value not in choices:
+            raise UsageError(f"--{f.name}={value} is not {', '.join(choices[:-1])} or "
+                             f"{choices[-1]}")
     for names, ok, allowed in ranges:
         for name in names.split():
             value = getattr(settings, name)

@@ -29,8 +29,8 @@ from data.dataset import Dataset, get_batch
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT
 from support import command
 from support.device import Device, check_run
-from support.distributed import process_group, spread_over
-from support.run import Run
+from support.distributed import spread_over
+from support.run import Run, finished, resolve
 
 
 # The settings' ranges: (names, the test each value must pass, the range in words); None passes
@@ -67,12 +67,14 @@ class TrainConfig:
     dataset: str = setting("shakespeare_char", "a folder of data_root made by data/prepare.py, "
                            "or PATH/document (indexed)", path=True)
     data_root: str = setting("data", "the folder holding the datasets", path=True)
-    data_order: str = setting("random", "random windows, or sequential: the data once, in order")
+    data_order: str = setting("random", "random windows, or sequential: the data once, in order",
+                              choices=("random", "sequential"))
     epochs: int = setting(1, "sequential: passes over the data allowed before the run stops")
     out_dir: str = setting("out", "the run's folder: ckpt.pt, log.jsonl", path=True)
     overwrite: bool = setting(False, "let a scratch run replace the run in out_dir")
     init_from: str = setting("scratch", "scratch, resume, or loop a vanilla:OUT_DIR or hf:PATH")
-    core_init: str = setting("stepwise", "a looped source's cores: stepwise or average layers")
+    core_init: str = setting("stepwise", "a looped source's cores: stepwise or average layers",
+                             choices=("stepwise", "average"))
     # optimisation: the paper's recipe (Appendix B)
     batch_size: int = setting(16, "micro-batch per process")
     grad_accum: int | None = setting(None, "micro-batches a step, all processes; None: one each")
@@ -114,8 +116,6 @@ class TrainConfig:
     def __post_init__(self):
         """The settings' checks, before anything is read or written (the model's: mesh.Config's)."""
         check_ranges(self, RANGES)
-        if self.data_order not in ("random", "sequential"):
-            raise UsageError(f"--data_order={self.data_order} is not random or sequential")
         if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
             raise UsageError(f"--min_lr={self.min_lr} is above --lr={self.lr}; "
                              f"the cosine decays from lr to min_lr")
@@ -125,6 +125,18 @@ class TrainConfig:
             raise UsageError(f"--warmup_iters={self.warmup_iters} ends after the cosine does "
                              f"(--lr_decay_iters={decay}{source}); warm up for at most {decay} "
                              f"steps, or raise --lr_decay_iters")
+        world = os.environ.get("WORLD_SIZE", "1")  # torchrun's processes share out grad_accum
+        if self.grad_accum and world.isdigit() and self.grad_accum % int(world):
+            raise UsageError(f"--grad_accum={self.grad_accum} does not divide by the world size "
+                             f"{world}; use a multiple of {world}")
+        if self.keep_every % self.eval_interval:
+            raise UsageError(f"--keep_every={self.keep_every} keeps checkpoints, which are saved "
+                             f"every --eval_interval={self.eval_interval} steps: give a multiple")
+        kind, _, path = self.init_from.partition(":")
+        if self.init_from not in ("scratch", "resume") and (kind not in ("vanilla", "hf")
+                                                            or not path):
+            raise UsageError(f"--init_from={self.init_from} is not one of scratch, resume, "
+                             f"vanilla:OUT_DIR, hf:PATH")
         model_config(self, vocab_size=None)
 
 
@@ -138,15 +150,14 @@ def model_config(tc, vocab_size):
         raise UsageError(str(e)) from None
 
 
-def get_lr(it, tc):
-    """Linear warmup, a cosine from lr to min_lr at lr_decay_iters, then min_lr (Appendix B)."""
-    warmup, decay = tc.warmup_iters, tc.lr_decay_iters
+def get_lr(it, lr, min_lr, warmup, decay):
+    """Linear warmup, a cosine from lr to min_lr at step `decay`, then min_lr (Appendix B)."""
     if it < warmup:
-        return tc.lr * (it + 1) / (warmup + 1)
+        return lr * (it + 1) / (warmup + 1)
     if it >= decay:
-        return tc.min_lr
+        return min_lr
     ratio = (it - warmup) / max(1, decay - warmup)
-    return tc.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (tc.lr - tc.min_lr)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
 def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
@@ -167,65 +178,64 @@ def evaluate(model, splits, tc, device, autocast, rank=0, world=1):
 
 
 def train(given):
-    # ---- settings: the defaults, when resuming the run's own, then the flags given
-    distributed, rank, world = process_group()  # torchrun sets RANK and WORLD_SIZE
-    master = rank == 0
-    run = Run(TrainConfig, given, master)  # OUT_DIR, from start to end
-    given = run.resume(given)  # --init_from=resume (or a torchrun restart): its latest checkpoint
-    tc = run.settings(given)  # a resume's: its own, read as flags are, then the flags
-    if tc.plan:  # the memory plan: nothing is trained, loaded or allocated
+    # ---- settings: the flags given over a resumed run's own; torchrun's processes join and agree
+    tc, ckpt = resolve(TrainConfig, given)  # ckpt: a resume's checkpoint, or a source to loop
+    if tc.plan:  # the memory plan: nothing is trained or allocated
         from support.plan import plan
-        print(plan(tc, run.model_config or model_config(tc, vocab_size=None)))
+        print(plan(tc, ckpt["model"].config if ckpt else model_config(tc, vocab_size=None)))
         return 0
-    spread = spread_over(tc, distributed, world)  # one process, DDP, or FSDP2 (--fsdp)
-    if not run.check(tc, given, spread):  # a finished run is left as it is
+    launched = dist.is_initialized()  # by torchrun: its processes have joined their group
+    rank, world = (dist.get_rank(), dist.get_world_size()) if launched else (0, 1)
+    master, resumed = rank == 0, ckpt if tc.init_from == "resume" else None
+    if resumed and finished(resumed, tc):  # a finished run is left as it is
         return 0
 
-    # ---- device and dtype, resolved for this machine (checkpoints keep them as given: run.py)
-    device = Device(tc, distributed, master)  # under torchrun, GPU LOCAL_RANK and its group
-    tc.dtype, tc.compile = device.dtype, device.compile
-    bf16 = tc.dtype == "bfloat16"
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    # ---- device and dtype, resolved for this machine (the checkpoint keeps them as given)
+    device = Device(tc, master)  # under torchrun, GPU LOCAL_RANK
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
+                if device.dtype == "bfloat16" else nullcontext())
     torch.manual_seed(tc.seed + rank)
 
     # ---- data: a folder of data/prepare.py's (made here on first use, by rank 0) or indexed
-    data = Dataset.open(tc, run.trained_on, distributed, master)
+    data = Dataset.open(tc.data_root, tc.dataset, resumed and (resumed.get("data") or {}))
+    tc.data_root, tc.dataset = data.root, data.name  # where it is; offline, a stand-in's name
 
     # ---- model and optimizer: from scratch, the run's checkpoint, or a pretrained vanilla model
-    source = (run.ckpt or {}).get("source")  # the pretrained model the run started from, if any
+    spread = spread_over(tc.fsdp, launched)  # one process, DDP, or FSDP2 (--fsdp)
     if tc.init_from == "scratch":  # refused first where it cannot fit in the device's memory
-        cfg = model_config(tc, data.vocab_size)
-        model = RecursiveGPT(check_run(cfg, tc, device.name, world))
-    elif run.ckpt:
-        model = run.ckpt["model"]  # its config was checked against the flags given
-    else:  # vanilla:OUT_DIR or hf:PATH, looped to --layout and --scheme
+        model = RecursiveGPT(check_run(model_config(tc, data.vocab_size), tc, device, world))
+    elif resumed:
+        model = ckpt["model"]  # its config was checked against the flags given
+    else:  # vanilla:OUT_DIR or hf:PATH, its tokens the data's, looped to --layout and --scheme
         from support import pretrained
-        model, source = pretrained.for_training(tc, given, data, master)
+        model = pretrained.loop(ckpt, tc, data)
     data.check_fits(model.config)
-    tc.lr = tc.lr or PRESETS[tc.model]["lr"]  # the schedule's unset settings (Appendix B)
-    tc.min_lr = 0.1 * tc.lr if tc.min_lr is None else tc.min_lr
-    tc.lr_decay_iters = tc.lr_decay_iters or tc.max_iters
-    if tc.warmup_iters is None:
-        tc.warmup_iters = max(1, tc.lr_decay_iters // 100)
+    source = (ckpt or {}).get("source")  # the pretrained model the run started from, if any
+    # the schedule's settings left unset (Appendix B), derived here: the checkpoint keeps them so
+    lr = tc.lr or PRESETS[tc.model]["lr"]
+    min_lr = 0.1 * lr if tc.min_lr is None else tc.min_lr
+    decay = tc.lr_decay_iters or tc.max_iters
+    warmup = max(1, decay // 100) if tc.warmup_iters is None else tc.warmup_iters
     model.grad_checkpoint = tc.grad_checkpoint
     # raw_model: the plain module, saved and sampled; model: what trains (compiled, DDP, sharded)
-    raw_model, model = spread.wrap(model, device.name, tc, scratch=run.ckpt is None)
-    optimizer = raw_model.configure_optimizer(tc.weight_decay, tc.lr, (tc.beta1, tc.beta2),
+    raw_model, model = spread.wrap(model, device, scratch=resumed is None)
+    optimizer = raw_model.configure_optimizer(tc.weight_decay, lr, (tc.beta1, tc.beta2),
                                               device.type)
+    run = Run(tc, resumed, spread, device.type)  # OUT_DIR, from start to end
     iter_num, best_val = 0, float("inf")
-    if run.ckpt:  # AdamW's state (FSDP: the weights too, sharded) and the random state
-        run.restore(raw_model, optimizer, tc.seed, rank, world, device.type)
-        iter_num, best_val = run.ckpt["iter_num"], run.ckpt["best_val_loss"]
+    if resumed:  # AdamW's state (FSDP: the weights too, sharded) and the random state
+        run.restore(raw_model, optimizer, tc.seed, rank, world)
+        iter_num, best_val = resumed["iter_num"], resumed["best_val_loss"]
     cfg = raw_model.config
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.block_size
 
     # ---- all checked: now the run takes OUT_DIR (its lock, killed writes' leftovers, its log)
-    run.start(tc, device.type)
+    run.start()
     if master:
         print(f"model {tc.model} layout {cfg.layout} scheme {cfg.scheme}: "
               f"{raw_model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
               f"dataset {tc.dataset} ({len(data.train):,} train tokens, {tc.data_order} order), "
-              f"device {device.name} {tc.dtype}, {world} process(es){spread.name}, "
+              f"device {device.name} {device.dtype}, {world} process(es){spread.name}, "
               f"{tokens_per_step:,} tokens/step, {torch.get_num_threads()} CPU threads", flush=True)
 
     def save(losses):  # what a checkpoint keeps besides the weights and AdamW's state
@@ -235,16 +245,16 @@ def train(given):
             **({"source": source} if source else {})}, losses)
 
     # ---- the loop: evaluate and save, learning rate, accumulated micro-batches, clip, step, log
-    stop = command.Stop.poll(distributed)  # Ctrl-C, SIGTERM, SIGHUP, a lost launcher: finish, save
+    stop = command.Stop.poll(launched)  # Ctrl-C, SIGTERM, SIGHUP, a lost launcher: finish, save
     local = tc.grad_accum // world  # this process's micro-batches m = rank, rank + world, ...
     steps = data.steps(tc, cfg.block_size)  # sequential: at most those of its --epochs passes
-    t0, timed_from = time.time(), iter_num
+    t0, timed_from, stopping = time.time(), iter_num, False
     while True:
         done = iter_num >= steps
         if done and iter_num < tc.max_iters and master:  # sequential: its --epochs passes are read
             print(data.ran_out(iter_num, tc, cfg.block_size), flush=True)
         new_here = iter_num != run.saved_iter  # a resume evaluated this step already
-        if done or (iter_num % tc.eval_interval == 0 and new_here):
+        if (done or iter_num % tc.eval_interval == 0) and new_here:  # a stop here too: as ever
             splits = {"train": data.train, "val": data.val}
             losses = evaluate(raw_model, splits, tc, device.name, autocast, rank, world)
             best_val = min(best_val, losses["val"])
@@ -253,11 +263,13 @@ def train(given):
                               f"val loss {losses['val']:.4f}")
             save(losses)  # unless the model blew up
             t0, timed_from = time.time(), iter_num  # evaluation stays out of ms/iter
-        if done:
+        elif stopping:
+            save({})
+        if done or stopping:
             break
-        lr = get_lr(iter_num, tc)
+        lr_now = get_lr(iter_num, lr, min_lr, warmup, decay)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr_now
         loss_sum = torch.zeros((), device=device.name)
         for j, m in enumerate(range(rank, tc.grad_accum, world)):
             x, y = get_batch(data.train, tc, cfg.block_size, (0, iter_num, m), device.name)
@@ -270,7 +282,7 @@ def train(given):
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip)
         requested = torch.tensor(float(stop.requested()), device=device.name)
         state = torch.stack([loss_sum / local, requested])
-        if distributed:  # every rank sees the same loss and stops at the same step
+        if world > 1:  # every rank sees the same loss and stops at the same step
             dist.all_reduce(state)  # summed, then divided: torch 2.7's gloo has no ReduceOp.AVG
         loss = state[0].item() / world
         stopping = state[1].item() > 0
@@ -284,18 +296,17 @@ def train(given):
             dt = (time.time() - t0) / (iter_num - timed_from)
             t0, timed_from = time.time(), iter_num
             eta = dt * (tc.max_iters - iter_num) / 60
-            record = {"iter": iter_num, "loss": loss, "lr": lr, "ms": 1000 * dt}
-            text = (f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms/iter, "
+            record = {"iter": iter_num, "loss": loss, "lr": lr_now, "ms": 1000 * dt}
+            text = (f"iter {iter_num}: loss {loss:.4f}, lr {lr_now:.2e}, {1000 * dt:.1f} ms/iter, "
                     f"{tokens_per_step / dt:,.0f} tok/s, eta {eta:.1f} min")
             mfu = device.mfu(cfg, tokens_per_step, dt, world)  # of all processes' peak, or None
             if mfu is not None:  # the log keeps its full precision (a tiny model's prints as 0.0%)
                 record["mfu"] = mfu
                 text += f", mfu {100 * mfu:.1f}%"
             run.write(record, text + device.pace(dt))  # with why, when far slower than at first
-        if stopping:
-            save({})
-            run.stopped(iter_num, world)
-            return 130
+    if stopping and iter_num < steps:
+        run.stopped(iter_num, world)
+        return 130
 
     # ---- a closing sample (every rank decodes the same tokens: FSDP gathers weights)
     if stop.finished() and tc.sample_tokens > 0:  # saved: a signal now ends the sample at once

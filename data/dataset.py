@@ -1,8 +1,8 @@
 """
 The dataset of a run, opened once (its tokens, tokenizer and record), and its batches (get_batch).
 
-    data = Dataset.open(tc, None, distributed=False, master=True)  # a new run's: prepared first
-    data.train, data.val, data.tokenizer, data.record, data.vocab_size
+    data = Dataset.open("data", "shakespeare_char", None)  # a new run's: prepared first
+    data.root, data.name, data.train, data.val, data.tokenizer, data.record, data.vocab_size
     data.check_fits(model.config)     # every token id has a row, each split holds a window
     x, y = get_batch(data.train, tc, block_size, (0, step, micro_batch), "cpu")  # (B, T) each
 
@@ -13,9 +13,8 @@ import os
 import numpy as np
 import torch
 
-from data import DataError, data_root
-from data.meta import (check_ids, check_intact, check_split_file, check_unchanged,
-                       dataset_folder, dataset_record, hold, read_meta, trained_folder)
+from data.meta import (DataError, check_ids, check_intact, check_split_file, check_unchanged,
+                       data_root, dataset_folder, dataset_record, hold, read_meta, trained_folder)
 from data.tokenizer import Tokenizer
 from support import files
 from support.distributed import from_rank0
@@ -26,9 +25,9 @@ PAD_TO = 64  # a subword vocabulary's model rows: a multiple of 64 (faster matmu
 class Dataset:
     """A prepared dataset folder, read for a run: lock, meta.json, tokenizer, both splits."""
 
-    def __init__(self, folder, name, trained_on=None):
+    def __init__(self, root, name, folder, trained_on=None):
         """trained_on: a resumed run's record of its data, which this data must still match."""
-        self.folder, self.name = folder, name
+        self.root, self.name, self.folder = root, name, folder
         files.own(folder, "--dataset", note=False, shared=True)
         meta = read_meta(os.path.join(folder, "meta.json"))
         self.record = dataset_record(folder, meta)  # what a checkpoint keeps of it
@@ -39,17 +38,16 @@ class Dataset:
         self.val = load_split(folder, "val", meta)
 
     @classmethod
-    def open(cls, tc, trained_on, distributed, master):
-        """The dataset of TrainConfig tc: a fresh run's (trained_on None) prepared first; a
-        resumed run's the one it trained on (trained_on), refused if it changed since."""
-        tc.data_root = data_root(tc.data_root)
+    def open(cls, root, name, trained_on):
+        """--dataset `name` of --data_root `root` (its absolute folder: data_root()): a fresh run's
+        (trained_on None) prepared first, by rank 0 under torchrun (offline, Tiny Shakespeare is
+        replaced by its stand-in); a resumed run's the data it trained on (trained_on, its record),
+        refused if it changed since."""
+        root = data_root(root)
         if trained_on is None:
-            tc.dataset = from_rank0(lambda: prepared(tc.data_root, tc.dataset),
-                                            distributed, master)
-            folder = dataset_folder(tc.data_root, tc.dataset)
-        else:
-            folder = trained_folder(tc.data_root, tc.dataset)
-        return cls(folder, tc.dataset, trained_on)
+            name = from_rank0(lambda: prepared(root, name))
+            return cls(root, name, dataset_folder(root, name))
+        return cls(root, *trained_folder(root, name, trained_on), trained_on)
 
     @property
     def vocab_size(self):

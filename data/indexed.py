@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from data import DataError
+from data.meta import DataError, indexed_prefix
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -34,41 +34,6 @@ HEADER = len(MAGIC) + 8 + 1 + 8 + 8  # 34 bytes
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
 CODES = {np.dtype(t): c for c, t in DTYPES.items()}
 CHECK_SLICE = 1 << 20  # sequences checked at a time: bounded memory for any index
-
-
-def indexed_prefix(path):
-    """PATH/document(.idx, .bin), or a folder holding them -> the prefix PATH/document, or None."""
-    for prefix in (os.path.join(path, "document"), path,
-                   path[:-4] if path.endswith((".idx", ".bin")) else None):
-        if prefix and all(os.path.exists(prefix + ext) for ext in (".idx", ".bin")):
-            odd = next((prefix + ext for ext in (".idx", ".bin")
-                        if not os.path.isfile(prefix + ext)), None)
-            if odd:
-                raise DataError(f"{odd} is not a regular file (a folder, a FIFO or a device?); "
-                                f"give the files of an indexed dataset")
-            return prefix
-    return None
-
-
-def dataset_at(name, project):
-    """The folder of the dataset a --dataset path names, or None; a relative path is tried from
-    the working folder, then from the project folder."""
-    from data.meta import read_meta
-    bases = [name] if os.path.isabs(name) else [name, os.path.join(project, name)]
-    prefix = next((p for p in map(indexed_prefix, bases) if p), None)
-    if prefix is None:  # a prepared folder of either format, given by its path
-        return next((b for b in bases if os.path.isfile(os.path.join(b, "meta.json"))), None)
-    folder = os.path.dirname(prefix)
-    if not os.path.isfile(os.path.join(folder, "meta.json")):
-        raise DataError(f"{prefix} has no meta.json beside it to name its tokenizer; write one "
-                        f"with: python data/prepare.py --indexed {prefix} --tokenizer TOKENIZER "
-                        f"(for Pythia's Pile: the tokenizer.json of any Pythia model)")
-    meta = read_meta(os.path.join(folder, "meta.json"))
-    if meta.get("prefix") != os.path.basename(prefix):
-        raise DataError(f"{os.path.join(folder, 'meta.json')} describes {meta.get('prefix')!r}, "
-                        f"not {os.path.basename(prefix)!r}; write it again with: python "
-                        f"data/prepare.py --indexed {prefix} --tokenizer TOKENIZER")
-    return folder
 
 
 class IndexedDataset:

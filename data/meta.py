@@ -9,7 +9,7 @@ import weakref
 
 import numpy as np
 
-from data import PROJECT_DATA, DataError, data_root
+from configurator import UsageError
 from support import files
 
 KINDS = ("char", "gpt2", "bpe")  # tokenizer.py's kinds
@@ -18,6 +18,25 @@ SCAN_BYTES = 1 << 30
 SCAN_PIECES = 256
 SCAN_PIECE_BYTES = 1 << 20
 GPT2_VOCAB = 50257  # GPT-2's, without loading tiktoken
+STAND_IN = {"shakespeare_char": "pydoc"}  # offline, prepare.py trains on this in its place
+
+
+PROJECT_DATA = os.path.dirname(os.path.abspath(__file__))  # the project's data/ folder
+
+
+class DataError(UsageError):
+    """A problem with the data the user can fix: one line, exit 2."""
+
+
+def data_root(root):
+    """The absolute folder a --data_root (or --out_root) names: `data` is the project's data/;
+    another relative root is from the working folder, or the project folder where only it exists."""
+    if os.path.isabs(root):
+        return root
+    if os.path.normpath(root) == "data":
+        return PROJECT_DATA
+    here, there = os.path.abspath(root), os.path.join(os.path.dirname(PROJECT_DATA), root)
+    return there if os.path.isdir(there) and not os.path.isdir(here) else here
 
 
 def dtype_for_vocab(vocab_size, indexed=False):
@@ -126,10 +145,43 @@ def is_path(dataset):
 def dataset_folder(root, name):
     """The folder of dataset `name` under data_root `root` (a path: dataset_at's), or None."""
     if is_path(name):
-        from data.indexed import dataset_at
         return dataset_at(name, os.path.dirname(PROJECT_DATA))
     folder = os.path.join(data_root(root), name)
     return folder if os.path.isfile(os.path.join(folder, "meta.json")) else None
+
+
+def indexed_prefix(path):
+    """PATH/document(.idx, .bin), or a folder holding them -> the prefix PATH/document, or None."""
+    for prefix in (os.path.join(path, "document"), path,
+                   path[:-4] if path.endswith((".idx", ".bin")) else None):
+        if prefix and all(os.path.exists(prefix + ext) for ext in (".idx", ".bin")):
+            odd = next((prefix + ext for ext in (".idx", ".bin")
+                        if not os.path.isfile(prefix + ext)), None)
+            if odd:
+                raise DataError(f"{odd} is not a regular file (a folder, a FIFO or a device?); "
+                                f"give the files of an indexed dataset")
+            return prefix
+    return None
+
+
+def dataset_at(name, project):
+    """The folder of the dataset a --dataset path names, or None; a relative path is tried from
+    the working folder, then from the project folder."""
+    bases = [name] if os.path.isabs(name) else [name, os.path.join(project, name)]
+    prefix = next((p for p in map(indexed_prefix, bases) if p), None)
+    if prefix is None:  # a prepared folder of either format, given by its path
+        return next((b for b in bases if os.path.isfile(os.path.join(b, "meta.json"))), None)
+    folder = os.path.dirname(prefix)
+    if not os.path.isfile(os.path.join(folder, "meta.json")):
+        raise DataError(f"{prefix} has no meta.json beside it to name its tokenizer; write one "
+                        f"with: python data/prepare.py --indexed {prefix} --tokenizer TOKENIZER "
+                        f"(for Pythia's Pile: the tokenizer.json of any Pythia model)")
+    meta = read_meta(os.path.join(folder, "meta.json"))
+    if meta.get("prefix") != os.path.basename(prefix):
+        raise DataError(f"{os.path.join(folder, 'meta.json')} describes {meta.get('prefix')!r}, "
+                        f"not {os.path.basename(prefix)!r}; write it again with: python "
+                        f"data/prepare.py --indexed {prefix} --tokenizer TOKENIZER")
+    return folder
 
 
 def dataset_record(folder, meta=None):
@@ -143,24 +195,27 @@ def dataset_record(folder, meta=None):
 
 def checkpoint_dataset(train_config, trained_on=None, root=None):
     """The folder of the dataset a checkpoint trained on, refused where it no longer matches."""
-    name = train_config["dataset"]
     root = data_root(root or train_config.get("data_root", "data"))
-    folder = trained_folder(root, name)
+    name, folder = trained_folder(root, train_config["dataset"], trained_on)
     check_unchanged(folder, name, trained_on, dataset_record(folder))
     return folder
 
 
-def trained_folder(root, name):
-    """The folder of the dataset a checkpoint trained on (data_root, dataset), or a DataError."""
-    folder = dataset_folder(root, name)
+def trained_folder(root, name, trained_on):
+    """(name, folder) of the dataset a run trained on, asked for by `name` under `root`: offline
+    a run of Tiny Shakespeare trained on its stand-in (prepare.py), which a name still means."""
+    folder, stand_in = dataset_folder(root, name), STAND_IN.get(name)
+    if folder is None and stand_in and dataset_folder(root, stand_in):
+        if trained_on == dataset_record(dataset_folder(root, stand_in)):
+            return stand_in, dataset_folder(root, stand_in)
     if folder is None and is_path(name):
-        raise DataError(f"the checkpoint's dataset {name} is not there (no {name}.idx + .bin, nor "
+        raise DataError(f"dataset {name} is not there (no {name}.idx + .bin, nor "
                         f"{os.path.join(name, 'document')}.idx + .bin)")
     if folder is None:
-        raise DataError(f"the checkpoint's dataset {name!r} is not in its --data_root={root} (no "
+        raise DataError(f"dataset {name!r} is not in --data_root={root} (no "
                         f"{os.path.join(root, name)}/meta.json): give the folder it moved to with "
                         f"--data_root, or prepare it with: python data/prepare.py --dataset {name}")
-    return folder
+    return name, folder
 
 
 def check_unchanged(folder, name, trained_on, now):

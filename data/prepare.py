@@ -11,7 +11,6 @@ Prepare a text dataset for nanoMeSH: tokenize it into OUT_ROOT/NAME/ (OUT_ROOT: 
 NAME/ holds train.bin + val.bin (or document.bin + .idx) and meta.json; data/README.md is the
 reference. Text streams through a staging folder moved into place, meta.json last.
 """
-import contextlib
 import errno
 import hashlib
 import http.client
@@ -30,9 +29,9 @@ if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import command, files  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
-from data import PROJECT_DATA, DataError, data_root  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
-from data.meta import dataset_folder, dtype_for_vocab, is_path  # noqa: E402
+from data.meta import (PROJECT_DATA, STAND_IN, DataError, data_root, dataset_folder,  # noqa: E402
+                       dtype_for_vocab, is_path)
 from data.tokenizer import Tokenizer  # noqa: E402
 
 SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
@@ -205,7 +204,8 @@ def foreign_files(folder):
     if not os.path.isdir(folder) or any(os.path.isfile(os.path.join(folder, n))
                                         for n in ("meta.json", REPLACING)):
         return []
-    return sorted(n for n in os.listdir(folder) if not files.TEMPORARY.match(n))
+    return sorted(n for n in os.listdir(folder)
+                  if not files.TEMPORARY.match(n) and n != files.LOCK)
 
 
 def check_ours(folder, root_flag):
@@ -289,8 +289,8 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
         raise DataError(f"dataset {dataset!r} in {out_root} is in use: a live train.py run "
                         f"reads it, or another data/prepare.py writes it ({final} is locked); "
                         f"wait for it to end, or prepare it under another name") from None
-    files.remove_dead_temporaries(out_root)  # the staging folders of killed prepares
-    stage = files.temporary_name(final, folder=True)  # held while this process writes it
+    files.remove_temporaries(final)  # the staging folders of killed prepares
+    stage = files.temporary_name(os.path.join(final, "staging"), folder=True)
     try:
         if source is None:  # downloaded into the stage: it lands beside the .bin files
             source = os.path.join(stage, "input.txt")
@@ -313,12 +313,10 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
                         f"the dataset was not written") from None
     finally:
         files.remove(stage)
-        files.disown(stage)
         if took:
             files.disown(final)
         for folder in reversed(made):  # left empty: we made it, it goes
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+            files.remove_if_empty(folder)
     if dataset == "shakespeare_char":  # downloaded after all: no more falling back
         files.remove(os.path.join(out_root, OFFLINE))
     n, seconds = meta['train_tokens'] + meta['val_tokens'], time.perf_counter() - started
@@ -376,28 +374,27 @@ def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
         if took:
             files.disown(out_root)
         if made:  # left empty (a failed prepare): we made it, it goes
-            with contextlib.suppress(OSError):
-                os.rmdir(out_root)
+            files.remove_if_empty(out_root)
 
 
 def _first_use(dataset, out_root, log):
     """ensure_dataset's work, under OUT_ROOT's lock."""
     if dataset_folder(out_root, dataset):
         return dataset
-    offline = os.path.join(out_root, OFFLINE)
-    if dataset == "shakespeare_char" and os.path.isfile(offline):
+    offline, stand_in = os.path.join(out_root, OFFLINE), STAND_IN.get(dataset)
+    if stand_in and os.path.isfile(offline):
         with open(offline, encoding="utf-8") as f:
             log(f"prepare: training on the offline 'pydoc' corpus: {f.read().strip()}; "
                 f"python data/prepare.py --dataset shakespeare_char tries the download again")
-        return _first_use("pydoc", out_root, log)
+        return _first_use(stand_in, out_root, log)
     try:
         prepare(dataset, out_root=out_root, log=log, root_flag="--data_root")
     except DownloadError as e:
-        if dataset != "shakespeare_char":
+        if not stand_in:
             raise
         log(f"prepare: Tiny Shakespeare could not be downloaded ({e.reason}); "
             "training on the offline 'pydoc' corpus instead")
-        fallback = _first_use("pydoc", out_root, log)
+        fallback = _first_use(stand_in, out_root, log)
         why = (f"Tiny Shakespeare could not be downloaded on {time.strftime('%Y-%m-%d %H:%M')} "
                f"({e.reason})")
         files.atomic_write(offline, lambda f: f.write(why), mode="w")

@@ -10,8 +10,7 @@ import os
 
 import numpy as np
 
-from data import DataError
-from data.meta import read_meta
+from data.meta import DataError, read_meta
 
 
 class Tokenizer:

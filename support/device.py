@@ -3,8 +3,8 @@ The device a run runs on, and what fits there: its name, dtype and compile setti
 this machine, the chip's peak for MFU, the memory it has, and the arithmetic that refuses a run, a
 model or a decode that cannot fit before anything is allocated (plan.py prints the same figures).
 
-    device = Device(tc, distributed, master)  # under torchrun "cuda:LOCAL_RANK", its group joined
-    device.name, device.type, device.dtype, device.mfu(cfg, tokens, seconds, world)
+    device = Device(tc, master)                # under torchrun "cuda:LOCAL_RANK"
+    device.name, device.type, device.dtype, device.compile, device.mfu(cfg, tokens, seconds, world)
     device.pace(seconds)                       # ", 4x slower than its first steps: ..." or ""
     check_fits(cfg, batch_size, "cuda:0")      # UsageError where it needs more than the GPU has
 
@@ -30,7 +30,6 @@ import sys
 import torch
 
 from configurator import UsageError
-from support import distributed
 
 GiB = 2**30
 # Dense bf16 peak FLOP/s by the exact name torch.cuda.get_device_name gives (every A100: 312e12):
@@ -44,11 +43,11 @@ PEAK_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12,
 class Device:
     """This process's device as a run uses it: its name ("cuda:1", "mps", "cpu") and type, with
     --dtype and --compile resolved for it, and the chip's peak for MFU. Under torchrun each
-    process takes GPU LOCAL_RANK and joins the job's process group."""
+    process takes GPU LOCAL_RANK."""
 
-    def __init__(self, tc, launched, master):
+    def __init__(self, tc, master):
         self.name = resolve_device(tc.device)
-        if launched and self.name.startswith("cuda"):
+        if "LOCAL_RANK" in os.environ and self.name.startswith("cuda"):
             local, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
             if local >= count:
                 raise UsageError(f"this process is torchrun's local rank {local}, but this machine "
@@ -57,8 +56,6 @@ class Device:
             self.name = f"cuda:{local}"
         if self.name.startswith("cuda:"):  # RNG states, bf16 checks and kernels use it, not GPU 0
             torch.cuda.set_device(self.name)
-        if launched:
-            distributed.join(self.name, tc.dist_timeout)
         self.type = self.name.split(":")[0]  # cuda, mps or cpu
         self.dtype = resolve_dtype(tc.dtype, self.name)
         self.compile = resolve_compile(tc.compile, self.type, master)
@@ -259,9 +256,9 @@ def check_fits(cfg, batch_size, device, compute_bytes=4, n=1, fsdp=False, grad_c
 
 
 def check_run(cfg, tc, device, world):
-    """check_fits for train.py's run: TrainConfig tc on device, over world processes."""
-    return check_fits(cfg, tc.batch_size, device, 2 if tc.dtype == "bfloat16" else 4, world,
-                      tc.fsdp, tc.grad_checkpoint, "the run",
+    """check_fits for train.py's run: TrainConfig tc on the Device device, over world processes."""
+    return check_fits(cfg, tc.batch_size, device.name, 2 if device.dtype == "bfloat16" else 4,
+                      world, tc.fsdp, tc.grad_checkpoint, "the run",
                       "use smaller settings (--plan=true shows where it goes)")
 
 

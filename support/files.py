@@ -9,6 +9,7 @@ that never land on a run's or a dataset's files.
     files.check_writable(path, "json")                 # before a long computation, not after
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -16,7 +17,10 @@ import re
 import shutil
 import stat
 import sys
+import sqlite3
 import uuid
+
+import filelock
 
 from configurator import UsageError
 
@@ -24,7 +28,8 @@ MAX_BYTES = 64 << 20  # larger than any config, meta.json, pointer or result fil
 MAX_DEPTH = 64        # nesting: the project's own files are at most 4 deep
 MARK = ".nanomesh.tmp"  # the end of every temporary name the project makes, and of no other
 TEMPORARY = re.compile(r"^\..+-(\d+)-[0-9a-f]{12}" + re.escape(MARK) + "$")  # .NAME-PID-HEX{MARK}
-_owned = {}  # this process's locks: real path -> descriptor (None: no lock could be taken)
+LOCK = ".nanomesh.lock"  # the lock file a folder held by own() holds
+_owned = {}  # this process's locks: real path -> ReadWriteLock (None: no lock could be taken)
 
 
 # -----------------------------------------------------------------------------
@@ -120,14 +125,13 @@ def plain_name(value):
 
 def temporary_name(path, folder=False):
     """A new temporary beside path, .NAME-PID-HEX.nanomesh.tmp, made now (an empty file, or a
-    folder) and locked by this process until disown() or its end: no cleaner takes it meanwhile."""
+    folder). A killed writer's are removed by the next process that holds their folder's lock."""
     where, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(where, f".{name}-{os.getpid()}-{uuid.uuid4().hex[:12]}{MARK}")
     if folder:
         os.mkdir(tmp)
     else:  # the mode a plain write gets (not mkstemp's private 0600)
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    own(tmp, note=False)
     return tmp
 
 
@@ -148,8 +152,6 @@ def atomic_write(path, write, mode="wb"):
             raise OSError(getattr(e, "errno", None) or errno.EIO,
                           why_write_failed(e, os.path.dirname(tmp))) from None
         raise
-    finally:
-        disown(tmp)
 
 
 def append(path, data, fd=None):
@@ -221,77 +223,67 @@ def remove(path):
         os.remove(path)
 
 
-def remove_dead_temporaries(folder):
-    """Remove folder's temporaries (names of exactly that form: a look-alike stays) whose writer is
-    gone: their lock is free, whatever their PID now means (reused, or another PID namespace's).
-    Where no lock can be taken at all, those whose PID is no live process."""
+def remove_if_empty(folder):
+    """Remove a folder this process made, if nothing but its lock file came into it."""
+    with contextlib.suppress(OSError):
+        if os.listdir(folder) == [LOCK]:
+            os.remove(os.path.join(folder, LOCK))
+        os.rmdir(folder)
+
+
+def remove_temporaries(folder):
+    """Remove the temporaries that killed writers left in folder, which this process holds (own):
+    no other process writes there meanwhile. Only names of exactly that form: a look-alike stays."""
     for name in filter(TEMPORARY.match, os.listdir(folder)):
-        path = os.path.join(folder, name)
-        try:
-            os.close(_lock(path))  # taken: its writer is gone
-        except BlockingIOError:  # held: its writer lives
-            continue
-        except OSError:  # no lock here: the PID in its name decides
-            if process_alive(int(TEMPORARY.match(name)[1])):
-                continue
-        remove(path)
+        remove(os.path.join(folder, name))
 
 
 # -----------------------------------------------------------------------------
-# Locks: folders held by one process at a time
-
-def _lock(path, shared=False, wait=False):
-    """An open descriptor of path holding its flock (exclusive, or shared); BlockingIOError while
-    another process holds it (unless wait); another OSError where no flock can be taken here."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        raise OSError(errno.ENOSYS, "no flock on this system") from None
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # (a FIFO opens at once)
-    how = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
-    try:
-        fcntl.flock(fd, how)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
+# Locks: folders held by one process at a time (filelock's, on every system)
 
 def own(folder, flag="--out_dir", note=True, shown=None, shared=False, waiting=None):
-    """Lock folder for this process: a flock on it (no file made; dropped at the process's end,
-    kill -9 included). True: taken now; False: held already (a process never waits on itself).
-    Held by another: UsageError, or with waiting, waiting() says so and this waits its turn. No
-    lock possible (Windows, some NFS): a note. shared: a lock many readers hold together (live runs
-    on their dataset), refused while a writer holds it and refusing a writer meanwhile."""
+    """Lock folder for this process, through the lock file LOCK in it (filelock's ReadWriteLock:
+    dropped at the process's end, kill -9 included). True: taken now; False: held already (a
+    process never waits on itself). Held by another: UsageError, or with waiting, waiting() says so
+    and this waits its turn. No lock possible (a read-only folder): a note. shared: a lock many
+    readers hold together (live runs on their dataset), refused while a writer holds it."""
     key = os.path.realpath(folder)
     if key in _owned:
         return False
+    lock = None
     try:
-        _owned[key] = _lock(folder, shared)
-    except BlockingIOError:
-        if waiting:
+        lock = filelock.ReadWriteLock(os.path.join(key, LOCK), is_singleton=False)
+        take = lock.acquire_read if shared else lock.acquire_write
+        try:
+            take(blocking=False)
+        except filelock.Timeout:
+            if not waiting:
+                raise
             waiting()
-            _owned[key] = _lock(folder, shared, wait=True)
-            return True
+            take()
+    except filelock.Timeout:
+        lock.close()
         what = shown or f"{flag}={folder}"
         if shared:
             raise UsageError(f"{what} is being written (another process holds the folder's lock, "
                              f"as data/prepare.py does); wait for it to end") from None
         raise UsageError(f"another run is using {what} (it holds the folder's lock); wait for it "
                          f"to end, or choose another {flag}") from None
-    except OSError as e:
-        _owned[key] = None
+    except (OSError, sqlite3.Error) as e:  # a folder this process cannot write, say
+        lock = None
         if note:
-            print(f"note: cannot lock {flag}={folder} ({e.strerror}); make sure no other run "
-                  f"uses it", flush=True)
+            print(f"note: cannot lock {flag}={folder} ({getattr(e, 'strerror', None) or e}); "
+                  f"make sure no other run uses it", flush=True)
+    _owned[key] = lock
     return True
 
 
 def disown(folder):
     """Give up the lock own() took on folder."""
-    fd = _owned.pop(os.path.realpath(folder), None)
-    if fd is not None:
-        os.close(fd)
+    lock = _owned.pop(os.path.realpath(folder), None)
+    if lock is not None:
+        lock.release()
+        lock.close()
 
 
 def check_free(folder, flag="--out_dir", shown=None):
@@ -302,9 +294,8 @@ def check_free(folder, flag="--out_dir", shown=None):
 
 def release():
     """Give up every lock this process holds."""
-    for fd in filter(None, _owned.values()):
-        os.close(fd)
-    _owned.clear()
+    for folder in list(_owned):
+        disown(folder)
 
 
 # -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 
 from support.files import plain_name, read_json
 from support.device import check_fits
-from support.checkpoint import CheckpointError, load_latest
+from support.checkpoint import CheckpointError, build, load_run
 from configurator import UsageError
 from mesh import Config, ConfigError, RecursiveGPT
 
@@ -130,50 +130,50 @@ def from_hf_neox(path):
 
 
 def load_hf(path, device="cpu"):
-    """A GPT-NeoX folder as a vanilla RecursiveGPT whose logits are the original model's."""
+    """A GPT-NeoX folder as a vanilla RecursiveGPT whose logits are the original model's, built on
+    the meta device and given the folder's tensors: its weights are held once."""
     cfg, state = from_hf_neox(path)
-    model = RecursiveGPT(cfg)
-    model.load_state_dict(state)
-    return model.to(device)
+    state = {k: v.float() for k, v in state.items()}  # as the model computes (Pythia's: float16)
+    if state["lm_head.weight"].data_ptr() == state["wte.weight"].data_ptr():  # tied: trains apart
+        state["lm_head.weight"] = state["lm_head.weight"].clone()
+    return build({"model_config": cfg.to_dict(), "model": state}, path, device)
 
 
-def for_training(tc, given, data, master):
-    """--init_from=vanilla:OUT_DIR or hf:PATH, looped -> (model, source), source the record that
-    every checkpoint keeps, so that a resume does not convert again."""
-    kind, _, path = tc.init_from.partition(":")
-    if kind not in ("vanilla", "hf") or not path:
-        raise UsageError(f"--init_from={tc.init_from} is not one of scratch, resume, "
-                         f"vanilla:OUT_DIR, hf:PATH")
+def source(init_from, out_dir):
+    """--init_from=vanilla:OUT_DIR (its latest, once finished: one still training is waited for;
+    vanilla:OUT_DIR@ITER its checkpoint of that iteration, as it is) or hf:PATH -> {"model": the
+    vanilla model, "source": the record every checkpoint of the run keeps, "data": its data's}."""
+    kind, _, path = init_from.partition(":")
+    path, _, at = path.rpartition("@") if kind == "vanilla" and "@" in path else (path, "", "")
+    if os.path.exists(path) and os.path.exists(out_dir) and os.path.samefile(path, out_dir):
+        raise UsageError(f"--out_dir={out_dir} is the source --init_from={init_from}, which a run "
+                         f"never writes over; choose another --out_dir")
     if kind == "hf":
-        source = load_hf(path)
-        check_tokenizer(path, data.tokenizer, tc.dataset, master)
+        model, record, data = load_hf(path), {}, None
     else:
-        source, ckpt = load_latest(path, "cpu", prog="train.py")
-        theirs = ckpt.get("data") or {}
-        differ = [k for k in TOKENS if k in theirs and theirs[k] != data.record.get(k)]
-        if differ:
-            raise UsageError(f"dataset {tc.dataset!r} is not tokenized as the run in {path} "
-                             f"({differ[0]} differs); uptrain on data made with its tokenizer, "
-                             f"as its own dataset {ckpt['train_config']['dataset']!r} was")
-    shape = source.config.shape
-    if shape.cores or shape.coda or source.config.scheme != "base":
-        raise UsageError(f"--init_from={tc.init_from} is a {source.config.layout} "
-                         f"{source.config.scheme} model, not a vanilla one (a plain layout such "
+        as_is = lambda it: f"loop it as it is: --init_from={init_from}@{it or 'ITER'}"  # noqa: E731
+        model, ckpt, _ = load_run(path, "cpu", "train.py", kept=int(at) if at else None,
+                                  as_is=as_is)
+        record = {"iter_num": ckpt["iter_num"]}
+        data = {**(ckpt.get("data") or {}), "dataset": ckpt["train_config"]["dataset"]}
+    shape = model.config.shape
+    if shape.cores or shape.coda or model.config.scheme != "base":
+        raise UsageError(f"--init_from={init_from} is a {model.config.layout} "
+                         f"{model.config.scheme} model, not a vanilla one (a plain layout such "
                          f"as 12, scheme base); loop a vanilla run")
-    model = loop(source, tc, given)
-    return model, {"init_from": f"{kind}:{os.path.abspath(path)}",
-                   "model_config": source.config.to_dict()}
+    return {"model": model, "data": data, "source": {
+        "init_from": f"{kind}:{os.path.abspath(path)}", "model_config": model.config.to_dict(),
+        **record}}
 
 
-def loop(source, tc, given):
-    """The vanilla model source as the model of --layout and --scheme: prelude its first P layers,
-    coda its last Q, cores from its middle layers by --core_init (core_layers)."""
+def loop(start, tc, data=None):
+    """The vanilla model of start (source()'s) as the model of --layout and --scheme: prelude its
+    first P layers, coda its last Q, cores from its middle layers by --core_init (core_layers);
+    data (the run's Dataset) refused if its tokens are not the source's."""
+    if data is not None:
+        check_tokens(start, data)
+    source = start["model"]
     old, L = source.config, source.config.shape.prelude
-    wrong = [k for k in ("n_embd", "n_head") if k in given and given[k] != getattr(old, k)]
-    if wrong:
-        raise UsageError(f"--init_from={tc.init_from} has {wrong[0]}={getattr(old, wrong[0])}, "
-                         f"not --{wrong[0]}={given[wrong[0]]}: the width and heads are the "
-                         f"source's; drop --{wrong[0]}")
     ours = {k: getattr(tc, k) for k in LOOPED if getattr(tc, k) is not None}
     try:  # scale_embeddings too: the sqrt(D) of Appendix B, off for Pythia's
         cfg = Config(**{**old.to_dict(), **ours, "block_size": tc.block_size or old.block_size,
@@ -183,8 +183,6 @@ def loop(source, tc, given):
     if cfg.shape.unique > L:
         raise UsageError(f"--layout={cfg.layout} needs {cfg.shape.unique} unique blocks, but "
                          f"--init_from={tc.init_from} has {L} layers; loop fewer unique blocks")
-    if tc.core_init not in ("stepwise", "average"):
-        raise UsageError(f"--core_init={tc.core_init} is not stepwise or average")
     model = RecursiveGPT(cfg)  # the routers' init kept; the rest replaced
     theirs, state = source.state_dict(), model.state_dict()
     for block, layers in core_layers(cfg.shape, L, tc.core_init).items():
@@ -224,17 +222,24 @@ def core_layers(shape, L, core_init):
     return blocks
 
 
-def check_tokenizer(path, tokenizer, dataset, master):
-    """Refuse a dataset made with another tokenizer than the imported model's."""
-    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        if master and tokenizer.kind == "gpt2":
+def check_tokens(start, data):
+    """Refuse data made with another tokenizer than the source's (start: source()'s dict)."""
+    kind, _, path = start["source"]["init_from"].partition(":")
+    tokenizer, name = data.tokenizer, data.name
+    if kind == "vanilla":
+        theirs = start["data"]
+        differ = [k for k in TOKENS if k in theirs and theirs[k] != data.record.get(k)]
+        if differ:
+            raise UsageError(f"dataset {name!r} is not tokenized as the run in {path} "
+                             f"({differ[0]} differs); uptrain on data made with its tokenizer, "
+                             f"as its own dataset {theirs['dataset']!r} was")
+    elif not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        if os.environ.get("RANK", "0") == "0" and tokenizer.kind == "gpt2":
             print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; "
                   "the ids of a GPT-2 dataset mean other tokens to them")
-        return
-    theirs = type(tokenizer)("bpe", path=path)
-    if theirs.identity != tokenizer.identity:
+    elif type(tokenizer)("bpe", path=path).identity != tokenizer.identity:
         made = ("another tokenizer.json" if tokenizer.kind == "bpe"
                 else f"the {tokenizer.kind} tokenizer")
-        raise UsageError(f"dataset {dataset!r} was made with {made}, not the imported model's own "
+        raise UsageError(f"dataset {name!r} was made with {made}, not the imported model's own "
                          f"({os.path.join(path, 'tokenizer.json')}); prepare it with that one: "
                          f"python data/prepare.py --dataset NAME --input FILE --tokenizer {path}")

@@ -1,19 +1,19 @@
 """
-A training run's own folder, OUT_DIR, from start to end: resume, checks, lock, log, checkpoints:
+A training run's settings and its folder, OUT_DIR, from start to end:
 
-    run = Run(TrainConfig, given, master)  # the settings' class, the flags given
-    given = run.resume(given)              # --init_from=resume: its latest checkpoint, run.ckpt
-    tc = run.settings(given)               # a resume's saved settings, then the flags given
-    if not run.check(tc, given, spread):   # everything checked; a finished run is left alone
-        return 0
-    run.start(tc, device.type)             # the run takes OUT_DIR
-    run.write(record, text)                # print, and append to log.jsonl
+    tc, ckpt = resolve(TrainConfig, given)     # the settings, and what the run starts from
+    run = Run(tc, resumed, spread, device.type)  # built from resolved values, nothing more
+    run.start()                # the run takes OUT_DIR: its lock, killed writers' leftovers, its log
+    run.write(record, text)    # print, and append to log.jsonl
     run.save(model, optimizer, state, losses)  # refused for a model that blew up
 
-A resume continues bit for bit (a step's batches depend on the step alone).
+resolve() is the one reader of the flags given, and decides everything before anything is
+trained or written: torchrun's processes join their group and agree on one OUT_DIR; a torchrun
+restart resumes; a resume's saved settings come under the flags given; whatever contradicts the
+checkpoint or a pretrained source is refused. A resume continues bit for bit (a step's batches
+depend on the step alone).
 """
 
-import dataclasses
 import math
 import os
 import shlex
@@ -24,126 +24,138 @@ import torch.distributed as dist
 
 from configurator import UsageError, value_of
 from support import checkpoint, distributed, files
-from support.checkpoint import CKPT, KEPT, POINTER, SHARDS, CheckpointError
+from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError
 from support.log import RunLog, check_log, need_wandb
-from mesh import RecursiveGPT
 
-NOT_KEPT = ("out_dir", "fsdp")  # the launch's, not the checkpoint's
-# train.py resolves or derives these (auto, None): a checkpoint keeps them as given
-DERIVED = ("dtype", "compile", "lr", "min_lr", "warmup_iters", "lr_decay_iters")
+NOT_KEPT = ("out_dir", "fsdp", "dist_timeout")  # the launch's, never read from a checkpoint
+LAUNCH = (*NOT_KEPT, "init_from", "plan", "debug")  # what a resume is read with
+FIXED = ("core_init",)  # how the run began: a resume cannot change it
+SHAPE = ("n_embd", "n_head")  # a pretrained source's, which flags cannot change
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab): ten times a uniform guess's
+# what a checkpoint holds; a field outside these is another code's, which a resume would drop
+FIELDS = {"model", "optimizer", "model_config", "train_config", "iter_num", "best_val_loss", "rng",
+          "data", "source", "saved_at", "launch", "folder", "path", "checksums"}
+
+
+def resolve(cls, given):
+    """The flags given (a dict) -> (settings: a cls, the checkpoint a resume continues from or
+    the pretrained source to loop, or None)."""
+    resume = given.get("init_from") == "resume"  # its settings wait for its checkpoint
+    tc = cls(**{k: v for k, v in given.items() if k in LAUNCH or not resume})
+    if tc.plan:  # nothing is joined or written; a resume's settings and model, its checkpoint's
+        ckpt = resume_from(tc.out_dir, True) if resume else None
+        return (settings(cls, ckpt, given, None, tc.out_dir) if ckpt else tc), ckpt
+    rank, world = distributed.join(tc.dist_timeout)
+    real = os.path.realpath(tc.out_dir)  # a link re-pointed later moves nothing of this run
+    out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
+    distributed.one_folder(out_dir)
+    if resume or distributed.restarted(out_dir):
+        given = {k: v for k, v in given.items() if k != "overwrite"}
+        if rank == 0 and os.path.isdir(out_dir):
+            files.own(out_dir)
+        ckpt = resume_from(out_dir, tc.fsdp)
+        tc = settings(cls, ckpt, {**given, "init_from": "resume"}, world, out_dir)
+        check_resumable(ckpt, tc, given)
+        return tc, ckpt
+    tc = settings(cls, None, given, world, out_dir)
+    if tc.init_from == "scratch":
+        if rank == 0:
+            check_fresh(out_dir, tc.overwrite)
+        return tc, None
+    from support import pretrained  # vanilla:OUT_DIR or hf:PATH, never the run's own folder
+    source = pretrained.source(tc.init_from, out_dir)
+    old = source["model"].config
+    wrong = next((k for k in SHAPE if k in given and given[k] != getattr(old, k)), None)
+    if wrong:
+        raise UsageError(f"--init_from={tc.init_from} has {wrong}={getattr(old, wrong)}, "
+                         f"not --{wrong}={given[wrong]}: the width and heads are the source's; "
+                         f"drop --{wrong}")
+    if rank == 0:
+        check_fresh(out_dir, tc.overwrite)
+    return tc, source
+
+
+def settings(cls, ckpt, given, world, out_dir):
+    """A resume's saved settings (all but NOT_KEPT), then the flags given, then what this launch
+    resolves: the run's folder, and --grad_accum (None: one micro-batch a process of world,
+    then kept; world None: a plan's, left None)."""
+    saved, path = {}, ckpt and ckpt["path"]
+    fields = {f.name: f for f in cls.__dataclass_fields__.values()}
+    old = (ckpt or {}).get("train_config", {})
+    unknown = sorted(set(old) - set(fields))
+    if unknown:
+        raise CheckpointError(f"{path} is intact, but this code has no setting "
+                              f"{', '.join(unknown)}, which its run was trained with; resume "
+                              f"it with the code that wrote it")
+    unknown = sorted(set(ckpt or {}) - FIELDS)
+    if unknown:
+        raise CheckpointError(f"{path} is intact, but this code does not know its "
+                              f"{', '.join(unknown)}, which a resume would drop; resume it with "
+                              f"the code that wrote it")
+    if ckpt:
+        checkpoint.defaults(path, ckpt, "train_config", cls)
+    for key, value in old.items():
+        if key not in NOT_KEPT and key not in given:
+            try:
+                saved[key] = value_of(fields[key], value, f"{path}'s saved train_config")
+            except UsageError as e:
+                raise CheckpointError(f"{e}; it is damaged or was edited: give --{key}=VALUE "
+                                      f"to replace it") from None
+    merged = {**saved, **given, "out_dir": out_dir}
+    merged["grad_accum"] = merged.get("grad_accum") or world
+    try:
+        tc = cls(**merged)
+    except UsageError as e:
+        named = [key for key in saved if f"--{key}=" in str(e)]
+        if not named:
+            raise
+        flags = " ".join(f"--{key}=VALUE" for key in named)
+        raise UsageError(f"{e} ({', '.join(named)}: the checkpoint's saved value, in {path}; "
+                         f"give {flags} to replace it)") from None
+    if tc.wandb_log:  # refused now, not at the first log line
+        need_wandb()
+    return tc
 
 
 class Run:
     """OUT_DIR of one training run, as rank 0 (master) or another rank sees it."""
 
-    def __init__(self, cls, given, master):
-        self.cls, self.master = cls, master  # the settings' dataclass
-        self.out_dir = given.get("out_dir", cls.out_dir)
-        self.ckpt = None        # the checkpoint a resume continues from
-        self.log = None         # OUT_DIR/log.jsonl (rank 0's), once the run has started
-        self.spread = None      # how the model is spread: what it saves, and how
-        self.saved_iter = None  # the last good checkpoint's iteration
-        self.as_given = {}      # the settings a checkpoint keeps as they were given
-        self.device_type = None  # whose random state a checkpoint keeps
+    def __init__(self, tc, resumed, spread, device_type):
+        self.out_dir, self.spread, self.device_type = tc.out_dir, spread, device_type
+        self.master = not distributed.grouped() or dist.get_rank() == 0
+        self.resumed = resumed  # the checkpoint a resume continues from, or None
+        self.saved_iter = self.resumed and self.resumed["iter_num"]  # the last good checkpoint's
+        self.overwrite, self.keep_every = tc.overwrite, tc.keep_every
+        self.wandb = tc if tc.wandb_log else None  # the settings wandb records
+        self.log = None  # OUT_DIR/log.jsonl (rank 0's), once the run has started
 
-    def resume(self, given):
-        """--init_from=resume (or a torchrun restart): the latest checkpoint."""
-        distributed.one_folder(self.out_dir, given.get("dist_timeout", self.cls.dist_timeout))
-        given = distributed.restarted(given, self.out_dir, self.master)
-        if given.get("init_from") != "resume":
-            return given
-        if self.master and os.path.isdir(self.out_dir):
-            files.own(self.out_dir)
-        self.ckpt = load(self.out_dir, sharded=bool(given.get("fsdp")))
-        return given
-
-    def settings(self, given):
-        """A resume's saved settings (all but NOT_KEPT), then the flags given."""
-        saved, path, cls = {}, self.ckpt and self.ckpt["path"], self.cls
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        old = (self.ckpt or {}).get("train_config", {})
-        unknown = sorted(set(old) - set(fields))
-        if unknown:
-            raise CheckpointError(f"{path} is intact, but this code has no setting "
-                                  f"{', '.join(unknown)}, which its run was trained with; resume "
-                                  f"it with the code that wrote it")
-        if self.ckpt:
-            checkpoint.defaults(path, self.ckpt, "train_config", cls)
-        for key, value in old.items():
-            if key not in NOT_KEPT and key not in given:
-                try:
-                    saved[key] = value_of(fields[key], value, f"{path}'s saved train_config")
-                except UsageError as e:
-                    raise CheckpointError(f"{e}; it is damaged or was edited: give "
-                                          f"--{key}=VALUE to replace it") from None
-        try:
-            tc = cls(**{**saved, **given})
-        except UsageError as e:
-            named = [key for key in saved if f"--{key}=" in str(e)]
-            if not named:
-                raise
-            flags = " ".join(f"--{key}=VALUE" for key in named)
-            raise UsageError(f"{e} ({', '.join(named)}: the checkpoint's saved value, in {path}; "
-                             f"give {flags} to replace it)") from None
-        self.as_given = {k: getattr(tc, k) for k in DERIVED}
-        return tc
-
-    @property
-    def model_config(self):
-        """A resumed run's model Config, or None."""
-        return self.ckpt["model"].config if self.ckpt else None
-
-    @property
-    def trained_on(self):
-        """A resumed run's record of its data ({} when it kept none), or None for a fresh run."""
-        return (self.ckpt.get("data") or {}) if self.ckpt else None
-
-    def check(self, tc, given, spread):
-        """Everything before the run touches OUT_DIR; False for a finished resumed run."""
-        real = os.path.realpath(tc.out_dir)
-        self.out_dir = tc.out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
-        self.spread = spread
-        if tc.wandb_log:  # refused early if wandb is missing
-            need_wandb()
-        if tc.keep_every % tc.eval_interval:
-            raise UsageError(f"--keep_every={tc.keep_every} keeps checkpoints, which are saved "
-                             f"every --eval_interval={tc.eval_interval} steps: give a multiple")
-        if self.ckpt:
-            check_resumable(self.ckpt, tc, given)
-            self.saved_iter = self.ckpt["iter_num"]
-            return not finished(self.ckpt, tc)
-        if tc.init_from == "scratch" and self.master:
-            check_fresh(self.out_dir, tc.overwrite)
-        return True
-
-    def start(self, tc, device_type):
+    def start(self):
         """Rank 0 takes OUT_DIR (lock, leftovers, log)."""
-        self.device_type, self.keep_every = device_type, tc.keep_every
         if not self.master:
             return
-        out_dir, fresh = self.out_dir, self.ckpt is None
+        out_dir, fresh = self.out_dir, self.resumed is None
         os.makedirs(out_dir, exist_ok=True)
         files.own(out_dir)
         if fresh:
-            check_fresh(out_dir, tc.overwrite)  # again: another run may have ended there
+            check_fresh(out_dir, self.overwrite, note=True)  # again: another run may have ended
         check_log(out_dir)
-        files.remove_dead_temporaries(out_dir)
-        if not (fresh and tc.overwrite):
-            remove_unfinished_shards(out_dir)
-        replace = (lambda: replace_old_run(out_dir, self.spread.checkpoint)) if fresh else None
-        self.log = RunLog(out_dir, fresh, replace, None if fresh else self.ckpt["iter_num"],
-                          tc if tc.wandb_log else None)
+        files.remove_temporaries(out_dir)
+        for name in checkpoint.listing(out_dir):  # an interrupted sharded save's
+            if SHARDS.match(name) and not os.path.isfile(os.path.join(out_dir, name, ".metadata")):
+                files.remove(os.path.join(out_dir, name))
+        replace = (lambda: replace_old_run(out_dir, self.spread.sharded)) if fresh else None
+        self.log = RunLog(out_dir, fresh, replace, None if fresh else self.saved_iter, self.wandb)
 
-    def restore(self, model, optimizer, seed, rank, world, device_type):
+    def restore(self, model, optimizer, seed, rank, world):
         """A resumed run's AdamW state (FSDP: weights too) and random state (others: seeded)."""
-        self.spread.load(self.ckpt, model, optimizer)
+        ckpt = self.resumed
+        self.spread.load(ckpt, model, optimizer)
         if rank == 0:
-            torch.set_rng_state(self.ckpt["rng"]["torch"].cpu())
-            if "cuda" in self.ckpt["rng"] and device_type == "cuda":
-                torch.cuda.set_rng_state(self.ckpt["rng"]["cuda"].cpu())
+            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+            if "cuda" in ckpt["rng"] and self.device_type == "cuda":
+                torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
         else:
-            torch.manual_seed(seed + rank + world * self.ckpt["iter_num"])
+            torch.manual_seed(seed + rank + world * ckpt["iter_num"])
 
     def write(self, record, text):
         """Print text and log record (rank 0)."""
@@ -157,11 +169,10 @@ class Run:
         if self.device_type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state()
         state = {**state, "rng": rng, "saved_at": time.time(), "launch": distributed.launch_id()}
-        state["train_config"] = {**state["train_config"], **self.as_given}
         self.spread.save(self.out_dir, model, optimizer, self.master, state)
         self.saved_iter = it = state["iter_num"]
         if self.master and self.keep_every and it and it % self.keep_every == 0:
-            checkpoint.keep(self.out_dir, it, self.spread.checkpoint == POINTER)
+            checkpoint.keep(self.out_dir, it, self.spread.sharded)
         if self.master:
             self.log.commit()
 
@@ -169,9 +180,9 @@ class Run:
         """The checkpoint a run that blew up leaves (or none), in words."""
         if self.saved_iter is None:
             return "this run saved no checkpoint (start again with a lower --lr)"
-        path = os.path.join(self.out_dir, self.spread.checkpoint)
-        return (f"{path} (iter {self.saved_iter}) is the last good checkpoint (resume with "
-                f"--init_from=resume and a lower --lr)")
+        entry = checkpoint.latest(self.out_dir, self.spread.sharded)
+        return (f"{os.path.join(self.out_dir, entry[2])} (iter {self.saved_iter}) is the last "
+                f"good checkpoint (resume with --init_from=resume and a lower --lr)")
 
     def stopped(self, iter_num, world):
         """The last line of a run stopped by a signal: the command that continues it (rank 0)."""
@@ -184,27 +195,31 @@ class Run:
 # -----------------------------------------------------------------------------
 # A resume: the checkpoint it continues from, and every check it must pass
 
-def load(out_dir, sharded):
-    """The latest checkpoint in OUT_DIR as a resume's dict (its entries, "model", "path")."""
+def resume_from(out_dir, sharded):
+    """OUT_DIR's latest checkpoint as a resume's dict (its entries, "model", "path"; a sharded
+    one's "folder"), read whole unless it is sharded and so is the run (sharded)."""
     if not out_dir.strip():  # "" would read the working folder's files
         raise UsageError("--out_dir is empty; give the run's folder: "
                          "--init_from=resume --out_dir=OUT_DIR")
-    taken, full, meta = checkpoint.latest(out_dir)
-    if taken is None:
+    entry = checkpoint.latest(out_dir, sharded)
+    if entry is None:
         raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
                          f"start with --init_from=scratch or point --out_dir at a run")
-    pointed = checkpoint.saved(meta) if meta else None
-    if pointed and full and full[0] == pointed[0] and full[1] != pointed[1]:
-        print(f"note: {out_dir} holds two checkpoints of iter {full[0]}, {CKPT} and {POINTER}; "
-              f"resuming from {taken}, saved later by the clock", flush=True)
-    if taken == CKPT:
-        model, ckpt = checkpoint.load(out_dir)
-        return {**ckpt, "model": model, "path": os.path.join(out_dir, CKPT)}
+    name = entry[2]
+    if KEPT.match(name):  # ckpt.pt is gone: the latest is a kept one
+        print(f"note: resuming from {os.path.join(out_dir, name)} (iter {entry[0]}), the run's "
+              f"latest checkpoint", flush=True)
+        if os.path.isdir(os.path.join(out_dir, name)):  # a sharded one's run folder
+            return resume_from(os.path.join(out_dir, name), sharded)
+    if not SHARDS.match(name):
+        path = os.path.join(out_dir, name)
+        ckpt = checkpoint.read(path, mmap=False)  # (the run replaces the file it read)
+        return {**ckpt, "model": checkpoint.build(ckpt, path), "path": path}
     if not sharded:
-        return checkpoint.load_whole(out_dir, meta)
-    return {**meta, "rng": checkpoint.rng_from_json(meta["rng"]),
-            "model": RecursiveGPT(checkpoint.config_of(meta, os.path.join(out_dir, POINTER))),
-            "path": os.path.join(out_dir, POINTER)}
+        from support.sharded import read_whole
+        return read_whole(entry[3])
+    return {**entry[3], "model": checkpoint.RecursiveGPT(
+        checkpoint.config_of(entry[3], entry[3]["path"]))}
 
 
 def check_resumable(ckpt, tc, given):
@@ -223,14 +238,16 @@ def check_resumable(ckpt, tc, given):
     if problem:
         raise CheckpointError(f"{path} cannot be resumed: {problem}; it is damaged or was not "
                               f"written by train.py (sample.py can still use its weights)")
-    saved = {"model": ckpt["train_config"].get("model"), **ckpt["model"].config.to_dict()}
+    old = ckpt["train_config"]
+    saved = {"model": old.get("model"), **ckpt["model"].config.to_dict(),
+             **{k: old[k] for k in FIXED if k in old}}
     conflicts = [f"{k}: checkpoint {saved[k]!r} vs given {given[k]!r}" for k in saved
                  if k in given and given[k] != saved[k]]
     if conflicts:
         raise UsageError("the checkpoint's model differs from the flags given: "
                          + "; ".join(conflicts))
-    old, it = ckpt["train_config"], ckpt["iter_num"]
-    was, now = old.get("batch_size", 0) * old.get("grad_accum", 0), tc.batch_size * tc.grad_accum
+    it, was = ckpt["iter_num"], old.get("batch_size", 0) * old.get("grad_accum", 0)
+    now = tc.batch_size * tc.grad_accum
     if tc.data_order == "sequential" and old.get("data_order") == "sequential" and was != now:
         raise UsageError(f"--data_order=sequential: this run has read windows 0-{it * was - 1} "
                          f"({it} steps of {was}); with {now} windows a step it would go on at "
@@ -273,39 +290,33 @@ def optimizer_mismatch(saved, optimizer):
 # -----------------------------------------------------------------------------
 # OUT_DIR's checkpoints: a fresh run is refused over an old one, which --overwrite replaces
 
-def run_files(out_dir):
-    """The files that make OUT_DIR a run: ckpt.pt, ckpt-sharded.json, shards-<iter>/, kept ones."""
-    return [os.path.join(out_dir, n) for n in checkpoint.listing(out_dir)
-            if n in (CKPT, POINTER) or SHARDS.match(n) or KEPT.match(n)]
-
-
-def check_fresh(out_dir, overwrite):
-    """A scratch run into out_dir: refused where a run is (unless --overwrite), a live one first."""
+def check_fresh(out_dir, overwrite, note=False):
+    """A run from scratch into out_dir: refused where a run is (a live one first), unless
+    --overwrite, which is said (note) of every checkpoint it replaces, kept ones included."""
     if os.path.isdir(out_dir):
         files.own(out_dir)
         check_log(out_dir)
-    found = [p for p in run_files(out_dir) if not SHARDS.match(os.path.basename(p))]
-    if found and not overwrite:
-        raise UsageError(f"{' and '.join(found)} exist{'s' if len(found) == 1 else ''}; "
-                         f"continue it with --init_from=resume, or start over with "
-                         f"--overwrite=true, or choose another --out_dir")
+    names = ", ".join(n for n in checkpoint.listing(out_dir) if n in (CKPT, checkpoint.POINTER)
+                      or SHARDS.match(n) or KEPT.match(n))
+    if names and not overwrite:
+        try:  # (a damaged one is said so by a resume: a new run may replace it)
+            at, _, latest, _ = checkpoint.latest(out_dir)
+            how = f"continue from its latest, {latest} (iter {at}), with --init_from=resume"
+        except (CheckpointError, TypeError):
+            how = "continue it with --init_from=resume"
+        raise UsageError(f"{out_dir} holds a run's checkpoints ({names}); {how}, or start over "
+                         f"with --overwrite=true (which replaces all of them), or choose another "
+                         f"--out_dir")
+    if names and note:
+        print(f"note: --overwrite=true: this run's first checkpoint replaces {names} in "
+              f"{out_dir}", flush=True)
 
 
-def replace_old_run(out_dir, keep):
-    """After a fresh run's first checkpoint (keep: its format's file) the old run's files go."""
-    named = checkpoint.read_pointer(out_dir)["folder"] if keep == POINTER else None
-    for path in run_files(out_dir):
-        name = os.path.basename(path)
-        if name == (POINTER if keep == CKPT else CKPT) or SHARDS.match(name) and name != named \
-                or KEPT.match(name):
-            files.remove(path)
-
-
-def remove_unfinished_shards(out_dir):
-    """Remove the shards folders ckpt-sharded.json does not name."""
-    meta = checkpoint.read_pointer(out_dir)
-    for name in os.listdir(out_dir):
-        if SHARDS.match(name) and (meta is None or name != meta["folder"]):
+def replace_old_run(out_dir, sharded):
+    """After a fresh run's first checkpoint (sharded or not) the old run's checkpoints go."""
+    for name in checkpoint.listing(out_dir):
+        if (name == CKPT) == sharded and (name == CKPT or SHARDS.match(name)) or KEPT.match(name) \
+                or name == checkpoint.POINTER:
             files.remove(os.path.join(out_dir, name))
 
 

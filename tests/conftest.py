@@ -99,12 +99,19 @@ def write_indexed(prefix, sequences, dtype="uint16"):
     return len(sequences)
 
 
+def listed(folder):
+    """A folder's names, sorted, but its lock file (support/files.py's LOCK, empty: the lock is the
+    system's), which a folder a process held keeps."""
+    return sorted(set(os.listdir(folder)) - {".nanomesh.lock"})
+
+
 def snapshot(*folders):
-    """Every file under the folders with its content hash: equal snapshots mean nothing changed."""
+    """Every file under the folders with its content hash: equal snapshots mean nothing changed (a
+    lock file holds nothing: listed)."""
     found = {}
     for folder in folders:
         for dirpath, _, files in os.walk(folder):
-            for name in files:
+            for name in set(files) - {".nanomesh.lock"}:
                 path = os.path.join(dirpath, name)
                 with open(path, "rb") as f:
                     found[path] = hashlib.sha256(f.read()).hexdigest()

@@ -331,14 +331,14 @@ def test_a_run_stopped_early_is_refused_in_one_line_or_used_as_it_is_when_told(s
 def hold(folder, then=""):
     """A process holding folder's lock (as a training run or table1.py does) for 3 s, then running `then`
     (Python) before it lets go; returns it once it holds the lock."""
-    code = ("import fcntl, os, sys, time, shutil\nfd = os.open(sys.argv[1], os.O_RDONLY)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(3)\n" + then)
-    p = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
+    code = ("import os, sys, time, shutil\nfrom support import files\nfiles.own(sys.argv[1])\n"
+            "print('held', flush=True)\ntime.sleep(3)\n" + then)
+    p = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True,
+                         cwd=ROOT)
     assert p.stdout.readline() == "held\n"
     return p
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows: a run's folder is not locked there")
 def test_a_tool_waits_for_a_run_still_training_and_says_so(runs, tmp_path, capsys):
     out = shutil.copytree(runs[1], tmp_path / "training")
     held = hold(out, then=f"open({str(out / 'done')!r}, 'w').close()")  # the run's last act before it ends
@@ -353,7 +353,6 @@ def test_a_tool_waits_for_a_run_still_training_and_says_so(runs, tmp_path, capsy
     assert f"== {out}: layout" in captured.out  # finished: no mark
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows: a run's folder is not locked there")
 def test_a_tool_waits_for_a_run_table1_has_still_to_train(runs, tmp_path, capsys):
     """Exercise 3 before exercise 2 ends: the run's folder is not there yet, but table1.py holds the folder
     above it; the tool waits for it (here the holder makes the run, then ends) instead of advising training."""

@@ -20,11 +20,11 @@ import pytest
 import data.dataset as loader
 import data.meta as data_meta
 import data.prepare as prep
-from data import DataError
+from data.meta import DataError
 from data.dataset import load_split
 from data.prepare import ensure_dataset, prepare
 from data.tokenizer import Tokenizer
-from conftest import train_bpe
+from conftest import listed, train_bpe
 from data.meta import checkpoint_dataset, dataset_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
@@ -69,8 +69,8 @@ def test_char_prepare(tmp_path):
     tok = Tokenizer.load(d)
     assert tok.decode(np.concatenate([train, val])) == UNICODE
     assert Tokenizer.load(os.path.join(d, "meta.json")).to_meta() == tok.to_meta()
-    assert sorted(os.listdir(tmp_path / "out")) == ["mine"]  # no staging leftovers
-    assert sorted(os.listdir(d)) == ["meta.json", "train.bin", "val.bin"]
+    assert listed(tmp_path / "out") == ["mine"]  # no staging leftovers
+    assert listed(d) == ["meta.json", "train.bin", "val.bin"]
 
 
 @pytest.mark.slow
@@ -158,7 +158,7 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
     assert ensure_dataset("shakespeare_char", out_root=str(tmp_path), log=logs.append) == "pydoc"
     notes = [m for m in logs if "could not be downloaded" in m]
     assert len(notes) == 1 and "'pydoc'" in notes[0] and "\n" not in notes[0]
-    assert sorted(os.listdir(tmp_path)) == [".shakespeare_char.offline", "pydoc"]
+    assert listed(tmp_path) == [".shakespeare_char.offline", "pydoc"]
     assert ensure_dataset("pydoc", out_root=str(tmp_path), log=logs.append) == "pydoc"  # already there
     # the next run falls back at once, saying why, without trying the download again
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **kw: pytest.fail("downloaded again"))
@@ -261,7 +261,6 @@ def test_damaged_dataset_names_the_file_and_the_fix(tmp_path):
 
 
 def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch):
-    import data
     prepare("tiny", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path / "mine"), log=quiet)
     assert checkpoint_dataset({"data_root": str(tmp_path / "mine"), "dataset": "tiny"}) == str(tmp_path / "mine" / "tiny")
     monkeypatch.chdir(tmp_path)  # an older checkpoint's relative data_root, from the folder the run was trained in
@@ -269,10 +268,10 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # ... and from elsewhere, `data` (the default) is data/ beside data/prepare.py
-    monkeypatch.setattr(data, "PROJECT_DATA", str(tmp_path / "mine"))
+    monkeypatch.setattr(data_meta, "PROJECT_DATA", str(tmp_path / "mine"))
     assert checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "mine" / "tiny")
     assert checkpoint_dataset({"data_root": "gone", "dataset": "tiny"}, root=str(tmp_path / "mine")).endswith("tiny")
-    with pytest.raises(DataError, match=rf"dataset 'nope' is not in its --data_root={tmp_path}/mine \(no "
+    with pytest.raises(DataError, match=rf"dataset 'nope' is not in --data_root={tmp_path}/mine \(no "
                                         rf"{tmp_path}/mine/nope/meta.json\): give the folder it moved to with "
                                         r"--data_root, or prepare it with: python data/prepare.py --dataset nope"):
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
@@ -353,7 +352,7 @@ def test_prepare_indexed_format(tmp_path):
     src = write(tmp_path / "in.txt", UNICODE)
     flat = prepare("flat", input=src, out_root=str(tmp_path), log=quiet)
     d = prepare("ix", input=src, out_root=str(tmp_path), format="indexed", seq_len=50, log=quiet)
-    assert sorted(os.listdir(d)) == ["document.bin", "document.idx", "meta.json"]
+    assert listed(d) == ["document.bin", "document.idx", "meta.json"]
     meta = json.load(open(os.path.join(d, "meta.json")))
     n = len(UNICODE)  # one token a character
     ds = IndexedDataset(d)
@@ -475,7 +474,7 @@ def test_describe_indexed(tmp_path):
     seqs = [ours.encode_array(line) for line in TEXT.splitlines(keepends=True)]
     write_indexed(str(tmp_path / "pile" / "document"), seqs)
     assert prep.main(["--indexed", str(tmp_path / "pile" / "document"), "--tokenizer", str(tmp_path / "tokenizer.json")]) == 0
-    assert sorted(os.listdir(tmp_path / "pile")) == ["document.bin", "document.idx", "meta.json", "tokenizer.json"]
+    assert listed(tmp_path / "pile") == ["document.bin", "document.idx", "meta.json", "tokenizer.json"]
     meta = json.load(open(tmp_path / "pile" / "meta.json"))
     assert (meta["format"], meta["prefix"], meta["sequences"], meta["tokenizer"]) == ("indexed", "document", len(seqs), "bpe")
     assert dataset_folder("data", str(tmp_path / "pile" / "document")) == str(tmp_path / "pile")
@@ -549,4 +548,4 @@ def test_two_trainings_at_once_on_a_fresh_data_root(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], texts
     assert sum("prepare: pydoc: " in t for t in texts) == 1  # one prepared it, the other found it
     assert all("iter 3: train loss" in t for t in texts)
-    assert sorted(os.listdir(root)) == ["pydoc"]  # and nothing else: no staging folder left
+    assert listed(root) == ["pydoc"]  # and nothing else: no staging folder left

@@ -34,9 +34,9 @@ from tools import probe
 from support import files as runfiles
 import sample
 import train
-from data import DataError
+from data.meta import DataError
 from data.prepare import prepare
-from conftest import HANG, ROOT, TEXT, TINY, copy_with_a_bug, poison_micro_batch, run, small_disk, snapshot
+from conftest import HANG, ROOT, TEXT, TINY, copy_with_a_bug, listed, poison_micro_batch, run, small_disk, snapshot
 
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
 
@@ -133,7 +133,7 @@ def test_overwrite_replaces_the_old_run_at_the_new_ones_first_checkpoint(fails, 
         with open(out / "log.jsonl") as f:
             assert [r["iter"] for r in map(json.loads, f)] == [0, 1, 2, 3, 3]  # the new run's records only
         assert torch.load(out / "ckpt.pt", weights_only=True)["train_config"]["seed"] == 7
-        assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl"]
+        assert listed(out) == ["ckpt.pt", "log.jsonl"]
 
 
 # -----------------------------------------------------------------------------
@@ -259,48 +259,30 @@ def start_writer(path, folder):
 
 
 @pytest.mark.parametrize("kind", ["checkpoint temporary file", "prepare staging folder"])
-@pytest.mark.parametrize("flock", [True, False], ids=["locks", "no flock here"])
-def test_cleanup_removes_only_what_dead_writers_left(kind, flock, tmp_path, monkeypatch):
-    """A cleanup removes the temporaries of dead writers (one killed by kill -9; this process's, let go), and a dead
-    writer's whose PID is now a live process's (simulated: its name made to carry a live PID), never a live
-    writer's, nor a user's file or folder that only looks like a leftover. Where no flock can be taken (simulated:
-    flock fails as on some NFS), the PID in the name decides: then the reused PID's leftover stays."""
+def test_cleanup_removes_only_what_dead_writers_left(kind, tmp_path):
+    """The process that holds a folder (own) removes every temporary a writer left there, a killed
+    writer's as well as this process's own it let go: no other process writes there meanwhile. A user's
+    file or folder that only looks like a leftover stays."""
     folder = kind == "prepare staging folder"
-    live, live_name = start_writer(tmp_path / "ckpt.pt", folder)
     dead, dead_name = start_writer(tmp_path / "log.jsonl", folder)
-    reused, reused_name = start_writer(tmp_path / "result.json", folder)
-    for p in (dead, reused):
-        p.kill()
-        p.wait()
-    # the second dead writer's PID now a live process's: its name made to carry the live writer's PID
-    os.rename(tmp_path / reused_name, tmp_path / reused_name.replace(f"-{reused.pid}-", f"-{live.pid}-"))
-    reused_name = reused_name.replace(f"-{reused.pid}-", f"-{live.pid}-")
-    held = os.path.basename(runfiles.temporary_name(str(tmp_path / "train.out"), folder))  # this process's
-    let_go = runfiles.temporary_name(str(tmp_path / "meta.json"), folder)
-    runfiles.disown(let_go)  # this process's, let go: its writer is done with it
+    dead.kill()
+    dead.wait()
+    let_go = runfiles.temporary_name(str(tmp_path / "meta.json"), folder)  # this process's, done
     mark = runfiles.MARK
     lookalikes = {f".notes-{dead.pid}-a1b2c3.tmp", f".ckpt.pt-{dead.pid}-0123abcd4567.tmp",
                   f".x-{dead.pid}-0123abcd.nanomesh.tmp", f".y-{dead.pid}-0123abcd4567ef.nanomesh.tmp",
                   f"keep-{dead.pid}-a1b2c3d4e5f6{mark}"}  # (not hidden: not ours)
+    for name in lookalikes:
+        if folder:
+            (tmp_path / name).mkdir()
+        else:
+            (tmp_path / name).write_bytes(b"partial")
     try:
-        for name in lookalikes:
-            if folder:
-                (tmp_path / name).mkdir()
-            else:
-                (tmp_path / name).write_bytes(b"partial")
-        if not flock:
-            import fcntl
-
-            def no_flock(*args):
-                raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
-            monkeypatch.setattr(fcntl, "flock", no_flock)
-        runfiles.remove_dead_temporaries(str(tmp_path))
-        # without locks, the PIDs decide: this process's let-go one and the reused PID's stay
-        kept = {live_name, held, *lookalikes} | (set() if flock else {os.path.basename(let_go), reused_name})
-        assert set(os.listdir(tmp_path)) == kept and dead_name not in kept
+        assert runfiles.own(str(tmp_path))
+        runfiles.remove_temporaries(str(tmp_path))
+        assert set(os.listdir(tmp_path)) == {*lookalikes, runfiles.LOCK}
+        assert dead_name not in lookalikes and os.path.basename(let_go) not in lookalikes
     finally:
-        live.kill()
-        live.wait()
         runfiles.release()
 
 
@@ -315,17 +297,18 @@ def in_namespace_works():
 
 
 def wait_for_name(folder, prefix):
-    while not [n for n in os.listdir(folder) if n.startswith(prefix)]:
+    while not os.path.isdir(folder) or not [n for n in os.listdir(folder) if n.startswith(prefix)]:
         time.sleep(0.1)
     return next(n for n in os.listdir(folder) if n.startswith(prefix))
 
 
 @pytest.mark.skipif(not in_namespace_works(), reason="no PID namespaces here (unshare needs root)")
 def test_a_staging_folder_is_its_writers_in_any_pid_namespace(tmp_path):
-    """Two data/prepare.py in one data root, each PID 1 of its own PID namespace (as in two containers): the
-    second's cleanup leaves the first's live staging folder alone, and the first finishes. A third, killed by
-    kill -9 while it downloads, leaves a staging folder named with PID 1, a live process (init) here: the next
-    prepare removes it all the same."""
+    """Two data/prepare.py in one data root, each PID 1 of its own PID namespace (as in two containers): each
+    stages inside its own dataset's folder, which it holds, so the second leaves the first's live staging
+    folder alone, and the first finishes. A third, killed by kill -9 while it downloads, leaves a staging
+    folder named with PID 1, a live process (init) here: the next prepare of that dataset removes it all the
+    same."""
     root, text, fifo = tmp_path / "data", write_text(tmp_path / "t.txt", TEXT), tmp_path / "download"
     root.mkdir()
     os.mkfifo(fifo)  # a download that waits for this test to write it
@@ -333,13 +316,15 @@ def test_a_staging_folder_is_its_writers_in_any_pid_namespace(tmp_path):
         return subprocess.Popen([*NAMESPACE, *python("data/prepare.py", f"--dataset={name}",
                                                      f"--url={fifo.as_uri()}", f"--out_root={root}")],
                                 cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    def local(name):  # a prepare of a local file, in a namespace of its own
+        return subprocess.run([*NAMESPACE, *python("data/prepare.py", f"--dataset={name}", f"--input={text}",
+                                                   f"--out_root={root}")], cwd=ROOT, capture_output=True, text=True)
     first = third = None
     try:
         first = downloading("first")
-        stage = wait_for_name(root, ".first-1-")
-        r = subprocess.run([*NAMESPACE, *python("data/prepare.py", "--dataset=second", f"--input={text}",
-                                                f"--out_root={root}")], cwd=ROOT, capture_output=True, text=True)
-        assert r.returncode == 0 and (root / stage).is_dir(), r.stderr
+        stage = wait_for_name(root / "first", ".staging-1-")
+        r = local("second")
+        assert r.returncode == 0 and (root / "first" / stage).is_dir(), r.stderr
         with open(fifo, "w") as f:
             f.write(TEXT)
         assert first.wait(timeout=HANG) == 0 and (root / "first" / "meta.json").is_file(), first.stderr.read()
@@ -347,18 +332,16 @@ def test_a_staging_folder_is_its_writers_in_any_pid_namespace(tmp_path):
         with open(fifo, "w") as f:  # half a download: 4 MB written, then the downloader is killed
             f.write("x" * (4 << 20))
             f.flush()
-            stage = wait_for_name(root, ".third-1-")
+            stage = wait_for_name(root / "third", ".staging-1-")
             third.kill()  # (unshare --kill-child: its PID 1 dies with it)
             third.wait()
     finally:
         for p in filter(None, (first, third)):
             p.kill()
             p.wait()
-    assert (root / stage).is_dir()
-    subprocess.run(python("data/prepare.py", "--dataset=fourth", f"--input={text}", f"--out_root={root}"), cwd=ROOT,
-                   check=True, capture_output=True)
-    assert sorted(os.listdir(root)) == ["first", "fourth", "second", "third"]  # (third: the folder it made, empty)
-    assert os.listdir(root / "third") == []
+    assert (root / "third" / stage).is_dir()
+    assert local("third").returncode == 0
+    assert listed(root / "third") == ["meta.json", "train.bin", "val.bin"]
 
 
 def test_a_run_whose_data_root_is_its_out_dir_never_waits_on_itself(tmp_path):
@@ -369,7 +352,7 @@ def test_a_run_whose_data_root_is_its_out_dir_never_waits_on_itself(tmp_path):
                               "--data_root=.", "--max_iters=1"), cwd=tmp_path, capture_output=True, text=True,
                        timeout=HANG)
     assert r.returncode == 0 and "waiting" not in r.stderr, r.stderr
-    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "log.jsonl", "pydoc"]
+    assert listed(tmp_path) == ["ckpt.pt", "log.jsonl", "pydoc"]
 
 
 def test_a_read_only_data_root_names_the_fix(tmp_path):
@@ -721,11 +704,10 @@ def test_clear_words(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
     hint = f"python train.py --init_from=resume {shlex.quote(f'--out_dir={out}')}"
     assert hint in capsys.readouterr().out and shlex.split(hint)[-1] == f"--out_dir={out}"
     # where a file system cannot lock folders (some NFS setups), a run trains and says it is unprotected
-    def no_flock(fd, op):
+    def no_lock(*args, **kwargs):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
-    import fcntl
-    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(runfiles.filelock, "ReadWriteLock", no_lock)
     monkeypatch.setattr(train, "get_batch", get_batch)
     assert run(["--max_iters=1"], data_root, tmp_path / "nfs") == 0
     assert f"note: cannot lock --out_dir={tmp_path / 'nfs'} (No locks available); make sure no other run uses it" \
@@ -740,25 +722,25 @@ def test_clear_words(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
 # A folder holding a run, whatever its format, is the run's
 
 def fake_sharded(folder):
-    """A sharded checkpoint's files (a pointer and a shards folder), as far as ownership rules look."""
-    folder.mkdir(exist_ok=True)
-    (folder / "ckpt-sharded.json").write_text("{}")
-    (folder / "shards-00000002").mkdir()
-    (folder / "shards-00000002" / "__0_0.distcp").write_bytes(b"shard")
+    """A sharded checkpoint's files (its shards folder, whole but damaged), as far as ownership rules look."""
+    (folder / "shards-00000002").mkdir(parents=True)
+    for name, content in (("__0_0.distcp", b"shard"), (".metadata", b""), ("state.json", b"{}")):
+        (folder / "shards-00000002" / name).write_bytes(content)
 
 
 def test_a_sharded_run_is_refused_and_replaced_whole(data_root, tmp_path, capsys):  # noqa: F811
     """A scratch run into a folder of a sharded run is refused; --overwrite replaces all of it at its first
-    checkpoint (the old pointer and shards go, however damaged), so a resume continues the new run."""
+    checkpoint (the old shards go, however damaged), so a resume continues the new run."""
     out = tmp_path / "run"
     fake_sharded(out)
     before = snapshot(out)
     assert run(["--max_iters=2"], data_root, out) == 2
-    assert one_line(capsys) == (f"train.py: error: {out / 'ckpt-sharded.json'} exists; continue it with "
-                                f"--init_from=resume, or start over with --overwrite=true, or choose another --out_dir\n")
+    assert one_line(capsys) == (f"train.py: error: {out} holds a run's checkpoints (shards-00000002); continue it "
+                                f"with --init_from=resume, or start over with --overwrite=true (which replaces all of "
+                                f"them), or choose another --out_dir\n")
     assert snapshot(out) == before
     assert run(["--max_iters=2", "--eval_interval=2", "--overwrite=true"], data_root, out) == 0
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl"]
+    assert listed(out) == ["ckpt.pt", "log.jsonl"]
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=3"]) == 0
 
 
@@ -798,25 +780,26 @@ def test_two_prepares_of_one_dataset_never_mix(tmp_path):
                                               f"live train.py run reads it, or another data/prepare.py writes it "
                                               f"({tmp_path / 'data' / 'tiny'} is locked); wait for it to end, or "
                                               f"prepare it under another name\n")
-    assert os.listdir(tmp_path / "data") == ["tiny"] and os.listdir(tmp_path / "data" / "tiny") == []
+    assert listed(tmp_path / "data") == ["tiny"] and listed(tmp_path / "data" / "tiny") == []
 
 
 # -----------------------------------------------------------------------------
 # Nothing read from a file that names a path reaches outside its own folder
 
 def test_a_crafted_pointer_can_neither_read_nor_delete_elsewhere(finished, tmp_path, capsys):  # noqa: F811
+    """Earlier code's ckpt-sharded.json is read only for the shards folder of its own run it names by name: one
+    crafted to name a folder elsewhere is never read, nor is it deleted; the resume takes the run's ckpt.pt."""
     victim = tmp_path / "other_run" / "shards-00000001"
     victim.mkdir(parents=True)
     (victim / "__0_0.distcp").write_bytes(b"someone else's")
+    (victim / ".metadata").write_bytes(b"someone else's")
     good = json.loads(json.dumps(dict(model_config=torch.load(finished / "ckpt.pt", weights_only=True)["model_config"],
                                       train_config={}, iter_num=9, best_val_loss=1.0, rng={"torch": [0] * 8})))
     for folder in (str(victim), "../other_run/shards-00000001"):
         out = copy_of(finished, tmp_path, f"run{len(folder)}")
         (out / "ckpt-sharded.json").write_text(json.dumps({**good, "folder": folder}))
-        assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=12"]) == 2
-        err = one_line(capsys)
-        assert err.startswith(f"train.py: error: {out / 'ckpt-sharded.json'} is corrupt (ValueError: folder ") and \
-            "is not the shards-<iter> folder of iter_num)" in err
+        assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 0
+        assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 4
         assert (victim / "__0_0.distcp").read_bytes() == b"someone else's"
 
 
@@ -863,14 +846,16 @@ def config_case(text):
     return case
 
 
-def pointer_case(change, text=None):
+def sharded_case(change, text=None):
     def case(tmp, finished):
         out = shutil.copytree(finished, tmp / "run")
-        meta = dict(model_config=torch.load(out / "ckpt.pt", weights_only=True)["model_config"], train_config={},
-                    iter_num=9, best_val_loss=1.0, rng={"torch": [0] * 8}, folder="shards-00000009")
+        state = dict(model_config=torch.load(out / "ckpt.pt", weights_only=True)["model_config"], train_config={},
+                     iter_num=9, best_val_loss=1.0, rng={"torch": [0] * 8})
         if change:
-            change(meta)
-        (out / "ckpt-sharded.json").write_text(text or json.dumps(meta))
+            change(state)
+        (out / "shards-00000009").mkdir()
+        (out / "shards-00000009" / ".metadata").write_bytes(b"")  # DCP's, written last: a whole one
+        (out / "shards-00000009" / "state.json").write_text(text or json.dumps(state))
         return "train", ["--init_from=resume", f"--out_dir={out}", "--max_iters=12"]
     return case
 
@@ -911,18 +896,19 @@ BAD_FILES = [  # (name, case(tmp, finished) -> (tool, args), words of the one-li
     ("config: not UTF-8", config_case(b'{"out_dir": "caf\xe9"}'), "c.json' is not UTF-8 text (byte 16); fix it"),
     ("config: a NUL byte in a path", config_case('{"out_dir": "a\\u0000b"}'),
      "c.json holds a NUL byte, which no path or name can; remove it"),
-    ("pointer nested 100,000 deep", pointer_case(None, "[" * 100_000 + "]" * 100_000),
-     "ckpt-sharded.json is corrupt (PlainDataError: is nested more than 64 levels deep)"),
-    ("pointer without the dataset", pointer_case(None),
+    ("sharded state nested 100,000 deep", sharded_case(None, "[" * 100_000 + "]" * 100_000),
+     "state.json is corrupt (PlainDataError: is nested more than 64 levels deep)"),
+    ("sharded state without the dataset", sharded_case(None),
      "is corrupt (TypeError: train_config's dataset is None, not a name)"),
     ("--seed above 2**64", lambda tmp, f: ("train", ["--seed=18446744073709551617", f"--out_dir={tmp / 'o'}"]),
      "--seed=18446744073709551617, too large: an integer setting is at most 2**63 - 1"),
     ("--gpu_memory=inf", lambda tmp, f: ("train", ["--plan=true", "--gpu_memory=inf"]),
      "--gpu_memory=inf must be a finite number of GiB above 0"),
-    ("pointer without rng", pointer_case(lambda m: m.pop("rng")), "is corrupt (TypeError: rng is None, not a dict)"),
-    ("pointer with settings as text", pointer_case(lambda m: m.update(train_config="lr=1")),
+    ("sharded state without rng", sharded_case(lambda m: m.pop("rng")),
+     "is corrupt (TypeError: rng is None, not a dict)"),
+    ("sharded state with settings as text", sharded_case(lambda m: m.update(train_config="lr=1")),
      "is corrupt (TypeError: train_config is 'lr=1', not a dict)"),
-    ("pointer with a string iteration", pointer_case(lambda m: m.update(iter_num="9")),
+    ("sharded state with a string iteration", sharded_case(lambda m: m.update(iter_num="9")),
      "is corrupt (TypeError: iter_num is '9', not a int)"),
     ("tokenizer: two tokens on one id", tokenizer_case(lambda s: s["model"]["vocab"].update(ab=5)),
      "tokenizer.json is not a tokenizer nanoMeSH can run: model.vocab gives 'ą' and 'ab' the same id 5"),
@@ -1100,14 +1086,14 @@ def test_a_log_that_is_a_link_is_refused(how, finished, data_root, tmp_path, cap
     else:
         out.mkdir()
     os.symlink(outside, out / "log.jsonl")
-    before = sorted(os.listdir(out)), (out / "ckpt.pt").read_bytes() if how == "resume" else None
+    before = listed(out), (out / "ckpt.pt").read_bytes() if how == "resume" else None
     flags = ["--init_from=resume", "--max_iters=6"] if how == "resume" else ["--max_iters=2"]
     assert run(flags, data_root, out) == 2
     assert one_line(capsys) == (f"train.py: error: {out / 'log.jsonl'} is a symbolic link, and a run writes only "
                                 f"inside its folder; remove the link (rm {out / 'log.jsonl'}) or choose another "
                                 f"--out_dir\n")
     assert not os.path.lexists(outside) and os.path.islink(out / "log.jsonl")
-    assert (sorted(os.listdir(out)), (out / "ckpt.pt").read_bytes() if how == "resume" else None) == before
+    assert (listed(out), (out / "ckpt.pt").read_bytes() if how == "resume" else None) == before
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
@@ -1234,10 +1220,9 @@ def test_a_checkpoint_records_the_data_its_run_read(data_root, tmp_path, monkeyp
             prepare("tiny", input=str(tmp_path / "other.txt"), out_root=str(data), log=lambda *a: None)
         return get_batch(d, tc, T, key, device)
 
-    def no_flock(fd, op):
+    def no_lock(*args, **kwargs):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
-    import fcntl
-    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(runfiles.filelock, "ReadWriteLock", no_lock)
     monkeypatch.setattr(train, "get_batch", prepare_again_at_step_2)
     assert run(["--max_iters=4", "--eval_interval=2"], str(data), tmp_path / "out") == 0
     assert dataset_record(str(data / "tiny")) != read
@@ -1340,7 +1325,7 @@ def test_another_projects_data_root_is_never_written(flags, words, tmp_path):
                        env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=HANG)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert words in r.stderr and str(root) in r.stderr, r.stderr
-    assert snapshot(root) == before and sorted(os.listdir(root)) == ["shakespeare", "shakespeare_char"]
+    assert snapshot(root) == before and listed(root) == ["shakespeare", "shakespeare_char"]
     assert not (tmp_path / "out").exists()
 
 
@@ -1354,14 +1339,14 @@ def test_prepare_refuses_a_dataset_folder_of_another_tool_and_reuses_its_own(tmp
     assert (f"{root / 'shakespeare'} holds files that data/prepare.py did not make (meta.pkl, prepare.py, "
             f"train.bin, ... (4 in all)) and no meta.json: another tool's dataset, which nanoMeSH never writes "
             f"over; give another --out_root, or move those files away") in r.stderr
-    assert snapshot(root) == before and sorted(os.listdir(root)) == ["shakespeare", "shakespeare_char"]
+    assert snapshot(root) == before and listed(root) == ["shakespeare", "shakespeare_char"]
     # a folder of its own is prepared again: an empty one, one prepared, one whose replacement was cut short
     (root / "empty").mkdir()
     folder = prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
     prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
     os.replace(os.path.join(folder, "meta.json"), os.path.join(folder, ".meta.json.replacing"))
     prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
-    assert sorted(os.listdir(folder)) == ["meta.json", "train.bin", "val.bin"]
+    assert listed(folder) == ["meta.json", "train.bin", "val.bin"]
 
 
 def write_text(path, text):

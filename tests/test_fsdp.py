@@ -18,11 +18,11 @@ import torch
 
 from tools import consolidate
 from support import checkpoint, files as runfiles, run as run_dir
-from support import checkpoint as sharded_format  # (the fixture `sharded` is a run)
+from support.sharded import Unpickler
 import sample
 import train
 from data.prepare import prepare
-from conftest import HANG, ROOT, TEXT, TINY, losses, run, snapshot
+from conftest import HANG, ROOT, TEXT, TINY, listed, losses, run, snapshot
 
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
 # train.py refuses FSDP2 on a CPU under torch 2.7 (tests/test_versions.py): there these tests skip
@@ -30,6 +30,11 @@ TOO_OLD = "FSDP2 on a CPU needs torch 2.7 or later" if torch.__version__ < (2, 7
 
 
 COMMON = ["--grad_accum=4", "--eval_interval=2", "--eval_iters=3", "--lr=3e-3", "--lr_decay_iters=8"]
+
+
+def state(folder):
+    """A sharded checkpoint's plain data (its folder's state.json)."""
+    return json.loads((folder / "state.json").read_text())
 
 
 def torchrun(*args, timeout=HANG, nproc=2):
@@ -58,7 +63,7 @@ def test_fsdp_equals_one_process_and_resumes_across_modes(data_root, tmp_path, c
         r = torchrun("--init_from=resume", f"--out_dir={mix}", f"--max_iters={stop}", nproc=nproc)
         assert r.returncode == 0, r.stderr[-3000:]
         assert f"{nproc} process(es) (FSDP)" in r.stdout
-    assert sorted(os.listdir(mix)) == ["ckpt-sharded.json", "ckpt.pt", "log.jsonl", "shards-00000006"]
+    assert listed(mix) == ["ckpt.pt", "log.jsonl", "shards-00000006"]
     # the consolidated ckpt.pt is the sharded checkpoint, whole; sample.py reads it
     assert consolidate.main([f"--out_dir={mix}"]) == 0
     model, ckpt = checkpoint.load(str(mix))
@@ -89,34 +94,33 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=4", "--lr=1e36",
                  "--warmup_iters=0", "--grad_clip=0")  # the weights blow up: the loss of iter 1 is not finite
     assert r.returncode != 0 and r.stderr.count(f"train.py: error: loss is nan at iter 1; stopped without saving, "
-                                                f"so {out / checkpoint.POINTER} (iter 0) is the last good checkpoint") == 2, r.stderr[-3000:]
-    meta = json.loads((out / checkpoint.POINTER).read_text())
-    assert meta["folder"] == "shards-00000000" and meta["iter_num"] == 0 and not (out / "ckpt.pt").exists()
-    # a write killed before its pointer: never taken, and removed at a start
+                                                f"so {out / 'shards-00000000'} (iter 0) is the last good checkpoint") == 2, r.stderr[-3000:]
+    assert state(out / "shards-00000000")["iter_num"] == 0 and not (out / "ckpt.pt").exists()
+    # a write killed before DCP's .metadata: never taken, and removed at a start
     (out / "shards-00000001").mkdir()
     (out / "shards-00000001" / "__0_0.distcp").write_bytes(b"half")
     shards = sorted((out / "shards-00000000").glob("*.distcp"))
-    shards[0].write_bytes(shards[0].read_bytes()[:100])  # truncated
+    whole = shards[0].read_bytes()
+    shards[0].write_bytes(whole[:100])  # truncated
     r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=4", timeout=HANG)
     assert r.returncode != 0 and r.stderr.count("train.py: error: the sharded checkpoint") == 2, r.stderr[-3000:]
     assert "shards-00000000 is incomplete or corrupt" in r.stderr  # not the unfinished shards-00000001
-    run_dir.remove_unfinished_shards(str(out))  # what a start does
-    assert sorted(os.listdir(out)) == ["ckpt-sharded.json", "log.jsonl", "shards-00000000"]
     shards[0].unlink()  # missing, read by one process
     capsys.readouterr()
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "shards-00000000 is incomplete or corrupt" in err
+    assert "move it away" not in err  # no ckpt.pt to fall back on: not advised
     assert consolidate.main([f"--out_dir={out}"]) == 2 and not (out / "ckpt.pt").exists()
-    assert "move ckpt-sharded.json away" not in err  # no ckpt.pt to fall back on: not advised
-    shutil.copyfile(shards[1], shards[0])  # back, but another rank's bytes: its CRC-32 tells
-    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
-    assert "shards-00000000 is incomplete or corrupt (__0_0.distcp fails its CRC-32 check)" in capsys.readouterr().err
+    metadata = (out / "shards-00000000" / ".metadata").read_bytes()
     (out / "shards-00000000" / ".metadata").write_bytes(b"\x80\x04cos\nsystem\n.")  # a pickle that would run code
-    meta["checksums"] = {name: sharded_format.crc32(out / "shards-00000000" / name) for name in meta["checksums"]}
-    (out / checkpoint.POINTER).write_text(json.dumps(meta))  # its checksums forged too: the unpickler still refuses it
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     assert "os.system is not allowed" in capsys.readouterr().err
+    shards[0].write_bytes(whole)  # whole again: the resume continues, and its start removes the leftover
+    (out / "shards-00000000" / ".metadata").write_bytes(metadata)
+    r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=2", "--lr=1e-3", timeout=HANG)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert listed(out) == ["log.jsonl", "shards-00000002"]
 
 
 def test_fsdp_needs_torchrun(data_root, tmp_path, capsys):
@@ -125,11 +129,13 @@ def test_fsdp_needs_torchrun(data_root, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("pointer", ["{", '{"iter_num": 3}'])
-def test_corrupt_pointer_is_one_line(pointer, tmp_path, capsys):
-    (tmp_path / checkpoint.POINTER).write_text(pointer)
+@pytest.mark.parametrize("text", ["{", '{"iter_num": 3}'])
+def test_a_corrupt_sharded_state_is_one_line(text, tmp_path, capsys):
+    (tmp_path / "shards-00000003").mkdir()
+    (tmp_path / "shards-00000003" / ".metadata").write_bytes(b"")
+    (tmp_path / "shards-00000003" / "state.json").write_text(text)
     assert train.main(["--init_from=resume", f"--out_dir={tmp_path}"]) == 2
-    assert f"{checkpoint.POINTER} is corrupt" in capsys.readouterr().err
+    assert f"{tmp_path / 'shards-00000003' / 'state.json'} is corrupt" in capsys.readouterr().err
 
 
 def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path):
@@ -144,7 +150,7 @@ def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path)
     payload = b"\x80\x04" + text("torch.distributed.checkpoint.filesystem") + text("os.system") + b"\x93."
     assert pickle.loads(payload) is os.system
     with pytest.raises(pickle.UnpicklingError, match="os.system is not allowed in checkpoint metadata"):
-        sharded_format.metadata_reader(str(tmp_path)).Unpickler(io.BytesIO(payload)).load()
+        Unpickler(io.BytesIO(payload)).load()
 
 
 @pytest.fixture(scope="module")
@@ -163,21 +169,21 @@ def test_a_sharded_run_owns_its_folder(sharded, data_root, tmp_path):
     out = shutil.copytree(sharded, tmp_path / "run")
     before = snapshot(out)
     r = torchrun(*TINY, f"--data_root={data_root}", f"--out_dir={out}", *COMMON, "--max_iters=2")
-    assert r.returncode != 0 and f"train.py: error: {out / checkpoint.POINTER} exists; continue it with --init_from=resume" \
-        in r.stderr, r.stderr[-3000:]
+    assert r.returncode != 0 and (f"train.py: error: {out} holds a run's checkpoints (shards-00000002); continue from "
+                                  f"its latest, shards-00000002 (iter 2), with --init_from=resume") in r.stderr, r.stderr[-3000:]
     assert snapshot(out) == before
 
 
 def test_the_sharded_checkpoint_records_its_data(sharded, data_root, tmp_path, capsys):
     out = shutil.copytree(sharded, tmp_path / "run")
-    meta = json.loads((out / checkpoint.POINTER).read_text())
+    meta = state(out / "shards-00000002")
     with open(os.path.join(data_root, "tiny", "meta.json")) as f:
         assert meta["data"]["sha256"] == json.load(f)["sha256"] and isinstance(meta["saved_at"], float)
     data = shutil.copytree(data_root, tmp_path / "data")
     (tmp_path / "new.txt").write_text(TEXT.replace("king", "gink"))
     prepare("tiny", input=str(tmp_path / "new.txt"), out_root=str(data), log=lambda *a: None)
     meta["train_config"]["data_root"] = str(data)
-    (out / checkpoint.POINTER).write_text(json.dumps(meta))
+    (out / "shards-00000002" / "state.json").write_text(json.dumps(meta))
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2  # loads it whole: refused
     assert "is not the data the checkpoint was trained on: sha256" in capsys.readouterr().err
 
@@ -248,55 +254,62 @@ def worker(pid, tmp_path, rank):
         return False
 
 
-def test_a_resave_at_the_same_iteration_keeps_the_named_shards_until_the_pointer_moves(data_root, tmp_path):
-    """A sequential run resumed after its data ran out saves again at the same iteration: into the other of two
-    folders (shards-<iter>, shards-<iter>-1), so the one the pointer names is never removed before the new one is
-    whole and named; each resume continues from the checkpoint, at that iteration."""
+def test_a_resume_whose_data_ran_out_saves_nothing_again(data_root, tmp_path):
+    """A sequential run resumed after its data ran out is at its end already: it says so, evaluates and saves
+    nothing again (a run never saves twice at one iteration), and its sharded checkpoint stays as it was."""
     out, flags = tmp_path / "run", [*TINY, f"--data_root={data_root}", "--data_order=sequential", "--batch_size=64",
                                     "--grad_accum=4", "--eval_interval=2", "--max_iters=10"]
-    assert sharded_format.shards_folder(3, None) == sharded_format.shards_folder(3, "shards-00000002") == "shards-00000003"
-    assert sharded_format.shards_folder(3, "shards-00000003") == "shards-00000003-1"
-    assert sharded_format.shards_folder(3, "shards-00000003-1") == "shards-00000003"
-    for i, folder in enumerate(["shards-00000003", "shards-00000003-1", "shards-00000003"]):
+    for i in range(2):
         r = torchrun(*flags, f"--out_dir={out}", *(["--init_from=resume"] if i else []), nproc=1)
         assert r.returncode == 0 and "the data ran out at iter 3" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-        assert sorted(os.listdir(out)) == ["ckpt-sharded.json", "log.jsonl", folder]
-        assert checkpoint.read_pointer(str(out))["folder"] == folder
+        assert listed(out) == ["log.jsonl", "shards-00000003"]
+        before = before if i else snapshot(out)
+    assert snapshot(out) == before and [i for i, _ in losses(out, "val_loss")] == [0, 2, 3]
 
 
 def test_which_checkpoint_a_resume_takes_is_decided_by_training_progress(sharded, data_root, tmp_path, capsys):
     """ckpt.pt saved with the clock an hour ahead (an NTP correction, a copy from another machine) but at an earlier
     iteration than the sharded checkpoint: the sharded one is taken. At the same iteration the clock breaks the
-    tie, and a note says which."""
+    tie; at the same time too (consolidate.py's copy) a resume without --fsdp takes the whole one."""
     out = shutil.copytree(sharded, tmp_path / "run")
-    meta = checkpoint.read_pointer(str(out))
+    meta = state(out / "shards-00000002")
     assert consolidate.main([f"--out_dir={out}"]) == 0  # ckpt.pt: the same checkpoint, iter 2
     whole = torch.load(out / "ckpt.pt", weights_only=True)
-    for iter_num, ahead, taken in ((0, 3600.0, checkpoint.POINTER), (2, 3600.0, checkpoint.CKPT),
-                                   (2, -3600.0, checkpoint.POINTER), (2, 0.0, checkpoint.POINTER)):
+    for iter_num, ahead, taken in ((0, 3600.0, "state.json"), (2, 3600.0, "ckpt.pt"), (2, -3600.0, "state.json"),
+                                   (2, 0.0, "ckpt.pt")):
         checkpoint.save({**whole, "iter_num": iter_num, "saved_at": meta["saved_at"] + ahead}, str(out / "ckpt.pt"))
-        capsys.readouterr()
-        assert os.path.basename(run_dir.load(str(out), sharded=False)["path"]) == taken
-        note = capsys.readouterr().out
-        assert note == ("" if iter_num != 2 or not ahead else
-                        f"note: {out} holds two checkpoints of iter 2, ckpt.pt and ckpt-sharded.json; resuming from "
-                        f"{taken}, saved later by the clock\n")
+        assert os.path.basename(run_dir.resume_from(str(out), sharded=False)["path"]) == taken
+
+
+def test_a_sharded_checkpoint_of_earlier_code_is_still_read(sharded, tmp_path, capsys):
+    """Earlier code wrote a sharded checkpoint's plain data into OUT_DIR/ckpt-sharded.json, which named its shards
+    folder: read still, by an FSDP resume, by one process and by consolidate.py; the next save replaces both."""
+    out = shutil.copytree(sharded, tmp_path / "run")
+    shards = out / "shards-00000002"
+    (out / "ckpt-sharded.json").write_text(json.dumps({**state(shards), "folder": shards.name}))
+    (shards / "state.json").unlink()
+    old = shutil.copytree(out, tmp_path / "old")
+    r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert listed(out) == ["log.jsonl", "shards-00000004"]
+    assert train.main(["--init_from=resume", f"--out_dir={old}", "--max_iters=4"]) == 0
+    close(losses(out), losses(old))
+    os.remove(old / "ckpt.pt")
+    assert consolidate.main([f"--out_dir={old}"]) == 0 and checkpoint.load(str(old))[1]["iter_num"] == 2
 
 
 def test_a_kept_sharded_checkpoint_is_a_run_folder_later_saves_leave(sharded, tmp_path, capsys):
-    """--keep_every under FSDP keeps ckpt_ITER/, a run folder (pointer and shards) that the save
-    after it leaves whole; sample.py --ckpt=ITER names consolidate.py, then reads its copy."""
+    """--keep_every under FSDP keeps ckpt_ITER/, a run folder holding its shards folder, that the save after it
+    leaves whole; sample.py --ckpt=ITER names consolidate.py, then reads its copy."""
     out = shutil.copytree(sharded, tmp_path / "run")
     r = torchrun("--init_from=resume", f"--out_dir={out}", "--max_iters=6", "--keep_every=4")
     assert r.returncode == 0, r.stderr[-3000:]
     kept = out / "ckpt_4"
-    listed = sorted(os.listdir(out))
-    assert listed == ["ckpt-sharded.json", "ckpt_4", "log.jsonl", "shards-00000006"]
-    assert sorted(os.listdir(kept)) == ["ckpt-sharded.json", "shards-00000004"]
-    assert json.loads((kept / "ckpt-sharded.json").read_text())["iter_num"] == 4
+    assert listed(out) == ["ckpt_4", "log.jsonl", "shards-00000006"]
+    assert listed(kept) == ["shards-00000004"] and state(kept / "shards-00000004")["iter_num"] == 4
     capsys.readouterr()
     assert sample.main([f"--out_dir={out}", "--ckpt=4"]) == 2
-    assert f"{kept} holds a sharded checkpoint" in capsys.readouterr().err
+    assert f"python tools/consolidate.py --out_dir={kept}" in capsys.readouterr().err
     assert consolidate.main([f"--out_dir={kept}"]) == 0
     assert sample.main([f"--out_dir={out}", "--ckpt=4", "--max_new_tokens=4"]) == 0
     assert checkpoint.load(str(kept))[1]["iter_num"] == 4

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import HANG, ROOT
+from conftest import HANG, ROOT, listed
 from tools import bench, gpu_check
 
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
@@ -68,7 +68,7 @@ def test_a_failed_and_an_overrun_part_leave_the_rest_of_the_report(tmp_path):
     rc, stdout, out = check(tmp_path, "--budget=100", "--fail=bench-160m", "--overrun=tier")
     assert rc == 1
     assert stdout.endswith(f"wrote {out / 'report.md'}: not passed: bench-160m, tier\n")
-    files = sorted(p.name for p in out.iterdir())
+    files = listed(out)
     assert files == ["bench-160m.log", "bench-410m.jsonl", "bench-410m.log", "profile.log",
                      "report.md", "tier.log"]
     assert all((out / f).is_file() for f in files) and len(files) <= 8
@@ -129,7 +129,7 @@ def test_a_stopped_check_ends_its_part_and_says_what_did_not_run(how, tmp_path):
     for name in ("bench-410m", "tier", "profile"):
         row = f"| {name} | not run: the check was stopped before it | - | - | - |"
         assert row in report, name
-    assert sorted(p.name for p in out.iterdir()) == ["bench-160m.log", "report.md"]
+    assert listed(out) == ["bench-160m.log", "report.md"]
     assert_ended(pids(log))
 
 
@@ -138,7 +138,7 @@ def test_only_runs_the_parts_it_names(tmp_path):
     saying why: the tier is reported as skipped, and the check as not passed."""
     import torch
     rc, stdout, out = check(tmp_path, "--only=tier")
-    assert sorted(p.name for p in out.iterdir()) == ["report.md", "tier.log"]
+    assert listed(out) == ["report.md", "tier.log"]
     report = (out / "report.md").read_text()
     assert re.search(r"`python -m pytest tests/test_cuda.py`: \d+ (passed|skipped)", report)
     assert "| bench-160m |" not in report

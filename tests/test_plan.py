@@ -14,7 +14,7 @@ from tools import bench
 import configurator
 from support import device as plan, files as plain
 import train
-from conftest import ROOT
+from conftest import ROOT, listed
 from mesh import PRESETS, Config, RecursiveGPT
 from support.plan import choose
 
@@ -131,7 +131,7 @@ def pythia_configs():
     folder = os.path.join(ROOT, "config")
     return {name: train.TrainConfig(**configurator.parse_flags(
         train.TrainConfig, [os.path.join(folder, name)], "train.py", read_config=plain.read_config))
-        for name in sorted(os.listdir(folder)) if name.startswith("pythia-")}
+        for name in listed(folder) if name.startswith("pythia-")}
 
 
 def test_every_table1_variant_at_every_size_is_a_config_on_one_recipe():
@@ -173,7 +173,7 @@ def test_every_config_spreads_as_its_plan_chooses():
     without recomputing is too close to 80; 1.4b's mesh, at 63.0, is not."""
     folder = os.path.join(ROOT, "config")
     chosen = {}
-    for name in sorted(os.listdir(folder)):
+    for name in listed(folder):
         tc = train.TrainConfig(**configurator.parse_flags(train.TrainConfig, [os.path.join(folder, name)], "train.py",
                                                           read_config=plain.read_config))
         cfg = train.model_config(tc, vocab_size=None)

@@ -76,7 +76,7 @@ def test_train_and_sample(laptop):
             "--sample_tokens=10")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Tiny Shakespeare could not be downloaded" in r.stderr and "---- sample ----" in r.stdout
-    assert "note: cannot lock --out_dir=out (no flock on this system); make sure no other run uses it" in r.stdout
+    assert "note: cannot lock" not in r.stdout and (folder / "out" / ".nanomesh.lock").is_file()  # without fcntl
     r = run("train.py", "--init_from=resume", "--out_dir=out", "--max_iters=4")  # resume, and clean up, too
     assert r.returncode == 0, r.stderr[-3000:]
     r = run("sample.py", "--out_dir=out", "--max_new_tokens=8")

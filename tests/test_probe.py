@@ -21,6 +21,7 @@ from support.checkpoint import load as load_checkpoint, save as save_checkpoint
 from data.dataset import random_windows
 from data.tokenizer import Tokenizer
 from mesh import SCHEMES, Config, RecursiveGPT
+from conftest import listed
 
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
 
@@ -200,7 +201,7 @@ def test_probe_writes_pngs_when_matplotlib_is_installed(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="matplotlib (optional) is not installed")
     runs = [make_run(tmp_path, "base", "1+2R2+1", "base"), make_run(tmp_path, "mesh", "1+2R2+1", "mesh")]
     probe.main([f"--out_dir={d}" for d in runs] + ["--num_samples=2", f"--png={tmp_path / 'png'}"])
-    assert sorted(os.listdir(tmp_path / "png")) == ["cka.png", "effort.png", "routers.png", "spectrum.png",
+    assert listed(tmp_path / "png") == ["cka.png", "effort.png", "routers.png", "spectrum.png",
                                                     "steps.png"]
 
 

@@ -19,7 +19,7 @@ import torch
 
 import train
 from support import checkpoint
-from conftest import ROOT, TINY, poison_micro_batch, run, snapshot
+from conftest import ROOT, TINY, listed, losses, poison_micro_batch, run, snapshot
 
 pytestmark = pytest.mark.slow  # real training runs and processes: python -m pytest --all
 
@@ -171,7 +171,7 @@ def test_more_torchrun_processes_than_gpus_is_one_line(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     with pytest.raises(UsageError, match=r"^this process is torchrun's local rank 3, but this machine has 2 GPU\(s\): "
                                          r"start at most 2 process\(es\) a machine \(--nproc_per_node=2\)$"):
-        Device(SimpleNamespace(device="cuda", dist_timeout=5.0), True, True)
+        Device(SimpleNamespace(device="cuda", dist_timeout=5.0), True)
 
 
 # -----------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_a_run_and_its_data_are_found_from_any_folder(data_root, tmp_path):
     for cmd in (sampled, probed):
         code, out, err = script(*cmd, cwd=b)
         assert code == 2 and err.count("\n") == 1, err
-        assert (f"the checkpoint's dataset 'tiny' is not in its --data_root={a / 'mine'} (no {a / 'mine'}/tiny/"
+        assert (f"dataset 'tiny' is not in --data_root={a / 'mine'} (no {a / 'mine'}/tiny/"
                 f"meta.json): give the folder it moved to with --data_root") in err
         code, out, err = script(*cmd, "--data_root=../moved", cwd=b)
         assert code == 0 and out, err
@@ -242,7 +242,7 @@ def test_the_default_data_root_is_the_projects_from_any_folder(tmp_path):
     p = subprocess.run([sys.executable, train_py, *TINY, "--dataset=pydoc", "--out_dir=run", "--max_iters=1"],
                        cwd=work, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr
-    assert (clone / "data" / "pydoc" / "meta.json").is_file() and sorted(os.listdir(work)) == ["run"]
+    assert (clone / "data" / "pydoc" / "meta.json").is_file() and listed(work) == ["run"]
     (other / "t.txt").write_text("some text to tokenize, " * 200)
     p = subprocess.run([sys.executable, str(clone / "data" / "prepare.py"), "--dataset=mine", "--input=t.txt",
                         "--out_root=data"], cwd=other, capture_output=True, text=True)
@@ -320,12 +320,11 @@ def test_a_torchrun_restart_of_another_launch_starts_as_asked(finished, data_roo
     out = shutil.copytree(finished, tmp_path / "run")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another-launch")
-    assert distributed.restarted({"max_iters": 4}, str(out), True) == {"max_iters": 4}
+    assert not distributed.restarted(str(out))
     resave(out / "ckpt.pt", lambda c: c.update(launch="another-launch"))
-    assert distributed.restarted({"max_iters": 4, "overwrite": True}, str(out), True) == {
-        "max_iters": 4, "init_from": "resume"}
+    assert distributed.restarted(str(out))  # its own checkpoint: it resumes, --overwrite or not
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    assert distributed.restarted({"max_iters": 4}, str(out), True) == {"max_iters": 4}
+    assert not distributed.restarted(str(out))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")
@@ -386,9 +385,9 @@ def test_kept_checkpoints_outlive_later_saves_and_the_tools_read_them(data_root,
     import sample
     out, alone = tmp_path / "run", tmp_path / "alone"
     assert run(["--max_iters=6", "--eval_interval=2", "--keep_every=4"], data_root, out) == 0
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "ckpt_4.pt", "log.jsonl"] and iter_of(out) == 6
+    assert listed(out) == ["ckpt.pt", "ckpt_4.pt", "log.jsonl"] and iter_of(out) == 6
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=8"]) == 0
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "ckpt_4.pt", "ckpt_8.pt", "log.jsonl"]
+    assert listed(out) == ["ckpt.pt", "ckpt_4.pt", "ckpt_8.pt", "log.jsonl"]
     assert (iter_of(out), iter_of(out, "ckpt_4.pt"), iter_of(out, "ckpt_8.pt")) == (8, 4, 8)
     assert records(out, "val_loss") == [0, 2, 4, 6, 8]  # the resume took the latest, iter 6's
     alone.mkdir()
@@ -404,14 +403,75 @@ def test_kept_checkpoints_outlive_later_saves_and_the_tools_read_them(data_root,
         outputs.append((shown, [[{**r, "out_dir": None} for r in rs] for rs in numbers]))
     assert outputs[0] == outputs[1] and "---------------" in outputs[0][0]
     assert sample.main([f"--out_dir={out}", "--ckpt=6"]) == 2
-    assert one_line(capsys, "sample.py") == f"sample.py: error: {out} has no checkpoint of iter 6 kept (it keeps 4, 8)\n"
-    assert sample.main([f"--out_dir={alone}", "--ckpt=4"]) == 2
-    assert "none: train.py keeps them with --keep_every=N" in one_line(capsys, "sample.py")
+    assert one_line(capsys, "sample.py") == f"sample.py: error: {out} has no checkpoint of iter 6 (it has 4, 8)\n"
+    assert sample.main([f"--out_dir={alone}", "--ckpt=5"]) == 2
+    assert one_line(capsys, "sample.py") == f"sample.py: error: {alone} has no checkpoint of iter 5 (it has 4)\n"
     assert run(["--max_iters=6", "--eval_interval=2", "--keep_every=3"], data_root, tmp_path / "other") == 2
     assert one_line(capsys) == ("train.py: error: --keep_every=3 keeps checkpoints, which are saved every "
                                 "--eval_interval=2 steps: give a multiple\n")
     assert run(["--max_iters=2", "--overwrite=true"], data_root, out) == 0  # a new run replaces all of the old
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl"]
+    assert listed(out) == ["ckpt.pt", "log.jsonl"]
+
+
+def test_kept_checkpoints_are_checkpoints_to_a_resume_and_to_a_fresh_run(data_root, tmp_path, capsys):
+    """A run whose ckpt.pt is gone but whose kept ckpt_2.pt and ckpt_4.pt remain: a fresh run there is refused,
+    naming them and the latest to continue from; the resume continues from ckpt_4.pt, saying so, as the run never
+    stopped would; --overwrite says which checkpoints it replaces, and replaces them at its first checkpoint."""
+    out, whole = tmp_path / "run", tmp_path / "whole"
+    flags = ["--eval_interval=2", "--keep_every=2", "--lr_decay_iters=6"]
+    assert run([*flags, "--max_iters=6"], data_root, whole) == 0
+    assert run([*flags, "--max_iters=4"], data_root, out) == 0
+    os.remove(out / "ckpt.pt")
+    before = snapshot(out)
+    capsys.readouterr()
+    assert run([*flags, "--max_iters=4"], data_root, out) == 2
+    assert one_line(capsys) == (f"train.py: error: {out} holds a run's checkpoints (ckpt_2.pt, ckpt_4.pt); "
+                                f"continue from its latest, ckpt_4.pt (iter 4), with --init_from=resume, or start "
+                                f"over with --overwrite=true (which replaces all of them), or choose another "
+                                f"--out_dir\n")
+    assert snapshot(out) == before
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6"]) == 0
+    assert f"note: resuming from {out / 'ckpt_4.pt'} (iter 4), the run's latest checkpoint" in capsys.readouterr().out
+    assert records(out, "val_loss") == records(whole, "val_loss") == [0, 2, 4, 6]
+    assert torch.equal(*(torch.load(d / "ckpt.pt", weights_only=True)["model"]["lm_head.weight"] for d in (out, whole)))
+    assert run([*flags, "--max_iters=1", "--overwrite=true"], data_root, out) == 0
+    assert (f"note: --overwrite=true: this run's first checkpoint replaces ckpt.pt, ckpt_2.pt, ckpt_4.pt, ckpt_6.pt "
+            f"in {out}") in capsys.readouterr().out
+    assert listed(out) == ["ckpt.pt", "log.jsonl"]
+
+
+def test_a_resume_keeps_what_the_run_did(finished, tmp_path, capsys):
+    """How the run began (--core_init) cannot change on resume, and a field of the checkpoint this code does not
+    know (as "source" is to older code) is named rather than dropped: one line each, the run as it was."""
+    out = shutil.copytree(finished, tmp_path / "run")
+    before = snapshot(out)
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--core_init=average"]) == 2
+    assert one_line(capsys) == ("train.py: error: the checkpoint's model differs from the flags given: core_init: "
+                                "checkpoint 'stepwise' vs given 'average'\n")
+    resave(out / "ckpt.pt", lambda c: c.update(teacher={"name": "big"}))
+    before = snapshot(out)
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
+    assert one_line(capsys) == (f"train.py: error: {out / 'ckpt.pt'} is intact, but this code does not know its "
+                                f"teacher, which a resume would drop; resume it with the code that wrote it\n")
+    assert snapshot(out) == before
+
+
+def test_an_offline_run_of_tiny_shakespeare_resumes_with_the_command_that_began_it(tmp_path, capsys, monkeypatch):
+    """Offline, --dataset=shakespeare_char trains on its stand-in, pydoc's text, which the checkpoint records; the
+    same command with --init_from=resume (as table1.py gives it) continues on that data, as the run never stopped
+    would; a dataset of that name that is not there is named as the one asked for."""
+    monkeypatch.setenv("NANOMESH_SHAKESPEARE_URL", (tmp_path / "offline").as_uri())  # no download here
+    root, flags = tmp_path / "data", [f for f in TINY if not f.startswith("--dataset")]
+    common = [*flags, "--dataset=shakespeare_char", f"--data_root={root}", "--eval_interval=2"]
+    assert train.main([*common, f"--out_dir={tmp_path / 'whole'}", "--max_iters=4"]) == 0
+    assert train.main([*common, f"--out_dir={tmp_path / 'run'}", "--max_iters=2"]) == 0
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["train_config"]["dataset"] == "pydoc"
+    assert train.main([*common, f"--out_dir={tmp_path / 'run'}", "--max_iters=4", "--init_from=resume"]) == 0
+    assert losses(tmp_path / "run") == losses(tmp_path / "whole")
+    capsys.readouterr()
+    assert train.main([*common[:-3], "--dataset=nope", f"--data_root={root}", f"--out_dir={tmp_path / 'run'}",
+                       "--max_iters=6", "--init_from=resume"]) == 2
+    assert one_line(capsys).startswith(f"train.py: error: dataset 'nope' is not in --data_root={root} (no ")
 
 
 # -----------------------------------------------------------------------------

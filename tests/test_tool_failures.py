@@ -9,6 +9,7 @@ ValueError inside the model) is not bad input: a tool shows its traceback.
 """
 
 import json
+import shutil
 import math
 import os
 import signal
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 import sample
-from conftest import ENOSPC, EPIPE, HANG, ROOT, TEXT, copy_with_a_bug, snapshot, stdout_note
+from conftest import ENOSPC, EPIPE, HANG, ROOT, TEXT, copy_with_a_bug, listed, snapshot, stdout_note
 from data.prepare import prepare
 from data.tokenizer import Tokenizer
 from mesh import Config, RecursiveGPT
@@ -49,12 +50,19 @@ def tiny_ckpt(data_root, tmp_path):
     return out
 
 
-def write_pointer(out, iter_num, saved_at):
-    """A sharded checkpoint's pointer, as checkpoint.read_pointer checks it, beside out's ckpt.pt."""
+def write_shards(out, iter_num, saved_at):
+    """A whole sharded checkpoint of out's run (its state.json and DCP's .metadata), as checkpoint.found
+    lists it, beside out's ckpt.pt: the only one there."""
+    for old in out.glob("shards-*"):
+        shutil.rmtree(old)
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
-    (out / "ckpt-sharded.json").write_text(json.dumps(dict(
+    shards = out / f"shards-{iter_num:08d}"
+    shards.mkdir()
+    (shards / ".metadata").write_bytes(b"")
+    (shards / "state.json").write_text(json.dumps(dict(
         model_config=ckpt["model_config"], train_config=ckpt["train_config"], iter_num=iter_num,
-        best_val_loss=1.0, rng={"torch": [0] * 8}, folder=f"shards-{iter_num:08d}", saved_at=saved_at)))
+        best_val_loss=1.0, rng={"torch": [0] * 8}, saved_at=saved_at)))
+    return shards
 
 
 # -----------------------------------------------------------------------------
@@ -64,33 +72,24 @@ def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, cap
     """sample.py reads the run's latest checkpoint by the rule a resume follows (checkpoint.latest): training
     progress first, so a sharded one at iter 6 beside ckpt.pt at iter 4 is refused, naming consolidate.py,
     however early its clock says it was saved; at the same iteration the clock decides, and a copy (the same
-    iteration and time, as consolidate.py writes) is named in the line that says ckpt.pt is used."""
+    iteration and time, as consolidate.py writes) leaves ckpt.pt to be read."""
     out = tiny_ckpt
-    write_pointer(out, 6, saved_at=0.0)  # saved "before" ckpt.pt by the clock, yet further on
+    shards = write_shards(out, 6, saved_at=0.0)  # saved "before" ckpt.pt by the clock, yet further on
     before = snapshot(out)
+    refusal = (f"(iter 6) is the run's latest checkpoint, a sharded one, and sample.py reads a whole one "
+               f"(ckpt.pt); write it first: python tools/consolidate.py --out_dir={out}\n")
     assert sample.main([f"--out_dir={out}", "--max_new_tokens=3"]) == 2
-    assert one_line(capsys, "sample.py") == (
-        f"sample.py: error: {out / 'ckpt-sharded.json'} (iter 6) has trained further than {out / 'ckpt.pt'} "
-        f"(iter 4), which is what sample.py reads; write it from the sharded one first: python "
-        f"tools/consolidate.py --out_dir={out}\n")
+    assert one_line(capsys, "sample.py") == f"sample.py: error: {shards} {refusal}"
     assert snapshot(out) == before
-    code = probe.main([f"--out_dir={out}", "--num_samples=2"])  # the probe reads by the same rule
-    assert code == 2
-    assert one_line(capsys, "probe.py").startswith(f"probe.py: error: {out / 'ckpt-sharded.json'} (iter 6) "
-                                                   f"has trained further than {out / 'ckpt.pt'} (iter 4), "
-                                                   f"which is what probe.py reads;")
-    write_pointer(out, 4, saved_at=time.time() + 3600)  # the same progress, a later clock: the sharded one
+    assert probe.main([f"--out_dir={out}", "--num_samples=2"]) == 2  # the probe reads by the same rule
+    assert one_line(capsys, "probe.py") == f"probe.py: error: {shards} " + refusal.replace("sample.py", "probe.py")
+    shards = write_shards(out, 4, saved_at=time.time() + 3600)  # the same progress, a later clock
     assert sample.main([f"--out_dir={out}", "--max_new_tokens=3"]) == 2
-    assert one_line(capsys, "sample.py") == (
-        f"sample.py: error: {out / 'ckpt-sharded.json'} (iter 4) was saved after {out / 'ckpt.pt'} "
-        f"(iter 4), which is what sample.py reads; write it from the sharded one first: python "
-        f"tools/consolidate.py --out_dir={out}\n")
-    write_pointer(out, 4, saved_at=0.0)  # saved together (ckpt.pt keeps no time: 0.0): ckpt.pt is its copy
+    assert one_line(capsys, "sample.py") == f"sample.py: error: {shards} " + refusal.replace("iter 6", "iter 4")
+    write_shards(out, 4, saved_at=0.0)  # saved together (ckpt.pt keeps no time: 0.0): ckpt.pt is its copy
     assert sample.main([f"--out_dir={out}", "--start=Then", "--max_new_tokens=3"]) == 0
     captured = capsys.readouterr()
-    assert captured.err == (f"sample.py: using {out / 'ckpt.pt'} (iter 4); the sharded checkpoint beside it "
-                            f"({out / 'ckpt-sharded.json'}, iter 4) has not trained further\n")
-    assert captured.out.startswith("Then")
+    assert captured.err == "" and captured.out.startswith("Then")
 
 
 def prompt_files(tmp_path):
@@ -486,7 +485,7 @@ def test_table1_refuses_a_finished_run_of_other_settings(how, tmp_path, capsys):
     assert one_line(capsys, "table1.py") == (
         f"table1.py: error: {folder} holds a finished run of --max_iters=30, not --max_iters=10, which table1.py never replaces; "
         f"give another --root, or --max_iters=30 to use it, or delete {folder} to train it again\n")
-    assert snapshot(root) == before and sorted(os.listdir(root)) == ["vanilla_s1"]
+    assert snapshot(root) == before and listed(root) == ["vanilla_s1"]
     assert not (tmp_path / "res").exists()
 
 
@@ -511,7 +510,7 @@ def test_a_second_table1_on_one_root_is_refused_at_once(tmp_path):
         assert second.returncode == 2 and second.stderr == (
             f"table1.py: error: another run is using --root={root} (it holds the folder's lock); wait for it to "
             f"end, or choose another --root\n"), second.stderr
-        assert sorted(os.listdir(root)) == ["vanilla_s0"] and first.poll() is None
+        assert listed(root) == ["vanilla_s0"] and first.poll() is None
         first.send_signal(signal.SIGTERM)
         out, err = first.communicate(timeout=HANG)
     finally:
@@ -652,7 +651,7 @@ def test_bad_names_and_sizes_are_refused_before_anything_is_built(tool, flags, m
     fn = {"draw": draw.main, "routing": routing.main, "probe": probe.main}[tool]
     assert fn(([] if tool == "draw" else [f"--out_dir={tiny_ckpt}"]) + flags) == 2
     assert one_line(capsys, f"{tool}.py").strip() == f"{tool}.py: error: {message}" and not ran
-    assert sorted(os.listdir(tmp_path)) == ["a_file", "run"]
+    assert listed(tmp_path) == ["a_file", "run"]
 
 
 def test_the_word_none_is_a_text_to_route(tiny_ckpt, capsys):

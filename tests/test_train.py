@@ -112,8 +112,7 @@ def test_get_batch_windows_reach_the_last_token():
 
 def test_lr_schedule_is_warmup_then_cosine_to_min_lr():
     """Appendix B (Pythia's schedule): linear warmup, then a cosine from lr down to min_lr at lr_decay_iters, then min_lr."""
-    tc = train.TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=110)
-    lr = lambda it: train.get_lr(it, tc)
+    lr = lambda it: train.get_lr(it, lr=1e-3, min_lr=1e-4, warmup=10, decay=110)
     assert lr(0) == pytest.approx(1e-3 / 11) and lr(9) == pytest.approx(1e-3 * 10 / 11)
     assert lr(10) == pytest.approx(1e-3) and lr(60) == pytest.approx(5.5e-4)  # the cosine's middle
     assert lr(85) == pytest.approx(1e-4 + 0.5 * (1 + math.cos(0.75 * math.pi)) * 9e-4)
@@ -214,7 +213,7 @@ def test_resume_never_prepares_or_swaps_its_dataset(data_root, tmp_path, capsys,
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     err = capsys.readouterr().err
     mine = tmp_path / "a" / "mine"
-    assert (f"the checkpoint's dataset 'tiny' is not in its --data_root={mine} (no {mine}/tiny/meta.json): give "
+    assert (f"dataset 'tiny' is not in --data_root={mine} (no {mine}/tiny/meta.json): give "
             f"the folder it moved to with --data_root") in err
     assert snapshot(tmp_path) == before and os.listdir(tmp_path / "b") == []
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--data_root=../moved"]) == 0
@@ -396,12 +395,16 @@ def test_bad_sample_input(data_root, tmp_path, capsys):
         assert sample.main([f"--out_dir={out}", flag]) == 2
         err = capsys.readouterr().err
         assert err.startswith("sample.py: error: ") and err.count("\n") == 1 and message in err, err
-    (tmp_path / "sharded").mkdir()
-    (tmp_path / "sharded" / "ckpt-sharded.json").write_text("{}")  # an FSDP run's folder: no ckpt.pt yet
+    shards = tmp_path / "sharded" / "shards-00000001"  # an FSDP run's folder: no ckpt.pt yet
+    shards.mkdir(parents=True)
+    (shards / ".metadata").write_bytes(b"")  # DCP's, written last: the folder is whole
+    saved = torch.load(out / "ckpt.pt", weights_only=True)
+    plain = {k: v for k, v in saved.items() if k not in ("model", "optimizer", "rng")}
+    (shards / "state.json").write_text(json.dumps({**plain, "rng": {"torch": [0]}}))
     assert sample.main([f"--out_dir={tmp_path / 'sharded'}"]) == 2
-    assert capsys.readouterr().err == (f"sample.py: error: {tmp_path / 'sharded'} holds a sharded checkpoint "
-                                       f"(ckpt-sharded.json) but no ckpt.pt; write one from it with: python tools/consolidate.py "
-                                       f"--out_dir={tmp_path / 'sharded'}\n")
+    assert capsys.readouterr().err == (f"sample.py: error: {shards} (iter 1) is the run's latest checkpoint, a "
+                                       f"sharded one, and sample.py reads a whole one (ckpt.pt); write it first: "
+                                       f"python tools/consolidate.py --out_dir={tmp_path / 'sharded'}\n")
     data = (out / "ckpt.pt").read_bytes()
     (out / "ckpt.pt").write_bytes(data[: len(data) // 2])  # truncated
     assert sample.main([f"--out_dir={out}"]) == 2
@@ -480,6 +483,30 @@ def test_ctrl_c_saves_and_resumes(data_root, tmp_path):
     assert ckpt["iter_num"] >= 3
     assert train.main(["--init_from=resume", f"--out_dir={out}", f"--max_iters={ckpt['iter_num'] + 2}"]) == 0
     assert losses(out)[-1][0] == ckpt["iter_num"] + 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_at", [4, 6], ids=["an evaluation step", "the last step"])
+def test_a_stop_evaluates_the_step_it_stops_at(stop_at, data_root, tmp_path, monkeypatch, capsys):
+    """SIGTERM during the step that ends at an evaluation (iter 4 of 6, one every 2) or at the run's end (6):
+    the step is evaluated as it would have been, then saved; after a resume the log is the uninterrupted run's,
+    evaluations included, and a run stopped in its last step is finished, evaluated at its end."""
+    whole, out, flags = tmp_path / "whole", tmp_path / "run", ["--eval_interval=2", "--max_iters=6"]
+    assert run(flags, data_root, whole) == 0
+    get_batch = train.get_batch
+
+    def sigterm_in_the_step(data, tc, T, key, device):
+        if key == (0, stop_at - 1, 0):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return get_batch(data, tc, T, key, device)
+    monkeypatch.setattr(train, "get_batch", sigterm_in_the_step)
+    assert run(flags, data_root, out) == 130
+    monkeypatch.setattr(train, "get_batch", get_batch)
+    assert losses(out, "val_loss")[-1][0] == stop_at
+    capsys.readouterr()
+    assert train.main(["--init_from=resume", f"--out_dir={out}"]) == 0
+    assert ("nothing to do" in capsys.readouterr().out) == (stop_at == 6)
+    assert losses(out, "val_loss") == losses(whole, "val_loss") and losses(out) == losses(whole)
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ hf: source's own tests are in tests/test_hf.py.
 """
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ import train
 from configurator import parse_flags
 from mesh import Config, RecursiveGPT
 from support import checkpoint, pretrained
-from conftest import TINY, losses, run, snapshot
+from conftest import ROOT, TINY, losses, run, snapshot
 
 
 def blocks(layout, L, core_init="stepwise"):
@@ -62,7 +64,7 @@ def tiny_source(layers=6, seed=0):
 def looped(source, *flags):
     given = parse_flags(train.TrainConfig, ["--init_from=vanilla:src", *flags], "train.py")
     torch.manual_seed(1)
-    return pretrained.loop(source, train.TrainConfig(**given), given).eval()
+    return pretrained.loop({"model": source}, train.TrainConfig(**given)).eval()
 
 
 def test_loop_takes_the_source_weights_and_fresh_routers():
@@ -122,7 +124,7 @@ def test_a_run_looped_at_k1_is_the_run(vanilla, data_root, tmp_path):
     model, mine = checkpoint.load(str(out))
     assert model.config.layout == "1+2R1+1" and mine["iter_num"] == 0
     assert mine["source"] == {"init_from": f"vanilla:{os.path.abspath(vanilla)}",
-                              "model_config": ckpt["model_config"]}
+                              "model_config": ckpt["model_config"], "iter_num": 4}
     idx = torch.randint(0, 20, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert (model.eval()(idx)[0] - source.eval()(idx)[0]).abs().max().item() < 1e-5
@@ -186,3 +188,39 @@ def test_bad_sources_are_one_line_and_touch_nothing(vanilla, data_root, tmp_path
         assert capsys.readouterr().err == f"train.py: error: {words}\n"
         assert not (tmp_path / "o").exists()
     assert snapshot(vanilla, looped_run) == before
+
+
+def test_a_source_is_never_the_output_and_an_unfinished_one_is_named(vanilla, data_root, tmp_path, capsys):
+    """--out_dir the source itself is refused, --overwrite or not, the source as it was; a source stopped before
+    its --max_iters is refused, naming how to loop it as it is (@ITER), which the looped run then records; one
+    still training is waited for, a line saying so."""
+    v = f"--init_from=vanilla:{vanilla}"
+    before = snapshot(vanilla)
+    for extra in ([], ["--overwrite=true"]):
+        assert run([v, *extra], data_root, vanilla) == 2
+        assert capsys.readouterr().err == (f"train.py: error: --out_dir={vanilla} is the source {v}, which a run "
+                                           f"never writes over; choose another --out_dir\n")
+    assert snapshot(vanilla) == before
+    early = shutil.copytree(vanilla, tmp_path / "early")
+    ckpt = torch.load(early / "ckpt.pt", weights_only=True)
+    ckpt["train_config"]["max_iters"] = 8  # stopped at iter 4 of 8
+    checkpoint.save(ckpt, str(early / "ckpt.pt"))
+    assert run([f"--init_from=vanilla:{early}", "--max_iters=0"], data_root, tmp_path / "o") == 2
+    assert capsys.readouterr().err == (
+        f"train.py: error: {early} is unfinished (iter 4 of its --max_iters=8) and nothing trains it now; continue "
+        f"it with python train.py --init_from=resume --out_dir={early} (or the table1.py command that trained it), "
+        f"or loop it as it is: --init_from=vanilla:{early}@4\n")
+    assert run([f"--init_from=vanilla:{early}@4", "--max_iters=0"], data_root, tmp_path / "o") == 0
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["source"]["iter_num"] == 4
+    code = ("import sys, time\nfrom support import files\nfiles.own(sys.argv[1])\nprint('held', flush=True)\n"
+            "time.sleep(3)\n")
+    live = subprocess.Popen([sys.executable, "-c", code, vanilla], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert live.stdout.readline() == "held\n"
+    capsys.readouterr()
+    try:
+        assert run([v, "--max_iters=0"], data_root, tmp_path / "after") == 0
+        assert live.poll() is not None  # it waited for the run to end
+    finally:
+        live.wait()
+    assert capsys.readouterr().err == (f"train.py: {vanilla} is still training; waiting for it (or loop it as it "
+                                       f"is: {v}@ITER now)\n")

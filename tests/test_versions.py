@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from configurator import UsageError
-from support import distributed
+from types import SimpleNamespace
+
+from support.sharded import Sharded
 from conftest import HANG, ROOT
 
 PYTHON = (3, 10)   # the oldest Python the README names (CI's second environment)
@@ -65,20 +67,24 @@ def test_the_floors_named_agree_and_hold_here():
     assert version(re.match(r"\d+\.\d+", torch.__version__)[0]) >= TORCH
 
 
+def device(name):  # as support/device.py's Device gives it
+    return SimpleNamespace(name=name, type=name.split(":")[0], dtype="float32", compile=False)
+
+
 def test_fsdp_on_a_cpu_under_torch_2_7_is_refused_in_one_line(monkeypatch):
     """FSDP2's CPU streams came in torch 2.7: below it --fsdp=true on a CPU names the version it needs, before
     anything is sharded (on a GPU it goes on)."""
     monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.6.0+cu124"))
     with pytest.raises(UsageError) as e:
-        distributed.Sharded(True).wrap(None, "cpu", None, scratch=True)
+        Sharded(True).wrap(None, device("cpu"), scratch=True)
     assert str(e.value) == ("--fsdp=true on cpu needs torch %d.%d or later (this is 2.6.0+cu124): upgrade torch, "
                             "or train without --fsdp (DDP)" % CPU_FSDP)
     monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("%d.%d.0" % CPU_FSDP))
     with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'to'"):  # past the check
-        distributed.Sharded(True).wrap(None, "cpu", None, scratch=True)
+        Sharded(True).wrap(None, device("cpu"), scratch=True)
     monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.6.0+cu124"))
     with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'to'"):
-        distributed.Sharded(True).wrap(None, "cuda:0", None, scratch=True)
+        Sharded(True).wrap(None, device("cuda:0"), scratch=True)
 
 
 def python_3_10():

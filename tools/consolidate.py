@@ -2,7 +2,7 @@
 The consolidation command: a sharded checkpoint (train.py --fsdp=true) -> one ckpt.pt, the file
 sample.py, tools/probe.py, tools/table1.py and tools/lm_eval_mesh.py read.
 
-    python tools/consolidate.py --out_dir=OUT_DIR   # its ckpt-sharded.json and shards -> ckpt.pt
+    python tools/consolidate.py --out_dir=OUT_DIR   # its latest shards-<iter>/ -> ckpt.pt
 
 It needs the whole model and AdamW state in memory; it never replaces a newer ckpt.pt.
 """
@@ -15,43 +15,47 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, setting  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
-from support.checkpoint import POINTER, CheckpointError  # noqa: E402
+from support.checkpoint import CheckpointError  # noqa: E402
+from support.sharded import read_whole  # noqa: E402
 
 
 @dataclass
 class ConsolidateConfig:
     """Write OUT_DIR/ckpt.pt from OUT_DIR's sharded checkpoint (train.py --fsdp=true)."""
-    out_dir: str | None = setting(None, "the run's folder, holding ckpt-sharded.json", path=True)
+    out_dir: str | None = setting(None, "the run's folder, holding shards-<iter>/", path=True)
 
 
 def consolidate(out_dir):
-    """OUT_DIR's sharded checkpoint -> OUT_DIR/ckpt.pt, written atomically; its iteration."""
+    """OUT_DIR's latest sharded checkpoint -> OUT_DIR/ckpt.pt, written atomically; (its
+    iteration, its folder)."""
     if os.path.isdir(out_dir):
         files.own(out_dir, flag="OUT_DIR")
-    meta = checkpoint.read_pointer(out_dir)
-    if meta is None:
-        raise CheckpointError(f"no sharded checkpoint in {out_dir} (no {POINTER}); train one with "
-                              f"torchrun ... train.py --fsdp=true --out_dir={out_dir}")
+    name = checkpoint.latest_sharded(out_dir)
+    if name is None:
+        raise CheckpointError(f"no sharded checkpoint in {out_dir} (no whole shards-<iter> "
+                              f"folder); train one with torchrun ... train.py --fsdp=true "
+                              f"--out_dir={out_dir}")
     path = os.path.join(out_dir, checkpoint.CKPT)
-    taken, full, _ = checkpoint.latest(out_dir)  # the run's latest, as a resume would take it
-    if taken == checkpoint.CKPT:
-        than = "is further in training than" if full[0] > meta["iter_num"] else "was saved after"
-        raise CheckpointError(f"{path} (iter {full[0]}) {than} the sharded checkpoint (iter "
-                              f"{meta['iter_num']}), which would replace it; it needs no "
-                              f"consolidation")
-    ckpt = checkpoint.load_whole(out_dir, meta)
-    del ckpt["path"]
+    sharded = checkpoint.sharded_state(out_dir, name)
+    at, _, latest, _ = checkpoint.latest(out_dir, sharded=True)  # as a resume would take it
+    if latest != name:
+        than = "is further in training than" if at > sharded["iter_num"] else "was saved after"
+        raise CheckpointError(f"{os.path.join(out_dir, latest)} (iter {at}) {than} the sharded "
+                              f"checkpoint (iter {sharded['iter_num']}), which would replace "
+                              f"it; it needs no consolidation")
+    ckpt = read_whole(sharded)
+    ckpt = {k: v for k, v in ckpt.items() if k not in ("folder", "path", "checksums")}
     checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()}, path)
-    return ckpt["iter_num"]
+    return ckpt["iter_num"], name
 
 
 def run(given):
     out_dir = ConsolidateConfig(**given).out_dir
     if not out_dir:
         raise UsageError("name the run: python tools/consolidate.py --out_dir=OUT_DIR")
-    it = consolidate(out_dir)
+    it, name = consolidate(out_dir)
     print(f"wrote {os.path.join(out_dir, 'ckpt.pt')} (iter {it}) from "
-          f"{os.path.join(out_dir, POINTER)}")
+          f"{os.path.join(out_dir, name)}")
 
 
 def main(argv):
