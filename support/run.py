@@ -104,8 +104,8 @@ class Run:
         real = os.path.realpath(tc.out_dir)
         self.out_dir = tc.out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
         self.spread = spread
-        if tc.wandb_log:  # refused early if wandb is missing
-            need_wandb()
+        if tc.wandb_log:  # refused early: no wandb, or settings it refuses
+            need_wandb(tc)
         if tc.keep_every % tc.eval_interval:
             raise UsageError(f"--keep_every={tc.keep_every} keeps checkpoints, which are saved "
                              f"every --eval_interval={tc.eval_interval} steps: give a multiple")
