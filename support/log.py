@@ -133,20 +133,31 @@ class RunLog:
             os.remove(self.pending)
 
 
-def need_wandb():
-    """The wandb module, or a one-line refusal saying how to install it."""
+def need_wandb(tc):
+    """The wandb module, its settings checked before the run touches
+    OUT_DIR; or a one-line refusal saying what to install or fix."""
     try:
         import wandb
+        from pydantic import ValidationError  # of wandb's settings
     except ImportError:
         raise LogError("--wandb_log=true needs wandb, which is not installed: pip install wandb "
                        "(or pip install -r requirements-optional.txt)") from None
+    try:
+        wandb.Settings(project=tc.wandb_project).update_from_env_vars(dict(os.environ))
+    except ValidationError as e:  # as WANDB_MODE=ofline
+        raise LogError("wandb refuses {loc[0]}={input!r} from the environment ({msg}); fix that "
+                       "WANDB_ variable (WANDB_MODE: online, offline or disabled)".format(
+                           **e.errors()[0])) from None
+    except wandb.Error as e:  # as a '/' in a project's name
+        raise LogError(f"wandb refuses its settings ({e}); fix --wandb_project, or the WANDB_ "
+                       f"variable named") from None
     return wandb
 
 
 def wandb_run(log, tc, resumed_at):
     """A wandb run mirroring the log into OUT_DIR/wandb; its id, kept in the log, lets a resume
     continue the same wandb run."""
-    wandb, out_dir = need_wandb(), os.path.dirname(log.path)
+    wandb, out_dir = need_wandb(tc), os.path.dirname(log.path)
     ids = [r["wandb_run_id"] for r in log_records(log.path) if "wandb_run_id" in r
            ] if resumed_at is not None else []
     name = tc.wandb_run_name or os.path.basename(os.path.abspath(out_dir))

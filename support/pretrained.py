@@ -11,6 +11,7 @@ The fused query_key_value weight, [head][q|k|v][head_dim], becomes our [q | k | 
 
 import json
 import os
+import warnings
 
 import torch
 
@@ -22,6 +23,18 @@ from mesh import Config, ConfigError, RecursiveGPT
 
 LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0")
 TOKENS = ("tokenizer", "encoding", "chars", "tokenizer_sha256")  # the same ids
+# what each config.json field read must be (a bool is no number)
+SIZE = (lambda x: type(x) is int and x > 0, "an integer above 0")
+SHARE = (lambda x: type(x) in (int, float) and 0 <= x <= 1, "a number from 0 to 1")
+ABOVE_0 = (lambda x: type(x) in (int, float) and 0 < x < float("inf"), "a finite number above 0")
+FLAG = (lambda x: type(x) is bool, "true or false")  # text: compared below
+FIELDS = {**dict.fromkeys(("hidden_size", "num_attention_heads", "num_hidden_layers",
+                           "vocab_size", "max_position_embeddings", "intermediate_size"), SIZE),
+          **dict.fromkeys(("rotary_pct", "partial_rotary_factor"), SHARE),
+          **dict.fromkeys(("rotary_emb_base", "rope_theta", "layer_norm_eps"), ABOVE_0),
+          **dict.fromkeys(("use_parallel_residual", "tie_word_embeddings", "attention_bias"),
+                          FLAG),
+          "rope_parameters": (lambda x: type(x) is dict, "an object")}
 
 
 def from_hf_neox(path):
@@ -33,14 +46,13 @@ def from_hf_neox(path):
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{where}: no GPT-NeoX config.json there "
                               f"({type(e).__name__}: {e})") from None
-    # of the right JSON type before anything is computed from them
-    for field in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
-                  "max_position_embeddings", "intermediate_size"):
-        if field in hf and (not isinstance(hf[field], int) or isinstance(hf[field], bool)):
-            raise CheckpointError(f"{where}: config.json's {field} is "
-                                  f"{json.dumps(hf[field])[:40]}, not an integer")
-    # transformers >= 5 moved rotary_pct / rotary_emb_base here
-    rope = hf.get("rope_parameters") or {}
+    # checked before use; transformers >= 5 moved rotary_pct / rotary_emb_base here
+    rope = hf.get("rope_parameters", {})
+    for config, within in [(hf, ""), (rope, "rope_parameters.")]:
+        for field, (test, words) in FIELDS.items():
+            if field in config and not test(config[field]):
+                raise CheckpointError(f"{where}: config.json's {within}{field} is "
+                                      f"{json.dumps(config[field])[:40]}, not {words}")
     for field, found, ours in [("model_type", hf.get("model_type"), "gpt_neox"),
                                ("intermediate_size", hf.get("intermediate_size", 4 * D), 4 * D),
                                # exact (erf) GELU
@@ -89,9 +101,10 @@ def from_hf_neox(path):
     sd = {}
     # a .bin loads with weights_only: never runs code
     for file in (os.path.join(path, f) for f in files):
-        try:
-            sd.update(load_file(file) if file.endswith(".safetensors") else
-                      torch.load(file, map_location="cpu", weights_only=True))
+        try:  # torch's warnings said only if it loads
+            with warnings.catch_warnings(record=True) as said:
+                sd.update(load_file(file) if file.endswith(".safetensors") else
+                          torch.load(file, map_location="cpu", weights_only=True))
         # not a weights file, or a pickle that would run code (weights_only refuses it)
         except Exception as e:
             first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
@@ -99,6 +112,8 @@ def from_hf_neox(path):
                    else first)
             raise CheckpointError(f"{where}: {file} is not a file of weights nanoMeSH reads "
                                   f"({why}; loading never runs code)") from None
+        for w in said:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     # Tied embeddings: our lm_head is untied, as Pythia's, so it starts as a copy of wte and
     # trains apart.
     head = ("gpt_neox.embed_in.weight" if hf.get("tie_word_embeddings") else
@@ -117,9 +132,17 @@ def from_hf_neox(path):
     absent = [theirs for theirs in names.values() if theirs not in sd]
     if absent:
         raise CheckpointError(f"{where}: {len(absent)} weight(s) missing, e.g. {absent[0]}")
-    if sd[names["wte.weight"]].shape != (cfg.vocab_size, D):
-        raise CheckpointError(f"{where}: vocab_size={cfg.vocab_size} in config.json, "
-                              f"but embed_in has shape {tuple(sd[names['wte.weight']].shape)}")
+    with torch.device("meta"):  # no memory: the shapes only
+        want = RecursiveGPT(cfg).state_dict()
+    for ours, theirs in names.items():
+        w, shape = sd[theirs], tuple(want[ours].shape)
+        if tuple(w.shape) != shape:
+            raise CheckpointError(
+                f"{where}: {theirs} has shape {tuple(w.shape)}, not {shape} "
+                f"as config.json gives: the weights are of another model")
+        if not (w.is_floating_point() and w.isfinite().all()):
+            raise CheckpointError(f"{where}: {theirs} ({w.dtype}) holds NaN, inf or "
+                                  f"non-float values; download the weights again")
     state = {ours: sd[theirs] for ours, theirs in names.items()}
     # NeoX fuses QKV per head, [head][q|k|v][head_dim]; our rows are [q | k | v], head-major
     for i in range(L):

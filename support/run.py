@@ -113,7 +113,7 @@ def settings(cls, ckpt, given, world, out_dir):
         raise UsageError(f"{e} ({', '.join(named)}: the checkpoint's saved value, in {path}; "
                          f"give {flags} to replace it)") from None
     if tc.wandb_log:  # refused now, not at the first log line
-        need_wandb()
+        need_wandb(tc)
     return tc
 
 

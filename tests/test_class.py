@@ -269,6 +269,40 @@ def test_curves_without_matplotlib_says_so_in_one_line(runs, tmp_path, capsys, m
     assert not (tmp_path / "c.png").exists()
 
 
+def test_curves_draws_what_it_can_and_names_what_it_skipped(tmp_path, capsys, monkeypatch):
+    """Evaluations with an infinite or NaN loss, or without train_loss or val_loss, are left out in
+    one line; the rest is drawn. A run folder without log.jsonl is one line, exit 2, nothing written."""
+    kept = plotted(monkeypatch)
+    (tmp_path / "run").mkdir()
+    log, png = tmp_path / "run" / "log.jsonl", tmp_path / "c.png"
+    good = [dict(iter=0, train_loss=4.5, val_loss=4.6), dict(iter=20, train_loss=3, val_loss=3.25)]
+    bad = ['{"iter": 10, "train_loss": 3.5, "val_loss": Infinity}',
+           '{"iter": 30, "train_loss": NaN, "val_loss": 3}', '{"iter": 40, "val_loss": 2.9}',
+           '{"iter": 50, "train_loss": 2.8}', '{"train_loss": 2, "val_loss": 2}',
+           '{"iter": 60, "train_loss": "2.5", "val_loss": 2.5}']
+    log.write_text("\n".join([json.dumps(good[0]), *bad[:3], json.dumps(good[1]), *bad[3:],
+                              '{"iter": 70, "loss": 2.0}']) + "\n")
+    assert command.main("curves.py", curves.run, [f"--out_dir={log.parent}", f"--png={png}"],
+                        curves.CurvesConfig) == 0
+    (_, lines), = kept[0]
+    assert [(ln["x"], ln["y"]) for ln in lines] == [([0, 20], [4.6, 3.25]), ([0, 20], [4.5, 3])]
+    out = capsys.readouterr().out
+    assert out.startswith(f"curves.py: skipped 6 records of {log}: a train_loss or val_loss missing or not a "
+                          f"finite number\n")
+    try:
+        import matplotlib  # noqa: F401
+        assert out.endswith(f"wrote {png}\n") and png.read_bytes()[:4] == b"\x89PNG"
+        png.unlink()
+    except ImportError:
+        assert out.endswith("so no figures (pip install matplotlib)\n")
+    (tmp_path / "empty").mkdir()
+    assert command.main("curves.py", curves.run, [f"--out_dir={tmp_path / 'empty'}", f"--png={png}"],
+                        curves.CurvesConfig) == 2
+    assert capsys.readouterr() == ("", f"curves.py: error: cannot use {tmp_path / 'empty' / 'log.jsonl'}: No such "
+                                       f"file or directory; check the path\n")
+    assert sorted(os.listdir(tmp_path)) == ["empty", "run"] and os.listdir(tmp_path / "empty") == []
+
+
 def test_table1_curves_name_vanilla_only_when_drawn_and_end_on_the_tables_loss(monkeypatch):
     """Exercise 5 (base, half, mesh): no vanilla line, so its title names none; each variant in its
     colour (curves.COLOURS), a star at the end: the table's val loss, not train.py's last one."""

@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -75,8 +76,9 @@ def test_from_pretrained_rotary_settings(tmp_path):
         assert (model(idx)[0] - hf(idx).logits).abs().max().item() < 1e-4
 
 
-def test_from_pretrained_reads_pytorch_bin(tmp_path):
-    """A .bin (old Pythia uploads) is read with weights_only=True; extra buffers in it are ignored."""
+def test_from_pretrained_reads_pytorch_bin(tmp_path, monkeypatch):
+    """A .bin (old Pythia uploads) is read with weights_only=True; extra buffers in it are ignored; torch's
+    warnings while it loads are said."""
     hf, path = hf_neox(tmp_path, True)
     from safetensors.torch import load_file
     sd = load_file(os.path.join(path, "model.safetensors"))
@@ -86,6 +88,14 @@ def test_from_pretrained_reads_pytorch_bin(tmp_path):
     idx = torch.arange(30).view(1, 30)
     with torch.no_grad():
         assert (load_hf(path)(idx)[0] - hf(idx).logits).abs().max().item() < 1e-4
+    load = torch.load
+
+    def warns(*args, **kwargs):
+        warnings.warn("torch says so", UserWarning)
+        return load(*args, **kwargs)
+    monkeypatch.setattr(torch, "load", warns)
+    with pytest.warns(UserWarning, match="^torch says so$"):
+        load_hf(path)
 
 
 def test_from_pretrained_tied_embeddings(tmp_path):
@@ -117,11 +127,101 @@ def test_from_pretrained_refuses_bad_folders(tmp_path):
         hf_cfg = json.load(f)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({**hf_cfg, "vocab_size": 100}, f)
-    with pytest.raises(CheckpointError, match=r"vocab_size=100 in config.json, but embed_in has shape \(101, 64\)"):
+    with pytest.raises(CheckpointError, match=r"gpt_neox.embed_in.weight has shape \(101, 64\), not \(100, 64\) "
+                                              r"as config.json gives: the weights are of another model$"):
         load_hf(path)
     os.remove(os.path.join(path, "model.safetensors"))
     with pytest.raises(CheckpointError, match="no weights; expected model.safetensors"):
         load_hf(path)
+
+
+@pytest.fixture(scope="module")
+def neox_folder(tmp_path_factory):
+    return hf_neox(tmp_path_factory.mktemp("neox"), True)[1]
+
+
+def nan_at(i):
+    return lambda w: w.flatten().index_fill(0, torch.tensor([i]), math.nan).view(w.shape)
+
+
+FIELD, ABOVE_0, NOT_FINITE = "config.json's", "a finite number above 0", "holds NaN, inf or non-float values"
+BROKEN_HF = [  # (a field of config.json, or a weight: its new value, or a change of it; the words of the one line)
+    ("rope_parameters", [10000], f"{FIELD} rope_parameters is [10000], not an object"),
+    ("rope_parameters", "default", f'{FIELD} rope_parameters is "default", not an object'),
+    ("rope_parameters.partial_rotary_factor", None, f"{FIELD} rope_parameters.partial_rotary_factor is null, "
+                                                    f"not a number from 0 to 1"),
+    ("rope_parameters.partial_rotary_factor", "0.25", f'{FIELD} rope_parameters.partial_rotary_factor is "0.25", '
+                                                      f'not a number from 0 to 1'),
+    ("rope_parameters.rope_theta", -10000, f"{FIELD} rope_parameters.rope_theta is -10000, not {ABOVE_0}"),
+    ("rope_parameters.rope_theta", 0, f"{FIELD} rope_parameters.rope_theta is 0, not {ABOVE_0}"),
+    ("rope_parameters.rope_theta", None, f"{FIELD} rope_parameters.rope_theta is null, not {ABOVE_0}"),
+    ("rope_parameters.rope_theta", "1e4", f'{FIELD} rope_parameters.rope_theta is "1e4", not {ABOVE_0}'),
+    ("rope_parameters.rope_type", None, "rope_type=None is not supported (nanoMeSH has rope_type='default')"),
+    ("rotary_emb_base", -1.5, f"{FIELD} rotary_emb_base is -1.5, not {ABOVE_0}"),
+    ("rotary_pct", True, f"{FIELD} rotary_pct is true, not a number from 0 to 1"),
+    ("hidden_act", ["gelu"], "hidden_act=['gelu'] is not supported (nanoMeSH has hidden_act='gelu')"),
+    ("layer_norm_eps", "1e-5", f'{FIELD} layer_norm_eps is "1e-5", not {ABOVE_0}'),
+    ("use_parallel_residual", "false", f'{FIELD} use_parallel_residual is "false", not true or false'),
+    ("tie_word_embeddings", 0, f"{FIELD} tie_word_embeddings is 0, not true or false"),
+    ("attention_bias", None, f"{FIELD} attention_bias is null, not true or false"),
+    ("num_hidden_layers", 0, f"{FIELD} num_hidden_layers is 0, not an integer above 0"),
+    ("gpt_neox.layers.1.mlp.dense_h_to_4h.weight", lambda w: w[:, :32],
+     "gpt_neox.layers.1.mlp.dense_h_to_4h.weight has shape (256, 32), not (256, 64) as config.json gives: "
+     "the weights are of another model"),
+    ("gpt_neox.layers.0.attention.query_key_value.weight", lambda w: w[:100],
+     "gpt_neox.layers.0.attention.query_key_value.weight has shape (100, 64), not (192, 64) as config.json "
+     "gives: the weights are of another model"),
+    ("gpt_neox.layers.0.attention.dense.bias", nan_at(3),
+     f"gpt_neox.layers.0.attention.dense.bias (torch.float32) {NOT_FINITE}; download the weights again"),
+    ("embed_out.weight", lambda w: w.half().index_fill(0, torch.tensor([7]), math.inf),
+     f"embed_out.weight (torch.float16) {NOT_FINITE}; download the weights again"),
+    ("gpt_neox.final_layer_norm.bias", lambda w: w.long(),
+     f"gpt_neox.final_layer_norm.bias (torch.int64) {NOT_FINITE}; download the weights again"),
+]
+
+
+@pytest.mark.parametrize("key, value, words", BROKEN_HF, ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(BROKEN_HF)])
+def test_broken_hf_folders_are_one_line(neox_folder, data_root, tmp_path, capsys, key, value, words):
+    """A config.json field of the wrong JSON type or range, a weight of another shape or not finite: train.py
+    --init_from=hf:PATH names it in one line, exit 2, before anything is written."""
+    import shutil
+    import train
+    from safetensors.torch import load_file, save_file
+    from conftest import snapshot
+    path = shutil.copytree(neox_folder, tmp_path / "neox")
+    if callable(value):
+        sd = load_file(path / "model.safetensors")
+        save_file({**sd, key: value(sd[key]).contiguous()}, path / "model.safetensors")
+    else:
+        config = json.loads((path / "config.json").read_text())
+        *within, field = key.split(".")
+        (config[within[0]] if within else config)[field] = value
+        (path / "config.json").write_text(json.dumps(config))
+    before = snapshot(tmp_path, data_root)
+    capsys.readouterr()
+    assert train.main([f"--init_from=hf:{path}", f"--data_root={data_root}", "--dataset=tiny",
+                       f"--out_dir={tmp_path / 'out'}", "--max_iters=2"]) == 2
+    assert capsys.readouterr().err == f"train.py: error: cannot import {path}: {words}\n"
+    assert snapshot(tmp_path, data_root) == before
+
+
+def test_a_refused_bin_says_no_torch_warning(neox_folder, data_root, tmp_path):
+    """A pytorch_model.bin pickled with protocol 4: torch warns of the protocol, then refuses it; the
+    refusal alone is said. A warning of a file that loads is still said (support/pretrained.py)."""
+    import pickle
+    import shutil
+    path = tmp_path / "neox"
+    path.mkdir()
+    shutil.copy(os.path.join(neox_folder, "config.json"), path)
+    with open(path / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"gpt_neox.embed_in.weight": torch.zeros(3)}, f, protocol=4)
+    r = subprocess.run([sys.executable, "train.py", f"--init_from=hf:{path}", f"--data_root={data_root}",
+                        "--dataset=tiny", f"--out_dir={tmp_path / 'out'}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=HANG)
+    assert (r.returncode, r.stderr) == (2, f"train.py: error: cannot import {path}: {path}/pytorch_model.bin is "
+                                           f"not a file of weights nanoMeSH reads (it holds objects other than "
+                                           f"tensors; loading never runs code)\n")
+    assert not (tmp_path / "out").exists()
 
 
 # -----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ OUT_DIR/wandb/offline-run-*/run-ID.wandb, read back record by record. Without wa
 """
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -82,4 +83,28 @@ def test_without_wandb_installed_it_is_one_line_and_touches_nothing(data_root, t
     assert run(["--wandb_log=true"], data_root, tmp_path / "out") == 2
     assert capsys.readouterr().err == ("train.py: error: --wandb_log=true needs wandb, which is not installed: pip "
                                        "install wandb (or pip install -r requirements-optional.txt)\n")
+    assert snapshot(data_root, tmp_path) == before and not (tmp_path / "out").exists()
+
+
+WANDB_REFUSALS = [  # (WANDB_MODE, flags, the one line as a pattern: wandb's own words, then ours)
+    *[(mode, [], rf"wandb refuses mode='{mode}' from the environment \(Input should be 'online', 'offline'.*\); "
+                 r"fix that WANDB_ variable \(WANDB_MODE: online, offline or disabled\)")
+      for mode in ("ofline", "offlne", "off")],
+    ("offline", ["--wandb_project=me/nanomesh"],
+     r"wandb refuses its settings \(Invalid project name 'me/nanomesh': .*found '/'\); fix --wandb_project, "
+     r"or the WANDB_ variable named"),
+]
+
+
+@pytest.mark.parametrize("mode, flags, words", WANDB_REFUSALS, ids=[m + "".join(f) for m, f, _ in WANDB_REFUSALS])
+def test_settings_wandb_refuses_are_one_line_and_touch_nothing(data_root, tmp_path, capsys, monkeypatch, mode,
+                                                                flags, words):
+    """A WANDB_MODE or a project name wandb refuses: its words and the fix in one line, exit 2, before the
+    run touches OUT_DIR."""
+    pytest.importorskip("wandb", reason="wandb is not installed: pip install wandb")
+    monkeypatch.setenv("WANDB_MODE", mode)
+    before = snapshot(data_root, tmp_path)
+    assert run(["--wandb_log=true", *flags], data_root, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(f"train.py: error: {words}\n", err), err
     assert snapshot(data_root, tmp_path) == before and not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ every figure of the project: COLOURS); table1.py draws its curves with it too.
     python tools/curves.py --out_dir=out --out_dir=out-base --png=runs/curves.png
 """
 
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -83,7 +84,13 @@ def run(given):
             kind = cfg["scheme"] if parse_layout(cfg["layout"]).schedule else "vanilla"
         except Exception:
             kind = None
-        ev = [r for r in log_records(os.path.join(out_dir, "log.jsonl")) if "val_loss" in r]
+        path = os.path.join(out_dir, "log.jsonl")
+        evals = [r for r in log_records(path) if {"train_loss", "val_loss"} & r.keys()]
+        ev = [r for r in evals if all(type(r.get(k)) in (int, float) and math.isfinite(r[k])
+                                      for k in ("iter", "train_loss", "val_loss"))]
+        if len(ev) < len(evals):  # a loss blew up, or is missing
+            print(f"curves.py: skipped {len(evals) - len(ev)} records of {path}: a train_loss "
+                  f"or val_loss missing or not a finite number")
         c, m, x = colour(kind) if kind else "tab:gray", "os^dv"[i % 5], [r["iter"] for r in ev]
         name = f"{os.path.basename(os.path.normpath(out_dir))} ({kind})"
         lines += [dict(label=f"{name} val", colour=c, x=x, y=[r["val_loss"] for r in ev],
