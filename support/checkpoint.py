@@ -288,9 +288,10 @@ def load_run(out_dir, device, prog, unfinished=False, kept=None,
         def waiting(what=what):
             print(f"{prog}: {out_dir} {what}; waiting for it (or {as_is(None)} now)",
                   file=sys.stderr, flush=True)
-        # its holder's turn first (a folder this process holds is its own: own() says False)
-        if not unfinished and os.path.isdir(folder) and files.own(folder, note=False,
-                                                                  waiting=waiting):
+        # its holder's turn first (a folder this process holds is its own: own() says False);
+        # no lock file there: never held, and none is made
+        held = os.path.isfile(os.path.join(folder, files.LOCK))
+        if not unfinished and held and files.own(folder, note=False, waiting=waiting):
             files.disown(folder)
         try:
             model, ckpt = load_latest(out_dir, device, prog, kept)

@@ -40,10 +40,15 @@ FIELDS = {**dict.fromkeys(("hidden_size", "num_attention_heads", "num_hidden_lay
 def from_hf_neox(path):
     """A GPT-NeoX folder -> (Config, RecursiveGPT state_dict); what we cannot express is refused."""
     where = f"cannot import {path}"
+    hf = {}
     try:
         hf = read_json(os.path.join(path, "config.json"))
         D, H, L = hf["hidden_size"], hf["num_attention_heads"], hf["num_hidden_layers"]
     except (OSError, ValueError, KeyError, TypeError) as e:
+        if isinstance(hf, dict) and hf.get("model_type") == "nanomesh":  # tools/export_hf.py's
+            raise CheckpointError(f"{where}: it holds a nanoMeSH model run by its own code "
+                                  f"(mesh.py, trust_remote_code); hf: reads GPT-NeoX folders "
+                                  f"only (Pythia's, or a vanilla run's export)") from None
         raise CheckpointError(f"{where}: no GPT-NeoX config.json there "
                               f"({type(e).__name__}: {e})") from None
     # checked before use; transformers >= 5 moved rotary_pct / rotary_emb_base here
@@ -119,16 +124,7 @@ def from_hf_neox(path):
     head = ("gpt_neox.embed_in.weight" if hf.get("tie_word_embeddings") else
             # on disk / in memory
             "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")
-    names = {"wte.weight": "gpt_neox.embed_in.weight", "lm_head.weight": head,
-             "ln_f.weight": "gpt_neox.final_layer_norm.weight",
-             "ln_f.bias": "gpt_neox.final_layer_norm.bias"}
-    for i in range(L):  # a vanilla layout: every layer is a prelude block
-        for ours, theirs in [("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm"),
-                             ("attn.qkv", "attention.query_key_value"),
-                             ("attn.proj", "attention.dense"),
-                             ("mlp.fc", "mlp.dense_h_to_4h"), ("mlp.proj", "mlp.dense_4h_to_h")]:
-            names.update({f"prelude.{i}.{ours}.{k}": f"gpt_neox.layers.{i}.{theirs}.{k}"
-                          for k in ("weight", "bias")})
+    names = neox_names(L, head)
     absent = [theirs for theirs in names.values() if theirs not in sd]
     if absent:
         raise CheckpointError(f"{where}: {len(absent)} weight(s) missing, e.g. {absent[0]}")
@@ -144,12 +140,30 @@ def from_hf_neox(path):
             raise CheckpointError(f"{where}: {theirs} ({w.dtype}) holds NaN, inf or "
                                   f"non-float values; download the weights again")
     state = {ours: sd[theirs] for ours, theirs in names.items()}
-    # NeoX fuses QKV per head, [head][q|k|v][head_dim]; our rows are [q | k | v], head-major
-    for i in range(L):
-        w, b = f"prelude.{i}.attn.qkv.weight", f"prelude.{i}.attn.qkv.bias"
-        state[w] = state[w].view(H, 3, D // H, D).transpose(0, 1).reshape(3 * D, D)   # (3D, D)
-        state[b] = state[b].view(H, 3, D // H).transpose(0, 1).reshape(3 * D)         # (3D,)
+    for name in [n for n in state if ".qkv." in n]:  # NeoX's [head][q|k|v] -> our [q|k|v]
+        state[name] = regroup(state[name], H, 3)
     return cfg, state
+
+
+def neox_names(L, head="embed_out.weight"):
+    """A vanilla model's weight names (every layer a prelude block) -> GPT-NeoX's."""
+    names = {"wte.weight": "gpt_neox.embed_in.weight", "lm_head.weight": head,
+             "ln_f.weight": "gpt_neox.final_layer_norm.weight",
+             "ln_f.bias": "gpt_neox.final_layer_norm.bias"}
+    for i in range(L):
+        for ours, theirs in [("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm"),
+                             ("attn.qkv", "attention.query_key_value"),
+                             ("attn.proj", "attention.dense"),
+                             ("mlp.fc", "mlp.dense_h_to_4h"), ("mlp.proj", "mlp.dense_4h_to_h")]:
+            names.update({f"prelude.{i}.{ours}.{k}": f"gpt_neox.layers.{i}.{theirs}.{k}"
+                          for k in ("weight", "bias")})
+    return names
+
+
+def regroup(t, outer, inner):
+    """Fused QKV rows, (outer, inner, head_dim) -> (inner, outer, head_dim): GPT-NeoX's
+    [head][q|k|v] (outer H, inner 3) -> our [q|k|v][head], and back (outer 3, inner H)."""
+    return t.reshape(outer, inner, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
 def load_hf(path, device="cpu"):
@@ -260,7 +274,9 @@ def check_tokens(start, data):
         if os.environ.get("RANK", "0") == "0" and tokenizer.kind == "gpt2":
             print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; "
                   "the ids of a GPT-2 dataset mean other tokens to them")
-    elif type(tokenizer)("bpe", path=path).identity != tokenizer.identity:
+    # a run's export names its tokenizer (tools/export_hf.py): a char vocabulary has no other
+    elif (read_json(os.path.join(path, "config.json")).get("nanomesh_tokenizer")
+          or type(tokenizer)("bpe", path=path).identity) != tokenizer.identity:
         made = ("another tokenizer.json" if tokenizer.kind == "bpe"
                 else f"the {tokenizer.kind} tokenizer")
         raise UsageError(f"dataset {name!r} was made with {made}, not the imported model's own "
