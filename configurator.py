@@ -29,6 +29,10 @@ class UsageError(ValueError):
     """Bad input the project names: printed as one line, exit 2. Any other exception is a bug."""
 
 
+class DataError(UsageError):
+    """A problem with the data (a dataset, a tokenizer) the user can fix: one line, exit 2."""
+
+
 def setting(default, help, path=False, choices=None):
     """A dataclass field with its one-line description, which --help shows; a list default
     makes a flag that may be given several times. path: a leading ~ means the home folder.

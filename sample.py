@@ -17,8 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even if PYTHONSAFEPATH=1
 from configurator import UsageError, check_ranges, setting
-from data.meta import checkpoint_dataset
-from data.tokenizer import Tokenizer
+from data.meta import Tokenizer, checkpoint_dataset
 from support import checkpoint, command, files
 from support.device import check_decode, resolve_device
 

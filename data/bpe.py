@@ -17,7 +17,7 @@ import unicodedata
 
 import numpy as np
 
-from data.meta import DataError
+from configurator import DataError
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 

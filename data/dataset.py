@@ -13,9 +13,9 @@ import os
 import numpy as np
 import torch
 
-from data.meta import (DataError, check_ids, check_intact, check_split_file, check_unchanged,
-                       data_root, dataset_folder, dataset_record, hold, read_meta, trained_folder)
-from data.tokenizer import Tokenizer
+from data.meta import (DataError, Tokenizer, check_ids, check_intact, check_split_file,
+                       check_unchanged, data_root, dataset_folder, dataset_record, hold, read_meta,
+                       trained_folder)
 from support import files
 from support.distributed import from_rank0
 

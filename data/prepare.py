@@ -30,9 +30,8 @@ if __package__ in (None, ""):  # run as a script
 from support import command, files  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
-from data.meta import (PROJECT_DATA, STAND_IN, DataError, data_root, dataset_folder,  # noqa: E402
-                       dtype_for_vocab, is_path)
-from data.tokenizer import Tokenizer  # noqa: E402
+from data.meta import (PROJECT_DATA, STAND_IN, DataError, Tokenizer, data_root,  # noqa: E402
+                       dataset_folder, dtype_for_vocab, is_path)
 
 SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
                    "tinyshakespeare/input.txt")

@@ -58,7 +58,7 @@ def main(prog, fn, argv, settings=None, notes="", stopped=None):
         return 130
     finally:
         Stop.restore()
-        for module in ("support.log", "support.distributed"):  # a run's log, its process group
+        for module in ("support.run", "support.distributed"):  # a run's log, its process group
             if module in sys.modules:
                 sys.modules[module].close()
         files.release()

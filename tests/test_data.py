@@ -23,7 +23,7 @@ import data.prepare as prep
 from data.meta import DataError
 from data.dataset import load_split
 from data.prepare import ensure_dataset, prepare
-from data.tokenizer import Tokenizer
+from data.meta import Tokenizer
 from conftest import listed, train_bpe
 from data.meta import checkpoint_dataset, dataset_folder
 

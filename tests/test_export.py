@@ -21,7 +21,7 @@ import torch
 from conftest import BPE_CORPUS, HANG, TEXT, run, snapshot, train_bpe
 from data.meta import DataError
 from data.prepare import prepare
-from data.tokenizer import Tokenizer
+from data.meta import Tokenizer
 from support import checkpoint, files
 from tools import export_hf
 

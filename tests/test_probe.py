@@ -19,7 +19,7 @@ from support.capture import capture
 from tools import table1
 from support.checkpoint import load as load_checkpoint, save as save_checkpoint
 from data.dataset import random_windows
-from data.tokenizer import Tokenizer
+from data.meta import Tokenizer
 from mesh import SCHEMES, Config, RecursiveGPT
 from conftest import listed
 

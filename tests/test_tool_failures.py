@@ -24,7 +24,7 @@ import torch
 import sample
 from conftest import ENOSPC, EPIPE, HANG, ROOT, TEXT, copy_with_a_bug, listed, snapshot, stdout_note
 from data.prepare import prepare
-from data.tokenizer import Tokenizer
+from data.meta import Tokenizer
 from mesh import Config, RecursiveGPT
 from support import checkpoint, files as plain, files as runfiles, device as sampling
 from tools import probe, table1

@@ -28,7 +28,7 @@ from configurator import UsageError, parse_flags
 from support.files import read_config
 from data.dataset import load_split
 from data.prepare import prepare
-from data.tokenizer import Tokenizer
+from data.meta import Tokenizer
 from conftest import HANG, ROOT, TINY, losses, poison_micro_batch, run, snapshot
 
 def cli(script, args, data_root, out_dir, **kw):

@@ -21,8 +21,7 @@ if __package__ in (None, ""):  # python tools/X.py: the modules are one folder u
     sys.path.insert(0, ROOT)
 from configurator import UsageError, setting  # noqa: E402
 from data.bpe import bytes_to_unicode  # noqa: E402
-from data.meta import checkpoint_dataset  # noqa: E402
-from data.tokenizer import Tokenizer  # noqa: E402
+from data.meta import Tokenizer, checkpoint_dataset  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.pretrained import neox_names, regroup  # noqa: E402
 

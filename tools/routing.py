@@ -37,8 +37,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, setting  # noqa: E402
 from data.dataset import load_split  # noqa: E402
-from data.meta import checkpoint_dataset  # noqa: E402
-from data.tokenizer import Tokenizer  # noqa: E402
+from data.meta import Tokenizer, checkpoint_dataset  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from support.device import resolve_device  # noqa: E402

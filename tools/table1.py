@@ -40,7 +40,7 @@ from data.meta import checkpoint_dataset  # noqa: E402
 from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.device import machine_name  # noqa: E402
-from support.log import log_records  # noqa: E402
+from support.run import log_records  # noqa: E402
 from tools.curves import colour, plot  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
