@@ -14,7 +14,6 @@ checkpoint or a pretrained source is refused. A resume continues bit for bit (a 
 depend on the step alone).
 """
 
-import dataclasses
 import json
 import math
 import os
@@ -114,6 +113,7 @@ def settings(cls, ckpt, given, world, out_dir):
         raise UsageError(f"{e} ({', '.join(named)}: the checkpoint's saved value, in {path}; "
                          f"give {flags} to replace it)") from None
     if tc.wandb_log:  # refused now, not at the first log line
+        from support.mirror import need_wandb
         need_wandb(tc)
     return tc
 
@@ -436,7 +436,7 @@ class RunLog:
     def __init__(self, out_dir, fresh, on_commit=None, resumed_at=None, wandb=None):
         """on_commit: called at the first commit (a fresh run's: the old run's files go).
         resumed_at: a resumed run's iteration, past which the killed run's records are dropped.
-        wandb: the run's TrainConfig, to mirror the log to Weights & Biases (wandb_run)."""
+        wandb: the run's TrainConfig, to mirror the log to Weights & Biases."""
         self.path, self.on_commit = os.path.join(out_dir, LOG), on_commit
         self.pending = (files.temporary_name(self.path) if fresh and os.path.exists(self.path)
                         else None)
@@ -445,8 +445,16 @@ class RunLog:
             files.atomic_write(self.path, lambda f: f.write(kept))
         self.fd, self.wandb = self._open(self.pending or self.path, fresh), None
         _open.append(self)
-        if wandb:
-            self.wandb = wandb_run(self, wandb, resumed_at)
+        if wandb:  # mirrored (support/mirror.py, imported only then), as the resumed run was
+            from support import mirror
+            ids = [r["wandb_run_id"] for r in log_records(self.path) if "wandb_run_id" in r
+                   ] if resumed_at is not None else []
+            run = mirror.start(wandb, out_dir, ids[-1] if ids else None)
+            if not ids:  # (the log's own record: not mirrored)
+                self.write({"iter": resumed_at or 0, "wandb_run_id": run.id},
+                           f"wandb: run {run.id} of project {wandb.wandb_project}, named "
+                           f"{run.name}")
+            self.wandb = run
 
     @staticmethod
     def _open(path, fresh):  # O_NOFOLLOW: never through a link (where the system has it)
@@ -484,48 +492,6 @@ class RunLog:
         os.close(self.fd)
         if self.pending:
             os.remove(self.pending)
-
-
-def need_wandb(tc):
-    """The wandb module, its settings checked before the run touches
-    OUT_DIR; or a one-line refusal saying what to install or fix."""
-    try:
-        import wandb
-        from pydantic import ValidationError  # of wandb's settings
-    except ImportError:
-        raise LogError("--wandb_log=true needs wandb, which is not installed: pip install wandb "
-                       "(or pip install -r requirements-optional.txt)") from None
-    try:
-        wandb.Settings(project=tc.wandb_project).update_from_env_vars(dict(os.environ))
-    except ValidationError as e:  # as WANDB_MODE=ofline
-        raise LogError("wandb refuses {loc[0]}={input!r} from the environment ({msg}); fix that "
-                       "WANDB_ variable (WANDB_MODE: online, offline or disabled)".format(
-                           **e.errors()[0])) from None
-    except wandb.Error as e:  # as a '/' in a project's name
-        raise LogError(f"wandb refuses its settings ({e}); fix --wandb_project, or the WANDB_ "
-                       f"variable named") from None
-    return wandb
-
-
-def wandb_run(log, tc, resumed_at):
-    """A wandb run mirroring the log into OUT_DIR/wandb; its id, kept in the log, lets a resume
-    continue the same wandb run."""
-    wandb, out_dir = need_wandb(tc), os.path.dirname(log.path)
-    ids = [r["wandb_run_id"] for r in log_records(log.path) if "wandb_run_id" in r
-           ] if resumed_at is not None else []
-    name = tc.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
-    try:  # console off: wandb would wrap stdout, which command.py guards
-        run = wandb.init(project=tc.wandb_project, name=name, dir=out_dir, resume="allow",
-                         id=ids[-1] if ids else None, config=dataclasses.asdict(tc),
-                         settings=wandb.Settings(console="off"))
-    except wandb.Error as e:
-        raise LogError(f"wandb could not start a run ({str(e).strip().splitlines()[0]}); log "
-                       f"in with `wandb login`, or log offline: WANDB_MODE=offline") from None
-    run.define_metric("*", step_metric="iter")
-    if not ids:
-        log.write({"iter": resumed_at or 0, "wandb_run_id": run.id},
-                  f"wandb: run {run.id} of project {tc.wandb_project}, named {name}")
-    return run
 
 
 def close():
