@@ -208,8 +208,7 @@ def stage(run, out_dir, max_iters, train=TRAIN):
         result = saved = read_result(os.path.join(out_dir, "result.json"), run)
     elif os.path.isfile(os.path.join(out_dir, checkpoint.CKPT)):
         try:  # read without its tensors; damaged or foreign: no run, as train.py judges it
-            ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True,
-                              map_location="cpu")
+            ckpt = checkpoint.peek(os.path.join(out_dir, checkpoint.CKPT))
             saved, at = ckpt["train_config"], ckpt["iter_num"]
             saved = saved if type(at) is int and type(saved["max_iters"]) is int else None
         except Exception:
