@@ -114,7 +114,8 @@ def train_step(model, opt, x, y, autocast, eager=False):
     opt.zero_grad(set_to_none=True)
 
 
-def graphs():  # built by torch.compile so far in this process (after warm-up: recompiles)
+def graphs():
+    """Graphs torch.compile has built so far in this process (after warm-up: recompiles)."""
     return counters["stats"]["unique_graphs"]
 
 

@@ -71,10 +71,8 @@ def text(cfg):
 
 
 def draw(cfg, path):
-    """The same picture as a PNG: applied blocks left to right, coloured by unique block (a shared
-    core repeats its colour, hatched); for mesh the buffer below, a lane per slot, which each
-    router's write and read arrows cross, a dot on every slot: a softmax weight for each (Eq. 3,
-    5). Returns path, or None without matplotlib."""
+    """The same picture as a PNG (a shared core hatched; for mesh the buffer's lanes below, each
+    router's arrows crossing them, a weight per slot: Eq. 3, 5); path, or None without matplotlib."""
     if not (plt := pyplot("draw.py", "picture, only the text above")):
         return None
     from matplotlib.patches import FancyArrowPatch, Patch, Rectangle

@@ -116,9 +116,6 @@ def validation_windows(ckpt, length, n, seed, data_root=None):
     return torch.from_numpy(random_windows(val, length, n, seed))
 
 
-# -----------------------------------------------------------------------------
-# Probing one checkpoint
-
 def mean_std(rows):
     """Mean and population standard deviation over the first axis."""
     a = np.asarray(rows, dtype=np.float64)
@@ -231,9 +228,6 @@ def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=N
     return {**result, **probe(model, idx, sigma_frac)}
 
 
-# -----------------------------------------------------------------------------
-# Report: tables on stdout, optional PNG figures
-
 def fmt(v, spec=".2f"):
     return "  -  " if v is None else format(v, spec)
 
@@ -275,8 +269,8 @@ def unfinished(r):  # what a title adds for a run used before it finished
     return "" if r["state"] == "finished" else f" ({r['state']})"
 
 
-def title(r):
-    return (f"{os.path.basename(os.path.normpath(r['out_dir']))}{unfinished(r)}\n"
+def title(r, sep="\n"):  # a figure's: the run's folder, its layout and scheme
+    return (f"{os.path.basename(os.path.normpath(r['out_dir']))}{unfinished(r)}{sep}"
             f"{r['layout']} {r['scheme']}")
 
 
@@ -351,7 +345,7 @@ def write_pngs(results, folder):
                 ax.set_xticks(range(ro["n_slots"]), [f"m{b}" for b in range(ro["n_slots"])])
                 entropies = zip(ro["labels"], ro[f"entropy_{kind}"])
                 ax.set_yticks(range(len(ro["labels"])), [f"{l} H={h:.2f}" for l, h in entropies])
-                ax.set_title(f"{title(r).replace(chr(10), ': ')}\n{kind} weights "
+                ax.set_title(f"{title(r, ': ')}\n{kind} weights "
                              f"(max H {ro['max_entropy']:.2f})", fontsize=8)
         save(fig, "routers.png")
 

@@ -28,7 +28,7 @@ from data.tokenizer import Tokenizer  # noqa: E402
 from support import command  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
-from tools.probe import RunsConfig, each_run, opened, relative_update, unfinished  # noqa: E402
+from tools.probe import RunsConfig, each_run, opened, relative_update, title, unfinished  # noqa: E402
 
 SCAN = 100_000  # tokens searched for a line's start, at most
 SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
@@ -97,9 +97,6 @@ def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None, unfi
             "predicted_tokens": [text(ids) for ids in seen["predicted"]]}
 
 
-# -----------------------------------------------------------------------------
-# Report: a table on stdout, an optional PNG
-
 def report(r):
     w = max(5, *(len(t) + 1 for t in r["tokens"]))  # a column per token
     row = lambda label, cells: f"{label:<14}" + "".join(f"{c:>{w}}" for c in cells)
@@ -122,15 +119,9 @@ def report(r):
     return "\n".join(lines)
 
 
-def title(r):
-    return (f"{os.path.basename(os.path.normpath(r['out_dir']))} ({r['layout']} {r['scheme']})"
-            + unfinished(r))
-
-
 def write_png(results, path):
-    """One figure: each checkpoint's per-token effort side by side on top, then its predictions
-    after each loop step; below, for each MeSH checkpoint, a row per router with its write and read
-    weights (slots x tokens). Returns path, or None without matplotlib."""
+    """One figure: each checkpoint's per-token effort, then its predictions after each step; below,
+    a row per MeSH router with its write and read weights; path, or None without matplotlib."""
     if not (plt := pyplot("routing.py", "figure, only the numbers")):
         return None
 
@@ -153,7 +144,7 @@ def write_png(results, path):
         ax.set_yticks(range(len(parts)), parts)
         ax.set_ylabel("part of the model")
         tokens_axis(ax, r)
-        ax.set_title(f"{title(r)}\neach token's relative update, part by part", fontsize=10)
+        ax.set_title(f"{title(r, ': ')}\neach token's relative update, part by part", fontsize=10)
     fig.colorbar(im, ax=axes[0].tolist(), label="relative update (0: unchanged)", shrink=0.9)
     for r, ax in zip(results, axes[1]):  # the token in each cell, green where it comes next
         hit = np.array([[p == n for p, n in zip(ids, r["ids"][1:])] + [np.nan]  # the last: none
@@ -166,7 +157,7 @@ def write_png(results, path):
         ax.set_yticks(range(len(hit)), steps)
         ax.set_ylabel("stopped after loop step")
         tokens_axis(ax, r)
-        ax.set_title(f"{title(r)}\ntop next-token prediction after each loop step (early exit; "
+        ax.set_title(f"{title(r, ': ')}\ntop next-token prediction after each loop step (early exit; "
                      f"green: the next token; * trained K)", fontsize=10)
     for ax in [*axes[0][len(results):], *axes[1][len(results):]]:
         ax.axis("off")
@@ -180,7 +171,7 @@ def write_png(results, path):
                 ax.set_ylabel("buffer slot")
                 tokens_axis(ax, r)
                 what = "writes its output to" if kind == "write" else "reads its next state from"
-                ax.set_title(f"{title(r)}, {name}: how much each token {what} each slot",
+                ax.set_title(f"{title(r, ': ')}, {name}: how much each token {what} each slot",
                              fontsize=10)
             for ax in axes[row][2:]:
                 ax.axis("off")

@@ -57,6 +57,7 @@ LESSON = dict(layouts="3+2R3+3", only="vanilla,base,mesh", seeds="0,1", jobs=2, 
 # 100 x 16 x 64 = 102,400 targets in random windows: the same for every run; drawn with
 # replacement, so some positions repeat and some are unseen
 EVAL_BATCHES, EVAL_SEED = 100, 1337
+WHERE = dict(device="cpu", data_root="data")  # train.py's flags of where a run trains
 
 
 def steps(layout):  # K, the loop steps of a layout
@@ -85,15 +86,14 @@ def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
     return list({r["name"]: r for r in runs}.values())  # once each
 
 
-def train_command(run, out_dir, max_iters, device="cpu", data_root="data", train=TRAIN,
-                  threads=None, resume=False):
+def train_command(run, out_dir, max_iters, train=TRAIN, where=WHERE, resume=False):
     """train.py's command line for a run: resume continues its checkpoint, else it starts afresh
     (--overwrite=true: by train.py's own rules, never while another run owns the folder)."""
     flags = dict(out_dir=out_dir, **train, max_iters=max_iters,
                  eval_interval=max(1, max_iters // 4), layout=run["layout"],
                  scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
-                 **CHOICES.get(run["variant"], {}), device=device, data_root=data_root,
-                 threads=threads, **({"init_from": "resume"} if resume else {"overwrite": "true"}))
+                 **CHOICES.get(run["variant"], {}), **where,
+                 **({"init_from": "resume"} if resume else {"overwrite": "true"}))
     given = [f"--{k}={v}" for k, v in flags.items() if v is not None]
     return [sys.executable, os.path.join(ROOT, "train.py")] + given
 
@@ -153,12 +153,6 @@ def ms_per_iter(log_path):
 def val_loss(model, batches):
     """Mean cross-entropy over batches (n, B, T+1), each of B x T targets: the token mean."""
     return statistics.fmean(model.evaluate((w[:, :-1], w[:, 1:]) for w in batches))
-
-
-def eval_batches(ckpt, model, data_root=None):
-    """The same EVAL_BATCHES batches of validation windows for every run: (EVAL_BATCHES, B, T+1)."""
-    T, n = model.config.block_size, EVAL_BATCHES * TRAIN["batch_size"]
-    return validation_windows(ckpt, T + 1, n, EVAL_SEED, data_root).view(EVAL_BATCHES, -1, T + 1)
 
 
 def val_curve(log_path):  # [[iter, val loss], ...] of every evaluation train.py logged
@@ -228,8 +222,7 @@ def stage(run, out_dir, max_iters, train=TRAIN):
     return ("done", result) if result else ("resume", at) if theirs == ours else ("fresh", None)
 
 
-def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", train=TRAIN,
-            threads=None):
+def run_one(run, root, max_iters, env=None, train=TRAIN, where=WHERE):
     name, out_dir = run["name"], os.path.join(root, run["name"])
     what, detail = stage(run, out_dir, max_iters, train)
     if what == "done":  # a finished run of these settings: reused
@@ -243,7 +236,7 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
     resume = what == "resume"
     for stale in ("result.json", checkpoint.CKPT, "log.jsonl") if not resume else ():
         files.remove(os.path.join(out_dir, stale))  # a run of other settings, or rule, or damaged
-    cmd = train_command(run, out_dir, max_iters, device, data_root, train, threads, resume)
+    cmd = train_command(run, out_dir, max_iters, train, where, resume)
     if resume and detail >= max_iters:
         say(f"{name}: trained to iter {detail}; evaluating it")
     else:
@@ -261,12 +254,14 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
             raise UsageError(f"{name} failed (exit {rc}); its last words: {last} (full output "
                              f"in {out_dir}/train.out)")
     model, ckpt = checkpoint.load(out_dir)
+    T, n = model.config.block_size, EVAL_BATCHES * TRAIN["batch_size"]  # the same for every run
+    batches = validation_windows(ckpt, T + 1, n, EVAL_SEED, where["data_root"]).view(EVAL_BATCHES, -1, T + 1)
     log = os.path.join(out_dir, "log.jsonl")
     result = dict(run, max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"],
                   iter_num=ckpt.get("iter_num"), rule=rule(run["variant"]),
                   n_slots=model.config.slots if run["scheme"] == "mesh" else None,
                   params=model.num_params(), eval_batches=EVAL_BATCHES,
-                  val_loss=val_loss(model, eval_batches(ckpt, model, data_root)),
+                  val_loss=val_loss(model, batches),
                   ms_per_iter=ms_per_iter(log), out_dir=out_dir,
                   dataset=ckpt["train_config"]["dataset"],
                   data_sha256=ckpt.get("data", {}).get("sha256"), val_curve=val_curve(log))
@@ -454,7 +449,7 @@ def main(argv=None):
                         "again continues them (finished ones are kept)")
 
 
-def train_all(runs, a, train):
+def train_all(runs, a, train, where):
     """Every run's result, --jobs at a time, each with its share of the cores; a finished run of
     other settings is refused before any trains."""
     for run in runs:
@@ -462,8 +457,8 @@ def train_all(runs, a, train):
     env = {**os.environ, "OMP_NUM_THREADS": str(threads(a.jobs))}
     pool = ThreadPoolExecutor(a.jobs)  # each run is its own process; threads only wait on them
     try:
-        return list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device,
-                                                 a.data_root, train, threads(a.jobs)), runs))
+        return list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, train, where),
+                             runs))
     finally:  # stopping: the runs not started never start, the others end first
         pool.shutdown(cancel_futures=True)
 
@@ -482,6 +477,7 @@ def table1(given):
             raise UsageError(f"--only: unknown {name!r}{closest(name, [*SCHEME, 'ablation'])}; "
                              f"expected some of {', '.join([*SCHEME, 'ablation'])}")
     train = dict(TRAIN, n_embd=a.n_embd, lr=a.lr)
+    where = dict(device=a.device, data_root=a.data_root, threads=threads(a.jobs))
     layouts = a.layouts.split(",")
     for layout in layouts:
         try:
@@ -496,15 +492,14 @@ def table1(given):
     runs = plan([v for v in SCHEME if v in only], seeds, ablation, layouts)
     if a.dry_run:
         for run in runs:
-            cmd = train_command(run, os.path.join(a.root, run["name"]), a.max_iters, a.device,
-                                a.data_root, train, threads(a.jobs))
+            cmd = train_command(run, os.path.join(a.root, run["name"]), a.max_iters, train, where)
             print(" ".join(cmd[1:]))
         return
     os.makedirs(a.root, exist_ok=True)
     # one table1.py per root, held to its end: a second is refused at once
     files.own(a.root, flag="--root")
     try:
-        write_results(train_all(runs, a, train), a, seeds, layouts, only, train)
+        write_results(train_all(runs, a, train, where), a, seeds, layouts, only, train)
     finally:
         files.disown(a.root)
 
