@@ -72,7 +72,7 @@ def text(cfg):
 
 def draw(cfg, path):
     """The same picture as a PNG (a shared core hatched; for mesh the buffer's lanes below, each
-    router's arrows crossing them, a weight per slot: Eq. 3, 5); path, or None without matplotlib."""
+    router's arrows crossing them, a weight a slot: Eq. 3, 5); path, or None without matplotlib."""
     if not (plt := pyplot("draw.py", "picture, only the text above")):
         return None
     from matplotlib.patches import FancyArrowPatch, Patch, Rectangle

@@ -28,7 +28,8 @@ from data.tokenizer import Tokenizer  # noqa: E402
 from support import command  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
-from tools.probe import RunsConfig, each_run, opened, relative_update, title, unfinished  # noqa: E402
+from tools.probe import (RunsConfig, each_run, opened, relative_update, title,  # noqa: E402
+                         unfinished)
 
 SCAN = 100_000  # tokens searched for a line's start, at most
 SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
@@ -157,8 +158,8 @@ def write_png(results, path):
         ax.set_yticks(range(len(hit)), steps)
         ax.set_ylabel("stopped after loop step")
         tokens_axis(ax, r)
-        ax.set_title(f"{title(r, ': ')}\ntop next-token prediction after each loop step (early exit; "
-                     f"green: the next token; * trained K)", fontsize=10)
+        ax.set_title(f"{title(r, ': ')}\ntop next-token prediction after each loop step "
+                     f"(early exit; green: the next token; * trained K)", fontsize=10)
     for ax in [*axes[0][len(results):], *axes[1][len(results):]]:
         ax.axis("off")
     row = 2

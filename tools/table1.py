@@ -255,7 +255,8 @@ def run_one(run, root, max_iters, env=None, train=TRAIN, where=WHERE):
                              f"in {out_dir}/train.out)")
     model, ckpt = checkpoint.load(out_dir)
     T, n = model.config.block_size, EVAL_BATCHES * TRAIN["batch_size"]  # the same for every run
-    batches = validation_windows(ckpt, T + 1, n, EVAL_SEED, where["data_root"]).view(EVAL_BATCHES, -1, T + 1)
+    batches = validation_windows(ckpt, T + 1, n, EVAL_SEED, where["data_root"])
+    batches = batches.view(EVAL_BATCHES, -1, T + 1)
     log = os.path.join(out_dir, "log.jsonl")
     result = dict(run, max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"],
                   iter_num=ckpt.get("iter_num"), rule=rule(run["variant"]),
