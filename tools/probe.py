@@ -37,14 +37,11 @@ from support.capture import capture, readout  # noqa: E402
 from support.device import physical_memory, resolve_device  # noqa: E402
 from tools.curves import colour, pyplot  # noqa: E402
 
-# [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance
-# between distinct tokens of the state. A bandwidth relative to the median makes CKA invariant to an
-# isotropic scaling of either side, which the residual stream's growing norm needs. Kornblith et al.
-# (2019) report RBF CKA at 0.2, 0.4 and 0.8 x the median; we take 0.8, the widest, which sees the
-# global geometry of the T tokens rather than only nearest neighbours, so it is the least noisy with
-# T = 64 tokens per sample. (Their demo code defaults to 1.0 x sqrt(median squared distance over all
-# pairs, self-pairs included); we leave out self-pairs and duplicate rows, e.g. repeated characters
-# in h_emb, whose zero distances would only drag the median down.)
+# [choice] RBF bandwidth (the paper does not give it): SIGMA_FRAC x the median distance between
+# distinct tokens of the state, so that CKA ignores an isotropic scaling (the residual stream's norm
+# grows). Kornblith et al. (2019) report 0.2, 0.4 and 0.8 x the median; 0.8, the widest, sees the
+# global geometry of the T tokens, the least noisy at T = 64. Self-pairs and duplicate rows
+# (repeated characters in h_emb) are left out: their zero distances would drag the median down.
 SIGMA_FRAC = 0.8
 TOP_K = 50         # singular values per state (Fig. 5)
 CHUNK = 8          # sequences per forward pass
