@@ -27,23 +27,13 @@ def bytes_to_unicode():
     U+0100..."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
             *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-def tokenizer_file(path):
-    """PATH/tokenizer.json for a folder (a Hugging Face model folder), else PATH itself."""
-    return os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    others = iter(range(256, 512))
+    return {b: chr(b if b in keep else next(others)) for b in range(256)}
 
 
 def read_tokenizer_json(path):
-    file = tokenizer_file(path)
+    """(the file, its JSON) of a tokenizer.json, or of the one in a Hugging Face model folder."""
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     try:
         with open(file, encoding="utf-8") as f:
             spec = json.load(f)
@@ -107,7 +97,6 @@ def fingerprint(spec):
 
 def _why_not_tiktoken(spec):
     """The reason tiktoken cannot reproduce this tokenizer exactly, or None."""
-    # a BPE model (check)
     model, pre, norm = spec["model"], spec.get("pre_tokenizer"), spec.get("normalizer")
     for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(key):
@@ -140,9 +129,7 @@ class ByteLevelBPE:
         self.vocab_size = max([*vocab.values(), *self.added.values()], default=-1) + 1
         self.eot_id = self.added.get("<|endoftext|>", vocab.get("<|endoftext|>"))
         self._hf = None
-        why = _why_not_tiktoken(spec)
-        if why is None:
-            why = self._build_tiktoken(spec, vocab, added)
+        why = _why_not_tiktoken(spec) or self._build_tiktoken(spec, vocab, added)
         if why is not None:
             try:
                 from tokenizers import Tokenizer as HFTokenizer
@@ -203,24 +190,20 @@ class ByteLevelBPE:
                        for c in by_kind]
         return None
 
-    def _ordinary(self, text, ids):
-        if self._nfc:
-            text = unicodedata.normalize("NFC", text)
-        for i, piece in enumerate(self._split[1].split(text) if self._split[1] else [text]):
-            if i % 2:
-                ids.append(self.added[piece])
-            elif piece:
-                ids.extend(self._to_id[self._enc.encode_ordinary(piece)].tolist())
-
-    def encode(self, text):
+    def encode(self, text, normalized=False):
+        """As tokenizers does: the added tokens split off first, the normalized ones after NFC."""
         if self._hf is not None:
             return self._hf.encode(text, add_special_tokens=False).ids
-        ids = []
-        for i, piece in enumerate(self._split[0].split(text) if self._split[0] else [text]):
+        if normalized and self._nfc:
+            text = unicodedata.normalize("NFC", text)
+        split, ids = self._split[normalized], []
+        for i, piece in enumerate(split.split(text) if split else [text]):
             if i % 2:
                 ids.append(self.added[piece])
+            elif piece and normalized:
+                ids.extend(self._to_id[self._enc.encode_ordinary(piece)].tolist())
             elif piece:
-                self._ordinary(piece, ids)
+                ids.extend(self.encode(piece, normalized=True))
         return ids
 
     def decode(self, ids):
@@ -234,7 +217,6 @@ class ByteLevelBPE:
 
 class GPT2:
     """tiktoken's GPT-2 BPE, with the same calls as ByteLevelBPE."""
-    VOCAB_SIZE = 50257  # ids >= this are the model's padding (it rounds up to 50304)
 
     def __init__(self, encoding="gpt2"):
         try:
@@ -258,5 +240,5 @@ class GPT2:
     def encode(self, text):
         return self._enc.encode(text, allowed_special={"<|endoftext|>"})
 
-    def decode(self, ids):
-        return self._enc.decode([int(i) for i in ids if 0 <= int(i) < self.VOCAB_SIZE])
+    def decode(self, ids):  # ids past the vocabulary (the model pads it) dropped
+        return self._enc.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size])

@@ -19,6 +19,7 @@ The .idx file, all integers little-endian:
     int64[m]  document index: the first sequence of each document, then n
 
 Opening checks the header and that the sequences tile the .bin; else a DataError naming the file.
+The last 1% of the sequences (at least one) are held out for validation.
 """
 import functools
 import os
@@ -37,8 +38,6 @@ CHECK_SLICE = 1 << 20  # sequences checked at a time: bounded memory for any ind
 
 
 class IndexedDataset:
-    """A read-only, memory-mapped MMIDIDX dataset; see the module docstring."""
-
     def __init__(self, path):
         prefix = indexed_prefix(path)
         if prefix is None:
@@ -68,12 +67,8 @@ class IndexedDataset:
                             f"({want} bytes) but the file has {size} bytes; it is truncated or "
                             f"damaged: download it again")
         self.dtype = np.dtype(DTYPES[code])
-        self.sizes = (np.memmap(idx, dtype="<i4", mode="r", offset=HEADER, shape=(n,))
-                      if n else np.zeros(0, "<i4"))
-        self.pointers = (np.memmap(idx, dtype="<i8", mode="r", offset=HEADER + 4 * n, shape=(n,))
-                         if n else np.zeros(0, "<i8"))
-        self.doc_idx = (np.memmap(idx, dtype="<i8", mode="r", offset=HEADER + 12 * n, shape=(m,))
-                        if m else np.zeros(0, "<i8"))
+        part = lambda t, at: np.memmap(idx, t, "r", at, (n,)) if n else np.zeros(0, t)  # noqa: E731
+        self.sizes, self.pointers = part("<i4", HEADER), part("<i8", HEADER + 4 * n)
         self._check(os.path.getsize(prefix + ".bin"))
         self.tokens = (np.memmap(prefix + ".bin", dtype=self.dtype, mode="r") if n and self.n_tokens
                        else np.zeros(0, self.dtype))
@@ -103,14 +98,17 @@ class IndexedDataset:
         return len(self.sizes)
 
     def __getitem__(self, i):
-        start = int(self.pointers[i]) // self.dtype.itemsize
-        return self.tokens[start:start + int(self.sizes[i])]
+        return self.tokens[self.token_offset(i):self.token_offset(i) + int(self.sizes[i])]
 
-    def token_offset(self, i):
-        """Where sequence i starts in self.tokens (len(self) for the end of the last one)."""
-        if i == len(self):
-            return self.n_tokens
+    def token_offset(self, i):  # where sequence i starts in self.tokens
         return int(self.pointers[i]) // self.dtype.itemsize
+
+    def train_tokens(self):
+        """How many tokens are train: those of all but the last 1% of the sequences."""
+        if len(self) < 2:
+            raise DataError(f"{self.prefix} has {len(self)} sequence(s): it needs 2 or more, "
+                            f"the last 1% (at least one) being held out for validation")
+        return self.token_offset(train_sequences(len(self)))
 
 
 def write_index(prefix, sizes, dtype):
@@ -128,8 +126,8 @@ def write_index(prefix, sizes, dtype):
 
 
 def train_sequences(n):
-    """How many of n sequences are train: all but the last 1% (at least one), held out. Pythia's
-    last 1,464,320 are past the 250B tokens (about 122M sequences) that the paper's runs read."""
+    """How many of n sequences are train. Pythia's last 1% (1,464,320) are past the 250B tokens
+    (about 122M sequences) that the paper's runs read."""
     return n - max(1, n // 100)
 
 
@@ -138,10 +136,7 @@ def split_tokens(prefix, split):
     stamp = tuple((st.st_size, st.st_mtime_ns)
                   for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
     ds = _checked(os.path.abspath(prefix), stamp)
-    if len(ds) < 2:
-        raise DataError(f"{ds.prefix} has {len(ds)} sequence(s): it needs 2 or more, "
-                        f"the last 1% (at least one) being held out for validation")
-    cut = ds.token_offset(train_sequences(len(ds)))
+    cut = ds.train_tokens()
     return (ds.tokens[:cut] if split == "train" else ds.tokens[cut:]), ds.prefix + ".bin"
 
 

@@ -39,7 +39,6 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
 OFFLINE = ".shakespeare_char.offline"  # why shakespeare_char fell back on pydoc
 REPLACING = ".meta.json.replacing"  # the old meta.json while new files move in
-PROGRESS = 64 << 20  # bytes read between two progress lines
 NAME_BYTES = 200  # its staging folder's name fits in 255
 
 
@@ -56,12 +55,11 @@ def _stderr(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
+def _read_chunks(source, label, chunk_bytes, sha=None):
     """source's UTF-8 text (a path, or bytes) in pieces of about chunk_bytes, cut after a
     newline (or between characters); a leading byte order mark is dropped."""
     f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
-    total = len(source) if isinstance(source, bytes) else os.path.getsize(source)
-    carry, offset, mark = b"", 0, PROGRESS
+    carry, offset = b"", 0
     with f:
         while True:
             block = f.read(chunk_bytes)
@@ -86,9 +84,6 @@ def _read_chunks(source, label, chunk_bytes, log, what, sha=None):
             if offset == 0:  # the first character, whole (cuts fall between characters)
                 text = text.removeprefix("\ufeff")
             offset += len(piece)
-            if f.tell() >= mark:
-                log(f"prepare: {what} {f.tell() >> 20:,} / {total >> 20:,} MiB")
-                mark += PROGRESS
             if text:
                 yield text
 
@@ -143,20 +138,20 @@ def _encoded(chunks, tok, dtype, num_proc):
             yield from (ids.astype(dtype) for ids in pool.map(_encode_in_worker, batch))
 
 
-def _tokenize(source, label, tok, stage, chunk_bytes, log, fmt="flat", seq_len=2049, num_proc=1):
+def _tokenize(source, label, tok, stage, chunk_bytes, fmt="flat", seq_len=2049, num_proc=1):
     """Stream source into stage/{train,val}.bin (or document.{bin,idx}); returns meta.
     tok None: a char vocabulary, scanned first."""
     sha, scan = hashlib.sha256(), tok is None
     if scan:  # a first pass collects the character set (and hashes the source)
         chars = set()
-        for text in _read_chunks(source, label, chunk_bytes, log, "scanning", sha):
+        for text in _read_chunks(source, label, chunk_bytes, sha):
             chars.update(text)
         tok = Tokenizer("char", sorted(chars))
     dtype = dtype_for_vocab(tok.vocab_size, indexed=fmt == "indexed")
     n = 0
     all_path = os.path.join(stage, "document.bin" if fmt == "indexed" else "train.bin")
     with open(all_path, "wb") as f:  # all tokens; flat: val moved out below
-        chunks = _read_chunks(source, label, chunk_bytes, log, "encoding", None if scan else sha)
+        chunks = _read_chunks(source, label, chunk_bytes, None if scan else sha)
         for ids in _encoded(chunks, tok, dtype, num_proc):
             ids.tofile(f)
             n += len(ids)
@@ -297,7 +292,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
             _download(label, source, SHAKESPEARE_SHA256 if shakespeare else None, dataset, log)
             if os.path.getsize(source) == 0:
                 raise DataError(f"{label} is empty")
-        meta = _tokenize(source, label, tok, stage, chunk_bytes, log, format, seq_len, num_proc)
+        meta = _tokenize(source, label, tok, stage, chunk_bytes, format, seq_len, num_proc)
         files.write_json(os.path.join(stage, "meta.json"), {
             "dataset": dataset, **meta, "source": os.path.abspath(input) if input else label})
         # commit: the old meta.json set aside first, then everything moved in, meta.json last
@@ -412,11 +407,7 @@ def describe_indexed(path, tokenizer, log=_stderr):
     if head.size and (head.min() < 0 or head.max() >= tok.vocab_size):
         raise DataError(f"{ds.prefix}.bin holds token id {int(head.max())}, past the tokenizer's "
                         f"{tok.vocab_size} ids: it was made with another tokenizer")
-    if len(ds) < 2:
-        raise DataError(f"{ds.prefix} has {len(ds)} sequence(s): it needs 2 or more, "
-                        f"one held out for validation")
-    folder, train = os.path.dirname(os.path.abspath(ds.prefix)), train_sequences(len(ds))
-    n_train = ds.token_offset(train)
+    folder, n_train = os.path.dirname(os.path.abspath(ds.prefix)), ds.train_tokens()
     meta = {"dataset": os.path.basename(folder), **tok.to_meta(), "dtype": ds.dtype.name,
             "format": "indexed", "prefix": os.path.basename(ds.prefix), "sequences": len(ds),
             "train_tokens": n_train, "val_tokens": ds.n_tokens - n_train,

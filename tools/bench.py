@@ -39,7 +39,7 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 @dataclass
 class BenchConfig:
-    """Settings of a bench run; model fields left at None take the preset's value."""
+    """Speed and memory of every scheme; model fields left at None take the preset's value."""
     model: str = setting("classroom", "a preset of mesh.PRESETS (listed below)")
     layout: str | None = setting(None, "the recursive layout (P+CRN+Q)")
     n_embd: int | None = setting(None, "width D")
@@ -396,7 +396,6 @@ def table(rows, info):
 
 
 def main(argv):
-    """bench.py's command -> its exit code; a signal stops it at once, nothing written."""
     stopped = "before the table was done; nothing was printed or written"
     return command.main("tools/bench.py", lambda given: measure(given, argv), argv,
                         BenchConfig, NOTES, stopped=stopped)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, setting  # noqa: E402
+from configurator import setting  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.checkpoint import CheckpointError  # noqa: E402
 from support.sharded import read_whole  # noqa: E402
@@ -22,7 +22,7 @@ from support.sharded import read_whole  # noqa: E402
 @dataclass
 class ConsolidateConfig:
     """Write OUT_DIR/ckpt.pt from OUT_DIR's sharded checkpoint (train.py --fsdp=true)."""
-    out_dir: str | None = setting(None, "the run's folder, holding shards-<iter>/", path=True)
+    out_dir: str = setting("out", "the run's folder, holding shards-<iter>/", path=True)
 
 
 def consolidate(out_dir):
@@ -51,8 +51,6 @@ def consolidate(out_dir):
 
 def run(given):
     out_dir = ConsolidateConfig(**given).out_dir
-    if not out_dir:
-        raise UsageError("name the run: python tools/consolidate.py --out_dir=OUT_DIR")
     it, name = consolidate(out_dir)
     print(f"wrote {os.path.join(out_dir, 'ckpt.pt')} (iter {it}) from "
           f"{os.path.join(out_dir, name)}")

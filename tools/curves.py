@@ -11,13 +11,11 @@ import os
 import sys
 from dataclasses import dataclass
 
-import torch
-
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, setting  # noqa: E402
 from mesh import parse_layout  # noqa: E402
-from support import command, files  # noqa: E402
+from support import checkpoint, command, files  # noqa: E402
 from support.run import log_records  # noqa: E402
 
 COLOURS = {"vanilla": "black", "base": "tab:blue", "residual": "tab:purple", "anchor": "tab:green",
@@ -79,8 +77,7 @@ def run(given):
     lines = []
     for i, out_dir in enumerate(a.out_dir):  # a variant's colour, a marker each
         try:  # vanilla: no loop steps; no checkpoint yet: grey
-            cfg = torch.load(os.path.join(out_dir, "ckpt.pt"), mmap=True, weights_only=True)
-            cfg = cfg["model_config"]
+            cfg = checkpoint.peek(os.path.join(out_dir, checkpoint.CKPT))["model_config"]
             kind = cfg["scheme"] if parse_layout(cfg["layout"]).schedule else "vanilla"
         except Exception:
             kind = None

@@ -7,6 +7,7 @@ seed by seed with the depth sweep's vanilla, base and routed runs.
     python tools/cycle.py --root=runs/cycle --results=results/cycle   # cycle.md, cycle.json
 """
 
+import glob
 import json
 import os
 import sys
@@ -121,10 +122,8 @@ def main(argv):
 def run(given):
     cfg = CycleConfig(**given)
     found = records(cfg.sweep, "--sweep") + records(cfg.choices, "--choices")
-    for name in sorted(os.listdir(cfg.root)) if os.path.isdir(cfg.root) else []:
-        path = os.path.join(cfg.root, name, "result.json")
-        if os.path.isfile(path):
-            found += records(path)
+    for path in sorted(glob.glob(os.path.join(glob.escape(cfg.root), "*", "result.json"))):
+        found += records(path)  # the direct runs'
     rows = table({(r["variant"], r["layout"], r["seed"]): r["val_loss"] for r in found})
     os.makedirs(cfg.results, exist_ok=True)
     md = markdown(rows)

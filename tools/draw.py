@@ -5,11 +5,9 @@ the code, and its parameter counts (the paper's Table 5), allocating no weights.
     python tools/draw.py --layout=3+2R3+3 --scheme=mesh --png=model.png    # any P+CRN+Q, any scheme
     python tools/draw.py --model=pythia-1.4b --layout=4+8R2+4 --scheme=mesh  # text only: no --png
 
-The blocks in the order forward applies them: the prelude, each loop step's core (a core applied
-again is the same weights: shared), the coda. For mesh, the buffer's slots and, between the steps,
-the routers that write each step's output into the slots and read the next state from them
-(Eq. 2-5); for the other schemes, the update rule between steps. It prints the text form
-(mesh.summary's counts below it) and, with matplotlib and --png, draws the same picture.
+The blocks in the order forward applies them (a core applied again: shared weights); for mesh
+the buffer's slots and the routers that write and read them (Eq. 2-5), for the other schemes the
+update rule between steps. Printed as text, mesh.summary's counts below; with --png, drawn.
 """
 
 import os
@@ -35,8 +33,7 @@ RULES = {"base": "h(t+1) = f_t(h(t))", "residual": "h(t+1) = f_t(h(t)) + h(t)",
 
 def parts(cfg):
     """The model in forward's order: [(part, [unique block index of each applied block], shared)],
-    where shared says a loop step runs a core that an earlier step already ran (the same weights
-    again)."""
+    shared: a loop step runs a core an earlier step ran."""
     s, first, spans = cfg.shape, 0, []
     for n in (s.prelude, *s.cores, s.coda):  # unique blocks are numbered prelude, each core, coda
         spans.append(list(range(first, first + n)))
@@ -47,8 +44,7 @@ def parts(cfg):
 
 
 def routers(cfg):
-    """MeSH's routers by name, in order (K+1 with the routed cycle, K with the direct one); []
-    otherwise."""
+    """MeSH's routers by name (K+1 with the routed cycle, K with the direct one); [] otherwise."""
     if cfg.scheme != "mesh":
         return []
     return ["cycle"] * (cfg.cycle == "routed") + [f"step {t}" for t in range(cfg.n_steps)]
@@ -75,10 +71,8 @@ def text(cfg):
 
 
 def draw(cfg, path):
-    """The same picture as a PNG: applied blocks left to right, coloured by unique block (a shared
-    core repeats its colour, hatched); for mesh the buffer below, a lane per slot, which each
-    router's write and read arrows cross, a dot on every slot: a softmax weight for each (Eq. 3,
-    5). Returns path, or None without matplotlib."""
+    """The same picture as a PNG (a shared core hatched; for mesh the buffer's lanes below, each
+    router's arrows crossing them, a weight a slot: Eq. 3, 5); path, or None without matplotlib."""
     if not (plt := pyplot("draw.py", "picture, only the text above")):
         return None
     from matplotlib.patches import FancyArrowPatch, Patch, Rectangle

@@ -83,7 +83,6 @@ class Outcome:
 
 
 def flags(name, tiny):
-    """bench.py's flags of a bench part."""
     return [*(TINY if tiny else [*SHAPES[name], *FULL]), "--schemes=base,mesh"]
 
 

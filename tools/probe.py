@@ -4,26 +4,17 @@ probe.py: the MeSH paper's diagnostics (its Figures 3, 4 and 5, Section 3) for t
     python tools/probe.py --out_dir=runs/base --out_dir=runs/mesh --num_samples=64 \
         --json=probe.json --png=figs
 
-For each checkpoint it draws N validation sequences (block_size tokens each, at positions from a
-fixed-seed generator, so every checkpoint of a dataset sees the same text), runs the model once with
-state capture (`with capture(model) as cap: model(idx)`, below) and measures, per sequence:
-
+On N validation sequences (the same for every checkpoint of a dataset), from one forward pass with
+state capture (support/capture.py), per sequence, in float64 (std: over the N, ddof 0):
 - effort (Fig. 3): the relative update 2 ||f(h) - h||_F / (||f(h)||_F + ||h||_F) of every block
-  application (prelude, each loop step, coda); 0 means the block left its input alone.
-- stagnation (Fig. 4): RBF-kernel CKA (Kornblith et al. 2019) between the captured states h_emb,
-  h0 ... hK, out, each a (T x D) matrix whose T tokens are the examples.
+  application (prelude, each loop step, coda); 0: the block left its input alone.
+- stagnation (Fig. 4): RBF-kernel CKA (Kornblith et al. 2019) between the states h_emb, h0 ... hK,
+  out, each a (T x D) matrix whose T tokens are the examples.
 - collapse (Fig. 5): the top-50 singular values of each state, divided by the largest.
-- routers (mesh only): per router (the transitional cycle, then each step) the mean write and read
-  weight of every slot and the mean routing entropy, at most ln(B); a collapsed router puts all its
-  weight on one slot (entropy near 0) for every token.
-- loss: the model's own mean loss on the sequences (each token's next; the last has none), and
-  step_loss: that loss had the model stopped after loop step t = 0 ... K, h(t) through the coda and
-  head as h(K) goes (capture.py's readout: early exit, a probe, not the paper's method); on to 2K
-  for schemes with an update rule, while MeSH stops at K (a router per step, K+3 buffer slots).
-
-It prints compact tables, writes the numbers as JSON (--json) and, if matplotlib is installed (an
-optional dependency), PNG figures with the checkpoints side by side (--png). All metrics are
-computed in float64. std is over the N sequences (population std, ddof=0).
+- routers (mesh): each router's mean write and read weight per slot, and its routing entropy.
+- loss, and step_loss: the loss had the model stopped after loop step t (an early exit through the
+  coda, a probe, not the paper's method), on to 2K where a scheme can run on; MeSH stops at K.
+Tables on stdout, the numbers as JSON (--json), figures with matplotlib (--png).
 """
 
 import math
@@ -38,7 +29,7 @@ import torch.nn.functional as F
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, setting  # noqa: E402
+from configurator import UsageError, check_ranges, setting  # noqa: E402
 from data.dataset import load_split, random_windows  # noqa: E402
 from data.meta import checkpoint_dataset  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
@@ -46,14 +37,11 @@ from support.capture import capture, readout  # noqa: E402
 from support.device import physical_memory, resolve_device  # noqa: E402
 from tools.curves import colour, pyplot  # noqa: E402
 
-# [choice] RBF bandwidth (the paper does not give it): sigma = SIGMA_FRAC x the median distance
-# between distinct tokens of the state. A bandwidth relative to the median makes CKA invariant to an
-# isotropic scaling of either side, which the residual stream's growing norm needs. Kornblith et al.
-# (2019) report RBF CKA at 0.2, 0.4 and 0.8 x the median; we take 0.8, the widest, which sees the
-# global geometry of the T tokens rather than only nearest neighbours, so it is the least noisy with
-# T = 64 tokens per sample. (Their demo code defaults to 1.0 x sqrt(median squared distance over all
-# pairs, self-pairs included); we leave out self-pairs and duplicate rows, e.g. repeated characters
-# in h_emb, whose zero distances would only drag the median down.)
+# [choice] RBF bandwidth (the paper does not give it): SIGMA_FRAC x the median distance between
+# distinct tokens of the state, so that CKA ignores an isotropic scaling (the residual stream's norm
+# grows). Kornblith et al. (2019) report 0.2, 0.4 and 0.8 x the median; 0.8, the widest, sees the
+# global geometry of the T tokens, the least noisy at T = 64. Self-pairs and duplicate rows
+# (repeated characters in h_emb) are left out: their zero distances would drag the median down.
 SIGMA_FRAC = 0.8
 TOP_K = 50         # singular values per state (Fig. 5)
 CHUNK = 8          # sequences per forward pass
@@ -63,9 +51,7 @@ CHUNK = 8          # sequences per forward pass
 # Metrics: small pure functions on tensors; everything in float64
 
 def relative_update(h, fh):
-    """Effort of one block application (Fig. 3): 2 ||f(h) - h||_F / (||f(h)||_F + ||h||_F) over the
-    last two dims, so (T, D) -> scalar and (B, T, D) -> (B,). 0 for the identity; 2/3 for
-    f(h) = 2h."""
+    """Effort (Fig. 3) over the last two dims: (T, D) -> scalar, (B, T, D) -> (B,)."""
     h, fh = h.double(), fh.double()
     norm = torch.linalg.matrix_norm  # Frobenius over the last two dims
     return 2 * norm(fh - h) / (norm(fh) + norm(h))
@@ -109,38 +95,28 @@ def cka_from_grams(Kc, Lc):
 
 
 def rbf_cka(X, Y, sigma_frac=SIGMA_FRAC):
-    """RBF-kernel CKA (Kornblith et al. 2019) between X (T, D1) and Y (T, D2), rows paired by
-    token."""
+    """RBF-kernel CKA between X (T, D1) and Y (T, D2), rows paired by token."""
     return cka_from_grams(centered_rbf_gram(X, sigma_frac), centered_rbf_gram(Y, sigma_frac))
 
 
 def spectrum(X, k=TOP_K):
-    """Top min(k, T, D) singular values of X (..., T, D), divided by the largest: starts at 1, never
-    increases."""
+    """Top min(k, T, D) singular values of X (..., T, D), divided by the largest."""
     s = torch.linalg.svdvals(X.double())                              # (..., min(T, D)), descending
     largest = s[..., :1].clamp_min(torch.finfo(s.dtype).tiny)  # an all-zero state gives zeros
     return (s / largest)[..., :k]
 
 
-# -----------------------------------------------------------------------------
-# Data: the checkpoint's own validation split
-
 def validation_windows(ckpt, length, n, seed, data_root=None):
-    """n windows of `length` tokens of the validation split of the dataset the checkpoint trained on
-    (refused by name when it has changed since), at positions from a generator seeded by seed ->
-    int64 tensor (n, length): the same for every checkpoint of that dataset."""
+    """(n, length) int64 windows of the validation split the checkpoint trained on (refused by
+    name if it changed since), at seeded positions: the same for every checkpoint of it."""
     val = load_split(checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), data_root), "val")
     return torch.from_numpy(random_windows(val, length, n, seed))
 
 
-# -----------------------------------------------------------------------------
-# Probing one checkpoint
-
-def mean_std(rows, ddof=0):
-    """Mean and standard deviation over the first axis (population std by default; ddof=1 for the
-    sample std, None when there are too few rows for it)."""
+def mean_std(rows):
+    """Mean and population standard deviation over the first axis."""
     a = np.asarray(rows, dtype=np.float64)
-    return a.mean(0), (a.std(0, ddof=ddof) if len(a) > ddof else None)
+    return a.mean(0), a.std(0)
 
 
 @torch.no_grad()
@@ -195,9 +171,8 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
 
 
 def json_ready(value):
-    """value (dicts, lists, numbers) with every float that is not finite as None: JSON has no NaN,
-    and a measure of a degenerate state (an all-zero one, or a bandwidth that underflows) is no
-    number."""
+    """value with every float that is not finite as None: JSON has no NaN, and a measure of a
+    degenerate state (all zeros, or a bandwidth that underflows) is no number."""
     if isinstance(value, dict):
         return {k: json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -205,10 +180,37 @@ def json_ready(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def opened(out_dir, device, prog, unfinished=False, kept=None):
+    """checkpoint.load_run's model and checkpoint, and what names the run in a tool's output."""
+    model, ckpt, state = checkpoint.load_run(out_dir, device, prog, unfinished, kept)
+    cfg = model.config
+    return model, ckpt, {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"],
+                         "layout": cfg.layout, "scheme": cfg.scheme, "n_steps": cfg.n_steps,
+                         "state": state or "finished"}
+
+
+def each_run(a, one, report, png):
+    """one(out_dir) for each --out_dir, its report printed; the results, written to --json.
+    png: how --png is checked (check_writable's words). Outputs are checked before any run."""
+    if not a.out_dir:
+        raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
+    if a.json:
+        files.check_writable(a.json, "json")
+    if a.png:
+        files.check_writable(a.png, "png", **png)
+    a.device, results = resolve_device(a.device), []
+    for out_dir in a.out_dir:
+        results.append(one(out_dir))
+        print(report(results[-1]))
+    if a.json:
+        files.write_json(a.json, json_ready(results))
+        print(f"wrote {a.json}")
+    return results
+
+
 def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None,
                      unfinished=False, kept=None):
-    # the run's latest, once it is finished (unless `unfinished`), or a kept one
-    model, ckpt, state = checkpoint.load_run(out_dir, device, "probe.py", unfinished, kept)
+    model, ckpt, result = opened(out_dir, device, "probe.py", unfinished, kept)
     cfg = model.config
     # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
     states = cfg.n_steps + 3
@@ -219,15 +221,9 @@ def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=N
                          f"{need / 2**30:,.1f} GiB, more than half of this machine's "
                          f"{total / 2**30:,.1f} GiB; use fewer")
     idx = validation_windows(ckpt, cfg.block_size, num_samples, seed, data_root).to(device)
-    result = {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"], "layout": cfg.layout,
-              "scheme": cfg.scheme, "n_steps": cfg.n_steps, "num_samples": num_samples,
-              "seq_len": cfg.block_size, "seed": seed, "state": state or "finished"}
-    result.update(probe(model, idx, sigma_frac))
-    return result
+    result.update(num_samples=num_samples, seq_len=cfg.block_size, seed=seed)
+    return {**result, **probe(model, idx, sigma_frac)}
 
-
-# -----------------------------------------------------------------------------
-# Report: tables on stdout, optional PNG figures
 
 def fmt(v, spec=".2f"):
     return "  -  " if v is None else format(v, spec)
@@ -270,8 +266,8 @@ def unfinished(r):  # what a title adds for a run used before it finished
     return "" if r["state"] == "finished" else f" ({r['state']})"
 
 
-def title(r):
-    return (f"{os.path.basename(os.path.normpath(r['out_dir']))}{unfinished(r)}\n"
+def title(r, sep="\n"):  # a figure's: the run's folder, its layout and scheme
+    return (f"{os.path.basename(os.path.normpath(r['out_dir']))}{unfinished(r)}{sep}"
             f"{r['layout']} {r['scheme']}")
 
 
@@ -346,7 +342,7 @@ def write_pngs(results, folder):
                 ax.set_xticks(range(ro["n_slots"]), [f"m{b}" for b in range(ro["n_slots"])])
                 entropies = zip(ro["labels"], ro[f"entropy_{kind}"])
                 ax.set_yticks(range(len(ro["labels"])), [f"{l} H={h:.2f}" for l, h in entropies])
-                ax.set_title(f"{title(r).replace(chr(10), ': ')}\n{kind} weights "
+                ax.set_title(f"{title(r, ': ')}\n{kind} weights "
                              f"(max H {ro['max_entropy']:.2f})", fontsize=8)
         save(fig, "routers.png")
 
@@ -372,20 +368,29 @@ def write_pngs(results, folder):
 
 
 @dataclass
-class ProbeConfig:
-    """MeSH diagnostics (the paper's Fig. 3-5) for trained checkpoints."""
+class RunsConfig:
+    """The settings of a tool that reads checkpoints side by side."""
     out_dir: list[str] = setting([], "a checkpoint folder (again to compare several)", path=True)
-    num_samples: int = setting(64, "validation sequences per checkpoint")
-    seed: int = setting(0, "seed of the sequence positions")
-    sigma_frac: float = setting(SIGMA_FRAC, "RBF bandwidth / the median distance")
     ckpt: int | None = setting(None, "a kept checkpoint's iteration (--keep_every); None: latest")
     device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
     data_root: str | None = setting(
         None, "where the checkpoints' dataset is now; None: where each trained", path=True)
     json: str | None = setting(None, "write the numbers here", path=True)
+    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
+
+
+@dataclass
+class ProbeConfig(RunsConfig):
+    """MeSH diagnostics (the paper's Fig. 3-5) for trained checkpoints."""
+    num_samples: int = setting(64, "validation sequences per checkpoint")
+    seed: int = setting(0, "seed of the sequence positions")
+    sigma_frac: float = setting(SIGMA_FRAC, "RBF bandwidth / the median distance")
     png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)",
                               path=True)
-    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
+
+    def __post_init__(self):
+        check_ranges(self, [("num_samples", lambda v: v >= 1, "at least 1"),
+                            ("sigma_frac", lambda v: v > 0, "a positive finite number")])
 
 
 def main(argv=None):
@@ -394,29 +399,11 @@ def main(argv=None):
 
 def run(given):
     a = ProbeConfig(**given)
-    if not a.out_dir:
-        raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
-    if a.num_samples < 1:
-        raise UsageError(f"--num_samples={a.num_samples} must be at least 1")
-    if not 0 < a.sigma_frac < math.inf:
-        raise UsageError(f"--sigma_frac={a.sigma_frac} must be a positive finite number")
-    device = resolve_device(a.device)
-    if a.json:  # find out now, not after the probing
-        files.check_writable(a.json, "json")
-    if a.png:
-        files.check_writable(a.png, "png", folder=True)
-    results = []
-    for out_dir in a.out_dir:
-        results.append(probe_checkpoint(out_dir, a.num_samples, a.seed, a.sigma_frac, device,
-                                        a.data_root, a.unfinished, a.ckpt))
-        print(report(results[-1]))
-    if a.json:
-        files.write_json(a.json, json_ready(results))
-        print(f"wrote {a.json}")
-    if a.png:
-        for path in write_pngs(results, a.png):
-            print(f"wrote {path}")
-    return 0
+    results = each_run(a, lambda out_dir: probe_checkpoint(
+        out_dir, a.num_samples, a.seed, a.sigma_frac, a.device, a.data_root, a.unfinished, a.ckpt),
+        report, dict(folder=True))
+    for path in write_pngs(results, a.png) if a.png else ():
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -5,25 +5,11 @@ routing.py: what a recursive model does to each token of one sentence, loop step
         --out_dir=runs/class/mesh_3+2R3+3_s0 \
         --text="The return statement leaves a function" --json=routing.json --png=routing.png
 
-For each checkpoint (base and MeSH side by side) it runs the sentence once with state capture
-(support/capture.py) and shows, per token:
-
-- effort: the relative update 2 ||f(h) - h|| / (||f(h)|| + ||h||) of each token's state through
-  the prelude, each loop step and the coda (probe.py's Fig. 3, here token by token): base's shared
-  core leaves most tokens almost unchanged at its later steps, MeSH's keeps changing them.
-- routing (mesh only): for the transitional cycle and each loop step, the write weight and the read
-  weight of every buffer slot (Eq. 3), token by token: which slot each token writes its step's
-  output to, which slots it reads its next state from, and where the routers treat tokens
-  differently.
-- predictions: the top next token the model gives if it stops after loop step t = 0 ... K (early
-  exit through the coda, support/capture.py's readout; not the paper's method), up to 2K for the
-  schemes that can run on (MeSH stops at K): where the prediction forms, step by step.
-
-Without --text the sentence is a fixed window of the checkpoint's validation split (--tokens long,
-from the start of a line, the same for every checkpoint of a dataset). It prints the numbers as a
-table (the slot of the largest weight for the routers), writes them as JSON (--json) and, with
-matplotlib, one PNG (--png): the effort of both checkpoints on top, their predictions below it,
-then each MeSH checkpoint's write and read weights.
+For each checkpoint, per token: its effort (probe.py's Fig. 3, token by token), MeSH's write and
+read weight of every buffer slot (Eq. 3) for the transitional cycle and each loop step, and the
+top next token had the model stopped after loop step t (an early exit through the coda, not the
+paper's method). Without --text: a window of the validation split, from the start of a line.
+A table on stdout, the numbers as JSON (--json), one figure with matplotlib (--png).
 """
 
 import os
@@ -35,25 +21,24 @@ import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, setting  # noqa: E402
+from configurator import UsageError, check_ranges, setting  # noqa: E402
 from data.dataset import load_split  # noqa: E402
 from data.meta import Tokenizer, checkpoint_dataset  # noqa: E402
-from support import checkpoint, command, files  # noqa: E402
+from support import command  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
-from support.device import resolve_device  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
-from tools.probe import json_ready, relative_update, unfinished  # noqa: E402
+from tools.probe import (RunsConfig, each_run, opened, relative_update, title,  # noqa: E402
+                         unfinished)
 
 SCAN = 100_000  # tokens searched for a line's start, at most
 SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
 
 
 def token_text(tokenizer, i):
-    """Token id i as the text a slide can show: whitespace made visible."""
-    if i >= tokenizer.vocab_size:  # the padding of the model's vocabulary has no text
+    """Token id i as a slide shows it: whitespace made visible; the model's padding <pad>."""
+    if i >= tokenizer.vocab_size:
         return "<pad>"
-    text = tokenizer.decode([i])
-    return "".join(SHOWN.get(c, c) for c in text)
+    return "".join(SHOWN.get(c, c) for c in tokenizer.decode([i]))
 
 
 @torch.no_grad()
@@ -74,9 +59,8 @@ def routing(model, idx):
 
 
 def line_window(val, tokenizer, length, seed, scan=SCAN):
-    """(1, length) token ids of the validation split val: from the first line that starts with a
-    letter at or after a start drawn by np.random.default_rng(seed) (within scan tokens; else at
-    that start), so that a slide shows words rather than the middle of a run of spaces."""
+    """(1, length) token ids of val from the first line that starts with a letter at or after a
+    seeded start (within scan tokens): a slide shows words, not the middle of a run of spaces."""
     if len(val) < length:
         raise UsageError(f"the validation split has {len(val)} tokens, fewer than "
                          f"--tokens={length}")
@@ -90,8 +74,7 @@ def line_window(val, tokenizer, length, seed, scan=SCAN):
 
 
 def sentence(ckpt, model, text, tokens, seed, data_root=None):
-    """The token ids (1, T) to show: text encoded with the checkpoint's tokenizer, or a validation
-    window."""
+    """The token ids (1, T) to show, text's or a validation window's, and the tokenizer."""
     folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), data_root)
     tokenizer = Tokenizer.load(folder)
     T = model.config.block_size
@@ -105,21 +88,14 @@ def sentence(ckpt, model, text, tokens, seed, data_root=None):
 
 def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None, unfinished=False,
                        kept=None):
-    # the run's latest, once it is finished (unless `unfinished`), or a kept one
-    model, ckpt, state = checkpoint.load_run(out_dir, device, "routing.py", unfinished, kept)
+    model, ckpt, result = opened(out_dir, device, "routing.py", unfinished, kept)
     idx, tokenizer = sentence(ckpt, model, text, tokens, seed, data_root)
-    cfg, seen = model.config, routing(model, idx.to(device))
+    seen = routing(model, idx.to(device))
     text = lambda ids: [token_text(tokenizer, i) for i in ids]
-    return {"out_dir": out_dir, "layout": cfg.layout, "scheme": cfg.scheme, "n_steps": cfg.n_steps,
-            "state": state or "finished",
-            "dataset": ckpt["train_config"]["dataset"],
-            "n_slots": cfg.slots if cfg.scheme == "mesh" else None, "ids": idx[0].tolist(),
-            "tokens": text(idx[0].tolist()), **seen,
+    return {**result, "n_slots": model.config.slots if result["scheme"] == "mesh" else None,
+            "ids": idx[0].tolist(), "tokens": text(idx[0].tolist()), **seen,
             "predicted_tokens": [text(ids) for ids in seen["predicted"]]}
 
-
-# -----------------------------------------------------------------------------
-# Report: a table on stdout, an optional PNG
 
 def report(r):
     w = max(5, *(len(t) + 1 for t in r["tokens"]))  # a column per token
@@ -138,21 +114,14 @@ def report(r):
                      f"per token):")
         for name, weights in r["routers"].items():
             for kind in ("write", "read"):
-                # p: one token's weights over the slots
-                top = [f"m{max(range(len(p)), key=p.__getitem__)}" for p in weights[kind]]
+                top = [f"m{np.argmax(p)}" for p in weights[kind]]  # p: a token's weights
                 lines.append(row(f"  {name} {kind}", top))
     return "\n".join(lines)
 
 
-def title(r):
-    return (f"{os.path.basename(os.path.normpath(r['out_dir']))} ({r['layout']} {r['scheme']})"
-            + unfinished(r))
-
-
 def write_png(results, path):
-    """One figure: each checkpoint's per-token effort side by side on top, then its predictions
-    after each loop step; below, for each MeSH checkpoint, a row per router with its write and read
-    weights (slots x tokens). Returns path, or None without matplotlib."""
+    """One figure: each checkpoint's per-token effort, then its predictions after each step; below,
+    a row per MeSH router with its write and read weights; path, or None without matplotlib."""
     if not (plt := pyplot("routing.py", "figure, only the numbers")):
         return None
 
@@ -175,7 +144,7 @@ def write_png(results, path):
         ax.set_yticks(range(len(parts)), parts)
         ax.set_ylabel("part of the model")
         tokens_axis(ax, r)
-        ax.set_title(f"{title(r)}\neach token's relative update, part by part", fontsize=10)
+        ax.set_title(f"{title(r, ': ')}\neach token's relative update, part by part", fontsize=10)
     fig.colorbar(im, ax=axes[0].tolist(), label="relative update (0: unchanged)", shrink=0.9)
     for r, ax in zip(results, axes[1]):  # the token in each cell, green where it comes next
         hit = np.array([[p == n for p, n in zip(ids, r["ids"][1:])] + [np.nan]  # the last: none
@@ -188,8 +157,8 @@ def write_png(results, path):
         ax.set_yticks(range(len(hit)), steps)
         ax.set_ylabel("stopped after loop step")
         tokens_axis(ax, r)
-        ax.set_title(f"{title(r)}\ntop next-token prediction after each loop step (early exit; "
-                     f"green: the next token; * trained K)", fontsize=10)
+        ax.set_title(f"{title(r, ': ')}\ntop next-token prediction after each loop step "
+                     f"(early exit; green: the next token; * trained K)", fontsize=10)
     for ax in [*axes[0][len(results):], *axes[1][len(results):]]:
         ax.axis("off")
     row = 2
@@ -202,7 +171,7 @@ def write_png(results, path):
                 ax.set_ylabel("buffer slot")
                 tokens_axis(ax, r)
                 what = "writes its output to" if kind == "write" else "reads its next state from"
-                ax.set_title(f"{title(r)}, {name}: how much each token {what} each slot",
+                ax.set_title(f"{title(r, ': ')}, {name}: how much each token {what} each slot",
                              fontsize=10)
             for ax in axes[row][2:]:
                 ax.axis("off")
@@ -218,19 +187,15 @@ def write_png(results, path):
 
 
 @dataclass
-class RoutingConfig:
+class RoutingConfig(RunsConfig):
     """Each token's effort and MeSH routing on one sentence, checkpoints side by side."""
-    out_dir: list[str] = setting([], "a checkpoint folder (give it again to compare several)")
     text: str = setting("", "the sentence (any text); not given: a window of the validation split")
     tokens: int = setting(32, "the window's length without --text (at most block_size)")
     seed: int = setting(0, "where the validation window starts (as probe.py's --seed)")
-    ckpt: int | None = setting(None, "a kept checkpoint's iteration (--keep_every); None: latest")
-    device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
-    data_root: str | None = setting(
-        None, "where the checkpoints' dataset is now; None: where each trained", path=True)
-    json: str | None = setting(None, "write the numbers here", path=True)
     png: str | None = setting(None, "write the figure here (needs matplotlib)", path=True)
-    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
+
+    def __post_init__(self):
+        check_ranges(self, [("tokens", lambda v: v >= 1, "at least 1")])
 
 
 def main(argv=None):
@@ -240,28 +205,14 @@ def main(argv=None):
 
 def run(given):
     a = RoutingConfig(**given)
-    if not a.out_dir:
-        raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
-    if a.tokens < 1:
-        raise UsageError(f"--tokens={a.tokens} must be at least 1")
     if "text" in given and not a.text:
         raise UsageError("--text is empty; give a sentence, or leave --text out for a window of "
                          "the validation split")
-    for flag in ("json", "png"):  # find out now, not after the model ran
-        if getattr(a, flag):
-            files.check_writable(getattr(a, flag), flag, ".png" if flag == "png" else "")
-    device = resolve_device(a.device)
-    results = []
-    for out_dir in a.out_dir:
-        results.append(routing_checkpoint(out_dir, a.text or None, a.tokens, a.seed, device,
-                                          a.data_root, a.unfinished, a.ckpt))
-        print(report(results[-1]))
-    if a.json:  # (its folder, once the model has run)
-        files.write_json(a.json, json_ready(results))
-        print(f"wrote {a.json}")
+    results = each_run(a, lambda out_dir: routing_checkpoint(
+        out_dir, a.text or None, a.tokens, a.seed, a.device, a.data_root, a.unfinished, a.ckpt),
+        report, dict(ending=".png"))
     if a.png and write_png(results, a.png):
         print(f"wrote {a.png}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -4,18 +4,13 @@ table1.py: the paper's Table 1 in a classroom: Tiny Shakespeare (characters) on 
     python tools/table1.py                 # the table, then the B ablation and probe figures
     python tools/table1.py --lesson        # one class period (LESSON.md): vanilla, base, mesh
 
-Every variant applies 12 blocks (vanilla `12` against the loop layouts, default `2+4R2+2`, with
-each scheme of mesh.SCHEMES; the ablation of Appendix E.1: mesh with B = K+1 ... K+4 slots, seed 0)
-at width 128, 4 heads, context 64, batch 16, peak LR 1e-3 on train.py's schedule, and a seed's
-data order is every variant's: nothing is tuned per variant, differences are paired seed by seed.
-
-Runs go through `python train.py` into ROOT/NAME/, --jobs at a time, each with its share of the
-cores and a line per evaluation. Nothing trains twice (a stopped run continues, a result.json is
-reused), nor with another update rule than mesh.SCHEMES's now, nor is a finished run of other
-settings replaced. A signal to table1.py, or its end, stops its runs, each saving a checkpoint.
-Every final checkpoint is evaluated here, on the same EVAL_BATCHES validation batches; into
-RESULTS go table1.json and table1.md (naming the dataset: offline, train.py falls back on the pydoc
-text), the curves, probe.py's and routing.py's figures (matplotlib) of base and mesh, seed 0.
+Every variant applies 12 blocks (vanilla `12` against the loop layouts with each scheme of
+mesh.SCHEMES; Appendix E.1's ablation: mesh with B = K+1 ... K+4 slots, seed 0) on one recipe,
+and a seed's data order is every variant's: differences are paired seed by seed. Runs go through
+train.py into ROOT/NAME/, --jobs at a time; a finished run is reused (unless trained with another
+update rule than mesh.SCHEMES's now), a stopped one continues. Every final checkpoint is
+evaluated on the same EVAL_BATCHES validation batches; into RESULTS go table1.json, table1.md,
+the curves and probe.py's and routing.py's figures of base and mesh, seed 0.
 """
 
 import inspect
@@ -34,14 +29,13 @@ import torch
 
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, closest, setting  # noqa: E402
-from data.dataset import load_split, random_windows  # noqa: E402
-from data.meta import checkpoint_dataset  # noqa: E402
+from configurator import UsageError, check_ranges, closest, setting  # noqa: E402
 from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.device import machine_name  # noqa: E402
 from support.run import log_records  # noqa: E402
 from tools.curves import colour, plot  # noqa: E402
+from tools.probe import validation_windows  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
@@ -63,11 +57,8 @@ LESSON = dict(layouts="3+2R3+3", only="vanilla,base,mesh", seeds="0,1", jobs=2, 
 # 100 x 16 x 64 = 102,400 targets in random windows: the same for every run; drawn with
 # replacement, so some positions repeat and some are unseen
 EVAL_BATCHES, EVAL_SEED = 100, 1337
-LAUNCH = "launch.json"  # in a run's folder: what table1.py started it as (launched())
+WHERE = dict(device="cpu", data_root="data")  # train.py's flags of where a run trains
 
-
-# -----------------------------------------------------------------------------
-# The plan: which runs, with which train.py flags
 
 def steps(layout):  # K, the loop steps of a layout
     return Config(layout=layout).n_steps
@@ -84,8 +75,7 @@ def run_name(variant, layout, seed, n_slots=None):
 
 
 def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
-    """-> runs {name, variant, layout, scheme, n_slots, seed}: vanilla once per seed, every other
-    variant per layout; ablation: B values on the first layout (B = K+3: its mesh seed 0)."""
+    """The runs: vanilla once a seed, the others per layout too; the B ablation on the first."""
     runs = [dict(name=run_name(v, layout, s), variant=v, scheme=SCHEME[v], n_slots=None, seed=s,
                  layout=DEPTH_LAYOUT if v == "vanilla" else layout)
             for layout in layouts for v in variants for s in seeds]
@@ -96,36 +86,29 @@ def plan(variants, seeds, ablation, layouts=(LOOP_LAYOUT,)):
     return list({r["name"]: r for r in runs}.values())  # once each
 
 
-def train_command(run, out_dir, max_iters, device="cpu", data_root="data", train=TRAIN,
-                  threads=None, resume=False):
-    """train.py's command line for a run: resume continues its checkpoint; otherwise it starts
-    afresh (--overwrite=true: by train.py's own rules, never while another run owns the folder)."""
+def train_command(run, out_dir, max_iters, train=TRAIN, where=WHERE, resume=False):
+    """train.py's command line for a run: resume continues its checkpoint, else it starts afresh
+    (--overwrite=true: by train.py's own rules, never while another run owns the folder)."""
     flags = dict(out_dir=out_dir, **train, max_iters=max_iters,
                  eval_interval=max(1, max_iters // 4), layout=run["layout"],
                  scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
-                 **CHOICES.get(run["variant"], {}), device=device, data_root=data_root,
-                 threads=threads, **({"init_from": "resume"} if resume else {"overwrite": "true"}))
+                 **CHOICES.get(run["variant"], {}), **where,
+                 **({"init_from": "resume"} if resume else {"overwrite": "true"}))
     given = [f"--{k}={v}" for k, v in flags.items() if v is not None]
     return [sys.executable, os.path.join(ROOT, "train.py")] + given
 
 
 def rule(variant):
-    """The update rule a variant trains with, as mesh.py has it now: its line of SCHEMES, comments
-    and spacing aside (mesh: Eq. 2-5, in forward; vanilla: none, it has no loop steps)."""
-    fn = None if variant == "vanilla" else SCHEMES[SCHEME[variant]]
-    if fn is None:
+    """A variant's update rule as mesh.py has it now: its line of SCHEMES, comments aside."""
+    if variant == "vanilla" or SCHEMES[SCHEME[variant]] is None:
         return "no loop steps" if variant == "vanilla" else "Eq. 2-5"
-    text = " ".join(re.sub(r"#.*", "", inspect.getsource(fn)).split())
+    text = " ".join(re.sub(r"#.*", "", inspect.getsource(SCHEMES[SCHEME[variant]])).split())
     return text[text.find("lambda"):].rstrip(",") if "lambda" in text else text
 
 
-# -----------------------------------------------------------------------------
-# The processes it runs, which stop with it
-
 def run_child(cmd, watch=lambda: None, env=None, **kwargs):
-    """cmd's exit code (as subprocess.run gives it), watch() called as it runs in a session of its
-    own: a signal comes only through table1.py (command.Stop), as a SIGTERM (train.py saves and
-    exits), and none starts after one; table1.py is its launcher (command.LAUNCHER): its end too."""
+    """cmd's exit code, watch() called as it runs in a session of its own: a signal reaches it
+    through table1.py (a SIGTERM: train.py saves and exits), which is its launcher (its end too)."""
     stop = command.Stop
     if stop.signals:
         raise command.Stopped(stop.name)
@@ -142,8 +125,7 @@ def run_child(cmd, watch=lambda: None, env=None, **kwargs):
 
 
 def progress(name, out_dir, max_iters, since):
-    """A watch() for a training run: a line per evaluation train.py has logged (log.jsonl) past
-    iteration `since` (a resumed run's are past): the run, the iteration, the val loss, the eta."""
+    """A watch(): a line per evaluation logged past iteration `since`, with its val loss, eta."""
     log = os.path.join(out_dir, "log.jsonl")
 
     def watch():
@@ -162,11 +144,8 @@ def say(line):  # printed in one write: the runs' threads print at once
     print(line + "\n", end="", flush=True)
 
 
-# -----------------------------------------------------------------------------
-# One run: train (unless done), then evaluate the final checkpoint
-
 def ms_per_iter(log_path):
-    """Median of the per-iteration times (ms) of the logged windows (the first pays for warm-up)."""
+    """Median of the logged ms per iteration (the first window pays for warm-up)."""
     ms = [r["ms"] for r in log_records(log_path) if isinstance(r.get("ms"), NUMBER)]
     return statistics.median(ms) if ms else None
 
@@ -176,20 +155,13 @@ def val_loss(model, batches):
     return statistics.fmean(model.evaluate((w[:, :-1], w[:, 1:]) for w in batches))
 
 
-def eval_batches(ckpt, model, data_root=None):
-    """The same EVAL_BATCHES batches of validation windows for every run: (EVAL_BATCHES, B, T+1)."""
-    T, n = model.config.block_size, EVAL_BATCHES * TRAIN["batch_size"]
-    val = load_split(checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), data_root), "val")
-    return torch.from_numpy(random_windows(val, T + 1, n, EVAL_SEED)).view(EVAL_BATCHES, -1, T + 1)
-
-
 def val_curve(log_path):  # [[iter, val loss], ...] of every evaluation train.py logged
     return [[r["iter"], r["val_loss"]] for r in log_records(log_path)
             if isinstance(r.get("val_loss"), NUMBER)]
 
 
 NUMBER = (int, float)
-# result.json's fields, as read back: their types, in words (val_curve: [iter, val loss] pairs)
+# result.json's fields, as read back: their types, in words
 FIELDS = {"seed": (int, "an integer"), "max_iters": (int, "an integer"),
           "params": (int, "an integer"), "val_loss": (NUMBER, "a number"),
           "ms_per_iter": ((*NUMBER, type(None)), "a number or null"),
@@ -198,8 +170,7 @@ FIELDS = {"seed": (int, "an integer"), "max_iters": (int, "an integer"),
 
 
 def read_result(path, run):
-    """A run's result.json, every field used here checked first: a damaged or foreign one is named
-    in one line, with its fix (its run trains again once its folder is gone)."""
+    """A run's result.json, every field used here checked: a damaged or foreign one is named."""
     try:
         result = files.read_json(path)
         if not isinstance(result, dict):
@@ -222,33 +193,22 @@ def read_result(path, run):
     return result
 
 
-def launched(out_dir):
-    """The run's launch.json (as table1.py started it: variant, update rule, its pid), or {}."""
-    try:
-        found = files.read_json(os.path.join(out_dir, LAUNCH))
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def stage(run, out_dir, max_iters, train=TRAIN):
-    """Where the run in out_dir stands: (what, detail, note), what "done" (detail: its result),
-    "resume" (its checkpoint's iteration; at max_iters: evaluated), "again" (the update rule it
-    trained with, not mesh.py's now) or "fresh". A finished run of other settings (--max_iters,
-    --n_embd, --lr) is refused; one with no record of its rule counts as mesh.py's, a note says."""
+    """Where the run in out_dir stands: ("done", its result), ("resume", its checkpoint's
+    iteration), ("again", the update rule its result was trained with, not mesh.py's now) or
+    ("fresh", None). A finished run of other settings (--max_iters, --n_embd, --lr) is refused."""
     result = saved = at = None
     if os.path.lexists(os.path.join(out_dir, "result.json")):
         result = saved = read_result(os.path.join(out_dir, "result.json"), run)
     elif os.path.isfile(os.path.join(out_dir, checkpoint.CKPT)):
         try:  # read without its tensors; damaged or foreign: no run, as train.py judges it
-            ckpt = torch.load(os.path.join(out_dir, checkpoint.CKPT), mmap=True, weights_only=True,
-                              map_location="cpu")
+            ckpt = checkpoint.peek(os.path.join(out_dir, checkpoint.CKPT))
             saved, at = ckpt["train_config"], ckpt["iter_num"]
             saved = saved if type(at) is int and type(saved["max_iters"]) is int else None
         except Exception:
             pass
     if saved is None:
-        return "fresh", None, ""
+        return "fresh", None
     ours = dict(max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"])
     theirs = {k: saved.get(k, TRAIN.get(k)) for k in ours}  # (older runs: the defaults)
     if theirs != ours and (result or at >= theirs["max_iters"]):
@@ -257,46 +217,30 @@ def stage(run, out_dir, max_iters, train=TRAIN):
         raise UsageError(f"{out_dir} holds a finished run of {other}, not {mine}, which table1.py "
                          f"never replaces; give another --root, or {other} to use it, or delete "
                          f"{out_dir} to train it again")
-    recorded = launched(out_dir).get("rule")
-    if recorded not in (None, rule(run["variant"])):
-        return "again", recorded, ""
-    note = "" if recorded else "; no record of its update rule: taken as mesh.py's today"
-    return ("done", result, note) if result else ("resume", at, note) if theirs == ours else \
-        ("fresh", None, "")
+    if result and result.get("rule", rule(run["variant"])) != rule(run["variant"]):
+        return "again", result["rule"]
+    return ("done", result) if result else ("resume", at) if theirs == ours else ("fresh", None)
 
 
-def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", train=TRAIN,
-            threads=None):
+def run_one(run, root, max_iters, env=None, train=TRAIN, where=WHERE):
     name, out_dir = run["name"], os.path.join(root, run["name"])
-    what, detail, note = stage(run, out_dir, max_iters, train)
-    if what == "done":  # a finished run of these settings (stage): reused
-        say(f"{name}: done (val loss {detail['val_loss']:.4f}){note}")
+    what, detail = stage(run, out_dir, max_iters, train)
+    if what == "done":  # a finished run of these settings: reused
+        say(f"{name}: done (val loss {detail['val_loss']:.4f})")
         return detail
     os.makedirs(out_dir, exist_ok=True)
-    try:  # a live run there: touch nothing of it, unless a killed table1.py left it (it saves)
-        files.check_free(out_dir, flag="--root", shown=out_dir)
-    except UsageError:
-        pid = launched(out_dir).get("pid")
-        if type(pid) is not int or files.process_alive(pid):
-            raise
-        say(f"{name}: the train.py a killed table1.py left there is saving a checkpoint; "
-            f"waiting for it")
-        files.own(out_dir, "--root", note=False, waiting=lambda: None)  # its turn, then ours
-        files.disown(out_dir)
-    what, detail, note = stage(run, out_dir, max_iters, train)  # as that one saved it
+    files.check_free(out_dir, flag="--root", shown=out_dir)  # a live run there: touch nothing
     if what == "again":
         say(f"{name}: trained with {run['variant']} = {detail}, not mesh.py's "
             f"{rule(run['variant'])} now: training it again")
-    for stale in ("result.json", checkpoint.CKPT, "log.jsonl") if what != "resume" else ():
-        files.remove(os.path.join(out_dir, stale))  # a run of other settings, or rule, or damaged
-    files.write_json(os.path.join(out_dir, LAUNCH),
-                     dict(variant=run["variant"], rule=rule(run["variant"]), pid=os.getpid()))
     resume = what == "resume"
-    cmd = train_command(run, out_dir, max_iters, device, data_root, train, threads, resume)
+    for stale in ("result.json", checkpoint.CKPT, "log.jsonl") if not resume else ():
+        files.remove(os.path.join(out_dir, stale))  # a run of other settings, or rule, or damaged
+    cmd = train_command(run, out_dir, max_iters, train, where, resume)
     if resume and detail >= max_iters:
-        say(f"{name}: trained to iter {detail}; evaluating it{note}")
+        say(f"{name}: trained to iter {detail}; evaluating it")
     else:
-        doing = f"continuing from iter {detail}{note}" if resume else "training"
+        doing = f"continuing from iter {detail}" if resume else "training"
         say(f"{name}: {doing} ({' '.join(cmd[2:])})")
         # its output: train.out, one for the run, as its log is one curve
         with open(os.path.join(out_dir, "train.out"), "a", encoding="utf-8") as f:
@@ -310,12 +254,15 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
             raise UsageError(f"{name} failed (exit {rc}); its last words: {last} (full output "
                              f"in {out_dir}/train.out)")
     model, ckpt = checkpoint.load(out_dir)
+    T, n = model.config.block_size, EVAL_BATCHES * TRAIN["batch_size"]  # the same for every run
+    batches = validation_windows(ckpt, T + 1, n, EVAL_SEED, where["data_root"])
+    batches = batches.view(EVAL_BATCHES, -1, T + 1)
     log = os.path.join(out_dir, "log.jsonl")
     result = dict(run, max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"],
                   iter_num=ckpt.get("iter_num"), rule=rule(run["variant"]),
                   n_slots=model.config.slots if run["scheme"] == "mesh" else None,
                   params=model.num_params(), eval_batches=EVAL_BATCHES,
-                  val_loss=val_loss(model, eval_batches(ckpt, model, data_root)),
+                  val_loss=val_loss(model, batches),
                   ms_per_iter=ms_per_iter(log), out_dir=out_dir,
                   dataset=ckpt["train_config"]["dataset"],
                   data_sha256=ckpt.get("data", {}).get("sha256"), val_curve=val_curve(log))
@@ -323,9 +270,6 @@ def run_one(run, root, max_iters, env=None, device="cpu", data_root="data", trai
     say(f"{name}: val loss {result['val_loss']:.4f}, {ms(result['ms_per_iter'])} ms/iter")
     return result
 
-
-# -----------------------------------------------------------------------------
-# Aggregation and the Markdown tables (pure: tested in test_probe.py)
 
 def trained_on(results):
     """The name of the one dataset all the runs trained on; runs of other data are refused."""
@@ -347,7 +291,7 @@ def vanilla_params(n_embd=MODEL["n_embd"]):
 
 
 def mean_std(values):
-    """(mean, sample std) of the values that are not None; None for what cannot be computed."""
+    """(mean, sample std) of the values that are not None; None where there are too few."""
     values = [v for v in values if v is not None]
     if not values:
         return None, None
@@ -355,9 +299,8 @@ def mean_std(values):
 
 
 def aggregate(results, vanilla, seeds, layouts=(LOOP_LAYOUT,)):
-    """Per layout and variant (table order), over the seeds asked for: params, share of vanilla,
-    val loss mean/std/n, ms/iter mean, and the paired differences (mean, std over seeds) of its val
-    loss minus base's on the same layout, minus vanilla's and (for the CHOICES) minus mesh's."""
+    """A row per layout and variant over the seeds: params, val loss, ms/iter, and the paired
+    differences of its val loss to base's on its layout, vanilla's and (CHOICES) mesh's."""
     def runs_of(v, layout):
         return {r["seed"]: r for r in results
                 if r["seed"] in seeds and r["name"] == run_name(v, layout, r["seed"])}
@@ -445,8 +388,8 @@ def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT, tr
 
 
 def write_curves(results, rows, layouts, path, dataset):
-    """Val loss against the iteration, a panel per layout, a line per variant: the mean of its
-    seeds' evaluations in train.py (their spread shaded), a star at the end the table's loss."""
+    """A panel per layout, a line per variant: its seeds' mean val loss in train.py (their spread
+    shaded); a star at the end: the table's loss."""
     panels = []
     for layout in layouts:
         lines = []
@@ -496,6 +439,9 @@ class Table1Config:
     lesson: bool = setting(False, "one class period (LESSON.md): "
                            + ", ".join(f"--{k}={v}" for k, v in LESSON.items()))
 
+    def __post_init__(self):
+        check_ranges(self, [("max_iters jobs", lambda v: v >= 1, "at least 1")])
+
 
 def main(argv=None):
     return command.main("tools/table1.py", table1, sys.argv[1:] if argv is None else argv,
@@ -504,16 +450,16 @@ def main(argv=None):
                         "again continues them (finished ones are kept)")
 
 
-def train_all(runs, a, train):
-    """Every run's result, --jobs at a time, each with its share of the cores (--threads; and
-    OMP_NUM_THREADS), a finished run of other settings refused before any trains."""
+def train_all(runs, a, train, where):
+    """Every run's result, --jobs at a time, each with its share of the cores; a finished run of
+    other settings is refused before any trains."""
     for run in runs:
         stage(run, os.path.join(a.root, run["name"]), a.max_iters, train)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads(a.jobs))}
     pool = ThreadPoolExecutor(a.jobs)  # each run is its own process; threads only wait on them
     try:
-        return list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, a.device,
-                                                 a.data_root, train, threads(a.jobs)), runs))
+        return list(pool.map(lambda run: run_one(run, a.root, a.max_iters, env, train, where),
+                             runs))
     finally:  # stopping: the runs not started never start, the others end first
         pool.shutdown(cancel_futures=True)
 
@@ -531,10 +477,8 @@ def table1(given):
         if name not in [*SCHEME, "ablation"]:
             raise UsageError(f"--only: unknown {name!r}{closest(name, [*SCHEME, 'ablation'])}; "
                              f"expected some of {', '.join([*SCHEME, 'ablation'])}")
-    for flag in ("max_iters", "jobs"):
-        if getattr(a, flag) < 1:
-            raise UsageError(f"--{flag}={getattr(a, flag)} must be at least 1")
     train = dict(TRAIN, n_embd=a.n_embd, lr=a.lr)
+    where = dict(device=a.device, data_root=a.data_root, threads=threads(a.jobs))
     layouts = a.layouts.split(",")
     for layout in layouts:
         try:
@@ -549,22 +493,20 @@ def table1(given):
     runs = plan([v for v in SCHEME if v in only], seeds, ablation, layouts)
     if a.dry_run:
         for run in runs:
-            cmd = train_command(run, os.path.join(a.root, run["name"]), a.max_iters, a.device,
-                                a.data_root, train, threads(a.jobs))
+            cmd = train_command(run, os.path.join(a.root, run["name"]), a.max_iters, train, where)
             print(" ".join(cmd[1:]))
         return
     os.makedirs(a.root, exist_ok=True)
     # one table1.py per root, held to its end: a second is refused at once
     files.own(a.root, flag="--root")
     try:
-        write_results(train_all(runs, a, train), a, seeds, layouts, only, train)
+        write_results(train_all(runs, a, train, where), a, seeds, layouts, only, train)
     finally:
         files.disown(a.root)
 
 
 def write_results(results, a, seeds, layouts, only, train):
-    """The tables, the curves, probe.py's and routing.py's figures (their numbers into .txt files,
-    a line printed per figure), then the table, printed last."""
+    """The tables, the curves, probe.py's and routing.py's figures, then the table printed."""
     dataset = trained_on(results)
     rows = aggregate(results, vanilla_params(a.n_embd), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
