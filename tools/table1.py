@@ -105,6 +105,8 @@ def train_command(run, out_dir, max_iters, device="cpu", data_root="data", train
                  scheme=run["scheme"], n_slots=run["n_slots"], seed=run["seed"],
                  **CHOICES.get(run["variant"], {}), device=device, data_root=data_root,
                  threads=threads, **({"init_from": "resume"} if resume else {"overwrite": "true"}))
+    if resume:  # the data it trained on, as its checkpoint says (offline: pydoc's, not --dataset)
+        del flags["dataset"]
     given = [f"--{k}={v}" for k, v in flags.items() if v is not None]
     return [sys.executable, os.path.join(ROOT, "train.py")] + given
 
