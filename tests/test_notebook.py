@@ -1,7 +1,7 @@
 """
 LESSON.ipynb is LESSON.md in Jupyter: written from it by tools/notebook.py (the file as stored is
 what the script writes now, without outputs), holding the lesson's words and, as code, its commands
-(read by test_lesson.py's own parser), figures and line for mesh.py; what its cells call, checked.
+(read by test_lesson.py's own parser, conftest.exercises), figures and line for mesh.py; what its cells call, checked.
 
     python -m pytest -q tests/test_notebook.py
 """
@@ -16,8 +16,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
-from test_lesson import LESSON, exercises
+from conftest import LESSON, ROOT, exercises
 from tools import notebook
 
 NOTEBOOK = os.path.join(ROOT, "LESSON.ipynb")
