@@ -8,6 +8,7 @@ processes (torchrun, kill -9 children) share the CI machine's 2 cores.
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,25 @@ TINY = ["--n_embd=32", "--n_head=2", "--block_size=16", "--batch_size=4", "--lay
 BPE_CORPUS = ["".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300)),
               "naïve café — “quoted” 日本語 😀\n" * 40 + "a line with no newline at the end é",
               "def f(x):\n        return x  +  1\n"]
+
+
+LESSON = os.path.join(ROOT, "LESSON.md")
+
+
+def exercises():
+    """LESSON.md's sections (test_lesson.py runs them, test_notebook.py compares LESSON.ipynb):
+    [(title, bash commands, python lines to add to SCHEMES, files it writes, quoted output lines)]."""
+    text = open(LESSON, encoding="utf-8").read()
+    found = []
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        blocks = re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
+        commands = [line for kind, body in blocks if kind == "bash" for line in body.splitlines() if line]
+        added = [line for kind, body in blocks if kind == "python" for line in body.splitlines() if line]
+        quoted = [line for kind, body in blocks if kind == "text" for line in body.splitlines() if line]
+        writes = re.search(r"^Writes (.*?)\.(?:\s|$)", section, flags=re.M | re.S)  # one sentence
+        paths = re.findall(r"`([^`]+)`", writes[1]) if writes else []
+        found.append((section.splitlines()[0], commands, added, paths, quoted))
+    return found
 
 
 @pytest.fixture(scope="module")

@@ -88,7 +88,7 @@ def test_every_setting_has_a_description(cls):
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "tools/bench.py", "tools/probe.py",
                                     "tools/table1.py", "data/prepare.py", "tools/consolidate.py",
-                                    "tools/gpu_check.py", "tools/draw.py"])
+                                    "tools/gpu_check.py", "tools/draw.py", "tools/notebook.py"])
 @pytest.mark.slow
 def test_help_lists_every_setting(script):
     r = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True,

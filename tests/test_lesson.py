@@ -16,27 +16,11 @@ import sys
 
 import pytest
 
-from conftest import HANG, ROOT
+from conftest import HANG, LESSON, ROOT, exercises
 
 pytestmark = pytest.mark.slow  # a dozen real processes, table1.py's trainings among them
 
-LESSON = os.path.join(ROOT, "LESSON.md")
 TINY = {"tools/table1.py": ["--max_iters=2", "--n_embd=32", "--seeds=0"]}  # appended: the tiny size
-
-
-def exercises():
-    """[(title, bash commands, python lines to add to SCHEMES, files it writes, quoted output lines)]."""
-    text = open(LESSON, encoding="utf-8").read()
-    found = []
-    for section in re.split(r"^## ", text, flags=re.M)[1:]:
-        blocks = re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
-        commands = [line for kind, body in blocks if kind == "bash" for line in body.splitlines() if line]
-        added = [line for kind, body in blocks if kind == "python" for line in body.splitlines() if line]
-        quoted = [line for kind, body in blocks if kind == "text" for line in body.splitlines() if line]
-        writes = re.search(r"^Writes (.*?)\.(?:\s|$)", section, flags=re.M | re.S)  # one sentence
-        paths = re.findall(r"`([^`]+)`", writes[1]) if writes else []
-        found.append((section.splitlines()[0], commands, added, paths, quoted))
-    return found
 
 
 def test_the_lesson_is_whole():

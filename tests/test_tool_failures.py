@@ -281,19 +281,23 @@ def held(folder):
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc") or not hasattr(signal, "SIGTERM"),
                     reason="needs POSIX signals and /proc to list processes")
-def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path):
+@pytest.mark.parametrize("offline", [False, True])
+def test_sigterm_to_table1_stops_its_runs_and_a_rerun_is_not_refused(tmp_path, offline):
     """table1.py with two runs at once, SIGTERM once both train: each run saves a checkpoint and ends,
     table1.py waits for them, says so in one line and exits 130; no process of theirs survives. A rerun's
     runs then take their folders (nothing refuses them as live), continue from their checkpoints, and stop
-    with it in turn."""
-    (tmp_path / "text.txt").write_text(TEXT)
-    prepare("shakespeare_char", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"),
-            log=lambda *a: None)
+    with it in turn. Offline too: runs of --dataset=shakespeare_char that trained on pydoc's text continue."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # train.py's lines reach its train.out as they are printed
+    if offline:  # the download fails: train.py falls back on pydoc's text
+        env["NANOMESH_SHAKESPEARE_URL"] = (tmp_path / "nowhere.txt").as_uri()
+    else:
+        (tmp_path / "text.txt").write_text(TEXT)
+        prepare("shakespeare_char", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"),
+                log=lambda *a: None)
     root = tmp_path / "root"
     cmd = [sys.executable, os.path.join(ROOT, "tools", "table1.py"), "--only=vanilla,base", "--seeds=0", "--jobs=2",
            "--max_iters=100000", f"--root={root}", f"--results={tmp_path / 'res'}", f"--data_root={tmp_path / 'data'}"]
     runs = [root / "vanilla_s0", root / "base_s0"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # train.py's lines reach its train.out as they are printed
     for attempt, words in (("first", "iter 0: train loss"), ("rerun", "model ")):  # training; the folder taken
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
         since = {r: len((r / "train.out").read_text()) if (r / "train.out").exists() else 0 for r in runs}
