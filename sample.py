@@ -18,8 +18,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even if PYTHONSAFEPATH=1
 from configurator import UsageError, check_ranges, setting
 from data.meta import Tokenizer, checkpoint_dataset
-from support import checkpoint, command, files
-from support.device import check_decode, resolve_device
+from support import command, files
+from support.device import resolve_device
+from support.tool import check_decode, load_run
 
 PROMPT_BYTES = 1 << 20  # a prompt file's largest size: far more text than any block_size holds
 
@@ -82,7 +83,7 @@ def sample(given):
     if sc.threads is not None:  # else torch's choice; on cores busy with other work, try 1
         torch.set_num_threads(sc.threads)
     # the run's latest once it is finished (unless --unfinished), or a kept one (--ckpt=ITER)
-    model, ckpt, state = checkpoint.load_run(sc.out_dir, device, "sample.py", sc.unfinished,
+    model, ckpt, state = load_run(sc.out_dir, device, "sample.py", sc.unfinished,
                                              sc.ckpt)
     if state:
         print(f"sample.py: from {sc.out_dir}, {state}")

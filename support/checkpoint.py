@@ -3,7 +3,6 @@ Checkpoints: the one writer and reader of a run's checkpoints, and which of them
 for train.py, sample.py and every tool.
 
     model, ckpt = checkpoint.load("out")          # OUT_DIR/ckpt.pt: the model, its plain data
-    model, ckpt, note = checkpoint.load_run("out", "cpu", "sample.py")  # a tool's: the latest
 
 OUT_DIR/ckpt.pt is a torch.save'd dict of tensors and plain data (configs, iter_num, rng, the data
 it trained on), read with weights_only=True, its zip CRC-32s verified. A reader maps the file
@@ -15,6 +14,7 @@ keeps copies, ckpt_<iter>.pt or ckpt_<iter>/ (a run folder holding one sharded c
 
 import dataclasses
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -28,8 +28,8 @@ from mesh import Config, ConfigError, Rotary, RecursiveGPT
 
 CKPT, STATE = "ckpt.pt", "state.json"  # a whole checkpoint; a sharded one's plain data
 POINTER = "ckpt-sharded.json"  # earlier code's: it named the sharded checkpoint, held its data
-# sharded checkpoints' folders, kept checkpoints' names (files.py: no output lands on them)
-SHARDS, KEPT = files.SHARDS, files.KEPT
+SHARDS = re.compile(r"^shards-\d{8}(-1)?$")  # the folders of a run's sharded checkpoints
+KEPT = re.compile(r"^ckpt_(\d+)(\.pt)?$")  # --keep_every's: ckpt_<iter>.pt, or sharded ckpt_<iter>/
 PLAIN = (str, int, float, bool, type(None))  # a setting's value, as JSON holds it
 _noted = set()  # (checkpoint, config) whose missing fields were noted: once each
 
@@ -245,71 +245,6 @@ def latest_sharded(out_dir):
 def launches(out_dir):
     """The torchrun launches (launch_id) that saved OUT_DIR's readable checkpoints."""
     return {state.get("launch") for *_, state in found(out_dir)} - {None}
-
-
-def load_latest(out_dir, device, prog="sample.py", kept=None):
-    """OUT_DIR's latest checkpoint for sample.py and the tools, or with kept=ITER its checkpoint
-    of that iteration (a kept one, or the latest). A sharded one is refused, naming
-    consolidate.py, unless a whole one beside it has trained as far."""
-    entries = found(out_dir)
-    if kept is not None:  # ckpt_ITER.pt or ckpt_ITER/ (a run folder), else the one of that iter
-        entries = [e for e in entries if e[0] == kept]
-        if not entries:
-            have = sorted({e[0] for e in found(out_dir)})
-            raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (" + (
-                f"it has {', '.join(map(str, have))}" if have else "none: train one with "
-                f"python train.py {shlex.quote('--out_dir=' + out_dir)}") + ")")
-    entry = max(entries, key=lambda e: e[:2] + (not SHARDS.match(e[2]),), default=None)
-    if entry is None:
-        return load(out_dir, device)  # (the line for a folder without a checkpoint)
-    name = entry[2]
-    if os.path.isdir(os.path.join(out_dir, name)) and KEPT.match(name):
-        return load_latest(os.path.join(out_dir, name), device, prog)
-    if SHARDS.match(name):
-        raise UsageError(f"{os.path.join(out_dir, name)} (iter {entry[0]}) is the run's latest "
-                         f"checkpoint, a sharded one, and {prog} reads a whole one ({CKPT}); write "
-                         f"it first: python tools/consolidate.py "
-                         f"{shlex.quote('--out_dir=' + out_dir)}")
-    return load(out_dir, device, name)
-
-
-def load_run(out_dir, device, prog, unfinished=False, kept=None,
-             as_is=lambda it: "give --unfinished=true to use it as it is"):
-    """load_latest for a tool, which takes no run in the making unless told to (unfinished): one a
-    live process trains (it holds OUT_DIR's lock) or is still to train (it holds the folder above,
-    as table1.py does) is waited for, a line saying so; one stopped before its max_iters is refused
-    in one line, as_is(its iteration) saying how to take it anyway. A checkpoint asked for by its
-    iteration (kept: --ckpt=ITER) is taken as it is.
-    -> (model, ckpt, "unfinished at iter N" or "", for the tool's output)."""
-    unfinished = unfinished or kept is not None
-    above = os.path.dirname(os.path.abspath(out_dir))
-    for folder, what in ((out_dir, "is still training"),
-                         (above, "is still to be trained by the process holding the folder above")):
-        def waiting(what=what):
-            print(f"{prog}: {out_dir} {what}; waiting for it (or {as_is(None)} now)",
-                  file=sys.stderr, flush=True)
-        # its holder's turn first (a folder this process holds is its own: own() says False);
-        # no lock file there: never held, and none is made
-        held = os.path.isfile(os.path.join(folder, files.LOCK))
-        if not unfinished and held and files.own(folder, note=False, waiting=waiting):
-            files.disown(folder)
-        try:
-            model, ckpt = load_latest(out_dir, device, prog, kept)
-        except CheckpointError:
-            if folder == above or unfinished:
-                raise
-            continue
-        at, end = ckpt["iter_num"], ckpt["train_config"].get("max_iters")
-        if unfinished or not isinstance(end, int) or at >= end:
-            break
-    if not isinstance(end, int) or at >= end:
-        return model, ckpt, ""
-    if not unfinished:
-        raise CheckpointError(f"{out_dir} is unfinished (iter {at} of its --max_iters={end}) and "
-                              f"nothing trains it now; continue it with python train.py "
-                              f"--init_from=resume {shlex.quote('--out_dir=' + out_dir)} (or the "
-                              f"table1.py command that trained it), or {as_is(at)}")
-    return model, ckpt, f"unfinished at iter {at}"
 
 
 def keep(out_dir, iter_num, sharded):

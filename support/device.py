@@ -24,7 +24,6 @@ gradients and AdamW by n; DDP keeps all of them on every GPU):
 """
 
 import os
-import platform
 import sys
 
 import torch
@@ -135,18 +134,6 @@ def peak_bf16_flops(device, dtype):
         return None
     name = torch.cuda.get_device_name(device)
     return 312e12 if name.startswith("NVIDIA A100") else PEAK_BF16_FLOPS.get(name)
-
-
-def machine_name(device="cpu"):
-    """The GPU's name for a CUDA device, else the CPU's model name."""
-    if str(device).startswith("cuda"):
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            models = (line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-            return next(models)
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 # -----------------------------------------------------------------------------
@@ -260,29 +247,3 @@ def check_run(cfg, tc, device, world):
     return check_fits(cfg, tc.batch_size, device.name, 2 if device.dtype == "bfloat16" else 4,
                       world, tc.fsdp, tc.grad_checkpoint, "the run",
                       "use smaller settings (--plan=true shows where it goes)")
-
-
-def decode_bytes(cfg, num_samples, length, element_size, weights):
-    """The bytes a decode of num_samples sequences of `length` tokens takes at its peak: the
-    weights, the KV cache (a key and a value per applied block), the prefill's logits and
-    activations (the residual stream, MeSH's buffer, attention, the MLP) and the token ids."""
-    N, L, D = num_samples, cfg.block_size, cfg.n_embd
-    cache = 2 * cfg.shape.depth * N * L * D * element_size + L * L * element_size
-    logits = N * L * cfg.vocab_size * element_size + 3 * N * cfg.vocab_size * 4
-    activations = N * L * D * (cfg.slots + 8) * 4
-    return weights + cache + logits + activations + 2 * N * length * 8 + 40 * length
-
-
-def check_decode(model, prompt_chars, num_samples, max_new_tokens, device):
-    """Refuse a decode that cannot fit in the device's memory, before any of it is allocated (a
-    prompt counts as a token a character)."""
-    total, cfg = device_memory(device), model.config
-    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    need = decode_bytes(cfg, num_samples, max(1, prompt_chars) + max_new_tokens,
-                        model.lm_head.weight.element_size(), weights)
-    where = device if str(device).startswith("cuda") else "this machine"
-    if total and need > total:
-        raise UsageError(f"--num_samples={num_samples} and --max_new_tokens={max_new_tokens} need "
-                         f"about {need / GiB:,.1f} GiB to decode (the KV cache of "
-                         f"{cfg.shape.depth} applied blocks, the logits, the tokens), more than "
-                         f"the {total / GiB:,.1f} GiB of {where}; use fewer samples or tokens")

@@ -6,7 +6,6 @@ that never land on a run's or a dataset's files.
     obj = files.read_json(path)                        # a regular file, size and depth limits
     files.atomic_write(path, lambda f: f.write(data))  # the old file or the new, never half
     files.own(out_dir)                                 # a second run there is refused
-    files.check_writable(path, "json")                 # before a long computation, not after
 """
 
 import contextlib
@@ -296,50 +295,3 @@ def release():
     """Give up every lock this process holds."""
     for folder in list(_owned):
         disown(folder)
-
-
-# -----------------------------------------------------------------------------
-# Output paths: never a run's or a dataset's file
-
-RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.out")
-SHARDS = re.compile(r"^shards-\d{8}(-1)?$")  # the folders of a run's sharded checkpoints
-KEPT = re.compile(r"^ckpt_(\d+)(\.pt)?$")  # --keep_every's: ckpt_<iter>.pt, or sharded ckpt_<iter>/
-
-
-def _owner(path):
-    """(kind, folder, name) where path, or what a link there points to, is a run's file (one of
-    RUN_FILES, a kept checkpoint, anything in its shards folders) or a dataset's (anything beside a
-    meta.json)."""
-    for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
-        folder, name = os.path.split(where)
-        shards = SHARDS.match(os.path.basename(folder)) or KEPT.match(os.path.basename(folder))
-        run = os.path.dirname(folder) if shards else folder  # a sharded checkpoint's: its run's
-        if (shards or name in RUN_FILES or KEPT.match(name)) and \
-                any(os.path.exists(os.path.join(run, n)) for n in RUN_FILES[:3]):
-            return "run", run, os.path.relpath(where, run)
-        if os.path.isfile(os.path.join(folder, "meta.json")):
-            return "dataset", folder, name
-    return None
-
-
-def check_writable(path, flag, ending="", folder=False):
-    """Raise UsageError now, not after a long run, when --flag's output (a file ending in `ending`,
-    or with folder a folder) cannot be written, or would land among a run's or a dataset's files,
-    which no output may touch. Missing folders the writer makes."""
-    shown, kind = f"--{flag}={path}", "folder" if folder else "file name"
-    if os.path.exists(path) and os.path.isdir(path) != folder:
-        raise UsageError(f"{shown} is a {'file' if folder else 'folder'}; give a {kind}")
-    if not path.lower().endswith(ending):
-        raise UsageError(f"{shown} does not end in {ending}; give a {kind} that does")
-    found = _owner(os.path.join(path, "x") if folder else path)
-    if found:
-        what = "a folder" if folder else f"the {found[2]}"
-        raise UsageError(f"{shown} is {what} of the {found[0]} in {found[1]}, which no output may "
-                         f"write; give another {kind}")
-    there = path if folder else os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(there):  # folders the writer will make: the nearest one there decides
-        there = os.path.dirname(os.path.abspath(there))
-    if not os.path.isdir(there) or not os.access(there, os.W_OK) or \
-            os.path.exists(path) and not os.access(path, os.W_OK):
-        raise UsageError(f"cannot write --{flag}={path}: no permission, or a file where a folder "
-                         f"should be")

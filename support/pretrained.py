@@ -17,7 +17,8 @@ import torch
 
 from support.files import plain_name, read_json
 from support.device import check_fits
-from support.checkpoint import CheckpointError, build, load_run
+from support.checkpoint import CheckpointError, build
+from support.tool import load_run
 from configurator import UsageError
 from mesh import Config, ConfigError, RecursiveGPT
 

@@ -259,11 +259,12 @@ def test_a_resume_whose_data_ran_out_saves_nothing_again(data_root, tmp_path):
     nothing again (a run never saves twice at one iteration), and its sharded checkpoint stays as it was."""
     out, flags = tmp_path / "run", [*TINY, f"--data_root={data_root}", "--data_order=sequential", "--batch_size=64",
                                     "--grad_accum=4", "--eval_interval=2", "--max_iters=10"]
+    before = None
     for i in range(2):
         r = torchrun(*flags, f"--out_dir={out}", *(["--init_from=resume"] if i else []), nproc=1)
         assert r.returncode == 0 and "the data ran out at iter 3" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
         assert listed(out) == ["log.jsonl", "shards-00000003"]
-        before = before if i else snapshot(out)
+        before = before or snapshot(out)
     assert snapshot(out) == before and [i for i, _ in losses(out, "val_loss")] == [0, 2, 3]
 
 

@@ -26,7 +26,7 @@ from conftest import ENOSPC, EPIPE, HANG, ROOT, TEXT, copy_with_a_bug, listed, s
 from data.prepare import prepare
 from data.meta import Tokenizer
 from mesh import Config, RecursiveGPT
-from support import checkpoint, files as plain, files as runfiles, device as sampling
+from support import checkpoint, files as plain, files as runfiles, tool as reading
 from tools import probe, table1
 
 
@@ -137,7 +137,7 @@ def test_sample_refuses_a_decode_beyond_the_machines_memory_before_allocating(ti
     def never(*args, **kwargs):
         raise AssertionError("decoding started")
     monkeypatch.setattr(sample, "complete", never)
-    monkeypatch.setattr(sampling, "device_memory", lambda device: 8 << 30)
+    monkeypatch.setattr(reading, "device_memory", lambda device: 8 << 30)
     assert sample.main([f"--out_dir={tiny_ckpt}", flag]) == 2
     err = one_line(capsys, "sample.py")
     n, m = ("1000000", "300") if "num_samples" in flag else ("1", "1000000000000")
@@ -148,7 +148,7 @@ def test_sample_refuses_a_decode_beyond_the_machines_memory_before_allocating(ti
 
 def test_the_decode_estimate_grows_with_samples_and_tokens_and_fits_a_small_decode(tiny_ckpt, capsys):
     model, _ = checkpoint.load(str(tiny_ckpt))
-    cfg, size = model.config, lambda n, t: sampling.decode_bytes(model.config, n, t, 4, 0)
+    cfg, size = model.config, lambda n, t: reading.decode_bytes(model.config, n, t, 4, 0)
     assert size(2, 10) > size(1, 10) and size(1, 1000) > size(1, 10)
     # the KV cache alone: a key and a value of n_embd per position of block_size, per applied block
     assert size(1, 1) >= 2 * cfg.shape.depth * cfg.block_size * cfg.n_embd * 4

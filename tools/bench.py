@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, closest, setting  # noqa: E402
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
-from support import command, device as devices, files  # noqa: E402
+from support import command, device as devices, files, tool  # noqa: E402
 from support.device import resolve_device  # noqa: E402
 
 VARIANTS = ("vanilla", *SCHEMES)  # vanilla: the layout's compute depth as one unshared stack
@@ -344,7 +344,7 @@ def run(bc):
             if bc.compile:
                 row["recompiles"] += built
     return rows, dict(kind="machine", torch=torch.__version__, device=device,
-                      device_name=devices.machine_name(device),
+                      device_name=tool.machine_name(device),
                       threads=torch.get_num_threads(), peak_flops=peak, peak_source=source,
                       cpus=os.cpu_count(), other_processes_cpus=others,
                       settings=dataclasses.asdict(bc))
@@ -407,7 +407,7 @@ def measure(given, argv):
         raise UsageError(f"--profile times CPU operators, but --device={bc.device} runs on "
                          f"{device}; use --device=cpu (on a GPU, Nsight or torch.profiler)")
     if bc.json:  # now, not after the whole run
-        files.check_writable(bc.json, "json")
+        tool.check_writable(bc.json, "json")
     rows, info = run(bc)
     info["command"] = " ".join(["python tools/bench.py", *argv])
     command.Stop.hold()  # measured: the table and its records go out whole

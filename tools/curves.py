@@ -15,7 +15,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, setting  # noqa: E402
 from mesh import parse_layout  # noqa: E402
-from support import checkpoint, command, files  # noqa: E402
+from support import checkpoint, command, tool  # noqa: E402
 from support.run import log_records  # noqa: E402
 
 COLOURS = {"vanilla": "black", "base": "tab:blue", "residual": "tab:purple", "anchor": "tab:green",
@@ -73,7 +73,7 @@ def run(given):
     a = CurvesConfig(**given)
     if not a.out_dir:
         raise UsageError("give a run's folder: --out_dir=OUT_DIR (again for more runs)")
-    files.check_writable(a.png, "png")
+    tool.check_writable(a.png, "png")
     lines = []
     for i, out_dir in enumerate(a.out_dir):  # a variant's colour, a marker each
         try:  # vanilla: no loop steps; no checkpoint yet: grey

@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, check_ranges, setting  # noqa: E402
 from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout,  # noqa: E402
                   summary)
-from support import command, files  # noqa: E402
+from support import command, tool  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
 
 # [choice] the most applied blocks, or buffer slots, drawn or summed up: a drawing of more is
@@ -172,7 +172,7 @@ def main(argv=None):
 def run(given):
     a = DrawConfig(**given)
     if a.png:
-        files.check_writable(a.png, "png", ".png")
+        tool.check_writable(a.png, "png", ".png")
     chosen = {k: v for k, v in asdict(a).items() if k not in ("model", "png")}
     try:
         if a.scheme is None and a.layout and not parse_layout(a.layout).schedule:

@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # python tools/X.py: the modules are one folder u
 from configurator import UsageError, setting  # noqa: E402
 from data.bpe import bytes_to_unicode  # noqa: E402
 from data.meta import Tokenizer, checkpoint_dataset  # noqa: E402
-from support import checkpoint, command, files  # noqa: E402
+from support import command, files, tool  # noqa: E402
 from support.pretrained import neox_names, regroup  # noqa: E402
 
 CODE = "modeling_nanomesh"  # tools/CODE.py, beside mesh.py in the folder
@@ -130,7 +130,7 @@ def check_target(ec):
         how = "is" if to == run else "is inside" if common == run else "holds"
         raise UsageError(f"--to={ec.to} {how} the run's folder {ec.out_dir}; "
                          f"give a folder of its own")
-    files.check_writable(ec.to, "to", folder=True)
+    tool.check_writable(ec.to, "to", folder=True)
     full = os.path.isdir(to) and os.listdir(to)
     if full and not ec.overwrite:
         raise UsageError(f"--to={ec.to} is not empty; give a new folder, or "
@@ -157,7 +157,7 @@ def place(tmp, to):
 def export(given):
     ec = ExportConfig(**given)
     check_target(ec)
-    model, ckpt, state = checkpoint.load_run(
+    model, ckpt, state = tool.load_run(
         ec.out_dir, "cpu", "export_hf.py", ec.unfinished, ec.ckpt)
     tok = Tokenizer.load(checkpoint_dataset(
         ckpt["train_config"], ckpt.get("data"), ec.data_root))

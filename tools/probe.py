@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, check_ranges, setting  # noqa: E402
 from data.dataset import load_split, random_windows  # noqa: E402
 from data.meta import checkpoint_dataset  # noqa: E402
-from support import checkpoint, command, files  # noqa: E402
+from support import command, files, tool  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from support.device import physical_memory, resolve_device  # noqa: E402
 from tools.curves import colour, pyplot  # noqa: E402
@@ -181,8 +181,8 @@ def json_ready(value):
 
 
 def opened(out_dir, device, prog, unfinished=False, kept=None):
-    """checkpoint.load_run's model and checkpoint, and what names the run in a tool's output."""
-    model, ckpt, state = checkpoint.load_run(out_dir, device, prog, unfinished, kept)
+    """tool.load_run's model and checkpoint, and what names the run in a tool's output."""
+    model, ckpt, state = tool.load_run(out_dir, device, prog, unfinished, kept)
     cfg = model.config
     return model, ckpt, {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"],
                          "layout": cfg.layout, "scheme": cfg.scheme, "n_steps": cfg.n_steps,
@@ -195,9 +195,9 @@ def each_run(a, one, report, png):
     if not a.out_dir:
         raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
     if a.json:
-        files.check_writable(a.json, "json")
+        tool.check_writable(a.json, "json")
     if a.png:
-        files.check_writable(a.png, "png", **png)
+        tool.check_writable(a.png, "png", **png)
     a.device, results = resolve_device(a.device), []
     for out_dir in a.out_dir:
         results.append(one(out_dir))

@@ -1,0 +1,174 @@
+"""
+What sample.py and every tool share around a trained run: its checkpoint read (the latest once the
+run is finished: one still training is waited for), a decode that fits in memory, and outputs that
+never land on a run's or a dataset's files. train.py needs none of it.
+
+    model, ckpt, note = tool.load_run("out", "cpu", "sample.py")  # note: "unfinished at iter N"
+    tool.check_writable(path, "json")  # before a long computation, not after
+"""
+
+import os
+import platform
+import shlex
+import sys
+
+import torch
+
+from configurator import UsageError
+from support import files
+from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError, found, load
+from support.device import GiB, device_memory
+
+
+# -----------------------------------------------------------------------------
+# A run's checkpoint, as the tools read it
+
+def load_latest(out_dir, device, prog="sample.py", kept=None):
+    """OUT_DIR's latest checkpoint for sample.py and the tools, or with kept=ITER its checkpoint
+    of that iteration (a kept one, or the latest). A sharded one is refused, naming
+    consolidate.py, unless a whole one beside it has trained as far."""
+    entries = found(out_dir)
+    if kept is not None:  # ckpt_ITER.pt or ckpt_ITER/ (a run folder), else the one of that iter
+        entries = [e for e in entries if e[0] == kept]
+        if not entries:
+            have = sorted({e[0] for e in found(out_dir)})
+            raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (" + (
+                f"it has {', '.join(map(str, have))}" if have else "none: train one with "
+                f"python train.py {shlex.quote('--out_dir=' + out_dir)}") + ")")
+    entry = max(entries, key=lambda e: e[:2] + (not SHARDS.match(e[2]),), default=None)
+    if entry is None:
+        return load(out_dir, device)  # (the line for a folder without a checkpoint)
+    name = entry[2]
+    if os.path.isdir(os.path.join(out_dir, name)) and KEPT.match(name):
+        return load_latest(os.path.join(out_dir, name), device, prog)
+    if SHARDS.match(name):
+        raise UsageError(f"{os.path.join(out_dir, name)} (iter {entry[0]}) is the run's latest "
+                         f"checkpoint, a sharded one, and {prog} reads a whole one ({CKPT}); write "
+                         f"it first: python tools/consolidate.py "
+                         f"{shlex.quote('--out_dir=' + out_dir)}")
+    return load(out_dir, device, name)
+
+
+def load_run(out_dir, device, prog, unfinished=False, kept=None,
+             as_is=lambda it: "give --unfinished=true to use it as it is"):
+    """load_latest for a tool, which takes no run in the making unless told to (unfinished): one a
+    live process trains (it holds OUT_DIR's lock) or is still to train (it holds the folder above,
+    as table1.py does) is waited for, a line saying so; one stopped before its max_iters is refused
+    in one line, as_is(its iteration) saying how to take it anyway. A checkpoint asked for by its
+    iteration (kept: --ckpt=ITER) is taken as it is.
+    -> (model, ckpt, "unfinished at iter N" or "", for the tool's output)."""
+    unfinished = unfinished or kept is not None
+    above = os.path.dirname(os.path.abspath(out_dir))
+    for folder, what in ((out_dir, "is still training"),
+                         (above, "is still to be trained by the process holding the folder above")):
+        def waiting(what=what):
+            print(f"{prog}: {out_dir} {what}; waiting for it (or {as_is(None)} now)",
+                  file=sys.stderr, flush=True)
+        # its holder's turn first (a folder this process holds is its own: own() says False);
+        # no lock file there: never held, and none is made
+        held = os.path.isfile(os.path.join(folder, files.LOCK))
+        if not unfinished and held and files.own(folder, note=False, waiting=waiting):
+            files.disown(folder)
+        try:
+            model, ckpt = load_latest(out_dir, device, prog, kept)
+        except CheckpointError:
+            if folder == above or unfinished:
+                raise
+            continue
+        at, end = ckpt["iter_num"], ckpt["train_config"].get("max_iters")
+        if unfinished or not isinstance(end, int) or at >= end:
+            break
+    if not isinstance(end, int) or at >= end:
+        return model, ckpt, ""
+    if not unfinished:
+        raise CheckpointError(f"{out_dir} is unfinished (iter {at} of its --max_iters={end}) and "
+                              f"nothing trains it now; continue it with python train.py "
+                              f"--init_from=resume {shlex.quote('--out_dir=' + out_dir)} (or the "
+                              f"table1.py command that trained it), or {as_is(at)}")
+    return model, ckpt, f"unfinished at iter {at}"
+
+
+# -----------------------------------------------------------------------------
+# A decode that fits; the machine, named
+
+def decode_bytes(cfg, num_samples, length, element_size, weights):
+    """The bytes a decode of num_samples sequences of `length` tokens takes at its peak: the
+    weights, the KV cache (a key and a value per applied block), the prefill's logits and
+    activations (the residual stream, MeSH's buffer, attention, the MLP) and the token ids."""
+    N, L, D = num_samples, cfg.block_size, cfg.n_embd
+    cache = 2 * cfg.shape.depth * N * L * D * element_size + L * L * element_size
+    logits = N * L * cfg.vocab_size * element_size + 3 * N * cfg.vocab_size * 4
+    activations = N * L * D * (cfg.slots + 8) * 4
+    return weights + cache + logits + activations + 2 * N * length * 8 + 40 * length
+
+
+def check_decode(model, prompt_chars, num_samples, max_new_tokens, device):
+    """Refuse a decode that cannot fit in the device's memory, before any of it is allocated (a
+    prompt counts as a token a character)."""
+    total, cfg = device_memory(device), model.config
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    need = decode_bytes(cfg, num_samples, max(1, prompt_chars) + max_new_tokens,
+                        model.lm_head.weight.element_size(), weights)
+    where = device if str(device).startswith("cuda") else "this machine"
+    if total and need > total:
+        raise UsageError(f"--num_samples={num_samples} and --max_new_tokens={max_new_tokens} need "
+                         f"about {need / GiB:,.1f} GiB to decode (the KV cache of "
+                         f"{cfg.shape.depth} applied blocks, the logits, the tokens), more than "
+                         f"the {total / GiB:,.1f} GiB of {where}; use fewer samples or tokens")
+
+
+def machine_name(device="cpu"):
+    """The GPU's name for a CUDA device, else the CPU's model name."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            models = (line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(models)
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+# -----------------------------------------------------------------------------
+# Output paths: never a run's or a dataset's file
+
+RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.out")
+
+
+def _owner(path):
+    """(kind, folder, name) where path, or what a link there points to, is a run's file (one of
+    RUN_FILES, a kept checkpoint, anything in its shards folders) or a dataset's (anything beside a
+    meta.json)."""
+    for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+        folder, name = os.path.split(where)
+        shards = SHARDS.match(os.path.basename(folder)) or KEPT.match(os.path.basename(folder))
+        run = os.path.dirname(folder) if shards else folder  # a sharded checkpoint's: its run's
+        if (shards or name in RUN_FILES or KEPT.match(name)) and \
+                any(os.path.exists(os.path.join(run, n)) for n in RUN_FILES[:3]):
+            return "run", run, os.path.relpath(where, run)
+        if os.path.isfile(os.path.join(folder, "meta.json")):
+            return "dataset", folder, name
+    return None
+
+
+def check_writable(path, flag, ending="", folder=False):
+    """Raise UsageError now, not after a long run, when --flag's output (a file ending in `ending`,
+    or with folder a folder) cannot be written, or would land among a run's or a dataset's files,
+    which no output may touch. Missing folders the writer makes."""
+    shown, kind = f"--{flag}={path}", "folder" if folder else "file name"
+    if os.path.exists(path) and os.path.isdir(path) != folder:
+        raise UsageError(f"{shown} is a {'file' if folder else 'folder'}; give a {kind}")
+    if not path.lower().endswith(ending):
+        raise UsageError(f"{shown} does not end in {ending}; give a {kind} that does")
+    found = _owner(os.path.join(path, "x") if folder else path)
+    if found:
+        what = "a folder" if folder else f"the {found[2]}"
+        raise UsageError(f"{shown} is {what} of the {found[0]} in {found[1]}, which no output may "
+                         f"write; give another {kind}")
+    there = path if folder else os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(there):  # folders the writer will make: the nearest one there decides
+        there = os.path.dirname(os.path.abspath(there))
+    if not os.path.isdir(there) or not os.access(there, os.W_OK) or \
+            os.path.exists(path) and not os.access(path, os.W_OK):
+        raise UsageError(f"cannot write --{flag}={path}: no permission, or a file where a folder "
+                         f"should be")
