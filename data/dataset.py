@@ -13,8 +13,8 @@ import os
 import numpy as np
 import torch
 
-from data.meta import (DataError, Tokenizer, check_ids, check_intact, check_split_file,
-                       check_unchanged, data_root, dataset_folder, dataset_record, hold, read_meta,
+from data.meta import (DataError, Tokenizer, check_ids, check_split_file, check_unchanged,
+                       data_root, dataset_folder, dataset_record, hold, read_meta, read_tokens,
                        trained_folder)
 from support import files
 from support.distributed import from_rank0
@@ -112,12 +112,12 @@ def load_split(data_dir, split, meta=None):
     fix = f"prepare the dataset again: python data/prepare.py --dataset {name}"
     if meta.get("format") == "indexed":  # the Pile's format: indexed.py
         from data.indexed import split_tokens
-        data, path = split_tokens(os.path.join(data_dir, meta["prefix"]), split)
+        data, path, first = split_tokens(os.path.join(data_dir, meta["prefix"]), split)
     else:
         path = os.path.join(data_dir, f"{split}.bin")
         check_split_file(path, meta, meta.get(f"{split}_tokens"), fix)
-        data = np.memmap(path, dtype=meta["dtype"], mode="r")
-    hold(data, path)  # a file that shrinks later is refused before a read (check_intact)
+        data, first = np.memmap(path, dtype=meta["dtype"], mode="r"), 0
+    hold(data, path, first)  # windows are read from the file: a shrunk file is one line
     check_ids(data, meta["vocab_size"], path, fix)
     return data
 
@@ -128,8 +128,7 @@ def random_windows(data, length, n, seed):
     if len(data) < length:
         raise DataError(f"the split has {len(data)} tokens, fewer than one window of {length}")
     starts = np.random.default_rng(seed).integers(0, len(data) - length + 1, size=n)
-    check_intact(data)
-    return np.stack([np.asarray(data[s:s + length], dtype=np.int64) for s in starts])
+    return np.stack([read_tokens(data, int(s), length) for s in starts])
 
 
 def sequential_windows(data, length, first, n):
@@ -139,9 +138,8 @@ def sequential_windows(data, length, first, n):
     if per_epoch == 0:
         raise DataError(f"the data ({len(data)} tokens) is shorter than one window of {length} "
                         f"tokens")
-    check_intact(data)
-    return np.stack([np.asarray(data[s:s + length], dtype=np.int64)
-                     for s in ((k % per_epoch) * length for k in range(first, first + n))])
+    return np.stack([read_tokens(data, (k % per_epoch) * length, length)
+                     for k in range(first, first + n)])
 
 
 def prepared(root, name):

@@ -132,12 +132,15 @@ def train_sequences(n):
 
 
 def split_tokens(prefix, split):
-    """(a split's tokens of the indexed dataset PREFIX, memory-mapped; its .bin's path)."""
+    """(a split's tokens of the indexed dataset PREFIX, memory-mapped; its .bin's path; the
+    token of the .bin where the split starts)."""
     stamp = tuple((st.st_size, st.st_mtime_ns)
                   for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
     ds = _checked(os.path.abspath(prefix), stamp)
     cut = ds.train_tokens()
-    return (ds.tokens[:cut] if split == "train" else ds.tokens[cut:]), ds.prefix + ".bin"
+    if split == "train":
+        return ds.tokens[:cut], ds.prefix + ".bin", 0
+    return ds.tokens[cut:], ds.prefix + ".bin", cut
 
 
 @functools.lru_cache(maxsize=4)

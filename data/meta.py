@@ -114,22 +114,31 @@ def check_ids(data, vocab_size, path, fix):
                         f"vocabulary of {vocab_size}; {fix}")
 
 
-def hold(data, path):
-    """Keep path open beside data, its memory map, until it closes; its size now (check_intact)."""
+def hold(data, path, first=0):
+    """Keep path open beside data, its memory map of the file's tokens from token `first` on,
+    until it closes; the file's size now (read_tokens)."""
     fd = os.open(path, os.O_RDONLY)
     weakref.finalize(data, os.close, fd)
-    data.held = (fd, os.fstat(fd).st_size, path)
+    data.held = (fd, os.fstat(fd).st_size, path, first * data.itemsize)
 
 
-def check_intact(data):
-    """Raise DataError when a split's file has shrunk since it was opened (else a SIGBUS)."""
-    fd, size, path = getattr(data, "held", (None, 0, None))
-    now = size if fd is None else os.fstat(fd).st_size
-    if now < size:
-        raise DataError(f"{path} shrank from {size:,} to {now:,} bytes while this process read "
-                        f"it (another program truncated or rewrote it); nothing was read past "
-                        f"its end: prepare the dataset again (python data/prepare.py) and resume "
-                        f"the run")
+def read_tokens(data, start, n):
+    """data[start:start + n] as int64. A held split is read from its file, not through its map:
+    a file cut short under the run then reads short (DataError), where a read through the map
+    would stop the process with a SIGBUS, and no check before the read could close that race."""
+    held = getattr(data, "held", None)
+    if held is None:
+        return np.asarray(data[start:start + n], dtype=np.int64)
+    fd, size, path, at = held
+    want = n * data.itemsize
+    os.lseek(fd, at + start * data.itemsize, os.SEEK_SET)
+    raw = os.read(fd, want)
+    if len(raw) < want:  # a regular file reads short only at its end
+        raise DataError(f"{path} shrank from {size:,} to {os.fstat(fd).st_size:,} bytes while "
+                        f"this process read it (another program truncated or rewrote it); "
+                        f"nothing was read past its end: prepare the dataset again "
+                        f"(python data/prepare.py) and resume the run")
+    return np.frombuffer(raw, dtype=data.dtype).astype(np.int64)
 
 
 # -----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """
-Tests for the data pipeline (data/prepare.py, the write side; data/loader.py and data/tokenizer.py, the loading side). Fast, offline, and they only write under tmp_path.
+Tests for the data pipeline (data/prepare.py, the write side; data/dataset.py and data/meta.py, the loading side). Fast, offline, and they only write under tmp_path.
 
     python -m pytest tests/test_data.py -q --all  # --all: its slow-marked tests too
 
@@ -363,6 +363,10 @@ def test_prepare_indexed_format(tmp_path):
     n_val = max(1, len(ds) // 100)  # the last 1% of the sequences, at least one
     assert len(val) == n - ds.token_offset(len(ds) - n_val) == meta["val_tokens"] and len(train) == meta["train_tokens"]
     assert np.concatenate([train, val]).tolist() == ds.tokens.tolist()
+    for split in (train, val):  # windows are read from the .bin (at the split's own start), not the map
+        n_win = len(split) // 2
+        assert n_win >= 2 and loader.sequential_windows(split, 2, 0, n_win).tolist() == \
+            np.asarray(split[:n_win * 2]).reshape(n_win, 2).tolist()
     assert Tokenizer.load(d).decode(ds.tokens) == UNICODE
     with pytest.raises(DataError, match="fewer than 2 sequences of 5000"):
         prepare("ix2", input=src, out_root=str(tmp_path), format="indexed", seq_len=5000, log=quiet)
