@@ -522,7 +522,6 @@ def test_a_byte_order_mark_is_not_a_character_of_the_text(tokenizer, chunk, tmp_
 
 
 @pytest.mark.slow  # two real training processes
-@pytest.mark.skipif(sys.platform == "win32", reason="folder locks need fcntl")
 def test_two_trainings_at_once_on_a_fresh_data_root(tmp_path):
     """Two real train.py processes started at once on a data root without their dataset: one prepares
     it, the other waits for it, and both train on it. The root's lock is held here until both wait, so
