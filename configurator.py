@@ -146,9 +146,19 @@ def parse_flags(cls, argv, prog, notes="", read_config=None):
         if key not in fields:
             raise UsageError(f"unknown setting {key!r} in {where}{closest(key, fields, True)}; "
                              f"see python {prog} --help")
-        if isinstance(value, str) and "\0" in value:
-            raise UsageError(f"{key} in {where} holds a NUL byte, which no path or name can; "
-                             f"remove it")
+        # a command line's bytes that are not UTF-8 reach Python as lone surrogates: a path may
+        # hold what the file system takes, any other text must be UTF-8
+        encode = os.fsencode if fields[key].metadata.get("path") else str.encode
+        values = value if isinstance(value, list) else [value]
+        for text in (v for v in values if isinstance(v, str)):
+            if "\0" in text:
+                raise UsageError(f"{key} in {where} holds a NUL byte, which no path or name can; "
+                                 f"remove it")
+            try:
+                encode(text)
+            except UnicodeEncodeError:
+                raise UsageError(f"--{key}={text!r:.60} is not UTF-8 text (it holds bytes no "
+                                 f"UTF-8 text has); give it in UTF-8") from None
         value = value_of(fields[key], value, file and f"config file {file!r}")
         if fields[key].default_factory is not dataclasses.MISSING:  # a list: each adds to it
             value = given.get(key, []) + (value if isinstance(value, list) else [value])

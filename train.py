@@ -28,7 +28,7 @@ from configurator import UsageError, check_ranges, setting
 from data.dataset import Dataset, get_batch
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT
 from support import command
-from support.device import Device, check_run
+from support.device import Device
 from support.distributed import spread_over
 from support.run import Run, finished, resolve
 
@@ -203,6 +203,7 @@ def train(given):
     # ---- model and optimizer: from scratch, the run's checkpoint, or a pretrained vanilla model
     spread = spread_over(tc.fsdp, launched)  # one process, DDP, or FSDP2 (--fsdp)
     if tc.init_from == "scratch":  # refused first where it cannot fit in the device's memory
+        from support.memory import check_run
         model = RecursiveGPT(check_run(model_config(tc, data.vocab_size), tc, device, world))
     elif resumed:
         model = ckpt["model"]  # its config was checked against the flags given

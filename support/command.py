@@ -10,7 +10,6 @@ Bad input, a UsageError (configurator.py) or an OSError: one line, exit 2; a mod
 """
 
 import contextlib
-import dataclasses
 import errno
 import os
 import re
@@ -35,7 +34,6 @@ def main(prog, fn, argv, settings=None, notes="", stopped=None):
     try:
         if settings is not None:
             given = parse_flags(settings, argv, prog, notes, read_config=files.read_config)
-            check_text(settings, given)
         return fn(argv if settings is None else given) or 0
     except Exception as e:
         if given.get("debug"):
@@ -63,21 +61,6 @@ def main(prog, fn, argv, settings=None, notes="", stopped=None):
                 sys.modules[module].close()
         files.release()
         restore(kept)
-
-
-def check_text(settings, given):
-    """Refuse a setting that holds bytes no UTF-8 text has (a command line's non-UTF-8 bytes reach
-    Python as lone surrogates): a path may hold whatever the file system takes."""
-    for field in dataclasses.fields(settings):
-        encode, values = os.fsencode if field.metadata.get("path") else str.encode, \
-            given.get(field.name)
-        for value in values if isinstance(values, list) else [values]:
-            try:
-                if isinstance(value, str):
-                    encode(value)
-            except UnicodeEncodeError:
-                raise UsageError(f"--{field.name}={value!r:.60} is not UTF-8 text (it holds "
-                                 f"bytes no UTF-8 text has); give it in UTF-8") from None
 
 
 # -----------------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """
-The plan of a training launch: `python train.py CONFIG --plan=true`, from device.py's arithmetic:
+The plan of a training launch: `python train.py CONFIG --plan=true`, from memory.py's arithmetic:
 per GPU memory under DDP and FSDP, with and without --grad_checkpoint; the spread to take; days.
 """
 
 import os
 
 from configurator import UsageError
-from support.device import GiB, PEAK_BF16_FLOPS, flops_per_token, memory, param_counts
+from support.device import PEAK_BF16_FLOPS, flops_per_token
+from support.memory import GiB, memory, param_counts
 
 GPUS = {"a100": (80, 312e12), "h100": (80, PEAK_BF16_FLOPS["NVIDIA H100"])}  # GiB, FLOP/s
 # [choice] of each GPU's memory a plan leaves free: the CUDA context, the allocator's fragments,

@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from support.files import plain_name, read_json
-from support.device import check_fits
+from support.memory import check_fits
 from support.checkpoint import CheckpointError, build
 from support.tool import load_run
 from configurator import UsageError

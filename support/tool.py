@@ -17,7 +17,7 @@ import torch
 from configurator import UsageError
 from support import files
 from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError, found, load
-from support.device import GiB, device_memory
+from support.memory import GiB, device_memory
 
 
 # -----------------------------------------------------------------------------

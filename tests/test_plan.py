@@ -12,7 +12,7 @@ import pytest
 
 from tools import bench
 import configurator
-from support import device as plan, files as plain
+from support import files as plain, memory as plan
 import train
 from conftest import ROOT, listed
 from mesh import PRESETS, Config, RecursiveGPT

@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, closest, setting  # noqa: E402
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
-from support import command, device as devices, files, tool  # noqa: E402
+from support import command, device as devices, files, memory, tool  # noqa: E402
 from support.device import resolve_device  # noqa: E402
 
 VARIANTS = ("vanilla", *SCHEMES)  # vanilla: the layout's compute depth as one unshared stack
@@ -267,7 +267,7 @@ def run(bc):
     torch.manual_seed(SEED)
     x, y = torch.randint(V, (2, B, T), device=device)
     for name, cfg in todo:  # refused before anything is built where it cannot fit
-        devices.check_fits(cfg, B, device, dtype.itemsize, what=f"scheme {name}",
+        memory.check_fits(cfg, B, device, dtype.itemsize, what=f"scheme {name}",
                            fix="use smaller settings")
     models = {name: build(cfg, bc, device) for name, cfg in todo}
     print(f"bench.py: timing {len(models)} variant(s), {bc.warmup} warm-up step(s) and "
@@ -328,7 +328,7 @@ def run(bc):
                                                    eager=True)[0]
         else:
             row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
-        plan = devices.memory(cfg, B, 1, False, bc.grad_checkpoint, dtype.itemsize, ddp=False)
+        plan = memory.memory(cfg, B, 1, False, bc.grad_checkpoint, dtype.itemsize, ddp=False)
         row["plan_mb"] = plan["total"] / 2**20  # train.py --plan's estimate of the peak
         rows.append(row)
         del models[name]  # its last reference: decoding runs with no training model left
@@ -371,8 +371,8 @@ def table(rows, info):
     """A Markdown table, a row a variant, and what it ran on."""
     cuda = info["device"].startswith("cuda")
     cols = [c for c in COLUMNS if any(r.get(c[1]) is not None for r in rows)]
-    memory = "CUDA peak MB" if cuda else "peak RSS MB"
-    heads = [memory if key == "peak_mb" else heading for heading, key, _ in cols]
+    peak = "CUDA peak MB" if cuda else "peak RSS MB"
+    heads = [peak if key == "peak_mb" else heading for heading, key, _ in cols]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = ["-" if r.get(key) is None else format(r[key] * SCALE.get(key, 1), spec)

@@ -34,7 +34,8 @@ from data.dataset import load_split, random_windows  # noqa: E402
 from data.meta import checkpoint_dataset  # noqa: E402
 from support import command, files, tool  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
-from support.device import physical_memory, resolve_device  # noqa: E402
+from support.device import resolve_device  # noqa: E402
+from support.memory import physical_memory  # noqa: E402
 from tools.curves import colour, pyplot  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): SIGMA_FRAC x the median distance between
