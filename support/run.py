@@ -57,19 +57,16 @@ def resolve(cls, given):
         tc = settings(cls, ckpt, {**given, "init_from": "resume"}, world, out_dir)
         check_resumable(ckpt, tc, given)
         return tc, ckpt
-    tc = settings(cls, None, given, world, out_dir)
-    if tc.init_from == "scratch":
-        if rank == 0:
-            check_fresh(out_dir, tc.overwrite)
-        return tc, None
-    from support import pretrained  # vanilla:OUT_DIR or hf:PATH, never the run's own folder
-    source = pretrained.source(tc.init_from, out_dir)
-    old = source["model"].config
-    wrong = next((k for k in SHAPE if k in given and given[k] != getattr(old, k)), None)
-    if wrong:
-        raise UsageError(f"--init_from={tc.init_from} has {wrong}={getattr(old, wrong)}, "
-                         f"not --{wrong}={given[wrong]}: the width and heads are the source's; "
-                         f"drop --{wrong}")
+    tc, source = settings(cls, None, given, world, out_dir), None
+    if tc.init_from != "scratch":  # vanilla:OUT_DIR or hf:PATH, never the run's own folder
+        from support import pretrained
+        source = pretrained.source(tc.init_from, out_dir)
+        old = source["model"].config
+        wrong = next((k for k in SHAPE if k in given and given[k] != getattr(old, k)), None)
+        if wrong:
+            raise UsageError(f"--init_from={tc.init_from} has {wrong}={getattr(old, wrong)}, "
+                             f"not --{wrong}={given[wrong]}: the width and heads are the "
+                             f"source's; drop --{wrong}")
     if rank == 0:
         check_fresh(out_dir, tc.overwrite)
     return tc, source
@@ -82,13 +79,8 @@ def settings(cls, ckpt, given, world, out_dir):
     saved, path = {}, ckpt and ckpt["path"]
     fields = {f.name: f for f in cls.__dataclass_fields__.values()}
     old = (ckpt or {}).get("train_config", {})
-    unknown = sorted(set(old) - set(fields))
-    if unknown:
-        raise CheckpointError(f"{path} is intact, but this code has no setting "
-                              f"{', '.join(unknown)}, which its run was trained with; resume "
-                              f"it with the code that wrote it")
-    unknown = sorted(set(ckpt or {}) - FIELDS)
-    if unknown:
+    unknown = sorted(set(old) - set(fields)) + sorted(set(ckpt or {}) - FIELDS)
+    if unknown:  # settings or fields of other code
         raise CheckpointError(f"{path} is intact, but this code does not know its "
                               f"{', '.join(unknown)}, which a resume would drop; resume it with "
                               f"the code that wrote it")

@@ -525,8 +525,8 @@ def test_a_setting_this_code_does_not_know_is_named_on_resume(finished, tmp_path
     resave(out / "ckpt.pt", lambda c: c["train_config"].update(router_lr=0.1))
     before = snapshot(out)
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
-    assert one_line(capsys) == (f"train.py: error: {out / 'ckpt.pt'} is intact, but this code has no setting router_lr, "
-                                f"which its run was trained with; resume it with the code that wrote it\n")
+    assert one_line(capsys) == (f"train.py: error: {out / 'ckpt.pt'} is intact, but this code does not know its "
+                                f"router_lr, which a resume would drop; resume it with the code that wrote it\n")
     assert snapshot(out) == before
     assert sample.main([f"--out_dir={out}", "--max_new_tokens=4"]) == 0  # the model needs none of it
 
