@@ -61,7 +61,7 @@ def check(spec, file):
     if not isinstance(vocab, dict):
         raise DataError(f"{bad} model.vocab is not a mapping of tokens to ids")
     for token, i in vocab.items():
-        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < MAX_ID:
+        if type(i) is not int or not 0 <= i < MAX_ID:  # a bool is no id
             raise DataError(f"{bad} model.vocab gives {token!r:.40} the id {i!r:.40}, "
                             f"not an integer from 0 to {MAX_ID - 1:,}")
         if i in by_id:
@@ -79,8 +79,7 @@ def check(spec, file):
                             f"which model.vocab lacks")
     for t in spec.get("added_tokens") or []:
         content, i = (t.get("content"), t.get("id")) if isinstance(t, dict) else (None, None)
-        if (not isinstance(content, str) or not isinstance(i, int) or isinstance(i, bool)
-                or not 0 <= i < MAX_ID):
+        if not isinstance(content, str) or type(i) is not int or not 0 <= i < MAX_ID:
             raise DataError(f"{bad} added_tokens holds {t!r:.60}, not a content string "
                             f"with an id from 0 to {MAX_ID - 1:,}")
         if by_id.setdefault(i, content) != content:

@@ -30,8 +30,8 @@ if __package__ in (None, ""):  # run as a script
 from support import command, files  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
-from data.meta import (PROJECT_DATA, STAND_IN, DataError, Tokenizer, data_root,  # noqa: E402
-                       dataset_folder, dtype_for_vocab, is_path)
+from data.meta import (PROJECT_DATA, STAND_IN, DataError, Tokenizer, check_ids,  # noqa: E402
+                       data_root, dataset_folder, dtype_for_vocab, is_path)
 
 SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
                    "tinyshakespeare/input.txt")
@@ -105,19 +105,11 @@ def _download(url, dest, expected_sha256, dataset, log):
                         f"got {sha.hexdigest()}")
 
 
-def _pydoc_text():
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:
-        raise DataError("pydoc_data.topics is missing from this Python installation") from None
-    return "\n\n".join(topics[k] for k in sorted(topics))
-
-
 _worker = {}  # a tokenizing process's Tokenizer (--num_proc)
 
 
-def _start_worker(spec):
-    _worker["tokenizer"] = Tokenizer(**spec)
+def _start_worker(tok):
+    _worker["tokenizer"] = tok
 
 
 def _encode_in_worker(text):
@@ -131,9 +123,7 @@ def _encoded(chunks, tok, dtype, num_proc):
         return
     import itertools
     import multiprocessing
-    spec = {"kind": tok.kind, "chars": getattr(tok, "chars", None),
-            "path": getattr(tok, "path", None)}
-    with multiprocessing.get_context("spawn").Pool(num_proc, _start_worker, (spec,)) as pool:
+    with multiprocessing.get_context("spawn").Pool(num_proc, _start_worker, (tok,)) as pool:
         while batch := list(itertools.islice(chunks, 2 * num_proc)):
             yield from (ids.astype(dtype) for ids in pool.map(_encode_in_worker, batch))
 
@@ -159,12 +149,11 @@ def _tokenize(source, label, tok, stage, chunk_bytes, fmt="flat", seq_len=2049, 
     if tok.kind == "bpe":  # the dataset keeps its own copy
         shutil.copyfile(tok.path, os.path.join(stage, "tokenizer.json"))
     if fmt == "indexed":
-        sizes = np.full(n // seq_len + (n % seq_len > 0), seq_len, dtype=np.int32)
+        sizes = np.diff(np.append(np.arange(0, n, seq_len), n))  # the last one shorter
         if len(sizes) < 2:
             raise DataError(f"{label} is too small: {n} tokens make fewer than 2 sequences of "
                             f"{seq_len} (one is held out for validation); use a smaller --seq_len "
                             f"or more text")
-        sizes[-1] = n - seq_len * (len(sizes) - 1)
         write_index(os.path.join(stage, "document"), sizes, dtype)
         n_train = int(sizes[:train_sequences(len(sizes))].sum())
         meta.update(format="indexed", prefix="document", sequences=len(sizes), seq_len=seq_len)
@@ -172,12 +161,10 @@ def _tokenize(source, label, tok, stage, chunk_bytes, fmt="flat", seq_len=2049, 
         n_train = n * 9 // 10
         if n_train == 0 or n_train == n:
             raise DataError(f"{label} is too small: {n} tokens cannot be split into train and val")
-        # train is a prefix of all tokens: copy the tail out through a memmap, then truncate
-        tokens = np.memmap(all_path, dtype=dtype, mode="r", shape=(n,))
-        with open(os.path.join(stage, "val.bin"), "wb") as f:
-            for i in range(n_train, n, 1 << 24):
-                tokens[i:min(i + (1 << 24), n)].tofile(f)
-        del tokens  # close the map before truncating the file under it
+        # train is a prefix of all tokens: the tail copied out, then cut off
+        with open(all_path, "rb") as f, open(os.path.join(stage, "val.bin"), "wb") as val:
+            f.seek(n_train * np.dtype(dtype).itemsize)
+            shutil.copyfileobj(f, val)
         os.truncate(all_path, n_train * np.dtype(dtype).itemsize)
     return {**meta, "train_tokens": n_train, "val_tokens": n - n_train, "sha256": sha.hexdigest()}
 
@@ -200,17 +187,6 @@ def foreign_files(folder):
         return []
     return sorted(n for n in os.listdir(folder)
                   if not files.TEMPORARY.match(n) and n != files.LOCK)
-
-
-def check_ours(folder, root_flag):
-    """Raise DataError when folder holds another tool's files."""
-    foreign = foreign_files(folder)
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 3
-                                          else "")
-        raise DataError(f"{folder} holds files that data/prepare.py did not make ({shown}) "
-                        f"and no meta.json: another tool's dataset, which nanoMeSH never writes "
-                        f"over; give another {root_flag}, or move those files away")
 
 
 def check_name(dataset):
@@ -250,8 +226,9 @@ def _source(dataset, input, url):
         return input, input
     if dataset in ("shakespeare", "shakespeare_char") or url is not None:
         return None, url or os.environ.get("NANOMESH_SHAKESPEARE_URL") or SHAKESPEARE_URL
-    if dataset == "pydoc":
-        return _pydoc_text().encode("utf-8"), "pydoc_data.topics"
+    if dataset == "pydoc":  # the standard library's documentation text
+        from pydoc_data.topics import topics
+        return "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8"), "pydoc_data.topics"
     raise DataError(f"unknown dataset {dataset!r}{closest(dataset, DATASETS)}; known datasets: "
                     f"{', '.join(sorted(DATASETS))} (any other name needs --input FILE)")
 
@@ -273,7 +250,12 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
                         f"pick another --dataset name for a {tokenizer} version")
     source, label = _source(dataset, input, url)  # a bad name or file, before any work
     final = os.path.join(out_root, dataset)
-    check_ours(final, root_flag)
+    if foreign := foreign_files(final):
+        more = f", ... ({len(foreign)} in all)" if len(foreign) > 3 else ""
+        raise DataError(f"{final} holds files that data/prepare.py did not make "
+                        f"({', '.join(foreign[:3])}{more}) and no meta.json: another tool's "
+                        f"dataset, which nanoMeSH never writes over; give another {root_flag}, "
+                        f"or move those files away")
     tok = named_tokenizer(tokenizer or DATASETS.get(dataset, "char"))
     started = time.perf_counter()
     made = [f for f in (out_root, final) if make_folder(f, dataset, out_root, root_flag)]
@@ -339,8 +321,8 @@ def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
     Offline, shakespeare_char falls back on 'pydoc' and remembers why (OFFLINE)."""
     if dataset_folder(out_root, dataset):
         return dataset
-    if is_path(dataset) and os.path.isdir(dataset) and foreign_files(dataset):  # nanoGPT's?
-        kept = [n for n in ("train.bin", "val.bin", "meta.pkl") if n in foreign_files(dataset)]
+    if is_path(dataset) and (foreign := foreign_files(dataset)):  # nanoGPT's?
+        kept = [n for n in ("train.bin", "val.bin", "meta.pkl") if n in foreign]
         other = f" (its {', '.join(kept)}: another tool's format, nanoGPT's?)" if kept else ""
         raise DataError(f"{dataset} has no meta.json, by which nanoMeSH reads a dataset{other}; "
                         f"prepare its text with: "
@@ -403,10 +385,7 @@ def describe_indexed(path, tokenizer, log=_stderr):
         raise DataError("--indexed needs a BPE tokenizer: 'gpt2' or a tokenizer.json "
                         "(a character vocabulary is only known from its text)")
     ds = IndexedDataset(path)
-    head = np.asarray(ds.tokens[:1 << 24])
-    if head.size and (head.min() < 0 or head.max() >= tok.vocab_size):
-        raise DataError(f"{ds.prefix}.bin holds token id {int(head.max())}, past the tokenizer's "
-                        f"{tok.vocab_size} ids: it was made with another tokenizer")
+    check_ids(ds.tokens, tok.vocab_size, ds.prefix + ".bin", "it was made with another tokenizer")
     folder, n_train = os.path.dirname(os.path.abspath(ds.prefix)), ds.train_tokens()
     meta = {"dataset": os.path.basename(folder), **tok.to_meta(), "dtype": ds.dtype.name,
             "format": "indexed", "prefix": os.path.basename(ds.prefix), "sequences": len(ds),
@@ -414,12 +393,11 @@ def describe_indexed(path, tokenizer, log=_stderr):
             "source": os.path.abspath(ds.prefix)}
     if tok.kind == "bpe":
         kept = os.path.join(folder, "tokenizer.json")
-        if (os.path.exists(kept) and not os.path.samefile(kept, tok.path)
-                and Tokenizer("bpe", path=kept).identity != tok.identity):
-            raise DataError(f"{kept} exists and is another tokenizer; move it away first")
         if not os.path.exists(kept):
             with open(tok.path, "rb") as src:
                 files.atomic_write(kept, lambda f: shutil.copyfileobj(src, f))
+        elif Tokenizer("bpe", path=kept).identity != tok.identity:
+            raise DataError(f"{kept} exists and is another tokenizer; move it away first")
     files.write_json(os.path.join(folder, "meta.json"), meta)
     log(f"prepare: {ds.prefix}: {len(ds):,} sequences, {n_train:,} train + "
         f"{ds.n_tokens - n_train:,} val tokens, "
