@@ -135,8 +135,10 @@ def split_tokens(prefix, split):
     stamp = tuple((st.st_size, st.st_mtime_ns)
                   for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
     ds = _checked(os.path.abspath(prefix), stamp)
-    start, end = (0, ds.train_tokens()) if split == "train" else (ds.train_tokens(), None)
-    return ds.tokens[start:end], ds.prefix + ".bin", start
+    cut = ds.train_tokens()
+    if split == "train":
+        return ds.tokens[:cut], ds.prefix + ".bin", 0
+    return ds.tokens[cut:], ds.prefix + ".bin", cut
 
 
 @functools.lru_cache(maxsize=4)

@@ -2,15 +2,14 @@
 Prepare a text dataset for nanoMeSH: tokenize it into OUT_ROOT/NAME/ (OUT_ROOT: this folder).
 
     python data/prepare.py --dataset shakespeare_char           # Tiny Shakespeare, characters
-    python data/prepare.py --dataset shakespeare                # Tiny Shakespeare, GPT-2 BPE
     python data/prepare.py --dataset pydoc                      # offline: Python's pydoc topics
     python data/prepare.py --dataset mytext --input my.txt [--tokenizer char|gpt2|PATH]
-    python data/prepare.py --dataset mytext --input my.txt --tokenizer pythia-160m --format indexed
     python data/prepare.py --indexed data/pile/document --tokenizer pythia-160m/tokenizer.json
 
 NAME/ holds train.bin + val.bin (or document.bin + .idx) and meta.json; data/README.md is the
 reference. Text streams through a staging folder moved into place, meta.json last.
 """
+import codecs
 import errno
 import hashlib
 import http.client
@@ -57,35 +56,29 @@ def _stderr(msg):
 
 def _read_chunks(source, label, chunk_bytes, sha=None):
     """source's UTF-8 text (a path, or bytes) in pieces of about chunk_bytes, cut after a
-    newline (or between characters); a leading byte order mark is dropped."""
+    newline (or inside a longer line); a leading byte order mark is dropped."""
     f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
-    carry, offset = b"", 0
+    decoder, text, offset = codecs.getincrementaldecoder("utf-8-sig")(), "", 0
     with f:
         while True:
             block = f.read(chunk_bytes)
             if sha is not None:
                 sha.update(block)
-            buf = carry + block
-            if not buf:
-                return
-            cut = len(buf)
-            if block:  # not at the end: keep the last partial line for the next chunk
-                cut = buf.rfind(b"\n") + 1
-                if cut == 0 and len(buf) > chunk_bytes:  # a line longer than a chunk: cut
-                    cut = len(buf) - 1                   # before its last character's first byte
-                    while cut > max(0, len(buf) - 4) and buf[cut] & 0xC0 == 0x80:
-                        cut -= 1
-            piece, carry = buf[:cut], buf[cut:]
             try:
-                text = piece.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{label} is not UTF-8: invalid byte 0x{piece[e.start]:02x} "
-                                f"at byte offset {offset + e.start}") from None
-            if offset == 0:  # the first character, whole (cuts fall between characters)
-                text = text.removeprefix("\ufeff")
-            offset += len(piece)
-            if text:
-                yield text
+                text += decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:  # e.object ends where block does
+                at = offset + len(block) - len(e.object) + e.start
+                raise DataError(f"{label} is not UTF-8: invalid byte 0x{e.object[e.start]:02x} "
+                                f"at byte offset {at}") from None
+            offset += len(block)
+            cut = text.rfind("\n") + 1 if block else len(text)
+            if cut == 0 and len(text) > chunk_bytes:  # a line longer than a chunk
+                cut = len(text)
+            if cut:
+                yield text[:cut]
+                text = text[cut:]
+            if not block:
+                return
 
 
 def _download(url, dest, expected_sha256, dataset, log):
@@ -128,7 +121,7 @@ def _encoded(chunks, tok, dtype, num_proc):
             yield from (ids.astype(dtype) for ids in pool.map(_encode_in_worker, batch))
 
 
-def _tokenize(source, label, tok, stage, chunk_bytes, fmt="flat", seq_len=2049, num_proc=1):
+def _tokenize(source, label, tok, stage, chunk_bytes, fmt, seq_len, num_proc):
     """Stream source into stage/{train,val}.bin (or document.{bin,idx}); returns meta.
     tok None: a char vocabulary, scanned first."""
     sha, scan = hashlib.sha256(), tok is None
@@ -138,34 +131,33 @@ def _tokenize(source, label, tok, stage, chunk_bytes, fmt="flat", seq_len=2049, 
             chars.update(text)
         tok = Tokenizer("char", sorted(chars))
     dtype = dtype_for_vocab(tok.vocab_size, indexed=fmt == "indexed")
-    n = 0
     all_path = os.path.join(stage, "document.bin" if fmt == "indexed" else "train.bin")
     with open(all_path, "wb") as f:  # all tokens; flat: val moved out below
         chunks = _read_chunks(source, label, chunk_bytes, None if scan else sha)
         for ids in _encoded(chunks, tok, dtype, num_proc):
             ids.tofile(f)
-            n += len(ids)
+        n = f.tell() // np.dtype(dtype).itemsize
     meta = {**tok.to_meta(), "dtype": dtype}
     if tok.kind == "bpe":  # the dataset keeps its own copy
         shutil.copyfile(tok.path, os.path.join(stage, "tokenizer.json"))
     if fmt == "indexed":
-        sizes = np.diff(np.append(np.arange(0, n, seq_len), n))  # the last one shorter
+        sizes = np.diff(np.append(np.arange(0, n, seq_len), n))
         if len(sizes) < 2:
             raise DataError(f"{label} is too small: {n} tokens make fewer than 2 sequences of "
                             f"{seq_len} (one is held out for validation); use a smaller --seq_len "
                             f"or more text")
         write_index(os.path.join(stage, "document"), sizes, dtype)
         n_train = int(sizes[:train_sequences(len(sizes))].sum())
-        meta.update(format="indexed", prefix="document", sequences=len(sizes), seq_len=seq_len)
+        meta.update(format="indexed", prefix="document", sequences=len(sizes))
     else:
         n_train = n * 9 // 10
         if n_train == 0 or n_train == n:
             raise DataError(f"{label} is too small: {n} tokens cannot be split into train and val")
         # train is a prefix of all tokens: the tail copied out, then cut off
         with open(all_path, "rb") as f, open(os.path.join(stage, "val.bin"), "wb") as val:
-            f.seek(n_train * np.dtype(dtype).itemsize)
+            cut = f.seek(n_train * np.dtype(dtype).itemsize)
             shutil.copyfileobj(f, val)
-        os.truncate(all_path, n_train * np.dtype(dtype).itemsize)
+        os.truncate(all_path, cut)
     return {**meta, "train_tokens": n_train, "val_tokens": n - n_train, "sha256": sha.hexdigest()}
 
 
@@ -191,13 +183,11 @@ def foreign_files(folder):
 
 def check_name(dataset):
     """Raise DataError unless dataset is a valid folder name."""
-    size = len(str(dataset).encode("utf-8", "surrogatepass"))
-    if not dataset or dataset.startswith(".") \
-            or any(c in dataset for c in ("/", "\\", os.sep, "\0")) or size > NAME_BYTES:
-        shown = repr(dataset) if len(dataset) <= 40 else f"{dataset[:40]!r}... ({size} bytes)"
-        raise DataError(f"invalid dataset name {shown}: a dataset's name is a plain folder name, "
-                        f"not starting with '.', without '/' or '\\', at most {NAME_BYTES} bytes; "
-                        f"choose another --dataset")
+    if (not dataset or dataset.startswith(".") or any(c in dataset for c in "/\\\0")
+            or len(dataset.encode("utf-8", "surrogatepass")) > NAME_BYTES):
+        raise DataError(f"invalid dataset name {dataset!r:.50}: a dataset's name is a plain "
+                        f"folder name, not starting with '.', without '/' or '\\', at most "
+                        f"{NAME_BYTES} bytes; choose another --dataset")
 
 
 def make_folder(folder, dataset, out_root, root_flag):
@@ -226,7 +216,7 @@ def _source(dataset, input, url):
         return input, input
     if dataset in ("shakespeare", "shakespeare_char") or url is not None:
         return None, url or os.environ.get("NANOMESH_SHAKESPEARE_URL") or SHAKESPEARE_URL
-    if dataset == "pydoc":  # the standard library's documentation text
+    if dataset == "pydoc":
         from pydoc_data.topics import topics
         return "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8"), "pydoc_data.topics"
     raise DataError(f"unknown dataset {dataset!r}{closest(dataset, DATASETS)}; known datasets: "
@@ -245,7 +235,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
     if seq_len < 2 or num_proc < 1:
         raise DataError(f"--seq_len={seq_len} must be at least 2 "
                         f"and --num_proc={num_proc} at least 1")
-    if tokenizer and dataset in DATASETS and tokenizer != DATASETS[dataset]:
+    if tokenizer and DATASETS.get(dataset, tokenizer) != tokenizer:
         raise DataError(f"dataset {dataset!r} uses the {DATASETS[dataset]} tokenizer; "
                         f"pick another --dataset name for a {tokenizer} version")
     source, label = _source(dataset, input, url)  # a bad name or file, before any work
@@ -306,9 +296,8 @@ def check_root_ours(out_root):
     """Refuse a data root of another project's (nanoGPT's data/) for first-use preparing."""
     if not os.path.isdir(out_root) or os.path.samefile(out_root, PROJECT_DATA):
         return
-    foreign = [n for n in sorted(os.listdir(out_root)) if not n.startswith(".")
-               and os.path.isdir(os.path.join(out_root, n))
-               and foreign_files(os.path.join(out_root, n))]
+    foreign = [n for n in sorted(os.listdir(out_root))
+               if not n.startswith(".") and foreign_files(os.path.join(out_root, n))]
     if foreign:
         raise DataError(f"--data_root={out_root} holds another tool's datasets "
                         f"({', '.join(foreign[:3])}: folders without meta.json), where nanoMeSH "
