@@ -117,7 +117,7 @@ class ByteLevelBPE:
         self.fingerprint = hashlib.sha256(decides.encode()).hexdigest()
         added = spec.get("added_tokens") or []
         self.added = {t["content"]: t["id"] for t in added}
-        vocab = spec["model"].get("vocab") or {}
+        vocab = spec["model"]["vocab"]
         self.vocab_size = max([*vocab.values(), *self.added.values()], default=-1) + 1
         self.eot_id = self.added.get("<|endoftext|>", vocab.get("<|endoftext|>"))
         self._hf = None

@@ -79,8 +79,8 @@ class IndexedDataset:
         bad = f"{self.prefix}.idx does not match {self.prefix}.bin"
         for lo in range(0, n, CHECK_SLICE):
             sizes = np.asarray(self.sizes[lo:lo + CHECK_SLICE], dtype=np.int64)
-            pointers = np.asarray(self.pointers[lo:lo + CHECK_SLICE])
-            starts = end + np.concatenate([[0], np.cumsum(sizes[:-1] * item)])
+            pointers = self.pointers[lo:lo + CHECK_SLICE]
+            starts = end + np.cumsum(sizes * item) - sizes * item
             wrong = np.flatnonzero((sizes < 0) | (pointers != starts))
             if len(wrong):
                 i = lo + int(wrong[0])
@@ -114,7 +114,7 @@ class IndexedDataset:
 def write_index(prefix, sizes, dtype):
     """PREFIX.idx for a PREFIX.bin of sequences of `sizes` tokens, each its own document."""
     dtype, sizes = np.dtype(dtype), np.asarray(sizes, dtype="<i4")
-    starts = np.cumsum(sizes, dtype=np.int64) - sizes  # tokens before each sequence
+    starts = np.cumsum(sizes, dtype=np.int64) - sizes
     pointers = (starts * dtype.itemsize).astype("<i8")
     doc = np.arange(len(sizes) + 1, dtype="<i8")
     with open(prefix + ".idx", "wb") as f:

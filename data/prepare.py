@@ -81,7 +81,7 @@ def _read_chunks(source, label, chunk_bytes, sha=None):
                 return
 
 
-def _download(url, dest, expected_sha256, dataset, log):
+def _download(url, dest, expected, dataset, log):
     log(f"prepare: downloading {url}")
     sha = hashlib.sha256()
     with open(dest, "wb") as f:
@@ -93,8 +93,8 @@ def _download(url, dest, expected_sha256, dataset, log):
         except (OSError, ValueError, http.client.HTTPException) as e:
             raise DownloadError(url, str(getattr(e, "reason", "") or e) or type(e).__name__,
                                 dataset) from None
-    if expected_sha256 and sha.hexdigest() != expected_sha256:
-        raise DataError(f"{url} is not the expected file: sha256 expected {expected_sha256}, "
+    if expected and sha.hexdigest() != expected:
+        raise DataError(f"{url} is not the expected file: sha256 expected {expected}, "
                         f"got {sha.hexdigest()}")
 
 
@@ -109,16 +109,16 @@ def _encode_in_worker(text):
     return _worker["tokenizer"].encode_array(text)
 
 
-def _encoded(chunks, tok, dtype, num_proc):
+def _encoded(chunks, tok, num_proc):
     """Each chunk's token ids, in order; num_proc > 1: that many processes, same output."""
     if num_proc == 1:
-        yield from (tok.encode_array(text).astype(dtype) for text in chunks)
+        yield from map(tok.encode_array, chunks)
         return
     import itertools
     import multiprocessing
     with multiprocessing.get_context("spawn").Pool(num_proc, _start_worker, (tok,)) as pool:
         while batch := list(itertools.islice(chunks, 2 * num_proc)):
-            yield from (ids.astype(dtype) for ids in pool.map(_encode_in_worker, batch))
+            yield from pool.map(_encode_in_worker, batch)
 
 
 def _tokenize(source, label, tok, stage, chunk_bytes, fmt, seq_len, num_proc):
@@ -134,8 +134,8 @@ def _tokenize(source, label, tok, stage, chunk_bytes, fmt, seq_len, num_proc):
     all_path = os.path.join(stage, "document.bin" if fmt == "indexed" else "train.bin")
     with open(all_path, "wb") as f:  # all tokens; flat: val moved out below
         chunks = _read_chunks(source, label, chunk_bytes, None if scan else sha)
-        for ids in _encoded(chunks, tok, dtype, num_proc):
-            ids.tofile(f)
+        for ids in _encoded(chunks, tok, num_proc):
+            ids.astype(dtype).tofile(f)
         n = f.tell() // np.dtype(dtype).itemsize
     meta = {**tok.to_meta(), "dtype": dtype}
     if tok.kind == "bpe":  # the dataset keeps its own copy
@@ -151,7 +151,7 @@ def _tokenize(source, label, tok, stage, chunk_bytes, fmt, seq_len, num_proc):
         meta.update(format="indexed", prefix="document", sequences=len(sizes))
     else:
         n_train = n * 9 // 10
-        if n_train == 0 or n_train == n:
+        if not 0 < n_train < n:
             raise DataError(f"{label} is too small: {n} tokens cannot be split into train and val")
         # train is a prefix of all tokens: the tail copied out, then cut off
         with open(all_path, "rb") as f, open(os.path.join(stage, "val.bin"), "wb") as val:
