@@ -49,8 +49,7 @@ MAX_ID = 1 << 24  # GPT-NeoX's: 50,277
 
 
 def check(spec, file):
-    """What decides the ids, checked before anything is built from it (a DataError naming the
-    field)."""
+    """What decides the ids, checked before anything is built from it (DataError: the field)."""
     bad = f"{file} is not a tokenizer nanoMeSH can run:"
     model = spec["model"]
     if not isinstance(model, dict) or model.get("type") != "BPE":
@@ -61,7 +60,7 @@ def check(spec, file):
     if not isinstance(vocab, dict):
         raise DataError(f"{bad} model.vocab is not a mapping of tokens to ids")
     for token, i in vocab.items():
-        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < MAX_ID:
+        if type(i) is not int or not 0 <= i < MAX_ID:  # a bool is no id
             raise DataError(f"{bad} model.vocab gives {token!r:.40} the id {i!r:.40}, "
                             f"not an integer from 0 to {MAX_ID - 1:,}")
         if i in by_id:
@@ -79,8 +78,7 @@ def check(spec, file):
                             f"which model.vocab lacks")
     for t in spec.get("added_tokens") or []:
         content, i = (t.get("content"), t.get("id")) if isinstance(t, dict) else (None, None)
-        if (not isinstance(content, str) or not isinstance(i, int) or isinstance(i, bool)
-                or not 0 <= i < MAX_ID):
+        if not isinstance(content, str) or type(i) is not int or not 0 <= i < MAX_ID:
             raise DataError(f"{bad} added_tokens holds {t!r:.60}, not a content string "
                             f"with an id from 0 to {MAX_ID - 1:,}")
         if by_id.setdefault(i, content) != content:
@@ -88,21 +86,13 @@ def check(spec, file):
                             f"which is {by_id[i]!r:.40}'s")
 
 
-def fingerprint(spec):
-    """sha256 of what decides the ids: equal for two copies of one tokenizer."""
-    keys = ("model", "added_tokens", "normalizer", "pre_tokenizer", "decoder")
-    return hashlib.sha256(json.dumps({k: spec.get(k) for k in keys},
-                                     sort_keys=True).encode()).hexdigest()
-
-
 def _why_not_tiktoken(spec):
     """The reason tiktoken cannot reproduce this tokenizer exactly, or None."""
     model, pre, norm = spec["model"], spec.get("pre_tokenizer"), spec.get("normalizer")
-    for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
+    for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "ignore_merges",
+                "byte_fallback"):
         if model.get(key):
             return f"BPE {key}={model[key]!r}"
-    if model.get("ignore_merges") or model.get("byte_fallback"):
-        return "BPE ignore_merges or byte_fallback"
     if (not pre or pre.get("type") != "ByteLevel" or pre.get("add_prefix_space")
             or not pre.get("use_regex", True)):
         return f"pre-tokenizer {pre!r} is not ByteLevel without add_prefix_space"
@@ -122,10 +112,12 @@ class ByteLevelBPE:
     def __init__(self, path):
         self.file, spec = read_tokenizer_json(path)
         check(spec, self.file)
-        self.fingerprint = fingerprint(spec)
+        keys = ("model", "added_tokens", "normalizer", "pre_tokenizer", "decoder")  # decide ids
+        decides = json.dumps({k: spec.get(k) for k in keys}, sort_keys=True)
+        self.fingerprint = hashlib.sha256(decides.encode()).hexdigest()
         added = spec.get("added_tokens") or []
         self.added = {t["content"]: t["id"] for t in added}
-        vocab = spec["model"].get("vocab") or {}
+        vocab = spec["model"]["vocab"]
         self.vocab_size = max([*vocab.values(), *self.added.values()], default=-1) + 1
         self.eot_id = self.added.get("<|endoftext|>", vocab.get("<|endoftext|>"))
         self._hf = None
@@ -155,8 +147,7 @@ class ByteLevelBPE:
         def to_bytes(token):
             return bytes(byte_of[c] for c in token)
 
-        # added tokens (which the vocabulary may also list, spelled as they are) decode to their
-        # content
+        # added tokens (which the vocabulary may also list, as they are spelled) decode as content
         vocab_bytes = {t: i for t, i in vocab.items() if t not in self.added}
         if any(c not in byte_of for token in vocab_bytes for c in token):
             return "a vocabulary entry is not spelled in GPT-2's byte alphabet"
@@ -175,7 +166,7 @@ class ByteLevelBPE:
                 return f"two merges make the token {left + right!r}"
             ranks[made] = len(to_id)
             to_id.append(vocab[left + right])
-        self._to_id = np.array(to_id, dtype=np.int64)           # tiktoken rank -> our id
+        self._to_id = np.array(to_id, dtype=np.int64)  # tiktoken rank -> our id
         self._bytes = {i: to_bytes(t) for t, i in vocab_bytes.items()}
         self._bytes.update({t["id"]: t["content"].encode("utf-8") for t in added})
         self._nfc = bool(spec.get("normalizer"))

@@ -23,6 +23,7 @@ The last 1% of the sequences (at least one) are held out for validation.
 """
 import functools
 import os
+import struct
 
 import numpy as np
 
@@ -30,7 +31,8 @@ from data.meta import DataError, indexed_prefix
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
-HEADER = len(MAGIC) + 8 + 1 + 8 + 8  # 34 bytes
+FIELDS = "<QBQQ"  # version, dtype code, n, m
+HEADER = len(MAGIC) + struct.calcsize(FIELDS)  # 34 bytes
 # Megatron's dtype codes; only the integer ones can hold tokens
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
 CODES = {np.dtype(t): c for c, t in DTYPES.items()}
@@ -52,9 +54,7 @@ class IndexedDataset:
             raise DataError(f"{fix}: it does not start with the magic {MAGIC!r}; give the .idx of "
                             f"a Megatron / GPT-NeoX dataset (or write one with "
                             f"data/prepare.py --format=indexed)")
-        version = int.from_bytes(head[9:17], "little")
-        code = head[17]
-        n, m = int.from_bytes(head[18:26], "little"), int.from_bytes(head[26:34], "little")
+        version, code, n, m = struct.unpack(FIELDS, head[len(MAGIC):])
         if version != VERSION:
             raise DataError(f"{fix}: version {version}, expected {VERSION}")
         if code not in DTYPES:
@@ -79,8 +79,8 @@ class IndexedDataset:
         bad = f"{self.prefix}.idx does not match {self.prefix}.bin"
         for lo in range(0, n, CHECK_SLICE):
             sizes = np.asarray(self.sizes[lo:lo + CHECK_SLICE], dtype=np.int64)
-            pointers = np.asarray(self.pointers[lo:lo + CHECK_SLICE])
-            starts = end + np.concatenate([[0], np.cumsum(sizes[:-1] * item)])
+            pointers = self.pointers[lo:lo + CHECK_SLICE]
+            starts = end + np.cumsum(sizes * item) - sizes * item
             wrong = np.flatnonzero((sizes < 0) | (pointers != starts))
             if len(wrong):
                 i = lo + int(wrong[0])
@@ -114,13 +114,11 @@ class IndexedDataset:
 def write_index(prefix, sizes, dtype):
     """PREFIX.idx for a PREFIX.bin of sequences of `sizes` tokens, each its own document."""
     dtype, sizes = np.dtype(dtype), np.asarray(sizes, dtype="<i4")
-    pointers = np.zeros(len(sizes), dtype="<i8")
-    np.cumsum(sizes[:-1], dtype=np.int64, out=pointers[1:])
-    pointers *= dtype.itemsize
+    starts = np.cumsum(sizes, dtype=np.int64) - sizes
+    pointers = (starts * dtype.itemsize).astype("<i8")
     doc = np.arange(len(sizes) + 1, dtype="<i8")
     with open(prefix + ".idx", "wb") as f:
-        f.write(MAGIC + VERSION.to_bytes(8, "little") + bytes([CODES[dtype]]) +
-                len(sizes).to_bytes(8, "little") + len(doc).to_bytes(8, "little"))
+        f.write(MAGIC + struct.pack(FIELDS, VERSION, CODES[dtype], len(sizes), len(doc)))
         for part in (sizes, pointers, doc):
             part.tofile(f)
 

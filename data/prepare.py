@@ -2,15 +2,14 @@
 Prepare a text dataset for nanoMeSH: tokenize it into OUT_ROOT/NAME/ (OUT_ROOT: this folder).
 
     python data/prepare.py --dataset shakespeare_char           # Tiny Shakespeare, characters
-    python data/prepare.py --dataset shakespeare                # Tiny Shakespeare, GPT-2 BPE
     python data/prepare.py --dataset pydoc                      # offline: Python's pydoc topics
     python data/prepare.py --dataset mytext --input my.txt [--tokenizer char|gpt2|PATH]
-    python data/prepare.py --dataset mytext --input my.txt --tokenizer pythia-160m --format indexed
     python data/prepare.py --indexed data/pile/document --tokenizer pythia-160m/tokenizer.json
 
 NAME/ holds train.bin + val.bin (or document.bin + .idx) and meta.json; data/README.md is the
 reference. Text streams through a staging folder moved into place, meta.json last.
 """
+import codecs
 import errno
 import hashlib
 import http.client
@@ -30,8 +29,8 @@ if __package__ in (None, ""):  # run as a script
 from support import command, files  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
-from data.meta import (PROJECT_DATA, STAND_IN, DataError, Tokenizer, data_root,  # noqa: E402
-                       dataset_folder, dtype_for_vocab, is_path)
+from data.meta import (PROJECT_DATA, STAND_IN, DataError, Tokenizer, check_ids,  # noqa: E402
+                       data_root, dataset_folder, dtype_for_vocab, is_path)
 
 SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
                    "tinyshakespeare/input.txt")
@@ -57,38 +56,32 @@ def _stderr(msg):
 
 def _read_chunks(source, label, chunk_bytes, sha=None):
     """source's UTF-8 text (a path, or bytes) in pieces of about chunk_bytes, cut after a
-    newline (or between characters); a leading byte order mark is dropped."""
+    newline (or inside a longer line); a leading byte order mark is dropped."""
     f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
-    carry, offset = b"", 0
+    decoder, text, offset = codecs.getincrementaldecoder("utf-8-sig")(), "", 0
     with f:
         while True:
             block = f.read(chunk_bytes)
             if sha is not None:
                 sha.update(block)
-            buf = carry + block
-            if not buf:
-                return
-            cut = len(buf)
-            if block:  # not at the end: keep the last partial line for the next chunk
-                cut = buf.rfind(b"\n") + 1
-                if cut == 0 and len(buf) > chunk_bytes:  # a line longer than a chunk: cut
-                    cut = len(buf) - 1                   # before its last character's first byte
-                    while cut > max(0, len(buf) - 4) and buf[cut] & 0xC0 == 0x80:
-                        cut -= 1
-            piece, carry = buf[:cut], buf[cut:]
             try:
-                text = piece.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{label} is not UTF-8: invalid byte 0x{piece[e.start]:02x} "
-                                f"at byte offset {offset + e.start}") from None
-            if offset == 0:  # the first character, whole (cuts fall between characters)
-                text = text.removeprefix("\ufeff")
-            offset += len(piece)
-            if text:
-                yield text
+                text += decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:  # e.object ends where block does
+                at = offset + len(block) - len(e.object) + e.start
+                raise DataError(f"{label} is not UTF-8: invalid byte 0x{e.object[e.start]:02x} "
+                                f"at byte offset {at}") from None
+            offset += len(block)
+            cut = text.rfind("\n") + 1 if block else len(text)
+            if cut == 0 and len(text) > chunk_bytes:  # a line longer than a chunk
+                cut = len(text)
+            if cut:
+                yield text[:cut]
+                text = text[cut:]
+            if not block:
+                return
 
 
-def _download(url, dest, expected_sha256, dataset, log):
+def _download(url, dest, expected, dataset, log):
     log(f"prepare: downloading {url}")
     sha = hashlib.sha256()
     with open(dest, "wb") as f:
@@ -100,45 +93,35 @@ def _download(url, dest, expected_sha256, dataset, log):
         except (OSError, ValueError, http.client.HTTPException) as e:
             raise DownloadError(url, str(getattr(e, "reason", "") or e) or type(e).__name__,
                                 dataset) from None
-    if expected_sha256 and sha.hexdigest() != expected_sha256:
-        raise DataError(f"{url} is not the expected file: sha256 expected {expected_sha256}, "
+    if expected and sha.hexdigest() != expected:
+        raise DataError(f"{url} is not the expected file: sha256 expected {expected}, "
                         f"got {sha.hexdigest()}")
-
-
-def _pydoc_text():
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:
-        raise DataError("pydoc_data.topics is missing from this Python installation") from None
-    return "\n\n".join(topics[k] for k in sorted(topics))
 
 
 _worker = {}  # a tokenizing process's Tokenizer (--num_proc)
 
 
-def _start_worker(spec):
-    _worker["tokenizer"] = Tokenizer(**spec)
+def _start_worker(tok):
+    _worker["tokenizer"] = tok
 
 
 def _encode_in_worker(text):
     return _worker["tokenizer"].encode_array(text)
 
 
-def _encoded(chunks, tok, dtype, num_proc):
+def _encoded(chunks, tok, num_proc):
     """Each chunk's token ids, in order; num_proc > 1: that many processes, same output."""
     if num_proc == 1:
-        yield from (tok.encode_array(text).astype(dtype) for text in chunks)
+        yield from map(tok.encode_array, chunks)
         return
     import itertools
     import multiprocessing
-    spec = {"kind": tok.kind, "chars": getattr(tok, "chars", None),
-            "path": getattr(tok, "path", None)}
-    with multiprocessing.get_context("spawn").Pool(num_proc, _start_worker, (spec,)) as pool:
+    with multiprocessing.get_context("spawn").Pool(num_proc, _start_worker, (tok,)) as pool:
         while batch := list(itertools.islice(chunks, 2 * num_proc)):
-            yield from (ids.astype(dtype) for ids in pool.map(_encode_in_worker, batch))
+            yield from pool.map(_encode_in_worker, batch)
 
 
-def _tokenize(source, label, tok, stage, chunk_bytes, fmt="flat", seq_len=2049, num_proc=1):
+def _tokenize(source, label, tok, stage, chunk_bytes, fmt, seq_len, num_proc):
     """Stream source into stage/{train,val}.bin (or document.{bin,idx}); returns meta.
     tok None: a char vocabulary, scanned first."""
     sha, scan = hashlib.sha256(), tok is None
@@ -148,37 +131,33 @@ def _tokenize(source, label, tok, stage, chunk_bytes, fmt="flat", seq_len=2049, 
             chars.update(text)
         tok = Tokenizer("char", sorted(chars))
     dtype = dtype_for_vocab(tok.vocab_size, indexed=fmt == "indexed")
-    n = 0
     all_path = os.path.join(stage, "document.bin" if fmt == "indexed" else "train.bin")
     with open(all_path, "wb") as f:  # all tokens; flat: val moved out below
         chunks = _read_chunks(source, label, chunk_bytes, None if scan else sha)
-        for ids in _encoded(chunks, tok, dtype, num_proc):
-            ids.tofile(f)
-            n += len(ids)
+        for ids in _encoded(chunks, tok, num_proc):
+            ids.astype(dtype).tofile(f)
+        n = f.tell() // np.dtype(dtype).itemsize
     meta = {**tok.to_meta(), "dtype": dtype}
     if tok.kind == "bpe":  # the dataset keeps its own copy
         shutil.copyfile(tok.path, os.path.join(stage, "tokenizer.json"))
     if fmt == "indexed":
-        sizes = np.full(n // seq_len + (n % seq_len > 0), seq_len, dtype=np.int32)
+        sizes = np.diff(np.append(np.arange(0, n, seq_len), n))
         if len(sizes) < 2:
             raise DataError(f"{label} is too small: {n} tokens make fewer than 2 sequences of "
                             f"{seq_len} (one is held out for validation); use a smaller --seq_len "
                             f"or more text")
-        sizes[-1] = n - seq_len * (len(sizes) - 1)
         write_index(os.path.join(stage, "document"), sizes, dtype)
         n_train = int(sizes[:train_sequences(len(sizes))].sum())
-        meta.update(format="indexed", prefix="document", sequences=len(sizes), seq_len=seq_len)
+        meta.update(format="indexed", prefix="document", sequences=len(sizes))
     else:
         n_train = n * 9 // 10
-        if n_train == 0 or n_train == n:
+        if not 0 < n_train < n:
             raise DataError(f"{label} is too small: {n} tokens cannot be split into train and val")
-        # train is a prefix of all tokens: copy the tail out through a memmap, then truncate
-        tokens = np.memmap(all_path, dtype=dtype, mode="r", shape=(n,))
-        with open(os.path.join(stage, "val.bin"), "wb") as f:
-            for i in range(n_train, n, 1 << 24):
-                tokens[i:min(i + (1 << 24), n)].tofile(f)
-        del tokens  # close the map before truncating the file under it
-        os.truncate(all_path, n_train * np.dtype(dtype).itemsize)
+        # train is a prefix of all tokens: the tail copied out, then cut off
+        with open(all_path, "rb") as f, open(os.path.join(stage, "val.bin"), "wb") as val:
+            cut = f.seek(n_train * np.dtype(dtype).itemsize)
+            shutil.copyfileobj(f, val)
+        os.truncate(all_path, cut)
     return {**meta, "train_tokens": n_train, "val_tokens": n - n_train, "sha256": sha.hexdigest()}
 
 
@@ -202,26 +181,13 @@ def foreign_files(folder):
                   if not files.TEMPORARY.match(n) and n != files.LOCK)
 
 
-def check_ours(folder, root_flag):
-    """Raise DataError when folder holds another tool's files."""
-    foreign = foreign_files(folder)
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 3
-                                          else "")
-        raise DataError(f"{folder} holds files that data/prepare.py did not make ({shown}) "
-                        f"and no meta.json: another tool's dataset, which nanoMeSH never writes "
-                        f"over; give another {root_flag}, or move those files away")
-
-
 def check_name(dataset):
     """Raise DataError unless dataset is a valid folder name."""
-    size = len(str(dataset).encode("utf-8", "surrogatepass"))
-    if not dataset or dataset.startswith(".") \
-            or any(c in dataset for c in ("/", "\\", os.sep, "\0")) or size > NAME_BYTES:
-        shown = repr(dataset) if len(dataset) <= 40 else f"{dataset[:40]!r}... ({size} bytes)"
-        raise DataError(f"invalid dataset name {shown}: a dataset's name is a plain folder name, "
-                        f"not starting with '.', without '/' or '\\', at most {NAME_BYTES} bytes; "
-                        f"choose another --dataset")
+    if (not dataset or dataset.startswith(".") or any(c in dataset for c in "/\\\0")
+            or len(dataset.encode("utf-8", "surrogatepass")) > NAME_BYTES):
+        raise DataError(f"invalid dataset name {dataset!r:.50}: a dataset's name is a plain "
+                        f"folder name, not starting with '.', without '/' or '\\', at most "
+                        f"{NAME_BYTES} bytes; choose another --dataset")
 
 
 def make_folder(folder, dataset, out_root, root_flag):
@@ -251,7 +217,8 @@ def _source(dataset, input, url):
     if dataset in ("shakespeare", "shakespeare_char") or url is not None:
         return None, url or os.environ.get("NANOMESH_SHAKESPEARE_URL") or SHAKESPEARE_URL
     if dataset == "pydoc":
-        return _pydoc_text().encode("utf-8"), "pydoc_data.topics"
+        from pydoc_data.topics import topics
+        return "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8"), "pydoc_data.topics"
     raise DataError(f"unknown dataset {dataset!r}{closest(dataset, DATASETS)}; known datasets: "
                     f"{', '.join(sorted(DATASETS))} (any other name needs --input FILE)")
 
@@ -268,12 +235,17 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
     if seq_len < 2 or num_proc < 1:
         raise DataError(f"--seq_len={seq_len} must be at least 2 "
                         f"and --num_proc={num_proc} at least 1")
-    if tokenizer and dataset in DATASETS and tokenizer != DATASETS[dataset]:
+    if tokenizer and DATASETS.get(dataset, tokenizer) != tokenizer:
         raise DataError(f"dataset {dataset!r} uses the {DATASETS[dataset]} tokenizer; "
                         f"pick another --dataset name for a {tokenizer} version")
     source, label = _source(dataset, input, url)  # a bad name or file, before any work
     final = os.path.join(out_root, dataset)
-    check_ours(final, root_flag)
+    if foreign := foreign_files(final):
+        more = f", ... ({len(foreign)} in all)" if len(foreign) > 3 else ""
+        raise DataError(f"{final} holds files that data/prepare.py did not make "
+                        f"({', '.join(foreign[:3])}{more}) and no meta.json: another tool's "
+                        f"dataset, which nanoMeSH never writes over; give another {root_flag}, "
+                        f"or move those files away")
     tok = named_tokenizer(tokenizer or DATASETS.get(dataset, "char"))
     started = time.perf_counter()
     made = [f for f in (out_root, final) if make_folder(f, dataset, out_root, root_flag)]
@@ -324,9 +296,8 @@ def check_root_ours(out_root):
     """Refuse a data root of another project's (nanoGPT's data/) for first-use preparing."""
     if not os.path.isdir(out_root) or os.path.samefile(out_root, PROJECT_DATA):
         return
-    foreign = [n for n in sorted(os.listdir(out_root)) if not n.startswith(".")
-               and os.path.isdir(os.path.join(out_root, n))
-               and foreign_files(os.path.join(out_root, n))]
+    foreign = [n for n in sorted(os.listdir(out_root))
+               if not n.startswith(".") and foreign_files(os.path.join(out_root, n))]
     if foreign:
         raise DataError(f"--data_root={out_root} holds another tool's datasets "
                         f"({', '.join(foreign[:3])}: folders without meta.json), where nanoMeSH "
@@ -339,8 +310,8 @@ def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
     Offline, shakespeare_char falls back on 'pydoc' and remembers why (OFFLINE)."""
     if dataset_folder(out_root, dataset):
         return dataset
-    if is_path(dataset) and os.path.isdir(dataset) and foreign_files(dataset):  # nanoGPT's?
-        kept = [n for n in ("train.bin", "val.bin", "meta.pkl") if n in foreign_files(dataset)]
+    if is_path(dataset) and (foreign := foreign_files(dataset)):  # nanoGPT's?
+        kept = [n for n in ("train.bin", "val.bin", "meta.pkl") if n in foreign]
         other = f" (its {', '.join(kept)}: another tool's format, nanoGPT's?)" if kept else ""
         raise DataError(f"{dataset} has no meta.json, by which nanoMeSH reads a dataset{other}; "
                         f"prepare its text with: "
@@ -403,10 +374,7 @@ def describe_indexed(path, tokenizer, log=_stderr):
         raise DataError("--indexed needs a BPE tokenizer: 'gpt2' or a tokenizer.json "
                         "(a character vocabulary is only known from its text)")
     ds = IndexedDataset(path)
-    head = np.asarray(ds.tokens[:1 << 24])
-    if head.size and (head.min() < 0 or head.max() >= tok.vocab_size):
-        raise DataError(f"{ds.prefix}.bin holds token id {int(head.max())}, past the tokenizer's "
-                        f"{tok.vocab_size} ids: it was made with another tokenizer")
+    check_ids(ds.tokens, tok.vocab_size, ds.prefix + ".bin", "it was made with another tokenizer")
     folder, n_train = os.path.dirname(os.path.abspath(ds.prefix)), ds.train_tokens()
     meta = {"dataset": os.path.basename(folder), **tok.to_meta(), "dtype": ds.dtype.name,
             "format": "indexed", "prefix": os.path.basename(ds.prefix), "sequences": len(ds),
@@ -414,12 +382,11 @@ def describe_indexed(path, tokenizer, log=_stderr):
             "source": os.path.abspath(ds.prefix)}
     if tok.kind == "bpe":
         kept = os.path.join(folder, "tokenizer.json")
-        if (os.path.exists(kept) and not os.path.samefile(kept, tok.path)
-                and Tokenizer("bpe", path=kept).identity != tok.identity):
-            raise DataError(f"{kept} exists and is another tokenizer; move it away first")
         if not os.path.exists(kept):
             with open(tok.path, "rb") as src:
                 files.atomic_write(kept, lambda f: shutil.copyfileobj(src, f))
+        elif Tokenizer("bpe", path=kept).identity != tok.identity:
+            raise DataError(f"{kept} exists and is another tokenizer; move it away first")
     files.write_json(os.path.join(folder, "meta.json"), meta)
     log(f"prepare: {ds.prefix}: {len(ds):,} sequences, {n_train:,} train + "
         f"{ds.n_tokens - n_train:,} val tokens, "
