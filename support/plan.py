@@ -18,11 +18,6 @@ SPREADS = [("DDP", False, False), ("DDP + grad_ckpt", False, True), ("FSDP", Tru
            ("FSDP + grad_ckpt", True, True)]  # in the order a run prefers them (choose)
 
 
-def plan_gpus(given):
-    """The process count to plan for: --plan_gpus, else torchrun's WORLD_SIZE, else 8."""
-    return given if given is not None else int(os.environ.get("WORLD_SIZE", 8))
-
-
 def choose(cfg, batch_size, n, gib, compute_bytes):
     """The spread a run should take, (name, fsdp, grad_checkpoint): the first of SPREADS within
     (1 - HEADROOM) of gib, or None."""
@@ -36,7 +31,8 @@ def plan(tc, cfg):
     if tc.gpu not in GPUS:
         raise UsageError(f"--gpu={tc.gpu} is not one of {', '.join(GPUS)}; name one, or give "
                          f"--gpu_memory=GIB and --gpu_tflops=TFLOPS")
-    n, (gib, peak) = plan_gpus(tc.plan_gpus), GPUS[tc.gpu]  # each replaced by its flag, if given
+    n = tc.plan_gpus or int(os.environ.get("WORLD_SIZE", 8))  # --plan_gpus, torchrun's, or 8
+    gib, peak = GPUS[tc.gpu]  # each replaced by its flag, if given
     gib, peak = tc.gpu_memory or gib, 1e12 * tc.gpu_tflops if tc.gpu_tflops else peak
     a = 4 if tc.dtype == "float32" else 2  # auto means bf16 autocast on the GPUs planned for
     tokens = tc.batch_size * cfg.block_size

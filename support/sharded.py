@@ -14,7 +14,6 @@ Imported only where used: in a plain DDP process, DCP's import can hang gloo's e
 import os
 import pickle
 import warnings
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -25,11 +24,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from configurator import UsageError
 from support import checkpoint, files
 from support.checkpoint import SHARDS, STATE, CheckpointError
+from support.distributed import Spread
 from mesh import RecursiveGPT
 
 
-class Sharded:
-    """The model's weights, gradients and AdamW state sharded over the processes (FSDP2)."""
+class Sharded(Spread):
+    """The model's weights, gradients and AdamW state sharded over the processes (FSDP2). Its sync
+    is Spread's no-op: FSDP reduce-scatters the gradients at every micro-batch."""
     name = " (FSDP)"
     sharded = True
     flag = " --fsdp=true"
@@ -63,19 +64,45 @@ class Sharded:
         fully_shard(model, mesh=mesh, reshard_after_forward=True)
         return model, torch.compile(model) if device.compile else model
 
-    def sync(self, model, last):
-        """FSDP reduce-scatters the gradients at every micro-batch: no rank holds a whole one."""
-        return nullcontext()
-
     def save(self, out_dir, model, optimizer, master, state):
-        save(out_dir, model, optimizer, master, state)
+        """Every rank writes its shards into a new folder, rank 0 its state.json first; once DCP's
+        .metadata is written, rank 0 removes the run's other sharded checkpoints."""
+        name = f"shards-{state['iter_num']:08d}"  # (a run never saves twice at one iteration)
+        path = os.path.join(out_dir, name)
+        if master:
+            files.remove(path)  # an interrupted write's, never the latest whole one
+            files.write_json(os.path.join(path, STATE),
+                             {**state, "rng": {k: v.tolist() for k, v in state["rng"].items()}})
+        dist.barrier()
+        try:  # collective; returns once every shard and then .metadata are written (and fsynced)
+            dcp.save(tensors(model, optimizer), checkpoint_id=path)
+        except CheckpointException as e:  # every rank gets it: the last whole checkpoint stays
+            full = files.why_write_failed(e, out_dir)
+            raise CheckpointError(f"writing the sharded checkpoint {path} failed ("
+                                  f"{full if 'disk is full' in full else checkpoint.cause(e)}); "
+                                  f"the last whole one is as it was") from None
+        if master:  # only now that the new one is whole (and earlier code's pointer: it named one)
+            for other in checkpoint.listing(out_dir):
+                if SHARDS.match(other) and other != name or other == checkpoint.POINTER:
+                    files.remove(os.path.join(out_dir, other))
+        dist.barrier()
 
     def load(self, resume, model, optimizer):
-        """A sharded checkpoint's shards, or a whole one's optimizer state cut to this rank's."""
+        """A sharded checkpoint's shards, or a whole one's optimizer state, each sharded
+        parameter's tensors cut to this rank's shard."""
         if "folder" in resume:
-            read(resume["folder"], model, optimizer, no_dist=False)
-        else:
-            optimizer.load_state_dict(shard_optimizer_state(resume["optimizer"], optimizer))
+            return read(resume["folder"], model, optimizer, no_dist=False)
+        from torch.distributed.tensor import DTensor, distribute_tensor
+        whole = resume["optimizer"]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        state = {}
+        for i, entry in whole["state"].items():
+            p = params[int(i)]
+            state[i] = {k: distribute_tensor(v.to(p.device_mesh.device_type), p.device_mesh,
+                                             p.placements)
+                        if isinstance(p, DTensor) and v.shape == p.shape else v
+                        for k, v in entry.items()}
+        optimizer.load_state_dict({"state": state, "param_groups": whole["param_groups"]})
 
 
 def tensors(model, optimizer, saved=()):
@@ -93,30 +120,6 @@ def tensors(model, optimizer, saved=()):
     for p, entry in optimizer.state.items():
         out.update({f"optim.{names[p]}.{k}": v for k, v in entry.items()})
     return out
-
-
-def save(out_dir, model, optimizer, master, state):
-    """Every rank writes its shards into a new folder, rank 0 its state.json first; once DCP's
-    .metadata is written, rank 0 removes the run's other sharded checkpoints."""
-    name = f"shards-{state['iter_num']:08d}"  # (a run never saves twice at one iteration)
-    path = os.path.join(out_dir, name)
-    if master:
-        files.remove(path)  # an interrupted write's, never the latest whole one
-        files.write_json(os.path.join(path, STATE),
-                         {**state, "rng": {k: v.tolist() for k, v in state["rng"].items()}})
-    dist.barrier()
-    try:  # collective; returns once every shard and then .metadata are written (and fsynced)
-        dcp.save(tensors(model, optimizer), checkpoint_id=path)
-    except CheckpointException as e:  # every rank gets it: the last whole checkpoint stays
-        full = files.why_write_failed(e, out_dir)
-        raise CheckpointError(f"writing the sharded checkpoint {path} failed ("
-                              f"{full if 'disk is full' in full else checkpoint.cause(e)}); "
-                              f"the last whole one is as it was") from None
-    if master:  # only now that the new one is whole (and earlier code's pointer: it named one)
-        for other in checkpoint.listing(out_dir):
-            if SHARDS.match(other) and other != name or other == checkpoint.POINTER:
-                files.remove(os.path.join(out_dir, other))
-    dist.barrier()
 
 
 class Unpickler(pickle.Unpickler):
@@ -182,17 +185,3 @@ def read_whole(resume):
     with torch.no_grad():  # under torchrun too, each process reads the whole checkpoint by itself
         read(resume["folder"], model, optimizer, no_dist=True)
     return {**resume, "model": model, "optimizer": optimizer.state_dict()}
-
-
-def shard_optimizer_state(state_dict, optimizer):
-    """A whole optimizer state dict, each sharded parameter's tensors cut to this rank's shard."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    state = {}
-    for i, entry in state_dict["state"].items():
-        p = params[int(i)]
-        state[i] = {k: distribute_tensor(v.to(p.device_mesh.device_type), p.device_mesh,
-                                         p.placements)
-                    if isinstance(p, DTensor) and v.shape == p.shape else v
-                    for k, v in entry.items()}
-    return {"state": state, "param_groups": state_dict["param_groups"]}
