@@ -25,9 +25,9 @@ class ConsolidateConfig:
     out_dir: str = setting("out", "the run's folder, holding shards-<iter>/", path=True)
 
 
-def consolidate(out_dir):
-    """OUT_DIR's latest sharded checkpoint -> OUT_DIR/ckpt.pt, written atomically; (its
-    iteration, its folder)."""
+def consolidate(given):
+    """OUT_DIR's latest sharded checkpoint -> OUT_DIR/ckpt.pt, written atomically."""
+    out_dir = ConsolidateConfig(**given).out_dir
     if os.path.isdir(out_dir):
         files.own(out_dir, flag="OUT_DIR")
     name = checkpoint.latest_sharded(out_dir)
@@ -46,18 +46,11 @@ def consolidate(out_dir):
     ckpt = read_whole(sharded)
     ckpt = {k: v for k, v in ckpt.items() if k not in ("folder", "path", "checksums")}
     checkpoint.save({**ckpt, "model": ckpt["model"].state_dict()}, path)
-    return ckpt["iter_num"], name
-
-
-def run(given):
-    out_dir = ConsolidateConfig(**given).out_dir
-    it, name = consolidate(out_dir)
-    print(f"wrote {os.path.join(out_dir, 'ckpt.pt')} (iter {it}) from "
-          f"{os.path.join(out_dir, name)}")
+    print(f"wrote {path} (iter {ckpt['iter_num']}) from {os.path.join(out_dir, name)}")
 
 
 def main(argv):
-    return command.main("tools/consolidate.py", run, argv, ConsolidateConfig)
+    return command.main("tools/consolidate.py", consolidate, argv, ConsolidateConfig)
 
 
 if __name__ == "__main__":
