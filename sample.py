@@ -83,8 +83,7 @@ def sample(given):
     if sc.threads is not None:  # else torch's choice; on cores busy with other work, try 1
         torch.set_num_threads(sc.threads)
     # the run's latest once it is finished (unless --unfinished), or a kept one (--ckpt=ITER)
-    model, ckpt, state = load_run(sc.out_dir, device, "sample.py", sc.unfinished,
-                                             sc.ckpt)
+    model, ckpt, state = load_run(sc.out_dir, device, "sample.py", sc.unfinished, sc.ckpt)
     if state:
         print(f"sample.py: from {sc.out_dir}, {state}")
     if sc.compile:  # the KV cache is preallocated: every one-token step has one shape, one graph
@@ -98,7 +97,6 @@ def sample(given):
                          device, sc.num_samples):
         print(text)
         print("---------------")
-    return 0
 
 
 def main(argv):

@@ -61,8 +61,7 @@ def from_hf_neox(path):
                                       f"{json.dumps(config[field])[:40]}, not {words}")
     for field, found, ours in [("model_type", hf.get("model_type"), "gpt_neox"),
                                ("intermediate_size", hf.get("intermediate_size", 4 * D), 4 * D),
-                               # exact (erf) GELU
-                               ("hidden_act", hf.get("hidden_act", "gelu"), "gelu"),
+                               ("hidden_act", hf.get("hidden_act", "gelu"), "gelu"),  # exact (erf)
                                ("layer_norm_eps", hf.get("layer_norm_eps", 1e-5), 1e-5),
                                ("attention_bias", hf.get("attention_bias", True), True),
                                ("rope_scaling", hf.get("rope_scaling"), None),
@@ -77,8 +76,7 @@ def from_hf_neox(path):
                      rotary_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)),
                      rotary_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
                      parallel_residual=hf.get("use_parallel_residual", True))
-        check_fits(cfg, None, "cpu", what="its config.json's model",
-                        fix="import a smaller one")
+        check_fits(cfg, None, "cpu", what="its config.json's model", fix="import a smaller one")
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{where}: {e}") from None
     try:  # optional: a pytorch_model.bin needs only torch
@@ -105,7 +103,6 @@ def from_hf_neox(path):
                               f"(needs `pip install safetensors`) "
                               f"or pytorch_model.bin, or a sharded *.index.json")
     sd = {}
-    # a .bin loads with weights_only: never runs code
     for file in (os.path.join(path, f) for f in files):
         try:  # torch's warnings said only if it loads
             with warnings.catch_warnings(record=True) as said:
@@ -120,11 +117,9 @@ def from_hf_neox(path):
                                   f"({why}; loading never runs code)") from None
         for w in said:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    # Tied embeddings: our lm_head is untied, as Pythia's, so it starts as a copy of wte and
-    # trains apart.
+    # tied: our lm_head, untied as Pythia's, starts as a copy of wte (load_hf) and trains apart
     head = ("gpt_neox.embed_in.weight" if hf.get("tie_word_embeddings") else
-            # on disk / in memory
-            "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")
+            "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")  # disk, memory
     names = neox_names(L, head)
     absent = [theirs for theirs in names.values() if theirs not in sd]
     if absent:

@@ -6,14 +6,14 @@ processes, and its checkpoints in torch.distributed.checkpoint's (DCP's) own con
                              data, written first); DCP writes its .metadata last, so the folder
                              is a whole checkpoint once .metadata is there (checkpoint.found)
 
-A save at an iteration already saved writes shards-<iter>-1, so the whole one stays until the new
-one is. DCP's .metadata is a pickle: it is read by an unpickler that builds only DCP's classes.
+DCP's .metadata is a pickle: it is read by an unpickler that builds only DCP's classes.
 Imported only where used: in a plain DDP process, DCP's import can hang gloo's exit.
 """
 
 import os
 import pickle
 import warnings
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -24,13 +24,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 from configurator import UsageError
 from support import checkpoint, files
 from support.checkpoint import SHARDS, STATE, CheckpointError
-from support.distributed import Spread
 from mesh import RecursiveGPT
 
 
-class Sharded(Spread):
-    """The model's weights, gradients and AdamW state sharded over the processes (FSDP2). Its sync
-    is Spread's no-op: FSDP reduce-scatters the gradients at every micro-batch."""
+class Sharded:
+    """The model's weights, gradients and AdamW state sharded over the processes (FSDP2)."""
     name = " (FSDP)"
     sharded = True
     flag = " --fsdp=true"
@@ -63,6 +61,10 @@ class Sharded(Spread):
         # the root too frees its gathered weights after a forward
         fully_shard(model, mesh=mesh, reshard_after_forward=True)
         return model, torch.compile(model) if device.compile else model
+
+    def sync(self, model, last):
+        """FSDP reduce-scatters the gradients at every micro-batch: no rank holds a whole one."""
+        return nullcontext()
 
     def save(self, out_dir, model, optimizer, master, state):
         """Every rank writes its shards into a new folder, rank 0 its state.json first; once DCP's
@@ -106,9 +108,8 @@ class Sharded(Spread):
 
 
 def tensors(model, optimizer, saved=()):
-    """The flat dict of tensors DCP saves and loads: model.<name>, optim.<name>.<state>. Where
-    the names `saved` hold AdamW's state (none before the first step), it is made empty in the
-    parameters' sharding first, to be read into."""
+    """The flat dict of tensors DCP saves and loads: model.<name>, optim.<name>.<state>; where
+    `saved` has AdamW's state, it is first made empty in the parameters' sharding, to read into."""
     if hasattr(model, "reshard"):  # the root keeps its weights gathered after a forward
         model.reshard()
     names = {p: n for n, p in model.named_parameters()}
@@ -156,23 +157,16 @@ def read(path, model, optimizer, no_dist):
     shards (no_dist: this process all of them); a failure is one CheckpointError on every rank."""
     try:
         reader = Reader(path)
-    except Exception as e:  # missing, truncated, or not DCP's
-        raise unreadable(path, e) from None
-    state = tensors(model, optimizer, reader.metadata.state_dict_metadata)
-    try:
+        state = tensors(model, optimizer, reader.metadata.state_dict_metadata)
         with warnings.catch_warnings():  # no_dist is meant: DCP would warn that it is assuming it
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, storage_reader=reader, no_dist=no_dist)
-    except (Exception, CheckpointException) as e:
-        raise unreadable(path, e) from None
-
-
-def unreadable(path, e):
-    """The line for a sharded checkpoint that cannot be read, and what is left to do."""
-    other = (f"move it away to resume from {checkpoint.CKPT} beside it, or "
-             if os.path.isfile(os.path.join(os.path.dirname(path), checkpoint.CKPT)) else "")
-    return CheckpointError(f"the sharded checkpoint {path} is incomplete or corrupt "
-                           f"({checkpoint.cause(e)}); {other}point --out_dir at another run")
+    except (Exception, CheckpointException) as e:  # missing, truncated, or not DCP's
+        other = (f"move it away to resume from {checkpoint.CKPT} beside it, or "
+                 if os.path.isfile(os.path.join(os.path.dirname(path), checkpoint.CKPT)) else "")
+        raise CheckpointError(f"the sharded checkpoint {path} is incomplete or corrupt "
+                              f"({checkpoint.cause(e)}); {other}point --out_dir at another "
+                              f"run") from None
 
 
 def read_whole(resume):

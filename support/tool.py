@@ -24,17 +24,15 @@ from support.memory import GiB, device_memory
 # A run's checkpoint, as the tools read it
 
 def load_latest(out_dir, device, prog="sample.py", kept=None):
-    """OUT_DIR's latest checkpoint for sample.py and the tools, or with kept=ITER its checkpoint
-    of that iteration (a kept one, or the latest). A sharded one is refused, naming
-    consolidate.py, unless a whole one beside it has trained as far."""
-    entries = found(out_dir)
-    if kept is not None:  # ckpt_ITER.pt or ckpt_ITER/ (a run folder), else the one of that iter
-        entries = [e for e in entries if e[0] == kept]
-        if not entries:
-            have = sorted({e[0] for e in found(out_dir)})
-            raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (" + (
-                f"it has {', '.join(map(str, have))}" if have else "none: train one with "
-                f"python train.py {shlex.quote('--out_dir=' + out_dir)}") + ")")
+    """OUT_DIR's latest checkpoint, or with kept=ITER its checkpoint of that iteration; a sharded
+    one is refused, naming consolidate.py, unless a whole one beside it has trained as far."""
+    # with kept: ckpt_ITER.pt or ckpt_ITER/ (a run folder), else the one of that iter
+    entries = [e for e in found(out_dir) if kept in (None, e[0])]
+    if kept is not None and not entries:
+        have = sorted({e[0] for e in found(out_dir)})
+        raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (" + (
+            f"it has {', '.join(map(str, have))}" if have else "none: train one with "
+            f"python train.py {shlex.quote('--out_dir=' + out_dir)}") + ")")
     entry = max(entries, key=lambda e: e[:2] + (not SHARDS.match(e[2]),), default=None)
     if entry is None:
         return load(out_dir, device)  # (the line for a folder without a checkpoint)
@@ -51,12 +49,10 @@ def load_latest(out_dir, device, prog="sample.py", kept=None):
 
 def load_run(out_dir, device, prog, unfinished=False, kept=None,
              as_is=lambda it: "give --unfinished=true to use it as it is"):
-    """load_latest for a tool, which takes no run in the making unless told to (unfinished): one a
-    live process trains (it holds OUT_DIR's lock) or is still to train (it holds the folder above,
-    as table1.py does) is waited for, a line saying so; one stopped before its max_iters is refused
-    in one line, as_is(its iteration) saying how to take it anyway. A checkpoint asked for by its
-    iteration (kept: --ckpt=ITER) is taken as it is.
-    -> (model, ckpt, "unfinished at iter N" or "", for the tool's output)."""
+    """load_latest for a tool: unless unfinished, a run a process trains (it holds OUT_DIR's lock)
+    or is to train (it holds the folder above, as table1.py does) is waited for, and one stopped
+    before its max_iters refused, as_is(its iteration) saying how to take it as it is; kept
+    (--ckpt=ITER) is taken as it is. -> (model, ckpt, "unfinished at iter N" or "")."""
     unfinished = unfinished or kept is not None
     above = os.path.dirname(os.path.abspath(out_dir))
     for folder, what in ((out_dir, "is still training"),
@@ -76,16 +72,13 @@ def load_run(out_dir, device, prog, unfinished=False, kept=None,
                 raise
             continue
         at, end = ckpt["iter_num"], ckpt["train_config"].get("max_iters")
-        if unfinished or not isinstance(end, int) or at >= end:
-            break
-    if not isinstance(end, int) or at >= end:
-        return model, ckpt, ""
-    if not unfinished:
-        raise CheckpointError(f"{out_dir} is unfinished (iter {at} of its --max_iters={end}) and "
-                              f"nothing trains it now; continue it with python train.py "
-                              f"--init_from=resume {shlex.quote('--out_dir=' + out_dir)} (or the "
-                              f"table1.py command that trained it), or {as_is(at)}")
-    return model, ckpt, f"unfinished at iter {at}"
+        short = isinstance(end, int) and at < end
+        if unfinished or not short:
+            return model, ckpt, f"unfinished at iter {at}" if short else ""
+    raise CheckpointError(f"{out_dir} is unfinished (iter {at} of its --max_iters={end}) and "
+                          f"nothing trains it now; continue it with python train.py "
+                          f"--init_from=resume {shlex.quote('--out_dir=' + out_dir)} (or the "
+                          f"table1.py command that trained it), or {as_is(at)}")
 
 
 # -----------------------------------------------------------------------------
@@ -136,9 +129,8 @@ RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.
 
 
 def _owner(path):
-    """(kind, folder, name) where path, or what a link there points to, is a run's file (one of
-    RUN_FILES, a kept checkpoint, anything in its shards folders) or a dataset's (anything beside a
-    meta.json)."""
+    """(kind, folder, name) where path, or what a link there points to, is a run's file (RUN_FILES,
+    a kept checkpoint, its shards) or a dataset's (anything beside a meta.json); else None."""
     for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
         folder, name = os.path.split(where)
         shards = SHARDS.match(os.path.basename(folder)) or KEPT.match(os.path.basename(folder))
@@ -148,13 +140,11 @@ def _owner(path):
             return "run", run, os.path.relpath(where, run)
         if os.path.isfile(os.path.join(folder, "meta.json")):
             return "dataset", folder, name
-    return None
 
 
 def check_writable(path, flag, ending="", folder=False):
-    """Raise UsageError now, not after a long run, when --flag's output (a file ending in `ending`,
-    or with folder a folder) cannot be written, or would land among a run's or a dataset's files,
-    which no output may touch. Missing folders the writer makes."""
+    """Refuse now, not after a long run, --flag's output (a file ending in `ending`, or a folder)
+    where it cannot be written or would land among a run's or a dataset's files."""
     shown, kind = f"--{flag}={path}", "folder" if folder else "file name"
     if os.path.exists(path) and os.path.isdir(path) != folder:
         raise UsageError(f"{shown} is a {'file' if folder else 'folder'}; give a {kind}")
