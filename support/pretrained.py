@@ -3,7 +3,7 @@ A model from a pretrained vanilla one (this project's run, or a Hugging Face GPT
 checkpoint), as itself or looped into a recursive model:
 
     model = pretrained.load_hf("path/to/pythia-160m")  # layout 'L', scheme 'base', unscaled
-    python train.py --init_from=hf:path/to/pythia-160m --dataset=...   # fine-tune it (for_training)
+    python train.py --init_from=hf:path/to/pythia-160m --dataset=...   # fine-tune it
     python train.py --init_from=vanilla:out --layout=2+4R2+2 --scheme=mesh  # loop a run, uptrain
 
 The fused query_key_value weight, [head][q|k|v][head_dim], becomes our [q | k | v] rows.
@@ -86,7 +86,7 @@ def from_hf_neox(path):
     for name in ("model.safetensors", "pytorch_model.bin") if load_file else ("pytorch_model.bin",):
         files = [name] if os.path.isfile(os.path.join(path, name)) else []
         index = os.path.join(path, name + ".index.json")
-        if os.path.isfile(index):  # sharded: the index names the shards
+        if os.path.isfile(index):
             try:
                 files = sorted(set(read_json(index)["weight_map"].values()))
                 outside = next((f for f in files if not plain_name(f)), None)
@@ -110,14 +110,14 @@ def from_hf_neox(path):
                           torch.load(file, map_location="cpu", weights_only=True))
         # not a weights file, or a pickle that would run code (weights_only refuses it)
         except Exception as e:
-            first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
-            why = ("it holds objects other than tensors" if type(e).__name__ == "UnpicklingError"
-                   else first)
+            why = (str(e).strip() or type(e).__name__).splitlines()[0][:120]
+            if type(e).__name__ == "UnpicklingError":
+                why = "it holds objects other than tensors"
             raise CheckpointError(f"{where}: {file} is not a file of weights nanoMeSH reads "
                                   f"({why}; loading never runs code)") from None
         for w in said:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    # tied: our lm_head, untied as Pythia's, starts as a copy of wte (load_hf) and trains apart
+    # tied: lm_head read from wte's (load_hf copies it)
     head = ("gpt_neox.embed_in.weight" if hf.get("tie_word_embeddings") else
             "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")  # disk, memory
     names = neox_names(L, head)
@@ -136,7 +136,7 @@ def from_hf_neox(path):
             raise CheckpointError(f"{where}: {theirs} ({w.dtype}) holds NaN, inf or "
                                   f"non-float values; download the weights again")
     state = {ours: sd[theirs] for ours, theirs in names.items()}
-    for name in [n for n in state if ".qkv." in n]:  # NeoX's [head][q|k|v] -> our [q|k|v]
+    for name in [n for n in state if ".qkv." in n]:
         state[name] = regroup(state[name], H, 3)
     return cfg, state
 
@@ -173,9 +173,8 @@ def load_hf(path, device="cpu"):
 
 
 def source(init_from, out_dir):
-    """--init_from=vanilla:OUT_DIR (its latest, once finished: one still training is waited for;
-    vanilla:OUT_DIR@ITER its checkpoint of that iteration, as it is) or hf:PATH -> {"model": the
-    vanilla model, "source": the record every checkpoint of the run keeps, "data": its data's}."""
+    """--init_from=vanilla:OUT_DIR (@ITER: its checkpoint of that iteration, as it is) or hf:PATH
+    -> {"model": the vanilla model, "source": what every checkpoint keeps, "data": its data's}."""
     kind, _, path = init_from.partition(":")
     path, _, at = path.rpartition("@") if kind == "vanilla" and "@" in path else (path, "", "")
     if os.path.exists(path) and os.path.exists(out_dir) and os.path.samefile(path, out_dir):
@@ -231,11 +230,10 @@ def loop(start, tc, data=None):
 def core_layers(shape, L, core_init):
     """{block of the new model: the source layers it starts as (their mean)}, for a layout shape
     from L layers. The unrolled model's middle positions are spread evenly over the L - P - Q
-    middle layers, each standing for its share of them; a core's block j stands for those of
-    every position it runs at. [choice] stepwise (the default): block j is the layer at j/C of
-    the span its core stands for (every K-th layer at equal depth), which keeps the order of the
-    source's layers in each pass; Relaxed Recursive Transformers found it the best looped init.
-    average: the mean of the layers it stands for, which mixes layers the source trained apart."""
+    middle layers; a core's block j stands for those of every position it runs at. [choice]
+    stepwise (the default): the layer at j/C of its core's span (every K-th layer at equal depth),
+    which keeps the source's order in each pass, the best looped init in Relaxed Recursive
+    Transformers; average: the mean of the layers it stands for, mixing layers trained apart."""
     P, Q = shape.prelude, shape.coda
     blocks = {f"prelude.{i}": [i] for i in range(P)}
     blocks.update({f"coda.{i}": [L - Q + i] for i in range(Q)})

@@ -176,6 +176,6 @@ def read_whole(resume):
     tc = resume["train_config"]
     optimizer = model.configure_optimizer(tc["weight_decay"], tc["lr"] or 0.0,
                                           (tc["beta1"], tc["beta2"]))
-    with torch.no_grad():  # under torchrun too, each process reads the whole checkpoint by itself
+    with torch.no_grad():  # each process by itself, under torchrun too
         read(resume["folder"], model, optimizer, no_dist=True)
     return {**resume, "model": model, "optimizer": optimizer.state_dict()}

@@ -1,7 +1,6 @@
 """
-What sample.py and every tool share around a trained run: its checkpoint read (the latest once the
-run is finished: one still training is waited for), a decode that fits in memory, and outputs that
-never land on a run's or a dataset's files. train.py needs none of it.
+What sample.py and every tool share around a trained run: its checkpoint read, a decode that fits
+in memory, and outputs that never land on a run's or a dataset's files. train.py needs none of it.
 
     model, ckpt, note = tool.load_run("out", "cpu", "sample.py")  # note: "unfinished at iter N"
     tool.check_writable(path, "json")  # before a long computation, not after
@@ -26,7 +25,7 @@ from support.memory import GiB, device_memory
 def load_latest(out_dir, device, prog="sample.py", kept=None):
     """OUT_DIR's latest checkpoint, or with kept=ITER its checkpoint of that iteration; a sharded
     one is refused, naming consolidate.py, unless a whole one beside it has trained as far."""
-    # with kept: ckpt_ITER.pt or ckpt_ITER/ (a run folder), else the one of that iter
+    # kept: ckpt_ITER.pt, ckpt_ITER/ (a run folder), or the one of that iter
     entries = [e for e in found(out_dir) if kept in (None, e[0])]
     if kept is not None and not entries:
         have = sorted({e[0] for e in found(out_dir)})

@@ -48,7 +48,7 @@ def neox(cfg, sd):
     if cfg.scale_embeddings:  # forward's float32 product, once for every row
         state["gpt_neox.embed_in.weight"] = sd["wte.weight"] * math.sqrt(D)
     for name in [n for n in state if "query_key_value" in n]:
-        state[name] = regroup(state[name], 3, cfg.n_head)  # per head, as NeoX
+        state[name] = regroup(state[name], 3, cfg.n_head)
     rope = {"rope_type": "default", "rope_theta": cfg.rotary_base,
             "partial_rotary_factor": cfg.rotary_pct}
     return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
