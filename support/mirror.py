@@ -10,8 +10,7 @@ from configurator import UsageError
 
 
 def need_wandb(tc):
-    """The wandb module, its settings checked before the run touches
-    OUT_DIR; or a one-line refusal saying what to install or fix."""
+    """The wandb module, its settings checked before OUT_DIR is touched; or a one-line refusal."""
     try:
         import wandb
         from pydantic import ValidationError  # of wandb's settings

@@ -117,7 +117,7 @@ def tensors(model, optimizer, saved=()):
         for p in names:
             optimizer.state[p] = {"step": torch.zeros((), device=p.device),
                                   "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
-    out = {f"model.{n}": p for n, p in model.named_parameters()}
+    out = {f"model.{n}": p for p, n in names.items()}
     for p, entry in optimizer.state.items():
         out.update({f"optim.{names[p]}.{k}": v for k, v in entry.items()})
     return out

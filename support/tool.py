@@ -95,8 +95,7 @@ def decode_bytes(cfg, num_samples, length, element_size, weights):
 
 
 def check_decode(model, prompt_chars, num_samples, max_new_tokens, device):
-    """Refuse a decode that cannot fit in the device's memory, before any of it is allocated (a
-    prompt counts as a token a character)."""
+    """Refuse a decode beyond the device's memory before allocating (a prompt: a token a char)."""
     total, cfg = device_memory(device), model.config
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     need = decode_bytes(cfg, num_samples, max(1, prompt_chars) + max_new_tokens,
@@ -133,7 +132,7 @@ def _owner(path):
     for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
         folder, name = os.path.split(where)
         shards = SHARDS.match(os.path.basename(folder)) or KEPT.match(os.path.basename(folder))
-        run = os.path.dirname(folder) if shards else folder  # a sharded checkpoint's: its run's
+        run = os.path.dirname(folder) if shards else folder
         if (shards or name in RUN_FILES or KEPT.match(name)) and \
                 any(os.path.exists(os.path.join(run, n)) for n in RUN_FILES[:3]):
             return "run", run, os.path.relpath(where, run)
