@@ -31,7 +31,7 @@ def plan(tc, cfg):
     if tc.gpu not in GPUS:
         raise UsageError(f"--gpu={tc.gpu} is not one of {', '.join(GPUS)}; name one, or give "
                          f"--gpu_memory=GIB and --gpu_tflops=TFLOPS")
-    n = tc.plan_gpus or int(os.environ.get("WORLD_SIZE", 8))  # --plan_gpus, torchrun's, or 8
+    n = tc.plan_gpus or int(os.environ.get("WORLD_SIZE", 8))
     gib, peak = GPUS[tc.gpu]  # each replaced by its flag, if given
     gib, peak = tc.gpu_memory or gib, 1e12 * tc.gpu_tflops if tc.gpu_tflops else peak
     a = 4 if tc.dtype == "float32" else 2  # auto means bf16 autocast on the GPUs planned for

@@ -52,7 +52,7 @@ def from_hf_neox(path):
                                   f"only (Pythia's, or a vanilla run's export)") from None
         raise CheckpointError(f"{where}: no GPT-NeoX config.json there "
                               f"({type(e).__name__}: {e})") from None
-    # checked before use; transformers >= 5 moved rotary_pct / rotary_emb_base here
+    # transformers >= 5 moved rotary_pct / rotary_emb_base here
     rope = hf.get("rope_parameters", {})
     for config, within in [(hf, ""), (rope, "rope_parameters.")]:
         for field, (test, words) in FIELDS.items():

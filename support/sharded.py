@@ -67,8 +67,7 @@ class Sharded:
         return nullcontext()
 
     def save(self, out_dir, model, optimizer, master, state):
-        """Every rank writes its shards into a new folder, rank 0 its state.json first; once DCP's
-        .metadata is written, rank 0 removes the run's other sharded checkpoints."""
+        """Every rank its shards into a new folder; once it is whole, rank 0 removes the others."""
         name = f"shards-{state['iter_num']:08d}"  # (a run never saves twice at one iteration)
         path = os.path.join(out_dir, name)
         if master:
@@ -90,8 +89,7 @@ class Sharded:
         dist.barrier()
 
     def load(self, resume, model, optimizer):
-        """A sharded checkpoint's shards, or a whole one's optimizer state, each sharded
-        parameter's tensors cut to this rank's shard."""
+        """A sharded checkpoint's shards, or a whole one's optimizer state cut to this rank's."""
         if "folder" in resume:
             return read(resume["folder"], model, optimizer, no_dist=False)
         from torch.distributed.tensor import DTensor, distribute_tensor

@@ -58,7 +58,7 @@ class MeshLM(TemplateLM):
 
     def __init__(self, out_dir="out", device=None, batch_size=1, max_batch_size=None,
                  dtype="float32", max_gen_toks=256, pretrained=None, **unknown):
-        # max_batch_size: lm_eval passes it for automatic batch sizes; unused
+        # max_batch_size: lm_eval's, for automatic batch sizes; unused
         super().__init__()
         if unknown:
             key = next(iter(unknown))
@@ -112,10 +112,9 @@ class MeshLM(TemplateLM):
                     raise UsageError(f"a continuation of {len(cont)} tokens cannot be scored in a "
                                      f"{L}-token window")
                 rows.append(((context or [self.eot_token_id]) + cont)[-(L + 1):-1])
-            x = torch.zeros(len(rows), max(1, *map(len, rows)), dtype=torch.long)
-            for r, row in enumerate(rows):
-                x[r, :len(row)] = torch.tensor(row)
-            logits, _ = self.model(x.to(self.device))  # (B, T, V)
+            width = max(1, *map(len, rows))
+            x = torch.tensor([row + [0] * (width - len(row)) for row in rows], device=self.device)
+            logits, _ = self.model(x)  # (B, T, V)
             for r, i in enumerate(batch):
                 cont = torch.tensor(requests[i][2], device=self.device)  # (n,)
                 end = len(rows[r])
