@@ -138,6 +138,7 @@ def _owner(path):
             return "run", run, os.path.relpath(where, run)
         if os.path.isfile(os.path.join(folder, "meta.json")):
             return "dataset", folder, name
+    return None
 
 
 def check_writable(path, flag, ending="", folder=False):
