@@ -15,7 +15,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
 from statistics import median
@@ -218,11 +218,8 @@ def step_memory(model, opt, x, y, autocast, device, steps=1, eager=False):
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     else:
-        try:  # VmHWM is now the resident set
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
+        with suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM is now the resident set
     before = peak_mb(device)
     timed(lambda: [train_step(model, opt, x, y, autocast, eager) for _ in range(steps)], device)
     if (peak := peak_mb(device)) is None:
@@ -306,8 +303,7 @@ def run(bc):
                    warmup_s=warm[name][0], warmup_graphs=None, recompiles=None)
         row["peak_fraction"] = row["flops_per_s"] / peak
         if bc.compile:  # graphs built in warm-up, and after it (none, where all is well)
-            row["warmup_graphs"] = warm[name][1]
-            row["recompiles"] = sum(g for _, g in times[name])
+            row.update(warmup_graphs=warm[name][1], recompiles=sum(g for _, g in times[name]))
         if bc.profile:  # summed over the rounds
             p = {key: sum(q[key] for q in profiles[name]) for key in profiles[name][0]}
             row.update(matmul_share=p["matmul"] / p["wall"],
@@ -369,9 +365,8 @@ SCALE = {"flops_per_s": 1e-9, "peak_fraction": 100, "matmul_share": 100,
 
 def table(rows, info):
     """A Markdown table, a row a variant, and what it ran on."""
-    cuda = info["device"].startswith("cuda")
     cols = [c for c in COLUMNS if any(r.get(c[1]) is not None for r in rows)]
-    peak = "CUDA peak MB" if cuda else "peak RSS MB"
+    peak = "CUDA peak MB" if info["device"].startswith("cuda") else "peak RSS MB"
     heads = [peak if key == "peak_mb" else heading for heading, key, _ in cols]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(cols)]
     for r in rows:
