@@ -15,7 +15,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from statistics import median
@@ -218,8 +218,11 @@ def step_memory(model, opt, x, y, autocast, device, steps=1, eager=False):
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     else:
-        with suppress(OSError), open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # VmHWM is now the resident set
+        try:  # VmHWM is now the resident set
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
     before = peak_mb(device)
     timed(lambda: [train_step(model, opt, x, y, autocast, eager) for _ in range(steps)], device)
     if (peak := peak_mb(device)) is None:

@@ -126,7 +126,7 @@ def run(given):
         found += records(path)  # the direct runs'
     rows = table({(r["variant"], r["layout"], r["seed"]): r["val_loss"] for r in found})
     md = markdown(rows)
-    files.write_json(os.path.join(cfg.results, "cycle.json"), rows)  # (its folder made first)
+    files.write_json(os.path.join(cfg.results, "cycle.json"), rows)
     files.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md), mode="w")
     print(md + f"wrote {cfg.results}/cycle.md and cycle.json")
 

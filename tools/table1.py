@@ -267,7 +267,7 @@ def run_one(run, root, max_iters, env=None, train=TRAIN, where=WHERE):
                   dataset=ckpt["train_config"]["dataset"],
                   data_sha256=ckpt.get("data", {}).get("sha256"), val_curve=val_curve(log))
     files.write_json(os.path.join(out_dir, "result.json"), result)
-    say(f"{name}: val loss {result['val_loss']:.4f}, {pm(result['ms_per_iter'], None, '.0f')} ms/iter")
+    say(f"{name}: val loss {result['val_loss']:.4f}, {ms(result['ms_per_iter'])} ms/iter")
     return result
 
 
@@ -336,6 +336,10 @@ def ablation_rows(results, layout=LOOP_LAYOUT):
             for r in sorted(rs, key=lambda r: names[r["name"]])]
 
 
+def ms(v):
+    return "-" if v is None else f"{v:.0f}"
+
+
 def pm(mean, std, spec=".4f", sign=""):
     """'mean ± std' ('mean' alone without a std; '-' without a mean)."""
     if mean is None:
@@ -359,7 +363,7 @@ def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT, tr
         lines.append(f"| {r['variant']} | `{r['layout']}` | {r['K'] or '-'} | {r['params']:,} | "
                      f"{100 * r['share']:.1f}% | "
                      f"{pm(r['val_loss'], r['val_loss_std'])} ({len(r['seeds'])}) | "
-                     + differences + f"{pm(r['ms_per_iter'], None, '.0f')} |")
+                     + differences + f"{ms(r['ms_per_iter'])} |")
     tokens = EVAL_BATCHES * TRAIN["batch_size"] * MODEL["block_size"]
     lines += ["", f"val loss: cross-entropy (nats/char) of the final checkpoint on the same "
               f"{EVAL_BATCHES} validation batches ({tokens:,} tokens) for every run; std over "
@@ -378,7 +382,7 @@ def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT, tr
                       f"B = K+3 = {K + 3}):", "",
                   "| B | non-emb params | val loss | ms/iter |", "|---:|---:|---:|---:|"]
         lines += [f"| {r['n_slots']} | {r['params']:,} | {r['val_loss']:.4f} | "
-                  f"{pm(r['ms_per_iter'], None, '.0f')} |" for r in ablation]
+                  f"{ms(r['ms_per_iter'])} |" for r in ablation]
     return "\n".join(lines) + "\n"
 
 
