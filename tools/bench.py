@@ -306,8 +306,7 @@ def run(bc):
                    warmup_s=warm[name][0], warmup_graphs=None, recompiles=None)
         row["peak_fraction"] = row["flops_per_s"] / peak
         if bc.compile:  # graphs built in warm-up, and after it (none, where all is well)
-            row["warmup_graphs"] = warm[name][1]
-            row["recompiles"] = sum(g for _, g in times[name])
+            row.update(warmup_graphs=warm[name][1], recompiles=sum(g for _, g in times[name]))
         if bc.profile:  # summed over the rounds
             p = {key: sum(q[key] for q in profiles[name]) for key in profiles[name][0]}
             row.update(matmul_share=p["matmul"] / p["wall"],
@@ -369,9 +368,8 @@ SCALE = {"flops_per_s": 1e-9, "peak_fraction": 100, "matmul_share": 100,
 
 def table(rows, info):
     """A Markdown table, a row a variant, and what it ran on."""
-    cuda = info["device"].startswith("cuda")
     cols = [c for c in COLUMNS if any(r.get(c[1]) is not None for r in rows)]
-    peak = "CUDA peak MB" if cuda else "peak RSS MB"
+    peak = "CUDA peak MB" if info["device"].startswith("cuda") else "peak RSS MB"
     heads = [peak if key == "peak_mb" else heading for heading, key, _ in cols]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(cols)]
     for r in rows:

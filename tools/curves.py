@@ -90,10 +90,9 @@ def run(given):
                   f"or val_loss missing or not a finite number")
         c, m, x = colour(kind) if kind else "tab:gray", "os^dv"[i % 5], [r["iter"] for r in ev]
         name = f"{os.path.basename(os.path.normpath(out_dir))} ({kind})"
-        lines += [dict(label=f"{name} val", colour=c, x=x, y=[r["val_loss"] for r in ev],
-                       style=m + "-"),
-                  dict(label="train", colour=c, x=x, y=[r["train_loss"] for r in ev],
-                       style=m + "--")]
+        lines += [dict(label=label, colour=c, x=x, y=[r[key] for r in ev], style=m + dash)
+                  for label, key, dash in ((f"{name} val", "val_loss", "-"),
+                                           ("train", "train_loss", "--"))]
     plot([("train (dashed) and validation loss at train.py's evaluations", lines)], a.png,
          "curves.py")
 

@@ -125,10 +125,9 @@ def run(given):
     for path in sorted(glob.glob(os.path.join(glob.escape(cfg.root), "*", "result.json"))):
         found += records(path)  # the direct runs'
     rows = table({(r["variant"], r["layout"], r["seed"]): r["val_loss"] for r in found})
-    os.makedirs(cfg.results, exist_ok=True)
     md = markdown(rows)
-    files.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md), mode="w")
     files.write_json(os.path.join(cfg.results, "cycle.json"), rows)
+    files.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md), mode="w")
     print(md + f"wrote {cfg.results}/cycle.md and cycle.json")
 
 

@@ -107,8 +107,8 @@ def rule(variant):
 
 
 def run_child(cmd, watch=lambda: None, env=None, **kwargs):
-    """cmd's exit code, watch() called as it runs in a session of its own: a signal reaches it
-    through table1.py (a SIGTERM: train.py saves and exits), which is its launcher (its end too)."""
+    """cmd's exit code, watch() called as it runs in a session of its own, launched by table1.py
+    (whose end ends it): a signal is passed on (train.py saves and exits), then Stopped raised."""
     stop = command.Stop
     if stop.signals:
         raise command.Stopped(stop.name)
@@ -121,6 +121,8 @@ def run_child(cmd, watch=lambda: None, env=None, **kwargs):
         time.sleep(0.1)
         watch()
     watch()
+    if stop.signals:  # it saved a checkpoint and stopped, as table1.py does now
+        raise command.Stopped(stop.name)
     return p.returncode
 
 
@@ -246,8 +248,6 @@ def run_one(run, root, max_iters, env=None, train=TRAIN, where=WHERE):
         with open(os.path.join(out_dir, "train.out"), "a", encoding="utf-8") as f:
             watch = progress(name, out_dir, max_iters, detail if resume else -1)
             rc = run_child(cmd, watch, env, stdout=f, stderr=subprocess.STDOUT)
-        if command.Stop.signals:  # it saved a checkpoint and stopped, as table1.py does now
-            raise command.Stopped(command.Stop.name)
         if rc:
             with open(os.path.join(out_dir, "train.out"), encoding="utf-8") as f:
                 last = (f.read()[-2000:].strip().splitlines() or ["(none: it printed nothing)"])[-1]
@@ -318,12 +318,11 @@ def aggregate(results, vanilla, seeds, layouts=(LOOP_LAYOUT,)):
                        val_loss_std=loss_std, seeds=sorted(rs),
                        ms_per_iter=mean_std([r["ms_per_iter"] for r in rs.values()])[0])
             row["share"] = row["params"] / vanilla
-            refs = ("base", "vanilla") + (("mesh",) if v in CHOICES else ())  # a choice: mesh too
-            for ref in ("base", "vanilla", "mesh"):
-                others = runs_of(ref, layout)
-                paired = [r["val_loss"] - others[s]["val_loss"] for s, r in rs.items()
-                          if s in others and ref in refs and v not in (ref, "vanilla")]
-                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(paired)  # (None, None): none
+            for ref in ("base", "vanilla", "mesh"):  # mesh: for a [choice] only
+                paired = v not in (ref, "vanilla") and (ref != "mesh" or v in CHOICES)
+                others = runs_of(ref, layout) if paired else {}
+                d = [r["val_loss"] - others[s]["val_loss"] for s, r in rs.items() if s in others]
+                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(d)  # (None, None): none
             rows.append(row)
     return rows
 
@@ -473,10 +472,9 @@ def table1(given):
     except ValueError:
         raise UsageError(f"--seeds={a.seeds!r} must be comma-separated integers, as 0,1,2")
     only = a.only.split(",")
-    for name in only:
-        if name not in [*SCHEME, "ablation"]:
-            raise UsageError(f"--only: unknown {name!r}{closest(name, [*SCHEME, 'ablation'])}; "
-                             f"expected some of {', '.join([*SCHEME, 'ablation'])}")
+    for name in (n for n in only if n not in [*SCHEME, "ablation"]):
+        raise UsageError(f"--only: unknown {name!r}{closest(name, [*SCHEME, 'ablation'])}; "
+                         f"expected some of {', '.join([*SCHEME, 'ablation'])}")
     train = dict(TRAIN, n_embd=a.n_embd, lr=a.lr)
     where = dict(device=a.device, data_root=a.data_root, threads=threads(a.jobs))
     layouts = a.layouts.split(",")
@@ -532,8 +530,6 @@ def write_results(results, a, seeds, layouts, only, train):
                                 f"--data_root={a.data_root}"], stdout=f, stderr=subprocess.STDOUT)
             with open(f"{stem}.txt", encoding="utf-8") as f:  # a line per figure
                 print("".join(line for line in f if line.startswith(("wrote ", tool))), end="")
-            if command.Stop.signals:
-                raise command.Stopped(command.Stop.name)
             if rc:
                 raise UsageError(f"{tool} failed on {' '.join(runs)}; {stem}.txt says why")
     print(f"wrote {a.results}/table1.json, {a.results}/table1.md\n\n{md}", end="")
