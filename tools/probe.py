@@ -17,6 +17,7 @@ state capture (support/capture.py), per sequence, in float64 (std: over the N, d
 Tables on stdout, the numbers as JSON (--json), figures with matplotlib (--png).
 """
 
+import json
 import math
 import os
 import sys
@@ -58,17 +59,6 @@ def relative_update(h, fh):
     return 2 * norm(fh - h) / (norm(fh) + norm(h))
 
 
-def median(x):
-    """torch.quantile(x, 0.5) (the mean of the two middle values for an even count), without
-    quantile's limit of 2^24 elements: T tokens give T(T-1)/2 distances, over that limit from
-    T = 5794."""
-    n = x.numel()
-    low = x.kthvalue((n + 1) // 2).values
-    if n % 2:
-        return low
-    return torch.lerp(low, x.kthvalue(n // 2 + 1).values, 0.5)  # as quantile interpolates
-
-
 def centered_rbf_gram(X, sigma_frac=SIGMA_FRAC):
     """X (T, D) -> H K H (T, T), K_ij = exp(-||x_i - x_j||^2 / (2 sigma^2)), sigma = sigma_frac x
     the median non-zero pairwise distance, H = I - 11^T/T the centering matrix. All zeros when every
@@ -82,7 +72,8 @@ def centered_rbf_gram(X, sigma_frac=SIGMA_FRAC):
         pairs = pairs[pairs > 1e-12 * pairs.max()]
     if pairs.numel() == 0:
         return torch.zeros_like(d2)
-    sigma = sigma_frac * median(pairs.sqrt())
+    # numpy's median: torch.quantile refuses over 2^24 distances (T >= 5794 tokens)
+    sigma = sigma_frac * float(np.median(pairs.sqrt().cpu().numpy()))
     K = torch.exp(-d2 / (2 * sigma**2))                               # (T, T)
     return K - K.mean(0, keepdim=True) - K.mean(1, keepdim=True) + K.mean()
 
@@ -140,17 +131,13 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
         for b in range(len(chunk)):
             grams = [centered_rbf_gram(x[b], sigma_frac) for _, x in cap["states"]]
             cka.append([[cka_from_grams(K, L) for L in grams] for K in grams])
-        for name, w_write, w_read in cap["routers"]:
-            acc = routers.setdefault(name, dict(write=0, read=0, entropy_write=0, entropy_read=0,
-                                                tokens=0))
-            for kind, w in (("write", w_write), ("read", w_read)):
-                w = w.double()                                        # (B, T, S)
-                acc[kind] = acc[kind] + w.sum((0, 1))                 # (S,)
-                entropy = -torch.special.xlogy(w, w).sum()        # H = -sum_b w_b ln w_b
-                acc[f"entropy_{kind}"] = acc[f"entropy_{kind}"] + entropy
-            acc["tokens"] += w_write.shape[0] * w_write.shape[1]
-    out = {"effort": {k: [float(m), float(s)]
-                      for k, (m, s) in ((k, mean_std(v)) for k, v in effort.items())}}
+        for name, *weights in cap["routers"]:
+            w = torch.stack(weights).double().flatten(1, 2)           # (write and read, B T, S)
+            acc = routers.setdefault(name, [0, 0, 0])  # sums of weights and entropies; tokens
+            acc[0] = acc[0] + w.sum(1)                                # (2, S)
+            acc[1] = acc[1] - torch.special.xlogy(w, w).sum((1, 2))   # H = -sum_b w_b ln w_b
+            acc[2] += w.shape[1]
+    out = {"effort": {k: list(map(float, mean_std(v))) for k, v in effort.items()}}
     # a degenerate state gives nan CKA in every sample: null in the JSON
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -162,10 +149,11 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
     out["routers"] = None
     if routers:
         n_slots = model.config.slots
-        out["routers"] = {"labels": list(routers), "n_slots": n_slots,
-                          "max_entropy": math.log(n_slots)}
-        for key in ("write", "read", "entropy_write", "entropy_read"):
-            out["routers"][key] = [(acc[key] / acc["tokens"]).tolist() for acc in routers.values()]
+        ro = out["routers"] = {"labels": list(routers), "n_slots": n_slots,
+                               "max_entropy": math.log(n_slots)}
+        for i, kind in enumerate(("write", "read")):
+            ro[kind] = [(w[i] / n).tolist() for w, _, n in routers.values()]
+            ro[f"entropy_{kind}"] = [(h[i] / n).item() for _, h, n in routers.values()]
     mean = np.average(losses, axis=0, weights=[len(c) for c in idx.split(CHUNK)])  # per sequence
     out.update(loss=float(mean[0]), step_loss=mean[1:].tolist())
     return out
@@ -174,11 +162,7 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
 def json_ready(value):
     """value with every float that is not finite as None: JSON has no NaN, and a measure of a
     degenerate state (all zeros, or a bandwidth that underflows) is no number."""
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+    return json.loads(json.dumps(value), parse_constant=lambda _: None)
 
 
 def opened(out_dir, device, prog, unfinished=False, kept=None):
