@@ -256,19 +256,34 @@ def title(r, sep="\n"):  # a figure's: the run's folder, its layout and scheme
             f"{r['layout']} {r['scheme']}")
 
 
+def saved(plt, fig, path, dpi=120):
+    """path, once fig is written into it (its folder made first) and closed."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def annotated(ax, mat, cmap, dark, **kw):
+    """mat (rows, columns) as a heatmap from 0 to 1, each cell's value written in it (in white
+    below dark); its image."""
+    im = ax.imshow(mat, vmin=0, vmax=1, cmap=cmap, **kw)
+    for (i, j), v in np.ndenumerate(mat):
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                color="w" if v < dark else "k")
+    return im
+
+
 def write_pngs(results, folder):
     """Paper-style figures, checkpoints side by side: effort.png (Fig. 3), cka.png (Fig. 4),
     spectrum.png (Fig. 5), routers.png if any is mesh; steps.png, all in one. Returns the paths."""
     if not (plt := pyplot("probe.py")):
         return []
 
-    os.makedirs(folder, exist_ok=True)
     n, paths = len(results), []
 
     def save(fig, name):
-        paths.append(os.path.join(folder, name))
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(saved(plt, fig, os.path.join(folder, name)))
 
     fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), sharey=True, squeeze=False,
                              layout="constrained")
@@ -285,11 +300,7 @@ def write_pngs(results, folder):
     fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.2), squeeze=False, layout="constrained")
     for ax, r in zip(axes[0], results):
         labels = r["cka"]["labels"]
-        mat = np.array([[np.nan if v is None else v for v in row] for row in r["cka"]["matrix"]])
-        im = ax.imshow(mat, vmin=0, vmax=1, cmap="viridis")
-        for (i, j), v in np.ndenumerate(mat):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                    color="w" if v < 0.6 else "k")
+        im = annotated(ax, np.array(r["cka"]["matrix"], dtype=float), "viridis", 0.6)  # None: nan
         ax.set_xticks(range(len(labels)), labels, rotation=45)
         ax.set_yticks(range(len(labels)), labels)
         ax.set_title(title(r), fontsize=9)
@@ -319,11 +330,7 @@ def write_pngs(results, folder):
         for row, r in zip(axes, meshes):
             ro = r["routers"]
             for ax, kind in zip(row, ("write", "read")):
-                mat = np.array(ro[kind])
-                ax.imshow(mat, vmin=0, vmax=1, cmap="magma", aspect="auto")
-                for (i, j), v in np.ndenumerate(mat):
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                            color="w" if v < 0.5 else "k")
+                annotated(ax, np.array(ro[kind]), "magma", 0.5, aspect="auto")
                 ax.set_xticks(range(ro["n_slots"]), [f"m{b}" for b in range(ro["n_slots"])])
                 entropies = zip(ro["labels"], ro[f"entropy_{kind}"])
                 ax.set_yticks(range(len(ro["labels"])), [f"{l} H={h:.2f}" for l, h in entropies])

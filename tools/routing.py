@@ -27,8 +27,8 @@ from data.meta import Tokenizer, checkpoint_dataset  # noqa: E402
 from support import command  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
-from tools.probe import (RunsConfig, each_run, opened, relative_update, title,  # noqa: E402
-                         unfinished)
+from tools.probe import (RunsConfig, each_run, opened, relative_update, saved,  # noqa: E402
+                         title, unfinished)
 
 SCAN = 100_000  # tokens searched for a line's start, at most
 SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
@@ -125,9 +125,8 @@ def write_png(results, path):
     if not (plt := pyplot("routing.py", "figure, only the numbers")):
         return None
 
-    meshes = [r for r in results if r["routers"]]
-    rows = 2 + sum(len(r["routers"]) for r in meshes)
-    cols = max(2, len(results))
+    routers = [(r, *router) for r in results if r["routers"] for router in r["routers"].items()]
+    rows, cols = 2 + len(routers), max(2, len(results))  # a row per router below
     T = max(len(r["tokens"]) for r in results)
     fig, axes = plt.subplots(rows, cols, figsize=(max(8, 0.32 * T * cols), 2.6 + 1.8 * rows),
                              squeeze=False, layout="constrained")
@@ -159,31 +158,24 @@ def write_png(results, path):
         tokens_axis(ax, r)
         ax.set_title(f"{title(r, ': ')}\ntop next-token prediction after each loop step "
                      f"(early exit; green: the next token; * trained K)", fontsize=10)
-    for ax in [*axes[0][len(results):], *axes[1][len(results):]]:
-        ax.axis("off")
-    row = 2
-    for r in meshes:
-        for name, weights in r["routers"].items():
-            for ax, kind in zip(axes[row], ("write", "read")):
-                im = ax.imshow(np.array(weights[kind]).T, vmin=0, vmax=1, cmap="magma",  # (B, T)
-                               aspect="auto")
-                ax.set_yticks(range(r["n_slots"]), [f"m{b}" for b in range(r["n_slots"])])
-                ax.set_ylabel("buffer slot")
-                tokens_axis(ax, r)
-                what = "writes its output to" if kind == "write" else "reads its next state from"
-                ax.set_title(f"{title(r, ': ')}, {name}: how much each token {what} each slot",
-                             fontsize=10)
-            for ax in axes[row][2:]:
-                ax.axis("off")
-            fig.colorbar(im, ax=axes[row][:2].tolist(), label="routing weight", shrink=0.9)
-            row += 1
+    for row, (r, name, weights) in zip(axes[2:], routers):
+        for ax, kind in zip(row, ("write", "read")):
+            im = ax.imshow(np.array(weights[kind]).T, vmin=0, vmax=1, cmap="magma",  # (B, T)
+                           aspect="auto")
+            ax.set_yticks(range(r["n_slots"]), [f"m{b}" for b in range(r["n_slots"])])
+            ax.set_ylabel("buffer slot")
+            tokens_axis(ax, r)
+            what = "writes its output to" if kind == "write" else "reads its next state from"
+            ax.set_title(f"{title(r, ': ')}, {name}: how much each token {what} each slot",
+                         fontsize=10)
+        fig.colorbar(im, ax=row[:2].tolist(), label="routing weight", shrink=0.9)
+    for ax in axes.flat:  # the cells of a row that no checkpoint's panel filled
+        if not ax.has_data():
+            ax.axis("off")
     fig.suptitle("One sentence, token by token: how much each part of the model changes each "
                  "token, what it predicts after each step, where MeSH's routers write and read it",
                  fontsize=12)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return saved(plt, fig, path, dpi=110)
 
 
 @dataclass
