@@ -196,7 +196,8 @@ def test_probe_writes_pngs_when_matplotlib_is_installed(tmp_path, capsys):
 def test_routing_predicts_after_each_step_what_a_model_stopped_there_predicts(tmp_path):
     """Base's prediction after loop step t is that of a base model given t loop steps and the same weights;
     MeSH's after its last step is its own; each shown as its token's text."""
-    base, mesh = (routing.routing_checkpoint(make_run(tmp_path, s, "1+2R2+1", s), "abcabcd", 16, 0, "cpu")
+    a = routing.RoutingConfig(text="abcabcd")
+    base, mesh = (routing.routing_checkpoint(make_run(tmp_path, s, "1+2R2+1", s), a)
                   for s in ("base", "mesh"))
     idx = torch.tensor([base["ids"]])
     model = load_checkpoint(str(tmp_path / "base"))[0]

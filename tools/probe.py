@@ -165,9 +165,9 @@ def json_ready(value):
     return json.loads(json.dumps(value), parse_constant=lambda _: None)
 
 
-def opened(out_dir, device, prog, unfinished=False, kept=None):
-    """tool.load_run's model and checkpoint, and what names the run in a tool's output."""
-    model, ckpt, state = tool.load_run(out_dir, device, prog, unfinished, kept)
+def opened(out_dir, a, prog):
+    """tool.load_run's model and checkpoint for RunsConfig a, and what names the run in output."""
+    model, ckpt, state = tool.load_run(out_dir, a.device, prog, a.unfinished, a.ckpt)
     cfg = model.config
     return model, ckpt, {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"],
                          "layout": cfg.layout, "scheme": cfg.scheme, "n_steps": cfg.n_steps,
@@ -175,7 +175,7 @@ def opened(out_dir, device, prog, unfinished=False, kept=None):
 
 
 def each_run(a, one, report, png):
-    """one(out_dir) for each --out_dir, its report printed; the results, written to --json.
+    """one(out_dir, a) for each --out_dir, its report printed; the results, written to --json.
     png: how --png is checked (check_writable's words). Outputs are checked before any run."""
     if not a.out_dir:
         raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
@@ -185,7 +185,7 @@ def each_run(a, one, report, png):
         tool.check_writable(a.png, "png", **png)
     a.device, results = resolve_device(a.device), []
     for out_dir in a.out_dir:
-        results.append(one(out_dir))
+        results.append(one(out_dir, a))
         print(report(results[-1]))
     if a.json:
         files.write_json(a.json, json_ready(results))
@@ -193,10 +193,10 @@ def each_run(a, one, report, png):
     return results
 
 
-def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None,
-                     unfinished=False, kept=None):
-    model, ckpt, result = opened(out_dir, device, "probe.py", unfinished, kept)
-    cfg = model.config
+def probe_checkpoint(out_dir, a):
+    """probe() of the checkpoint in out_dir, as ProbeConfig a asks."""
+    model, ckpt, result = opened(out_dir, a, "probe.py")
+    cfg, num_samples = model.config, a.num_samples
     # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
     states = cfg.n_steps + 3
     need = num_samples * 8 * (cfg.block_size + 2 * (TOP_K * states + states ** 2))
@@ -205,9 +205,9 @@ def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=N
         raise UsageError(f"--num_samples={num_samples}: its windows and measures need about "
                          f"{need / 2**30:,.1f} GiB, more than half of this machine's "
                          f"{total / 2**30:,.1f} GiB; use fewer")
-    idx = validation_windows(ckpt, cfg.block_size, num_samples, seed, data_root).to(device)
-    result.update(num_samples=num_samples, seq_len=cfg.block_size, seed=seed)
-    return {**result, **probe(model, idx, sigma_frac)}
+    idx = validation_windows(ckpt, cfg.block_size, num_samples, a.seed, a.data_root).to(a.device)
+    result.update(num_samples=num_samples, seq_len=cfg.block_size, seed=a.seed)
+    return {**result, **probe(model, idx, a.sigma_frac)}
 
 
 def fmt(v, spec=".2f"):
@@ -391,9 +391,7 @@ def main(argv=None):
 
 def run(given):
     a = ProbeConfig(**given)
-    results = each_run(a, lambda out_dir: probe_checkpoint(
-        out_dir, a.num_samples, a.seed, a.sigma_frac, a.device, a.data_root, a.unfinished, a.ckpt),
-        report, dict(folder=True))
+    results = each_run(a, probe_checkpoint, report, dict(folder=True))
     for path in write_pngs(results, a.png) if a.png else ():
         print(f"wrote {path}")
 

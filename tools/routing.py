@@ -73,24 +73,25 @@ def line_window(val, tokenizer, length, seed, scan=SCAN):
     return torch.from_numpy(np.asarray(val[start:start + length], dtype=np.int64))[None]
 
 
-def sentence(ckpt, model, text, tokens, seed, data_root=None):
-    """The token ids (1, T) to show, text's or a validation window's, and the tokenizer."""
-    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), data_root)
+def sentence(ckpt, model, a):
+    """The token ids (1, T) to show, --text's or a validation window's, and the tokenizer."""
+    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), a.data_root)
     tokenizer = Tokenizer.load(folder)
     T = model.config.block_size
-    if text is None:
-        return line_window(load_split(folder, "val"), tokenizer, min(tokens, T), seed), tokenizer
-    ids = tokenizer.encode(text)  # a character not in a char vocabulary: one line naming it
+    if not a.text:
+        val = load_split(folder, "val")
+        return line_window(val, tokenizer, min(a.tokens, T), a.seed), tokenizer
+    ids = tokenizer.encode(a.text)  # a character not in a char vocabulary: one line naming it
     if not 0 < len(ids) <= T:
         raise UsageError(f"--text is {len(ids)} tokens; give 1 to {T} (the model's block_size)")
     return torch.tensor([ids]), tokenizer
 
 
-def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None, unfinished=False,
-                       kept=None):
-    model, ckpt, result = opened(out_dir, device, "routing.py", unfinished, kept)
-    idx, tokenizer = sentence(ckpt, model, text, tokens, seed, data_root)
-    seen = routing(model, idx.to(device))
+def routing_checkpoint(out_dir, a):
+    """routing() of the checkpoint in out_dir, as RoutingConfig a asks."""
+    model, ckpt, result = opened(out_dir, a, "routing.py")
+    idx, tokenizer = sentence(ckpt, model, a)
+    seen = routing(model, idx.to(a.device))
     text = lambda ids: [token_text(tokenizer, i) for i in ids]
     return {**result, "n_slots": model.config.slots if result["scheme"] == "mesh" else None,
             "ids": idx[0].tolist(), "tokens": text(idx[0].tolist()), **seen,
@@ -200,9 +201,7 @@ def run(given):
     if "text" in given and not a.text:
         raise UsageError("--text is empty; give a sentence, or leave --text out for a window of "
                          "the validation split")
-    results = each_run(a, lambda out_dir: routing_checkpoint(
-        out_dir, a.text or None, a.tokens, a.seed, a.device, a.data_root, a.unfinished, a.ckpt),
-        report, dict(ending=".png"))
+    results = each_run(a, routing_checkpoint, report, dict(ending=".png"))
     if a.png and write_png(results, a.png):
         print(f"wrote {a.png}")
 
