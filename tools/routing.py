@@ -58,33 +58,29 @@ def routing(model, idx):
     return {"effort": effort, "routers": routers, "predicted": predicted}
 
 
-def line_window(val, tokenizer, length, seed, scan=SCAN):
-    """(1, length) token ids of val from the first line that starts with a letter at or after a
-    seeded start (within scan tokens): a slide shows words, not the middle of a run of spaces."""
+def sentence(ckpt, model, a):
+    """The token ids (1, T) to show, and the tokenizer: --text's, or without it a validation window
+    from the first line that starts with a letter at or after a seeded start (within SCAN tokens):
+    a slide shows words, not the middle of a run of spaces."""
+    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), a.data_root)
+    tokenizer = Tokenizer.load(folder)
+    T = model.config.block_size
+    if a.text:
+        ids = tokenizer.encode(a.text)  # a character not in a char vocabulary: one line naming it
+        if not 0 < len(ids) <= T:
+            raise UsageError(f"--text is {len(ids)} tokens; give 1 to {T} (the model's "
+                             "block_size)")
+        return torch.tensor([ids]), tokenizer
+    val, length = load_split(folder, "val"), min(a.tokens, T)
     if len(val) < length:
-        raise UsageError(f"the validation split has {len(val)} tokens, fewer than "
-                         f"--tokens={length}")
-    start = int(np.random.default_rng(seed).integers(0, len(val) - length + 1))
-    for p in range(start, min(start + scan, len(val) - length)):
+        raise UsageError(f"the validation split has {len(val)} tokens, fewer than --tokens={length}")
+    start = int(np.random.default_rng(a.seed).integers(0, len(val) - length + 1))
+    for p in range(start, min(start + SCAN, len(val) - length)):
         line_ends = tokenizer.decode([int(val[p])]).endswith("\n")
         if line_ends and tokenizer.decode([int(val[p + 1])])[:1].isalpha():
             start = p + 1
             break
-    return torch.from_numpy(np.asarray(val[start:start + length], dtype=np.int64))[None]
-
-
-def sentence(ckpt, model, a):
-    """The token ids (1, T) to show, --text's or a validation window's, and the tokenizer."""
-    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), a.data_root)
-    tokenizer = Tokenizer.load(folder)
-    T = model.config.block_size
-    if not a.text:
-        val = load_split(folder, "val")
-        return line_window(val, tokenizer, min(a.tokens, T), a.seed), tokenizer
-    ids = tokenizer.encode(a.text)  # a character not in a char vocabulary: one line naming it
-    if not 0 < len(ids) <= T:
-        raise UsageError(f"--text is {len(ids)} tokens; give 1 to {T} (the model's block_size)")
-    return torch.tensor([ids]), tokenizer
+    return torch.from_numpy(np.asarray(val[start:start + length], dtype=np.int64))[None], tokenizer
 
 
 def routing_checkpoint(out_dir, a):
