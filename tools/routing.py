@@ -73,7 +73,8 @@ def sentence(ckpt, model, a):
         return torch.tensor([ids]), tokenizer
     val, length = load_split(folder, "val"), min(a.tokens, T)
     if len(val) < length:
-        raise UsageError(f"the validation split has {len(val)} tokens, fewer than --tokens={length}")
+        raise UsageError(f"the validation split has {len(val)} tokens, fewer than "
+                         f"--tokens={length}")
     start = int(np.random.default_rng(a.seed).integers(0, len(val) - length + 1))
     for p in range(start, min(start + SCAN, len(val) - length)):
         line_ends = tokenizer.decode([int(val[p])]).endswith("\n")
