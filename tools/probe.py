@@ -265,8 +265,7 @@ def saved(plt, fig, path, dpi=120):
 
 
 def annotated(ax, mat, cmap, dark, **kw):
-    """mat (rows, columns) as a heatmap from 0 to 1, each cell's value written in it (in white
-    below dark); its image."""
+    """mat as a heatmap from 0 to 1, each cell's value written in it (white below dark)."""
     im = ax.imshow(mat, vmin=0, vmax=1, cmap=cmap, **kw)
     for (i, j), v in np.ndenumerate(mat):
         ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
