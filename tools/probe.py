@@ -86,11 +86,6 @@ def cka_from_grams(Kc, Lc):
     return (hsic(Kc, Lc) / den).item() if den > 0 else float("nan")
 
 
-def rbf_cka(X, Y, sigma_frac=SIGMA_FRAC):
-    """RBF-kernel CKA between X (T, D1) and Y (T, D2), rows paired by token."""
-    return cka_from_grams(centered_rbf_gram(X, sigma_frac), centered_rbf_gram(Y, sigma_frac))
-
-
 def spectrum(X, k=TOP_K):
     """Top min(k, T, D) singular values of X (..., T, D), divided by the largest."""
     s = torch.linalg.svdvals(X.double())                              # (..., min(T, D)), descending
