@@ -161,8 +161,9 @@ def test_routing_end_to_end_writes_the_json_and_the_figure(runs, tmp_path, capsy
         assert (out / "routing.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     except ImportError:
         assert "routing.py: matplotlib is not installed, so no figure" in printed
-    window = routing.routing_checkpoint(runs[1], None, 5, 0, "cpu")  # no --text: a validation window
-    assert len(window["tokens"]) == 5 and window == routing.routing_checkpoint(runs[1], None, 5, 0, "cpu")
+    a = routing.RoutingConfig(tokens=5)  # no --text: a validation window
+    window = routing.routing_checkpoint(runs[1], a)
+    assert len(window["tokens"]) == 5 and window == routing.routing_checkpoint(runs[1], a)
 
 
 def test_routing_without_matplotlib_writes_the_numbers_and_says_so(runs, tmp_path, capsys, monkeypatch):

@@ -22,14 +22,39 @@ from tools import bench, gpu_check
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
 
 CHECK = os.path.join(ROOT, "tools", "gpu_check.py")
+# in a part's place, a command that fails, or one that outlives any deadline with a child, both
+# ignoring SIGTERM (ignored through exec too)
+FAIL = "echo 'an injected failure'; echo 'its last line'; exit 1"
+OVERRUN = "trap '' TERM; sleep 3600 & echo 'an injected overrun: pids' $$ $!; wait"
 POSIX = pytest.mark.skipif(os.name != "posix", reason="process groups and SIGTERM are POSIX's")
 
 
-def check(tmp_path, *args, timeout=HANG):
+INJECTED = """\
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from tools import gpu_check
+commands, real = json.loads(sys.argv[2]), gpu_check.part_command
+
+def part_command(name, *rest):
+    return ["sh", "-c", commands[name]] if name in commands else real(name, *rest)
+
+gpu_check.part_command = part_command
+sys.exit(gpu_check.main(sys.argv[3:]))
+"""
+
+
+def injected(commands):
+    """The check as a command; with commands (part -> a shell command), those parts replaced."""
+    if not commands:
+        return [sys.executable, CHECK]
+    return [sys.executable, "-c", INJECTED, ROOT, json.dumps(commands)]
+
+
+def check(tmp_path, *args, inject=None, timeout=HANG):
     """Run the check from an empty folder, which must stay empty -> (exit status, stdout, out)."""
     here, out = tmp_path / "cwd", tmp_path / "out"
     here.mkdir()
-    r = subprocess.run([sys.executable, CHECK, "--tiny", f"--out={out}", *args],
+    r = subprocess.run([*injected(inject), "--tiny", f"--out={out}", *args],
                        capture_output=True, text=True, cwd=here, timeout=timeout)
     assert r.stderr == "" and list(here.iterdir()) == [], r.stderr[-3000:]
     return r.returncode, r.stdout, out
@@ -37,7 +62,7 @@ def check(tmp_path, *args, timeout=HANG):
 
 def pids(log):
     """The two process ids the injected overrun prints: its own and its child's."""
-    found = re.search(r"an injected overrun \(--overrun\): pids (\d+) (\d+)", log.read_text())
+    found = re.search(r"an injected overrun: pids (\d+) (\d+)", log.read_text())
     assert found, log.read_text()
     return [int(found.group(1)), int(found.group(2))]
 
@@ -65,7 +90,7 @@ def assert_ended(pids):
 
 @POSIX
 def test_a_failed_and_an_overrun_part_leave_the_rest_of_the_report(tmp_path):
-    rc, stdout, out = check(tmp_path, "--budget=100", "--fail=bench-160m", "--overrun=tier")
+    rc, stdout, out = check(tmp_path, "--budget=100", inject={"bench-160m": FAIL, "tier": OVERRUN})
     assert rc == 1
     assert stdout.endswith(f"wrote {out / 'report.md'}: not passed: bench-160m, tier\n")
     files = listed(out)
@@ -85,8 +110,8 @@ def test_a_failed_and_an_overrun_part_leave_the_rest_of_the_report(tmp_path):
     assert 80 - 2 <= ended <= 80 + gpu_check.GRACE + 2, rows
     # the failed part's last lines, the overrun's, the other parts' results, the targets
     assert re.search(r"exit 1, after \d+ s; its last lines:\n\n```\n"
-                     r"an injected failure \(--fail\)\nits last line\n```", report)
-    assert "## tier: overran" in report and "an injected overrun (--overrun): pids" in report
+                     r"an injected failure\nits last line\n```", report)
+    assert "## tier: overran" in report and "an injected overrun: pids" in report
     assert "| mesh | 1+1R2+1 |" in report  # bench.py's table
     assert "\n```\n---" in report.split("## profile: passed")[1]  # the profiler's table
     assert ("| mesh / base step time at 160m width (at most 1.05) | not measured: bench-160m "
@@ -104,9 +129,8 @@ def test_a_failed_and_an_overrun_part_leave_the_rest_of_the_report(tmp_path):
 
 def start_overrun(out):
     """A check whose first part overruns, once that part's process and its child run."""
-    proc = subprocess.Popen([sys.executable, CHECK, "--tiny", f"--out={out}",
-                             "--overrun=bench-160m"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*injected({"bench-160m": OVERRUN}), "--tiny", f"--out={out}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log, t0 = out / "bench-160m.log", time.time()
     while not (log.exists() and "pids" in log.read_text()) and time.time() - t0 < HANG:
         assert proc.poll() is None, proc.communicate()
@@ -175,7 +199,7 @@ def test_a_second_check_on_one_out_is_refused_and_touches_nothing(tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--only=bench"], "--only=bench is not a part; name one of bench-160m, bench-410m, tier, "
                        "profile"),
-    (["--fail=tier,prof"], "--fail=prof is not a part"),
+    (["--only=tier,prof"], "--only=prof is not a part"),
     (["--budget=0"], "--budget=0.0 must be a positive number of seconds"),
     (["--budget=soon"], "--budget=soon is not a number (or None)"),
 ])

@@ -33,26 +33,31 @@ def rand(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
+def rbf_cka(X, Y):
+    """RBF-kernel CKA between X (T, D1) and Y (T, D2), rows paired by token, as probe() takes it."""
+    return probe.cka_from_grams(probe.centered_rbf_gram(X), probe.centered_rbf_gram(Y))
+
+
 def test_cka_of_a_matrix_with_itself_is_one():
     X = rand(40, 16)
-    assert probe.rbf_cka(X, X) == pytest.approx(1.0, abs=1e-12)
+    assert rbf_cka(X, X) == pytest.approx(1.0, abs=1e-12)
 
 
 def test_cka_is_invariant_to_orthogonal_transform_and_isotropic_scaling():
     X = rand(40, 16)
     Q, _ = torch.linalg.qr(rand(16, 16, seed=1))
-    assert probe.rbf_cka(X, X @ Q) == pytest.approx(1.0, abs=1e-9)
-    assert probe.rbf_cka(X, 3 * X) == pytest.approx(1.0, abs=1e-12)
+    assert rbf_cka(X, X @ Q) == pytest.approx(1.0, abs=1e-9)
+    assert rbf_cka(X, 3 * X) == pytest.approx(1.0, abs=1e-12)
     Y = rand(40, 8, seed=2)
-    ref = probe.rbf_cka(X, Y)
-    assert probe.rbf_cka(X @ Q, Y) == pytest.approx(ref, abs=1e-9)
-    assert probe.rbf_cka(X, 0.01 * Y) == pytest.approx(ref, abs=1e-12)
+    ref = rbf_cka(X, Y)
+    assert rbf_cka(X @ Q, Y) == pytest.approx(ref, abs=1e-9)
+    assert rbf_cka(X, 0.01 * Y) == pytest.approx(ref, abs=1e-12)
 
 
 def test_cka_is_symmetric_and_below_one_for_unrelated_matrices():
     X, Y = rand(40, 16), rand(40, 24, seed=3)
-    assert probe.rbf_cka(X, Y) == pytest.approx(probe.rbf_cka(Y, X), abs=1e-12)
-    assert 0 < probe.rbf_cka(X, Y) < 0.9
+    assert rbf_cka(X, Y) == pytest.approx(rbf_cka(Y, X), abs=1e-12)
+    assert 0 < rbf_cka(X, Y) < 0.9
 
 
 def test_cka_bandwidth_is_the_median_distance_of_distinct_rows():
@@ -63,19 +68,7 @@ def test_cka_bandwidth_is_the_median_distance_of_distinct_rows():
     K = torch.exp(-torch.cdist(X, X) ** 2 / 2)  # sigma = 1 x median(1, 2, 1, 2, 1, 0 excluded) = 1
     H = torch.eye(4, dtype=torch.float64) - 1 / 4
     assert torch.allclose(Kc, H @ K @ H, atol=1e-12)
-    assert math.isnan(probe.rbf_cka(torch.ones(5, 3), rand(5, 3)))  # no distances at all: undefined, not 1
-
-
-def test_median_is_quantile_half_without_its_size_limit():
-    for n in (1, 2, 7, 10, 1000):  # odd: the middle value; even: the mean of the two middle values
-        for seed in range(20):
-            x = rand(n, seed=seed)
-            assert probe.median(x).item() == torch.quantile(x, 0.5).item()  # bit for bit
-    assert probe.median(torch.tensor([4.0, 1.0, 3.0, 2.0])).item() == 2.5
-    big = torch.arange(2**24 + 2, dtype=torch.float64).flip(0)  # over quantile's limit (T >= 5794 tokens)
-    with pytest.raises(RuntimeError, match="too large"):
-        torch.quantile(big, 0.5)
-    assert probe.median(big).item() == 2**23 + 0.5  # the middle two are 2^23 and 2^23 + 1
+    assert math.isnan(rbf_cka(torch.ones(5, 3), rand(5, 3)))  # no distances at all: undefined, not 1
 
 
 def test_relative_update_of_identity_is_zero_and_of_doubling_is_two_thirds():
@@ -208,7 +201,8 @@ def test_probe_writes_pngs_when_matplotlib_is_installed(tmp_path, capsys):
 def test_routing_predicts_after_each_step_what_a_model_stopped_there_predicts(tmp_path):
     """Base's prediction after loop step t is that of a base model given t loop steps and the same weights;
     MeSH's after its last step is its own; each shown as its token's text."""
-    base, mesh = (routing.routing_checkpoint(make_run(tmp_path, s, "1+2R2+1", s), "abcabcd", 16, 0, "cpu")
+    a = routing.RoutingConfig(text="abcabcd")
+    base, mesh = (routing.routing_checkpoint(make_run(tmp_path, s, "1+2R2+1", s), a)
                   for s in ("base", "mesh"))
     idx = torch.tensor([base["ids"]])
     model = load_checkpoint(str(tmp_path / "base"))[0]

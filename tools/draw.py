@@ -34,10 +34,9 @@ RULES = {"base": "h(t+1) = f_t(h(t))", "residual": "h(t+1) = f_t(h(t)) + h(t)",
 def parts(cfg):
     """The model in forward's order: [(part, [unique block index of each applied block], shared)],
     shared: a loop step runs a core an earlier step ran."""
-    s, first, spans = cfg.shape, 0, []
-    for n in (s.prelude, *s.cores, s.coda):  # unique blocks are numbered prelude, each core, coda
-        spans.append(list(range(first, first + n)))
-        first += n
+    s = cfg.shape
+    sizes = (s.prelude, *s.cores, s.coda)  # unique blocks are numbered prelude, each core, coda
+    spans = [list(range(sum(sizes[:i]), sum(sizes[:i + 1]))) for i in range(len(sizes))]
     out = [("prelude" if s.schedule else "blocks", spans[0], False)]  # vanilla: no prelude
     out += [(f"step {t}", spans[1 + c], c in s.schedule[:t]) for t, c in enumerate(s.schedule)]
     return out + [("coda", spans[-1], False)]

@@ -45,10 +45,6 @@ TINY = ["--n_embd=64", "--n_head=2", "--block_size=32", "--batch_size=2", "--voc
 PARTS = ("bench-160m", "bench-410m", "tier", "profile")
 RESERVE = {"bench-160m": 150, "bench-410m": 170, "tier": 160, "profile": 60}  # of 540 s
 TINY_RESERVE = {"bench-160m": 30, "bench-410m": 30, "tier": 20, "profile": 20}  # of 100 s
-# --fail, --overrun (the suite's test): in a part's place, a command that fails, or one that
-# outlives any deadline with a child, both ignoring SIGTERM (ignored through exec too)
-FAIL = "echo 'an injected failure (--fail)'; echo 'its last line'; exit 1"
-OVERRUN = "trap '' TERM; sleep 3600 & echo 'an injected overrun (--overrun): pids' $$ $!; wait"
 
 
 @dataclass
@@ -58,16 +54,12 @@ class CheckConfig:
     budget: float | None = setting(None, "seconds in all (None: 540; --tiny: 100)")
     tiny: bool = setting(False, "tiny shapes, uncompiled, on any device")
     only: str | None = setting(None, "comma-separated parts to run (listed below)")
-    fail: str | None = setting(None, "parts replaced by a failing command (a test's)")
-    overrun: str | None = setting(None, "parts replaced by an overrunning one (a test's)")
 
     def __post_init__(self):
         check_ranges(self, [("budget", lambda v: v > 0, "a positive number of seconds")])
-        for flag in ("only", "fail", "overrun"):
-            for name in (getattr(self, flag) or "").split(","):
-                if name and name not in PARTS:
-                    raise UsageError(f"--{flag}={name} is not a part; name one of "
-                                     f"{', '.join(PARTS)}")
+        for name in (self.only or "").split(","):
+            if name and name not in PARTS:
+                raise UsageError(f"--only={name} is not a part; name one of {', '.join(PARTS)}")
         if os.path.exists(self.out) and not os.path.isdir(self.out):
             raise UsageError(f"--out={self.out} is a file; give a folder")
 
@@ -279,8 +271,6 @@ def check(given, argv):
     files.own(a.out, flag="--out", note=False)  # one check per --out at a time
     report = Report(a, names, argv)
     scale, end = a.budget / sum(reserve.values()), report.started + a.budget
-    injected = {**dict.fromkeys((a.fail or "").split(","), FAIL),
-                **dict.fromkeys((a.overrun or "").split(","), OVERRUN)}
     try:
         for i, name in enumerate(names):
             if why := not_needed(name, a.out, a.tiny):
@@ -288,7 +278,7 @@ def check(given, argv):
             else:
                 # its deadline: the budget's end less what the parts after it reserve
                 deadline = end - scale * sum(reserve[n] for n in names[i + 1:])
-                report.outcomes[name] = run(name, a, report, injected, deadline)
+                report.outcomes[name] = run(name, a, report, deadline)
             report.write()
             print("\n".join(report.part_lines(name)) + "\n", flush=True)
     except command.Stopped:
@@ -307,9 +297,9 @@ def check(given, argv):
     return 1 if bad else 0
 
 
-def run(name, a, report, injected, deadline):
+def run(name, a, report, deadline):
     """A part, until its deadline -> its Outcome; stopped by a signal, the check stops too."""
-    cmd = ["sh", "-c", injected[name]] if name in injected else part_command(name, a.tiny, a.out)
+    cmd = part_command(name, a.tiny, a.out)
     if name in SHAPES:  # bench.py appends: a rerun starts afresh
         files.remove(os.path.join(a.out, f"{name}.jsonl"))
     # logs whole when a part is killed; no .pyc files written into the project

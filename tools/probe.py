@@ -17,6 +17,7 @@ state capture (support/capture.py), per sequence, in float64 (std: over the N, d
 Tables on stdout, the numbers as JSON (--json), figures with matplotlib (--png).
 """
 
+import json
 import math
 import os
 import sys
@@ -58,17 +59,6 @@ def relative_update(h, fh):
     return 2 * norm(fh - h) / (norm(fh) + norm(h))
 
 
-def median(x):
-    """torch.quantile(x, 0.5) (the mean of the two middle values for an even count), without
-    quantile's limit of 2^24 elements: T tokens give T(T-1)/2 distances, over that limit from
-    T = 5794."""
-    n = x.numel()
-    low = x.kthvalue((n + 1) // 2).values
-    if n % 2:
-        return low
-    return torch.lerp(low, x.kthvalue(n // 2 + 1).values, 0.5)  # as quantile interpolates
-
-
 def centered_rbf_gram(X, sigma_frac=SIGMA_FRAC):
     """X (T, D) -> H K H (T, T), K_ij = exp(-||x_i - x_j||^2 / (2 sigma^2)), sigma = sigma_frac x
     the median non-zero pairwise distance, H = I - 11^T/T the centering matrix. All zeros when every
@@ -82,7 +72,8 @@ def centered_rbf_gram(X, sigma_frac=SIGMA_FRAC):
         pairs = pairs[pairs > 1e-12 * pairs.max()]
     if pairs.numel() == 0:
         return torch.zeros_like(d2)
-    sigma = sigma_frac * median(pairs.sqrt())
+    # numpy's median: torch.quantile refuses over 2^24 distances (T >= 5794 tokens)
+    sigma = sigma_frac * float(np.median(pairs.sqrt().cpu().numpy()))
     K = torch.exp(-d2 / (2 * sigma**2))                               # (T, T)
     return K - K.mean(0, keepdim=True) - K.mean(1, keepdim=True) + K.mean()
 
@@ -93,11 +84,6 @@ def cka_from_grams(Kc, Lc):
     hsic = lambda A, B: (A * B).sum()   # tr(A B) for symmetric A, B
     den = torch.sqrt(hsic(Kc, Kc) * hsic(Lc, Lc))
     return (hsic(Kc, Lc) / den).item() if den > 0 else float("nan")
-
-
-def rbf_cka(X, Y, sigma_frac=SIGMA_FRAC):
-    """RBF-kernel CKA between X (T, D1) and Y (T, D2), rows paired by token."""
-    return cka_from_grams(centered_rbf_gram(X, sigma_frac), centered_rbf_gram(Y, sigma_frac))
 
 
 def spectrum(X, k=TOP_K):
@@ -140,17 +126,13 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
         for b in range(len(chunk)):
             grams = [centered_rbf_gram(x[b], sigma_frac) for _, x in cap["states"]]
             cka.append([[cka_from_grams(K, L) for L in grams] for K in grams])
-        for name, w_write, w_read in cap["routers"]:
-            acc = routers.setdefault(name, dict(write=0, read=0, entropy_write=0, entropy_read=0,
-                                                tokens=0))
-            for kind, w in (("write", w_write), ("read", w_read)):
-                w = w.double()                                        # (B, T, S)
-                acc[kind] = acc[kind] + w.sum((0, 1))                 # (S,)
-                entropy = -torch.special.xlogy(w, w).sum()        # H = -sum_b w_b ln w_b
-                acc[f"entropy_{kind}"] = acc[f"entropy_{kind}"] + entropy
-            acc["tokens"] += w_write.shape[0] * w_write.shape[1]
-    out = {"effort": {k: [float(m), float(s)]
-                      for k, (m, s) in ((k, mean_std(v)) for k, v in effort.items())}}
+        for name, *weights in cap["routers"]:
+            w = torch.stack(weights).double().flatten(1, 2)           # (write and read, B T, S)
+            acc = routers.setdefault(name, [0, 0, 0])  # sums of weights and entropies; tokens
+            acc[0] = acc[0] + w.sum(1)                                # (2, S)
+            acc[1] = acc[1] - torch.special.xlogy(w, w).sum((1, 2))   # H = -sum_b w_b ln w_b
+            acc[2] += w.shape[1]
+    out = {"effort": {k: list(map(float, mean_std(v))) for k, v in effort.items()}}
     # a degenerate state gives nan CKA in every sample: null in the JSON
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -162,10 +144,11 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
     out["routers"] = None
     if routers:
         n_slots = model.config.slots
-        out["routers"] = {"labels": list(routers), "n_slots": n_slots,
-                          "max_entropy": math.log(n_slots)}
-        for key in ("write", "read", "entropy_write", "entropy_read"):
-            out["routers"][key] = [(acc[key] / acc["tokens"]).tolist() for acc in routers.values()]
+        ro = out["routers"] = {"labels": list(routers), "n_slots": n_slots,
+                               "max_entropy": math.log(n_slots)}
+        for i, kind in enumerate(("write", "read")):
+            ro[kind] = [(w[i] / n).tolist() for w, _, n in routers.values()]
+            ro[f"entropy_{kind}"] = [(h[i] / n).item() for _, h, n in routers.values()]
     mean = np.average(losses, axis=0, weights=[len(c) for c in idx.split(CHUNK)])  # per sequence
     out.update(loss=float(mean[0]), step_loss=mean[1:].tolist())
     return out
@@ -174,16 +157,12 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
 def json_ready(value):
     """value with every float that is not finite as None: JSON has no NaN, and a measure of a
     degenerate state (all zeros, or a bandwidth that underflows) is no number."""
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+    return json.loads(json.dumps(value), parse_constant=lambda _: None)
 
 
-def opened(out_dir, device, prog, unfinished=False, kept=None):
-    """tool.load_run's model and checkpoint, and what names the run in a tool's output."""
-    model, ckpt, state = tool.load_run(out_dir, device, prog, unfinished, kept)
+def opened(out_dir, a, prog):
+    """tool.load_run's model and checkpoint for RunsConfig a, and what names the run in output."""
+    model, ckpt, state = tool.load_run(out_dir, a.device, prog, a.unfinished, a.ckpt)
     cfg = model.config
     return model, ckpt, {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"],
                          "layout": cfg.layout, "scheme": cfg.scheme, "n_steps": cfg.n_steps,
@@ -191,7 +170,7 @@ def opened(out_dir, device, prog, unfinished=False, kept=None):
 
 
 def each_run(a, one, report, png):
-    """one(out_dir) for each --out_dir, its report printed; the results, written to --json.
+    """one(out_dir, a) for each --out_dir, its report printed; the results, written to --json.
     png: how --png is checked (check_writable's words). Outputs are checked before any run."""
     if not a.out_dir:
         raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
@@ -201,7 +180,7 @@ def each_run(a, one, report, png):
         tool.check_writable(a.png, "png", **png)
     a.device, results = resolve_device(a.device), []
     for out_dir in a.out_dir:
-        results.append(one(out_dir))
+        results.append(one(out_dir, a))
         print(report(results[-1]))
     if a.json:
         files.write_json(a.json, json_ready(results))
@@ -209,10 +188,10 @@ def each_run(a, one, report, png):
     return results
 
 
-def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=None,
-                     unfinished=False, kept=None):
-    model, ckpt, result = opened(out_dir, device, "probe.py", unfinished, kept)
-    cfg = model.config
+def probe_checkpoint(out_dir, a):
+    """probe() of the checkpoint in out_dir, as ProbeConfig a asks."""
+    model, ckpt, result = opened(out_dir, a, "probe.py")
+    cfg, num_samples = model.config, a.num_samples
     # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
     states = cfg.n_steps + 3
     need = num_samples * 8 * (cfg.block_size + 2 * (TOP_K * states + states ** 2))
@@ -221,9 +200,9 @@ def probe_checkpoint(out_dir, num_samples, seed, sigma_frac, device, data_root=N
         raise UsageError(f"--num_samples={num_samples}: its windows and measures need about "
                          f"{need / 2**30:,.1f} GiB, more than half of this machine's "
                          f"{total / 2**30:,.1f} GiB; use fewer")
-    idx = validation_windows(ckpt, cfg.block_size, num_samples, seed, data_root).to(device)
-    result.update(num_samples=num_samples, seq_len=cfg.block_size, seed=seed)
-    return {**result, **probe(model, idx, sigma_frac)}
+    idx = validation_windows(ckpt, cfg.block_size, num_samples, a.seed, a.data_root).to(a.device)
+    result.update(num_samples=num_samples, seq_len=cfg.block_size, seed=a.seed)
+    return {**result, **probe(model, idx, a.sigma_frac)}
 
 
 def fmt(v, spec=".2f"):
@@ -272,19 +251,33 @@ def title(r, sep="\n"):  # a figure's: the run's folder, its layout and scheme
             f"{r['layout']} {r['scheme']}")
 
 
+def saved(plt, fig, path, dpi=120):
+    """path, once fig is written into it (its folder made first) and closed."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def annotated(ax, mat, cmap, dark, **kw):
+    """mat as a heatmap from 0 to 1, each cell's value written in it (white below dark)."""
+    im = ax.imshow(mat, vmin=0, vmax=1, cmap=cmap, **kw)
+    for (i, j), v in np.ndenumerate(mat):
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                color="w" if v < dark else "k")
+    return im
+
+
 def write_pngs(results, folder):
     """Paper-style figures, checkpoints side by side: effort.png (Fig. 3), cka.png (Fig. 4),
     spectrum.png (Fig. 5), routers.png if any is mesh; steps.png, all in one. Returns the paths."""
     if not (plt := pyplot("probe.py")):
         return []
 
-    os.makedirs(folder, exist_ok=True)
     n, paths = len(results), []
 
     def save(fig, name):
-        paths.append(os.path.join(folder, name))
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(saved(plt, fig, os.path.join(folder, name)))
 
     fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), sharey=True, squeeze=False,
                              layout="constrained")
@@ -301,11 +294,7 @@ def write_pngs(results, folder):
     fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.2), squeeze=False, layout="constrained")
     for ax, r in zip(axes[0], results):
         labels = r["cka"]["labels"]
-        mat = np.array([[np.nan if v is None else v for v in row] for row in r["cka"]["matrix"]])
-        im = ax.imshow(mat, vmin=0, vmax=1, cmap="viridis")
-        for (i, j), v in np.ndenumerate(mat):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                    color="w" if v < 0.6 else "k")
+        im = annotated(ax, np.array(r["cka"]["matrix"], dtype=float), "viridis", 0.6)  # None: nan
         ax.set_xticks(range(len(labels)), labels, rotation=45)
         ax.set_yticks(range(len(labels)), labels)
         ax.set_title(title(r), fontsize=9)
@@ -335,11 +324,7 @@ def write_pngs(results, folder):
         for row, r in zip(axes, meshes):
             ro = r["routers"]
             for ax, kind in zip(row, ("write", "read")):
-                mat = np.array(ro[kind])
-                ax.imshow(mat, vmin=0, vmax=1, cmap="magma", aspect="auto")
-                for (i, j), v in np.ndenumerate(mat):
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                            color="w" if v < 0.5 else "k")
+                annotated(ax, np.array(ro[kind]), "magma", 0.5, aspect="auto")
                 ax.set_xticks(range(ro["n_slots"]), [f"m{b}" for b in range(ro["n_slots"])])
                 entropies = zip(ro["labels"], ro[f"entropy_{kind}"])
                 ax.set_yticks(range(len(ro["labels"])), [f"{l} H={h:.2f}" for l, h in entropies])
@@ -400,9 +385,7 @@ def main(argv=None):
 
 def run(given):
     a = ProbeConfig(**given)
-    results = each_run(a, lambda out_dir: probe_checkpoint(
-        out_dir, a.num_samples, a.seed, a.sigma_frac, a.device, a.data_root, a.unfinished, a.ckpt),
-        report, dict(folder=True))
+    results = each_run(a, probe_checkpoint, report, dict(folder=True))
     for path in write_pngs(results, a.png) if a.png else ():
         print(f"wrote {path}")
 

@@ -27,8 +27,8 @@ from data.meta import Tokenizer, checkpoint_dataset  # noqa: E402
 from support import command  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
-from tools.probe import (RunsConfig, each_run, opened, relative_update, title,  # noqa: E402
-                         unfinished)
+from tools.probe import (RunsConfig, each_run, opened, relative_update, saved,  # noqa: E402
+                         title, unfinished)
 
 SCAN = 100_000  # tokens searched for a line's start, at most
 SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
@@ -58,39 +58,37 @@ def routing(model, idx):
     return {"effort": effort, "routers": routers, "predicted": predicted}
 
 
-def line_window(val, tokenizer, length, seed, scan=SCAN):
-    """(1, length) token ids of val from the first line that starts with a letter at or after a
-    seeded start (within scan tokens): a slide shows words, not the middle of a run of spaces."""
+def sentence(ckpt, model, a):
+    """The token ids (1, T) to show, and the tokenizer: --text's, or without it a validation window
+    from the first line that starts with a letter at or after a seeded start (within SCAN tokens):
+    a slide shows words, not the middle of a run of spaces."""
+    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), a.data_root)
+    tokenizer = Tokenizer.load(folder)
+    T = model.config.block_size
+    if a.text:
+        ids = tokenizer.encode(a.text)  # a character not in a char vocabulary: one line naming it
+        if not 0 < len(ids) <= T:
+            raise UsageError(f"--text is {len(ids)} tokens; give 1 to {T} (the model's "
+                             "block_size)")
+        return torch.tensor([ids]), tokenizer
+    val, length = load_split(folder, "val"), min(a.tokens, T)
     if len(val) < length:
         raise UsageError(f"the validation split has {len(val)} tokens, fewer than "
                          f"--tokens={length}")
-    start = int(np.random.default_rng(seed).integers(0, len(val) - length + 1))
-    for p in range(start, min(start + scan, len(val) - length)):
+    start = int(np.random.default_rng(a.seed).integers(0, len(val) - length + 1))
+    for p in range(start, min(start + SCAN, len(val) - length)):
         line_ends = tokenizer.decode([int(val[p])]).endswith("\n")
         if line_ends and tokenizer.decode([int(val[p + 1])])[:1].isalpha():
             start = p + 1
             break
-    return torch.from_numpy(np.asarray(val[start:start + length], dtype=np.int64))[None]
+    return torch.from_numpy(np.asarray(val[start:start + length], dtype=np.int64))[None], tokenizer
 
 
-def sentence(ckpt, model, text, tokens, seed, data_root=None):
-    """The token ids (1, T) to show, text's or a validation window's, and the tokenizer."""
-    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"), data_root)
-    tokenizer = Tokenizer.load(folder)
-    T = model.config.block_size
-    if text is None:
-        return line_window(load_split(folder, "val"), tokenizer, min(tokens, T), seed), tokenizer
-    ids = tokenizer.encode(text)  # a character not in a char vocabulary: one line naming it
-    if not 0 < len(ids) <= T:
-        raise UsageError(f"--text is {len(ids)} tokens; give 1 to {T} (the model's block_size)")
-    return torch.tensor([ids]), tokenizer
-
-
-def routing_checkpoint(out_dir, text, tokens, seed, device, data_root=None, unfinished=False,
-                       kept=None):
-    model, ckpt, result = opened(out_dir, device, "routing.py", unfinished, kept)
-    idx, tokenizer = sentence(ckpt, model, text, tokens, seed, data_root)
-    seen = routing(model, idx.to(device))
+def routing_checkpoint(out_dir, a):
+    """routing() of the checkpoint in out_dir, as RoutingConfig a asks."""
+    model, ckpt, result = opened(out_dir, a, "routing.py")
+    idx, tokenizer = sentence(ckpt, model, a)
+    seen = routing(model, idx.to(a.device))
     text = lambda ids: [token_text(tokenizer, i) for i in ids]
     return {**result, "n_slots": model.config.slots if result["scheme"] == "mesh" else None,
             "ids": idx[0].tolist(), "tokens": text(idx[0].tolist()), **seen,
@@ -125,9 +123,8 @@ def write_png(results, path):
     if not (plt := pyplot("routing.py", "figure, only the numbers")):
         return None
 
-    meshes = [r for r in results if r["routers"]]
-    rows = 2 + sum(len(r["routers"]) for r in meshes)
-    cols = max(2, len(results))
+    routers = [(r, *router) for r in results if r["routers"] for router in r["routers"].items()]
+    rows, cols = 2 + len(routers), max(2, len(results))  # a row per router below
     T = max(len(r["tokens"]) for r in results)
     fig, axes = plt.subplots(rows, cols, figsize=(max(8, 0.32 * T * cols), 2.6 + 1.8 * rows),
                              squeeze=False, layout="constrained")
@@ -159,31 +156,24 @@ def write_png(results, path):
         tokens_axis(ax, r)
         ax.set_title(f"{title(r, ': ')}\ntop next-token prediction after each loop step "
                      f"(early exit; green: the next token; * trained K)", fontsize=10)
-    for ax in [*axes[0][len(results):], *axes[1][len(results):]]:
-        ax.axis("off")
-    row = 2
-    for r in meshes:
-        for name, weights in r["routers"].items():
-            for ax, kind in zip(axes[row], ("write", "read")):
-                im = ax.imshow(np.array(weights[kind]).T, vmin=0, vmax=1, cmap="magma",  # (B, T)
-                               aspect="auto")
-                ax.set_yticks(range(r["n_slots"]), [f"m{b}" for b in range(r["n_slots"])])
-                ax.set_ylabel("buffer slot")
-                tokens_axis(ax, r)
-                what = "writes its output to" if kind == "write" else "reads its next state from"
-                ax.set_title(f"{title(r, ': ')}, {name}: how much each token {what} each slot",
-                             fontsize=10)
-            for ax in axes[row][2:]:
-                ax.axis("off")
-            fig.colorbar(im, ax=axes[row][:2].tolist(), label="routing weight", shrink=0.9)
-            row += 1
+    for row, (r, name, weights) in zip(axes[2:], routers):
+        for ax, kind in zip(row, ("write", "read")):
+            im = ax.imshow(np.array(weights[kind]).T, vmin=0, vmax=1, cmap="magma",  # (B, T)
+                           aspect="auto")
+            ax.set_yticks(range(r["n_slots"]), [f"m{b}" for b in range(r["n_slots"])])
+            ax.set_ylabel("buffer slot")
+            tokens_axis(ax, r)
+            what = "writes its output to" if kind == "write" else "reads its next state from"
+            ax.set_title(f"{title(r, ': ')}, {name}: how much each token {what} each slot",
+                         fontsize=10)
+        fig.colorbar(im, ax=row[:2].tolist(), label="routing weight", shrink=0.9)
+    for ax in axes.flat:  # the cells of a row that no checkpoint's panel filled
+        if not ax.has_data():
+            ax.axis("off")
     fig.suptitle("One sentence, token by token: how much each part of the model changes each "
                  "token, what it predicts after each step, where MeSH's routers write and read it",
                  fontsize=12)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return saved(plt, fig, path, dpi=110)
 
 
 @dataclass
@@ -208,9 +198,7 @@ def run(given):
     if "text" in given and not a.text:
         raise UsageError("--text is empty; give a sentence, or leave --text out for a window of "
                          "the validation split")
-    results = each_run(a, lambda out_dir: routing_checkpoint(
-        out_dir, a.text or None, a.tokens, a.seed, a.device, a.data_root, a.unfinished, a.ckpt),
-        report, dict(ending=".png"))
+    results = each_run(a, routing_checkpoint, report, dict(ending=".png"))
     if a.png and write_png(results, a.png):
         print(f"wrote {a.png}")
 
