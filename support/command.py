@@ -41,9 +41,9 @@ def main(prog, fn, argv, settings=None, notes="", stopped=None):
         if isinstance(e, (UsageError, OSError, FloatingPointError)):  # a blown-up model: exit 1
             return report(name, e, code=1 if isinstance(e, FloatingPointError) else 2)
         if isinstance(e, RuntimeError) and LOST_PEER.search(str(e)):
-            from support import distributed  # another process of the job is gone: one line
+            from support import distributed, torchrun  # another process of the job is gone
             if distributed.grouped():
-                return report(name, distributed.lost_peer(e), code=1)
+                return report(name, torchrun.lost_peer(e), code=1)
         raise
     except KeyboardInterrupt as e:  # Ctrl-C, or Stopped: a signal that stops at once
         if given.get("debug"):

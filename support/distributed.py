@@ -1,19 +1,17 @@
 """
-Training over many processes with torchrun: the process group, the agreements between processes,
-and the model spread whole over them with DDP (Spread; --fsdp=true: support/sharded.py, FSDP2),
-so that train.py never asks which.
+Training over one process or many: one decision shared by all (from_rank0), and the model spread
+whole over them with DDP (Spread; --fsdp=true: support/sharded.py, FSDP2), so that train.py never
+asks which. A torchrun job's processes join first (support/torchrun.py).
 
-    rank, world = join(timeout)                          # torchrun's RANK, WORLD_SIZE; else 0, 1
-    spread = spread_over(tc, world)                      # --fsdp: Sharded, else Spread
+    name = from_rank0(lambda: prepared(root, name))      # rank 0 decides, every rank gets it
+    spread = spread_over(tc.fsdp, launched)              # --fsdp: Sharded, else Spread
     raw_model, model = spread.wrap(model, device, scratch=True)  # model: compiled, in DDP
     with spread.sync(model, last=...): loss.backward()  # DDP all-reduces at the last micro-batch
 """
 
-import datetime
 import inspect
 import os
 import platform
-import re
 from contextlib import nullcontext
 
 import torch
@@ -21,84 +19,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import UsageError
-from support import checkpoint, files
+from support import checkpoint
 
 # DDP's switch for syncing buffers at every forward: forward_sync_buffers from torch 2.13 on
 NO_BUFFER_SYNC = next(k for k in ("forward_sync_buffers", "broadcast_buffers")
                       if k in inspect.signature(DDP).parameters)
-_timeout = []  # the process group's --dist_timeout, for the words of its errors
 
 
 # -----------------------------------------------------------------------------
-# The processes of a torchrun job, and what they agree on
-
-def join(timeout):
-    """Join this torchrun job's process group, as nanoGPT does, first: gloo for CPU tensors, NCCL
-    for CUDA's where there is CUDA; waits of timeout s. -> (rank, world size); no RANK: (0, 1)."""
-    rank, size = os.environ.get("RANK", "-1"), os.environ.get("WORLD_SIZE")
-    if rank == "-1":
-        return 0, 1
-    try:
-        rank, size = int(rank), int(size)
-        if not 0 <= rank < size:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise UsageError(f"RANK={rank} needs WORLD_SIZE, with 0 <= RANK < WORLD_SIZE "
-                         f"(got WORLD_SIZE={size}); launch with torchrun, which sets both, "
-                         f"or unset RANK") from None
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        variables = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-        names = [k for k in variables if k in os.environ]
-        found = " ".join(f"{k}={os.environ[k]}" for k in names)
-        raise UsageError(f"{found} set, but not by torchrun (no TORCHELASTIC_RUN_ID): "
-                         f"left in this shell by an earlier job? unset {' '.join(names)}, "
-                         f"or launch with torchrun (another launcher: set "
-                         f"TORCHELASTIC_RUN_ID to say they are meant)")
-    _timeout[:] = [timeout]
-    wait = datetime.timedelta(seconds=timeout)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0
-    try:  # torchrun's store, through torch's env:// rendezvous; no backend: each device's own
-        store, rank, size = next(dist.rendezvous("env://", rank, size, timeout=wait))
-        # a restart's keys apart from its killed processes': torchrun keeps one store for all
-        store = dist.PrefixStore(f"nanomesh/attempt_{attempt}", store)
-        dist.init_process_group(store=store, rank=rank, world_size=size, timeout=wait)
-    except (RuntimeError, ValueError) as e:  # the others never came
-        raise LaunchError(f"could not join the other processes of this torchrun job "
-                          f"({first_line(e)}): one failed before joining (its own output says "
-                          f"why), or did not come within --dist_timeout={timeout:g} s") from None
-    return rank, size
-
-
-class LaunchError(UsageError):
-    """This process could not join its torchrun job: one line, exit 2."""
-
-
-def one_folder(out_dir):
-    """Stop every process with one line unless all see rank 0's out_dir (several machines)."""
-    world, local = int(os.environ.get("WORLD_SIZE", 1)), os.environ.get("LOCAL_WORLD_SIZE")
-    if not grouped() or int(local or world) == world:
-        return  # one process, or one machine
-    made, token = not os.path.isdir(out_dir), [None]
-    try:
-        if dist.get_rank() == 0:
-            os.makedirs(out_dir, exist_ok=True)
-            token[0] = files.temporary_name(os.path.join(out_dir, "one-folder"))  # made, empty
-        name = [os.path.basename(token[0] or "")]
-        dist.broadcast_object_list(name, src=0)
-        blind = [None] * world
-        seen = os.path.isfile(os.path.join(out_dir, name[0]))
-        dist.all_gather_object(blind, "" if seen else platform.node())
-    finally:
-        if dist.get_rank() == 0 and token[0]:
-            files.remove(token[0])
-            if made:
-                files.remove_if_empty(out_dir)
-    r, host = next(((r, host) for r, host in enumerate(blind) if host), (0, ""))
-    if host:
-        raise UsageError(f"--out_dir={out_dir} is not one folder for all processes: rank {r} (on "
-                         f"{host}) does not see the file rank 0 wrote there; several nodes need "
-                         f"one out_dir on a filesystem every node sees, at the same path")
-
+# The processes of a job, and what they agree on
 
 def launch_id():
     """This process's torchrun launch, as checkpoints record it (the run id, or machine:pid)."""
@@ -108,41 +37,8 @@ def launch_id():
     return run if run != "none" else f"none@{platform.node()}:{os.getppid()}"
 
 
-def restarted(out_dir):
-    """Whether torchrun restarted this launch after it saved a checkpoint in out_dir: its run
-    continues from there (--init_from=resume), whatever the flags say."""
-    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if count in ("", "0") or launch_id() not in checkpoint.launches(out_dir) - {None}:
-        return False
-    if os.environ.get("RANK", "0") == "0":
-        print(f"torchrun restart {count} of this launch: continuing its run in {out_dir} from its "
-              f"last checkpoint (--init_from=resume)", flush=True)
-    return True
-
-
-def first_line(error):
-    """The first line of a torch.distributed error, without gloo's or c10d's source location."""
-    text = str(error).strip()
-    first = text.splitlines()[0] if text else ""
-    return re.sub(r"^\[[^\]]*\]\s*", "", first)[:160]
-
-
 def grouped():
     return dist.is_available() and dist.is_initialized()
-
-
-def lost_peer(error):
-    """The one line for a failed collective: a peer stopped, or did not answer in --dist_timeout."""
-    first = first_line(error)
-    if not re.search(r"timed out|timeout", first, re.IGNORECASE):
-        return f"another process of this torchrun job stopped ({first}); its own output says why"
-    rank, world = dist.get_rank(), dist.get_world_size()
-    peer = f"rank {1 - rank}" if world == 2 else f"one of the other {world - 1} processes"
-    timeout = _timeout[0] if _timeout else 0
-    return (f"rank {rank}: no answer from {peer} of this torchrun job within "
-            f"--dist_timeout={timeout:g} s ({first}): it is frozen (stopped, or swapping) "
-            f"or its machine cannot be reached; the last checkpoint is whole: "
-            f"continue with --init_from=resume")
 
 
 def launch(world):

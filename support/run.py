@@ -8,8 +8,8 @@ A training run's settings and its folder, OUT_DIR, from start to end:
     run.save(model, optimizer, state, losses)  # refused for a model that blew up
 
 resolve() is the one reader of the flags given, and decides everything before anything is
-trained or written: torchrun's processes join their group and agree on one OUT_DIR; a torchrun
-restart resumes; a resume's saved settings come under the flags given; whatever contradicts the
+trained or written: torchrun's processes join their group and agree on one OUT_DIR (torchrun.py);
+a restart resumes; a resume's saved settings come under the flags given; whatever contradicts the
 checkpoint or a pretrained source is refused. A resume continues bit for bit (a step's batches
 depend on the step alone).
 """
@@ -45,11 +45,15 @@ def resolve(cls, given):
     if tc.plan:  # nothing is joined or written; a resume's settings and model, its checkpoint's
         ckpt = resume_from(tc.out_dir, True) if resume else None
         return (settings(cls, ckpt, given, None, tc.out_dir) if ckpt else tc), ckpt
-    rank, world = distributed.join(tc.dist_timeout)
     real = os.path.realpath(tc.out_dir)  # a link re-pointed later moves nothing of this run
     out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
-    distributed.one_folder(out_dir)
-    if resume or distributed.restarted(out_dir):
+    rank, world, restarted = 0, 1, False
+    if os.environ.get("RANK", "-1") != "-1":  # launched by torchrun: its processes join first
+        from support import torchrun
+        rank, world = torchrun.join(tc.dist_timeout)
+        torchrun.one_folder(out_dir)
+        restarted = torchrun.restarted(out_dir)
+    if resume or restarted:
         given = {k: v for k, v in given.items() if k != "overwrite"}
         if rank == 0 and os.path.isdir(out_dir):
             files.own(out_dir)

@@ -316,15 +316,15 @@ def test_a_torchrun_restart_continues_the_run(overwrite, finished, data_root, tm
 def test_a_torchrun_restart_of_another_launch_starts_as_asked(finished, data_root, tmp_path, monkeypatch):
     """A restart (TORCHELASTIC_RESTART_COUNT=1) finding another launch's checkpoint is no continuation: without
     --overwrite the folder is refused as for any scratch run."""
-    from support import distributed
+    from support import torchrun
     out = shutil.copytree(finished, tmp_path / "run")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another-launch")
-    assert not distributed.restarted(str(out))
+    assert not torchrun.restarted(str(out))
     resave(out / "ckpt.pt", lambda c: c.update(launch="another-launch"))
-    assert distributed.restarted(str(out))  # its own checkpoint: it resumes, --overwrite or not
+    assert torchrun.restarted(str(out))  # its own checkpoint: it resumes, --overwrite or not
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    assert not distributed.restarted(str(out))
+    assert not torchrun.restarted(str(out))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")
