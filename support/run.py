@@ -29,7 +29,6 @@ from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError
 
 NOT_KEPT = ("out_dir", "fsdp", "dist_timeout")  # the launch's, never read from a checkpoint
 LAUNCH = (*NOT_KEPT, "init_from", "plan", "debug")  # what a resume is read with
-FIXED = ("core_init",)  # how the run began: a resume cannot change it
 SHAPE = ("n_embd", "n_head")  # a pretrained source's, which flags cannot change
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab): ten times a uniform guess's
 # what a checkpoint holds; a field outside these is another code's, which a resume would drop
@@ -43,6 +42,7 @@ def resolve(cls, given):
     resume = given.get("init_from") == "resume"  # its settings wait for its checkpoint
     tc = cls(**{k: v for k, v in given.items() if k in LAUNCH or not resume})
     if tc.plan:  # nothing is joined or written; a resume's settings and model, its checkpoint's
+        from support.resume import resume_from
         ckpt = resume_from(tc.out_dir, True) if resume else None
         return (settings(cls, ckpt, given, None, tc.out_dir) if ckpt else tc), ckpt
     real = os.path.realpath(tc.out_dir)  # a link re-pointed later moves nothing of this run
@@ -53,7 +53,8 @@ def resolve(cls, given):
         rank, world = torchrun.join(tc.dist_timeout)
         torchrun.one_folder(out_dir)
         restarted = torchrun.restarted(out_dir)
-    if resume or restarted:
+    if resume or restarted:  # its checkpoint read and checked by support/resume.py, only then
+        from support.resume import check_resumable, resume_from
         given = {k: v for k, v in given.items() if k != "overwrite"}
         if rank == 0 and os.path.isdir(out_dir):
             files.own(out_dir)
@@ -189,70 +190,6 @@ class Run:
                   f"{distributed.launch(world)} train.py --init_from=resume {again}")
 
 
-# -----------------------------------------------------------------------------
-# A resume: the checkpoint it continues from, and every check it must pass
-
-def resume_from(out_dir, sharded):
-    """OUT_DIR's latest checkpoint as a resume's dict (its entries, "model", "path"; a sharded
-    one's "folder"), read whole unless it is sharded and so is the run (sharded)."""
-    if not out_dir.strip():  # "" would read the working folder's files
-        raise UsageError("--out_dir is empty; give the run's folder: "
-                         "--init_from=resume --out_dir=OUT_DIR")
-    entry = checkpoint.latest(out_dir, sharded)
-    if entry is None:
-        raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
-                         f"start with --init_from=scratch or point --out_dir at a run")
-    name = entry[2]
-    if KEPT.match(name):  # ckpt.pt is gone: the latest is a kept one
-        print(f"note: resuming from {os.path.join(out_dir, name)} (iter {entry[0]}), the run's "
-              f"latest checkpoint", flush=True)
-        if os.path.isdir(os.path.join(out_dir, name)):  # a sharded one's run folder
-            return resume_from(os.path.join(out_dir, name), sharded)
-    if not SHARDS.match(name):
-        path = os.path.join(out_dir, name)
-        ckpt = checkpoint.read(path, mmap=False)  # (the run replaces the file it read)
-        return {**ckpt, "model": checkpoint.build(ckpt, path), "path": path}
-    if not sharded:
-        from support.sharded import read_whole
-        return read_whole(entry[3])
-    return {**entry[3], "model": checkpoint.RecursiveGPT(
-        checkpoint.config_of(entry[3], entry[3]["path"]))}
-
-
-def check_resumable(ckpt, tc, given):
-    """Every reason the run in ckpt cannot continue as asked."""
-    path, problem = ckpt["path"], None
-    kinds = {"iter_num": int, "best_val_loss": float, "rng": dict,
-             **({} if "folder" in ckpt else {"optimizer": dict})}
-    missing = [k for k, kind in kinds.items() if not isinstance(ckpt.get(k), kind)]
-    if missing:
-        problem = f"no valid {', '.join(missing)}"
-    elif not torch.is_tensor(ckpt["rng"].get("torch")) or ckpt["rng"]["torch"].dtype != torch.uint8:
-        problem = "no torch RNG state"
-    elif "folder" not in ckpt:  # wrong optimizer shapes would crash inside fused AdamW
-        problem = optimizer_mismatch(ckpt["optimizer"],
-                                     ckpt["model"].configure_optimizer(0.0, 1e-3))
-    if problem:
-        raise CheckpointError(f"{path} cannot be resumed: {problem}; it is damaged or was not "
-                              f"written by train.py (sample.py can still use its weights)")
-    old = ckpt["train_config"]
-    saved = {"model": old.get("model"), **ckpt["model"].config.to_dict(),
-             **{k: old[k] for k in FIXED if k in old}}
-    conflicts = [f"{k}: checkpoint {saved[k]!r} vs given {given[k]!r}" for k in saved
-                 if k in given and given[k] != saved[k]]
-    if conflicts:
-        raise UsageError("the checkpoint's model differs from the flags given: "
-                         + "; ".join(conflicts))
-    it, was = ckpt["iter_num"], old.get("batch_size", 0) * old.get("grad_accum", 0)
-    now = tc.batch_size * tc.grad_accum
-    if tc.data_order == "sequential" and old.get("data_order") == "sequential" and was != now:
-        raise UsageError(f"--data_order=sequential: this run has read windows 0-{it * was - 1} "
-                         f"({it} steps of {was}); with {now} windows a step it would go on at "
-                         f"window {it * now}, not {it * was}; resume with the run's own "
-                         f"--batch_size={old['batch_size']} --grad_accum={old['grad_accum']} "
-                         f"(or as many windows a step in all)")
-
-
 def finished(ckpt, tc):
     """Whether the run in ckpt is at --max_iters already, which it then says."""
     if ckpt["iter_num"] < tc.max_iters:
@@ -262,26 +199,6 @@ def finished(ckpt, tc):
           f"unless the run was given --lr_decay_iters, past which the learning rate stays at "
           f"min_lr)")
     return True
-
-
-def optimizer_mismatch(saved, optimizer):
-    """What in a saved optimizer state_dict does not fit `optimizer`'s parameters, or None."""
-    groups, state = saved.get("param_groups"), saved.get("state")
-    if not isinstance(groups, list) or not isinstance(state, dict):
-        return "the optimizer state has no param_groups or state"
-    ours = optimizer.param_groups
-    if len(groups) != len(ours) or any(len(g.get("params", ())) != len(o["params"])
-                                       for g, o in zip(groups, ours)):
-        return "the optimizer's parameter groups differ from the model's"
-    params = {i: p for g, o in zip(groups, ours) for i, p in zip(g["params"], o["params"])}
-    for i, entry in state.items():
-        if i not in params or not isinstance(entry, dict):
-            return f"optimizer state for an unknown parameter {i!r}"
-        for k, v in entry.items():
-            if torch.is_tensor(v) and v.dim() > 0 and v.shape != params[i].shape:
-                return (f"the optimizer's {k} of parameter {i} has shape {tuple(v.shape)}, "
-                        f"the parameter {tuple(params[i].shape)}")
-    return None
 
 
 # -----------------------------------------------------------------------------

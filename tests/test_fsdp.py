@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tools import consolidate
-from support import checkpoint, files as runfiles, run as run_dir
+from support import checkpoint, files as runfiles, resume
 from support.sharded import Unpickler
 import sample
 import train
@@ -279,7 +279,7 @@ def test_which_checkpoint_a_resume_takes_is_decided_by_training_progress(sharded
     for iter_num, ahead, taken in ((0, 3600.0, "state.json"), (2, 3600.0, "ckpt.pt"), (2, -3600.0, "state.json"),
                                    (2, 0.0, "ckpt.pt")):
         checkpoint.save({**whole, "iter_num": iter_num, "saved_at": meta["saved_at"] + ahead}, str(out / "ckpt.pt"))
-        assert os.path.basename(run_dir.resume_from(str(out), sharded=False)["path"]) == taken
+        assert os.path.basename(resume.resume_from(str(out), sharded=False)["path"]) == taken
 
 
 def test_a_sharded_checkpoint_of_earlier_code_is_still_read(sharded, tmp_path, capsys):
