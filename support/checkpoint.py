@@ -242,11 +242,6 @@ def latest_sharded(out_dir):
     return max(shards, key=lambda entry: entry[:2])[2] if shards else None
 
 
-def launches(out_dir):
-    """The torchrun launches (launch_id) that saved OUT_DIR's readable checkpoints."""
-    return {state.get("launch") for *_, state in found(out_dir)} - {None}
-
-
 def keep(out_dir, iter_num, sharded):
     """Keep the checkpoint just saved, which no later save removes: OUT_DIR/ckpt_ITER.pt, or a
     sharded one as the run folder ckpt_ITER/ holding its shards folder; hard links, else copies."""

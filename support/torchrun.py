@@ -92,7 +92,10 @@ def restarted(out_dir):
     """Whether torchrun restarted this launch after it saved a checkpoint in out_dir: its run
     continues from there (--init_from=resume), whatever the flags say."""
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if count in ("", "0") or launch_id() not in checkpoint.launches(out_dir) - {None}:
+    if count in ("", "0"):
+        return False
+    saved_by = {state.get("launch") for *_, state in checkpoint.found(out_dir)} - {None}
+    if launch_id() not in saved_by:  # no checkpoint of this launch's in out_dir
         return False
     if os.environ.get("RANK", "0") == "0":
         print(f"torchrun restart {count} of this launch: continuing its run in {out_dir} from its "
