@@ -17,7 +17,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even if PYTHONSAFEPATH=1
 from configurator import UsageError, check_ranges, setting
-from data.meta import Tokenizer, checkpoint_dataset
+from data.meta import Tokenizer
+from data.trained_on import checkpoint_dataset
 from support import command, files
 from support.device import resolve_device
 from support.tool import check_decode, load_run

@@ -13,9 +13,8 @@ import os
 import numpy as np
 import torch
 
-from data.meta import (DataError, Tokenizer, check_ids, check_split_file, check_unchanged,
-                       data_root, dataset_folder, dataset_record, hold, read_meta, read_tokens,
-                       trained_folder)
+from data.meta import (DataError, Tokenizer, check_ids, check_split_file, data_root,
+                       dataset_folder, dataset_record, hold, read_meta, read_tokens)
 from support import files
 from support.distributed import from_rank0
 
@@ -31,7 +30,8 @@ class Dataset:
         files.own(folder, "--dataset", note=False, shared=True)
         meta = read_meta(os.path.join(folder, "meta.json"))
         self.record = dataset_record(folder, meta)  # what a checkpoint keeps of it
-        if trained_on is not None:
+        if trained_on is not None:  # (a resume's: data/trained_on.py, imported only then)
+            from data.trained_on import check_unchanged
             check_unchanged(folder, name, trained_on, self.record)
         self.tokenizer = Tokenizer.from_meta(meta, folder)
         self.train = load_split(folder, "train", meta)
@@ -47,6 +47,7 @@ class Dataset:
         if trained_on is None:
             name = from_rank0(lambda: prepared(root, name))
             return cls(root, name, dataset_folder(root, name))
+        from data.trained_on import trained_folder
         return cls(root, *trained_folder(root, name, trained_on), trained_on)
 
     @property

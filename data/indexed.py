@@ -27,7 +27,7 @@ import struct
 
 import numpy as np
 
-from data.meta import DataError, indexed_prefix
+from configurator import DataError
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -37,6 +37,20 @@ HEADER = len(MAGIC) + struct.calcsize(FIELDS)  # 34 bytes
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
 CODES = {np.dtype(t): c for c, t in DTYPES.items()}
 CHECK_SLICE = 1 << 20  # sequences checked at a time: bounded memory for any index
+
+
+def indexed_prefix(path):
+    """PATH/document(.idx, .bin), or a folder holding them -> the prefix PATH/document, or None."""
+    for prefix in (os.path.join(path, "document"), path,
+                   path[:-4] if path.endswith((".idx", ".bin")) else None):
+        if prefix and all(os.path.exists(prefix + ext) for ext in (".idx", ".bin")):
+            odd = next((prefix + ext for ext in (".idx", ".bin")
+                        if not os.path.isfile(prefix + ext)), None)
+            if odd:
+                raise DataError(f"{odd} is not a regular file (a folder, a FIFO or a device?); "
+                                f"give the files of an indexed dataset")
+            return prefix
+    return None
 
 
 class IndexedDataset:

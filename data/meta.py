@@ -1,8 +1,9 @@
 """
-A dataset's files checked before use, where a dataset is, and the record a checkpoint keeps of it.
+A dataset's files checked before use, where a dataset is, the record a checkpoint keeps of it, and
+its tokenizer (the dataset a checkpoint trained on, found again from that record: trained_on.py).
 
     meta = read_meta("data/shakespeare_char/meta.json")
-    folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))  # refused if it changed
+    folder = dataset_folder("data", "shakespeare_char")  # None until it is prepared
 """
 import json
 import os
@@ -157,23 +158,10 @@ def dataset_folder(root, name):
     return folder if os.path.isfile(os.path.join(folder, "meta.json")) else None
 
 
-def indexed_prefix(path):
-    """PATH/document(.idx, .bin), or a folder holding them -> the prefix PATH/document, or None."""
-    for prefix in (os.path.join(path, "document"), path,
-                   path[:-4] if path.endswith((".idx", ".bin")) else None):
-        if prefix and all(os.path.exists(prefix + ext) for ext in (".idx", ".bin")):
-            odd = next((prefix + ext for ext in (".idx", ".bin")
-                        if not os.path.isfile(prefix + ext)), None)
-            if odd:
-                raise DataError(f"{odd} is not a regular file (a folder, a FIFO or a device?); "
-                                f"give the files of an indexed dataset")
-            return prefix
-    return None
-
-
 def dataset_at(name, project):
     """The folder of the dataset a --dataset path names, or None; a relative path is tried from
     the working folder, then from the project folder."""
+    from data.indexed import indexed_prefix  # (the Pile's format: read only for a path)
     bases = [name] if os.path.isabs(name) else [name, os.path.join(project, name)]
     prefix = next((p for p in map(indexed_prefix, bases) if p), None)
     if prefix is None:  # a prepared folder of either format, given by its path
@@ -198,53 +186,6 @@ def dataset_record(folder, meta=None):
     keys = ("tokenizer", "encoding", "chars", "vocab_size", "dtype", "train_tokens", "val_tokens",
             "sha256", "tokenizer_sha256", "sequences")
     return {k: meta[k] for k in keys if k in meta}
-
-
-def checkpoint_dataset(train_config, trained_on=None, root=None):
-    """The folder of the dataset a checkpoint trained on, refused where it no longer matches."""
-    root = data_root(root or train_config.get("data_root", "data"))
-    name, folder = trained_folder(root, train_config["dataset"], trained_on)
-    check_unchanged(folder, name, trained_on, dataset_record(folder))
-    return folder
-
-
-def trained_folder(root, name, trained_on):
-    """(name, folder) of the dataset a run trained on, asked for by `name` under `root`: offline
-    a run of Tiny Shakespeare trained on its stand-in (prepare.py), which a name still means."""
-    folder, stand_in = dataset_folder(root, name), STAND_IN.get(name)
-    if folder is None and stand_in and dataset_folder(root, stand_in):
-        if trained_on == dataset_record(dataset_folder(root, stand_in)):
-            return stand_in, dataset_folder(root, stand_in)
-    if folder is None and is_path(name):
-        raise DataError(f"dataset {name} is not there (no {name}.idx + .bin, nor "
-                        f"{os.path.join(name, 'document')}.idx + .bin)")
-    if folder is None:
-        raise DataError(f"dataset {name!r} is not in --data_root={root} (no "
-                        f"{os.path.join(root, name)}/meta.json): give the folder it moved to with "
-                        f"--data_root, or prepare it with: python data/prepare.py --dataset {name}")
-    return name, folder
-
-
-def check_unchanged(folder, name, trained_on, now):
-    """Refuse the dataset in folder where it is not the one trained_on records."""
-    then = trained_on or {}
-    changed = [k for k in sorted(set(then) | set(now)) if then and then.get(k) != now.get(k)]
-    if changed:
-        raise DataError(f"{os.path.join(folder, 'meta.json')} is not the data the checkpoint was "
-                        f"trained on: " + ", ".join(_difference(k, then.get(k), now.get(k))
-                                                    for k in changed)
-                        + f"; prepare {name!r} again from its original text, or train a new run "
-                        f"on this data")
-
-
-def _difference(key, then, now):
-    """One field of two dataset records that differ, in words (characters gained or lost)."""
-    if key == "chars" and isinstance(then, str) and isinstance(now, str):
-        added, lost = "".join(sorted(set(now) - set(then))), "".join(sorted(set(then) - set(now)))
-        words = ([f"{added!r} added"] if added else []) + ([f"{lost!r} removed"] if lost else [])
-        return "characters " + (", ".join(words) or "in another order")
-    short = lambda v: repr(v) if len(repr(v)) <= 20 else repr(v)[:17] + "..."  # noqa: E731
-    return f"{key} {short(then)} then, {short(now)} now"
 
 
 # -----------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from data.dataset import load_split
 from data.prepare import ensure_dataset, prepare
 from data.meta import Tokenizer
 from conftest import listed, train_bpe
-from data.meta import checkpoint_dataset, dataset_folder
+from data.meta import dataset_folder
+from data.trained_on import checkpoint_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TEXT = "".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300))

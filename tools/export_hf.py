@@ -21,7 +21,8 @@ if __package__ in (None, ""):  # python tools/X.py: the modules are one folder u
     sys.path.insert(0, ROOT)
 from configurator import UsageError, setting  # noqa: E402
 from data.bpe import bytes_to_unicode  # noqa: E402
-from data.meta import Tokenizer, checkpoint_dataset  # noqa: E402
+from data.meta import Tokenizer  # noqa: E402
+from data.trained_on import checkpoint_dataset  # noqa: E402
 from support import command, files, tool  # noqa: E402
 from support.pretrained import neox_names, regroup  # noqa: E402
 

@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, setting  # noqa: E402
 from data.dataset import load_split, random_windows  # noqa: E402
-from data.meta import checkpoint_dataset  # noqa: E402
+from data.trained_on import checkpoint_dataset  # noqa: E402
 from support import command, files, tool  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from support.device import resolve_device  # noqa: E402

@@ -23,7 +23,8 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, setting  # noqa: E402
 from data.dataset import load_split  # noqa: E402
-from data.meta import Tokenizer, checkpoint_dataset  # noqa: E402
+from data.meta import Tokenizer  # noqa: E402
+from data.trained_on import checkpoint_dataset  # noqa: E402
 from support import command  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
