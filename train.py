@@ -30,7 +30,7 @@ from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT
 from support import command
 from support.device import Device
 from support.distributed import spread_over
-from support.run import Run, finished, resolve
+from support.run import Run, resolve
 
 
 # The settings' ranges: (names, the test each value must pass, the range in words); None passes
@@ -187,8 +187,10 @@ def train(given):
     launched = dist.is_initialized()  # by torchrun: its processes have joined their group
     rank, world = (dist.get_rank(), dist.get_world_size()) if launched else (0, 1)
     master, resumed = rank == 0, ckpt if tc.init_from == "resume" else None
-    if resumed and finished(resumed, tc):  # a finished run is left as it is
-        return 0
+    if resumed:  # a finished run is left as it is (support/resume.py: read only for a resume)
+        from support.resume import finished, restore
+        if finished(resumed, tc):
+            return 0
 
     # ---- device and dtype, resolved for this machine (the checkpoint keeps them as given)
     device = Device(tc, master)  # under torchrun, GPU LOCAL_RANK
@@ -225,7 +227,7 @@ def train(given):
     run = Run(tc, resumed, spread, device.type)  # OUT_DIR, from start to end
     iter_num, best_val = 0, float("inf")
     if resumed:  # AdamW's state (FSDP: the weights too, sharded) and the random state
-        run.restore(raw_model, optimizer, tc.seed, rank, world)
+        restore(run, raw_model, optimizer, tc.seed, rank, world)
         iter_num, best_val = resumed["iter_num"], resumed["best_val_loss"]
     cfg = raw_model.config
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.block_size

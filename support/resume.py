@@ -3,18 +3,25 @@ A resume: the checkpoint a run continues from, and every check it must pass befo
 trained or written. resolve() (support/run.py) imports this only when a run resumes.
 
     ckpt = resume_from(out_dir, tc.fsdp)  # OUT_DIR's latest checkpoint, its model built
+    saved = saved_settings(TrainConfig, ckpt, keep)  # its settings, those keep(key) allows
     check_resumable(ckpt, tc, given)      # damaged, another model, a sequential order changed
+    finished(ckpt, tc)                    # at --max_iters already: nothing to do, said so
+    restore(run, model, optimizer, seed, rank, world)  # AdamW's state, the random state
 """
 
+import dataclasses
 import os
 
 import torch
 
-from configurator import UsageError
+from configurator import UsageError, value_of
 from support import checkpoint
 from support.checkpoint import KEPT, SHARDS, CheckpointError
 
 FIXED = ("core_init",)  # how the run began: a resume cannot change it
+# what a checkpoint holds; a field outside these is another code's, which a resume would drop
+FIELDS = {"model", "optimizer", "model_config", "train_config", "iter_num", "best_val_loss", "rng",
+          "data", "source", "saved_at", "launch", "folder", "path", "checksums"}
 
 
 def resume_from(out_dir, sharded):
@@ -42,6 +49,27 @@ def resume_from(out_dir, sharded):
         return read_whole(entry[3])
     return {**entry[3], "model": checkpoint.RecursiveGPT(
         checkpoint.config_of(entry[3], entry[3]["path"]))}
+
+
+def saved_settings(cls, ckpt, keep):
+    """The settings (fields of the dataclass cls) ckpt was saved with that keep(key) allows, each
+    in its field's type; refused where ckpt holds settings or fields this code does not know."""
+    path, fields = ckpt["path"], {f.name: f for f in dataclasses.fields(cls)}
+    old, saved = ckpt.get("train_config", {}), {}
+    unknown = sorted(set(old) - set(fields)) + sorted(set(ckpt) - FIELDS)
+    if unknown:  # settings or fields of other code
+        raise CheckpointError(f"{path} is intact, but this code does not know its "
+                              f"{', '.join(unknown)}, which a resume would drop; resume it with "
+                              f"the code that wrote it")
+    checkpoint.defaults(path, ckpt, "train_config", cls)
+    for key, value in old.items():
+        if keep(key):
+            try:
+                saved[key] = value_of(fields[key], value, f"{path}'s saved train_config")
+            except UsageError as e:
+                raise CheckpointError(f"{e}; it is damaged or was edited: give --{key}=VALUE "
+                                      f"to replace it") from None
+    return saved
 
 
 def check_resumable(ckpt, tc, given):
@@ -96,3 +124,26 @@ def optimizer_mismatch(saved, optimizer):
                 return (f"the optimizer's {k} of parameter {i} has shape {tuple(v.shape)}, "
                         f"the parameter {tuple(params[i].shape)}")
     return None
+
+
+def finished(ckpt, tc):
+    """Whether the run in ckpt is at --max_iters already, which it then says."""
+    if ckpt["iter_num"] < tc.max_iters:
+        return False
+    print(f"{ckpt['path']} is at iter {ckpt['iter_num']}, already --max_iters={tc.max_iters}: "
+          f"nothing to do (raise --max_iters to train further: the cosine stretches to it, "
+          f"unless the run was given --lr_decay_iters, past which the learning rate stays at "
+          f"min_lr)")
+    return True
+
+
+def restore(run, model, optimizer, seed, rank, world):
+    """A resumed run's AdamW state (FSDP: weights too) and random state (others: seeded)."""
+    ckpt = run.resumed
+    run.spread.load(ckpt, model, optimizer)
+    if rank == 0:
+        torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+        if "cuda" in ckpt["rng"] and run.device_type == "cuda":
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
+    else:
+        torch.manual_seed(seed + rank + world * ckpt["iter_num"])

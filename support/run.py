@@ -23,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from configurator import UsageError, value_of
+from configurator import UsageError
 from support import checkpoint, command, distributed, files
 from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError
 
@@ -31,9 +31,6 @@ NOT_KEPT = ("out_dir", "fsdp", "dist_timeout")  # the launch's, never read from 
 LAUNCH = (*NOT_KEPT, "init_from", "plan", "debug")  # what a resume is read with
 SHAPE = ("n_embd", "n_head")  # a pretrained source's, which flags cannot change
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab): ten times a uniform guess's
-# what a checkpoint holds; a field outside these is another code's, which a resume would drop
-FIELDS = {"model", "optimizer", "model_config", "train_config", "iter_num", "best_val_loss", "rng",
-          "data", "source", "saved_at", "launch", "folder", "path", "checksums"}
 
 
 def resolve(cls, given):
@@ -82,22 +79,9 @@ def settings(cls, ckpt, given, world, out_dir):
     resolves: the run's folder, and --grad_accum (None: one micro-batch a process of world,
     then kept; world None: a plan's, left None)."""
     saved, path = {}, ckpt and ckpt["path"]
-    fields = {f.name: f for f in cls.__dataclass_fields__.values()}
-    old = (ckpt or {}).get("train_config", {})
-    unknown = sorted(set(old) - set(fields)) + sorted(set(ckpt or {}) - FIELDS)
-    if unknown:  # settings or fields of other code
-        raise CheckpointError(f"{path} is intact, but this code does not know its "
-                              f"{', '.join(unknown)}, which a resume would drop; resume it with "
-                              f"the code that wrote it")
-    if ckpt:
-        checkpoint.defaults(path, ckpt, "train_config", cls)
-    for key, value in old.items():
-        if key not in NOT_KEPT and key not in given:
-            try:
-                saved[key] = value_of(fields[key], value, f"{path}'s saved train_config")
-            except UsageError as e:
-                raise CheckpointError(f"{e}; it is damaged or was edited: give --{key}=VALUE "
-                                      f"to replace it") from None
+    if ckpt:  # (support/resume.py: read only for a resume)
+        from support.resume import saved_settings
+        saved = saved_settings(cls, ckpt, lambda key: key not in NOT_KEPT and key not in given)
     merged = {**saved, **given, "out_dir": out_dir}
     merged["grad_accum"] = merged.get("grad_accum") or world
     try:
@@ -144,17 +128,6 @@ class Run:
         replace = (lambda: replace_old_run(out_dir, self.spread.sharded)) if fresh else None
         self.log = RunLog(out_dir, fresh, replace, None if fresh else self.saved_iter, self.wandb)
 
-    def restore(self, model, optimizer, seed, rank, world):
-        """A resumed run's AdamW state (FSDP: weights too) and random state (others: seeded)."""
-        ckpt = self.resumed
-        self.spread.load(ckpt, model, optimizer)
-        if rank == 0:
-            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-            if "cuda" in ckpt["rng"] and self.device_type == "cuda":
-                torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
-        else:
-            torch.manual_seed(seed + rank + world * ckpt["iter_num"])
-
     def write(self, record, text):
         """Print text and log record (rank 0)."""
         if self.master:
@@ -188,17 +161,6 @@ class Run:
             again = shlex.quote("--out_dir=" + self.out_dir) + self.spread.flag
             print(f"stopped at iter {iter_num}; checkpoint saved. Continue with "
                   f"{distributed.launch(world)} train.py --init_from=resume {again}")
-
-
-def finished(ckpt, tc):
-    """Whether the run in ckpt is at --max_iters already, which it then says."""
-    if ckpt["iter_num"] < tc.max_iters:
-        return False
-    print(f"{ckpt['path']} is at iter {ckpt['iter_num']}, already --max_iters={tc.max_iters}: "
-          f"nothing to do (raise --max_iters to train further: the cosine stretches to it, "
-          f"unless the run was given --lr_decay_iters, past which the learning rate stays at "
-          f"min_lr)")
-    return True
 
 
 # -----------------------------------------------------------------------------
