@@ -29,17 +29,23 @@ def need_wandb(tc):
     return wandb
 
 
-def start(tc, out_dir, run_id=None):
-    """A wandb run mirroring OUT_DIR's log into OUT_DIR/wandb; run_id (the log keeps it): the
-    resumed run's, which it continues."""
-    wandb = need_wandb(tc)
+def start(tc, log, resumed_at=None):
+    """A wandb run mirroring the run's RunLog `log` into OUT_DIR/wandb; a resumed run's (resumed_at,
+    its iteration) continues the wandb run its log names."""
+    from support.tool import log_records
+    wandb, out_dir = need_wandb(tc), os.path.dirname(log.path)
+    ids = [] if resumed_at is None else [r["wandb_run_id"] for r in log_records(log.path)
+                                         if "wandb_run_id" in r]
     name = tc.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
     try:  # console off: wandb would wrap stdout, which command.py guards
         run = wandb.init(project=tc.wandb_project, name=name, dir=out_dir, resume="allow",
-                         id=run_id, config=dataclasses.asdict(tc),
+                         id=ids[-1] if ids else None, config=dataclasses.asdict(tc),
                          settings=wandb.Settings(console="off"))
     except wandb.Error as e:
         raise UsageError(f"wandb could not start a run ({str(e).strip().splitlines()[0]}); log "
                          f"in with `wandb login`, or log offline: WANDB_MODE=offline") from None
     run.define_metric("*", step_metric="iter")
+    if not ids:  # the log keeps its id (its own record: not mirrored)
+        log.write({"iter": resumed_at or 0, "wandb_run_id": run.id},
+                  f"wandb: run {run.id} of project {tc.wandb_project}, named {run.name}")
     return run

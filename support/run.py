@@ -4,7 +4,7 @@ A training run's settings and its folder, OUT_DIR, from start to end:
     tc, ckpt = resolve(TrainConfig, given)     # the settings, and what the run starts from
     run = Run(tc, resumed, spread, device.type)  # built from resolved values, nothing more
     run.start()                # the run takes OUT_DIR: its lock, killed writers' leftovers, its log
-    run.write(record, text)    # print, and append to log.jsonl (RunLog; log_records reads it)
+    run.write(record, text)    # print, and append to log.jsonl (RunLog; tool.log_records reads it)
     run.save(model, optimizer, state, losses)  # refused for a model that blew up
 
 resolve() is the one reader of the flags given, and decides everything before anything is
@@ -239,69 +239,22 @@ def check_saveable(model, optimizer, losses, iter_num, last_good):
 
 # -----------------------------------------------------------------------------
 # The run's log, OUT_DIR/log.jsonl: one JSON record a line, appended whole or not at all; a resume
-# drops what a killed run logged past its checkpoint. --wandb_log=true mirrors it to wandb.
+# drops what a killed run logged past its checkpoint (support/tool.py reads a log back).
+# --wandb_log=true mirrors it to wandb (support/mirror.py).
 
 LOG = "log.jsonl"
-MAX_LOG = 1 << 30  # a log.jsonl of a million steps, one line each, is about 150 MB
-_open = []         # this process's open RunLogs, closed by close()
-
-
-class LogError(command.UsageError):
-    """A log that cannot be read or appended to as it is: one line."""
-
-
-def log_lines(path):
-    """(line number, bytes, record or None if damaged) for each line of the log at path."""
-    try:
-        data = files.read_bytes(path, MAX_LOG)
-    except files.PlainDataError as e:
-        raise LogError(f"{path} {e}; move it away, then resume the run") from None
-    for number, line in enumerate(data.splitlines(keepends=True), start=1):
-        try:
-            record = files.parse_json(line.decode("utf-8"), nan=True)  # NaN: a loss that blew up
-            if not isinstance(record, dict) or type(record.get("iter", 0)) is not int:
-                raise ValueError("not a record of an iteration")
-        except ValueError:  # UnicodeDecodeError and json's errors included
-            record = None
-        yield number, line, record
-
-
-def log_records(path):
-    """The whole records of the log at path, a damaged line left out."""
-    return [record for _, _, record in log_lines(path) if record is not None]
-
-
-def read_log(path, upto):
-    """The log's lines of iterations up to upto, as bytes; a damaged line is moved into
-    log.jsonl.damaged, which one note names."""
-    kept, bad = [], []
-    for number, line, record in log_lines(path):
-        if record is None:
-            bad.append((number, line))
-        elif record.get("iter", 0) <= upto:
-            kept.append(line if line.endswith(b"\n") else line + b"\n")
-    if bad:
-        aside, n = path + ".damaged", 1
-        while os.path.lexists(aside):
-            n += 1
-            aside = f"{path}.damaged-{n}"
-        files.atomic_write(aside, lambda f: f.writelines(line for _, line in bad))
-        lines = ", ".join(str(number) for number, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
-        print(f"note: {path} has {len(bad)} damaged line(s) (line {lines}: not whole JSON records, "
-              f"as a kill or a full disk leaves); moved into {aside}, the rest of the log goes on",
-              flush=True)
-    return b"".join(kept)
+_open = []  # this process's open RunLogs, closed by close()
 
 
 def check_log(out_dir):
     """Refuse an OUT_DIR/log.jsonl that is a symbolic link or not a regular file."""
     path = os.path.join(out_dir, LOG)
     if os.path.islink(path):
-        raise LogError(f"{path} is a symbolic link, and a run writes only inside its folder; "
-                       f"remove the link (rm {path}) or choose another --out_dir")
+        raise UsageError(f"{path} is a symbolic link, and a run writes only inside its folder; "
+                         f"remove the link (rm {path}) or choose another --out_dir")
     if os.path.exists(path) and not os.path.isfile(path):
-        raise LogError(f"{path} is not a regular file (a FIFO, a device or a folder); move it "
-                       f"away or choose another --out_dir")
+        raise UsageError(f"{path} is not a regular file (a FIFO, a device or a folder); move it "
+                         f"away or choose another --out_dir")
 
 
 class RunLog:
@@ -315,21 +268,15 @@ class RunLog:
         self.path, self.on_commit = os.path.join(out_dir, LOG), on_commit
         self.pending = (files.temporary_name(self.path) if fresh and os.path.exists(self.path)
                         else None)
-        if resumed_at is not None and os.path.exists(self.path):
+        if resumed_at is not None and os.path.exists(self.path):  # (tool.py reads it back)
+            from support.tool import read_log
             kept = read_log(self.path, resumed_at)
             files.atomic_write(self.path, lambda f: f.write(kept))
         self.fd, self.wandb = self._open(self.pending or self.path, fresh), None
         _open.append(self)
         if wandb:  # mirrored (support/mirror.py, imported only then), as the resumed run was
             from support import mirror
-            ids = [r["wandb_run_id"] for r in log_records(self.path) if "wandb_run_id" in r
-                   ] if resumed_at is not None else []
-            run = mirror.start(wandb, out_dir, ids[-1] if ids else None)
-            if not ids:  # (the log's own record: not mirrored)
-                self.write({"iter": resumed_at or 0, "wandb_run_id": run.id},
-                           f"wandb: run {run.id} of project {wandb.wandb_project}, named "
-                           f"{run.name}")
-            self.wandb = run
+            self.wandb = mirror.start(wandb, self, resumed_at)
 
     @staticmethod
     def _open(path, fresh):  # O_NOFOLLOW: never through a link (where the system has it)
@@ -345,9 +292,9 @@ class RunLog:
         try:  # whole records only, for the resume
             files.append(self.path, (json.dumps(record) + "\n").encode(), self.fd)
         except OSError as e:
-            raise LogError(f"could not append to {self.path} ({e.strerror}), so the run stopped; "
-                           f"its last checkpoint is whole: free some space, then continue it "
-                           f"with --init_from=resume") from None
+            raise UsageError(f"could not append to {self.path} ({e.strerror}), so the run "
+                             f"stopped; its last checkpoint is whole: free some space, then "
+                             f"continue it with --init_from=resume") from None
         if self.wandb:
             self.wandb.log(record)
 

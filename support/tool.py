@@ -1,8 +1,10 @@
 """
-What sample.py and every tool share around a trained run: its checkpoint read, a decode that fits
-in memory, and outputs that never land on a run's or a dataset's files. train.py needs none of it.
+What sample.py and every tool share around a trained run: its checkpoint and its log read back, a
+decode that fits in memory, and outputs that never land on a run's or a dataset's files. train.py
+needs none of it, but for a resume's log (read_log: the records the checkpoint has seen).
 
     model, ckpt, note = tool.load_run("out", "cpu", "sample.py")  # note: "unfinished at iter N"
+    records = tool.log_records("out/log.jsonl")  # its whole records, a damaged line left out
     tool.check_writable(path, "json")  # before a long computation, not after
 """
 
@@ -78,6 +80,55 @@ def load_run(out_dir, device, prog, unfinished=False, kept=None,
                           f"nothing trains it now; continue it with python train.py "
                           f"--init_from=resume {shlex.quote('--out_dir=' + out_dir)} (or the "
                           f"table1.py command that trained it), or {as_is(at)}")
+
+
+# -----------------------------------------------------------------------------
+# A run's log read back (support/run.py's RunLog writes it): its records, a damaged line left out
+
+MAX_LOG = 1 << 30  # a log.jsonl of a million steps, one line each, is about 150 MB
+
+
+def log_lines(path):
+    """(line number, bytes, record or None if damaged) for each line of the log at path."""
+    try:
+        data = files.read_bytes(path, MAX_LOG)
+    except files.PlainDataError as e:
+        raise UsageError(f"{path} {e}; move it away, then resume the run") from None
+    for number, line in enumerate(data.splitlines(keepends=True), start=1):
+        try:
+            record = files.parse_json(line.decode("utf-8"), nan=True)  # NaN: a loss that blew up
+            if not isinstance(record, dict) or type(record.get("iter", 0)) is not int:
+                raise ValueError("not a record of an iteration")
+        except ValueError:  # UnicodeDecodeError and json's errors included
+            record = None
+        yield number, line, record
+
+
+def log_records(path):
+    """The whole records of the log at path, a damaged line left out."""
+    return [record for _, _, record in log_lines(path) if record is not None]
+
+
+def read_log(path, upto):
+    """The log's lines of iterations up to upto, as bytes; a damaged line is moved into
+    log.jsonl.damaged, which one note names."""
+    kept, bad = [], []
+    for number, line, record in log_lines(path):
+        if record is None:
+            bad.append((number, line))
+        elif record.get("iter", 0) <= upto:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+    if bad:
+        aside, n = path + ".damaged", 1
+        while os.path.lexists(aside):
+            n += 1
+            aside = f"{path}.damaged-{n}"
+        files.atomic_write(aside, lambda f: f.writelines(line for _, line in bad))
+        lines = ", ".join(str(number) for number, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        print(f"note: {path} has {len(bad)} damaged line(s) (line {lines}: not whole JSON records, "
+              f"as a kill or a full disk leaves); moved into {aside}, the rest of the log goes on",
+              flush=True)
+    return b"".join(kept)
 
 
 # -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, setting  # noqa: E402
 from mesh import parse_layout  # noqa: E402
 from support import checkpoint, command, tool  # noqa: E402
-from support.run import log_records  # noqa: E402
+from support.tool import log_records  # noqa: E402
 
 COLOURS = {"vanilla": "black", "base": "tab:blue", "residual": "tab:purple", "anchor": "tab:green",
            "anchor_emb": "tab:olive", "mesh": "tab:red"}

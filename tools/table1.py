@@ -33,7 +33,7 @@ from configurator import UsageError, check_ranges, closest, setting  # noqa: E40
 from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.tool import machine_name  # noqa: E402
-from support.run import log_records  # noqa: E402
+from support.tool import log_records  # noqa: E402
 from tools.curves import colour, plot  # noqa: E402
 from tools.probe import validation_windows  # noqa: E402
 
