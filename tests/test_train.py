@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from support import checkpoint, device as machine, distributed
+from support import checkpoint, device as machine
 import mesh
 from tools import probe
 import sample
