@@ -1,6 +1,7 @@
 """
 A resume: the checkpoint a run continues from, and every check it must pass before anything is
-trained or written. resolve() (support/run.py) imports this only when a run resumes.
+trained or written, and its state restored. resolve() (support/run.py) and train.py import this
+only when a run resumes.
 
     ckpt = resume_from(out_dir, tc.fsdp)  # OUT_DIR's latest checkpoint, its model built
     saved = saved_settings(TrainConfig, ckpt, keep)  # its settings, those keep(key) allows
