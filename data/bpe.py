@@ -23,8 +23,7 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 
 
 def bytes_to_unicode():
-    """GPT-2's table byte -> character: printable Latin-1 bytes map to themselves, the other 68 to
-    U+0100..."""
+    """GPT-2's byte -> character table: printable Latin-1 bytes as is, the other 68 from U+0100."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
             *range(ord("®"), ord("ÿ") + 1)]
     others = iter(range(256, 512))
@@ -215,10 +214,9 @@ class GPT2:
             self._enc = tiktoken.get_encoding(encoding)
         except Exception as e:
             reason = f"{type(e).__name__}: {e}"[:160]  # requests' errors can be very long
-            raise DataError(
-                f"the GPT-2 vocabulary could not be loaded ({reason}); tiktoken "
-                "downloads it once, so offline set TIKTOKEN_CACHE_DIR to a folder holding "
-                "tiktoken's cached files") from None
+            raise DataError(f"the GPT-2 vocabulary could not be loaded ({reason}); tiktoken "
+                            "downloads it once, so offline set TIKTOKEN_CACHE_DIR to a folder "
+                            "holding tiktoken's cached files") from None
         self.encoding = encoding
         self.vocab_size = self._enc.n_vocab
         self.eot_id = self._enc.eot_token

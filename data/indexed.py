@@ -44,11 +44,10 @@ def indexed_prefix(path):
     for prefix in (os.path.join(path, "document"), path,
                    path[:-4] if path.endswith((".idx", ".bin")) else None):
         if prefix and all(os.path.exists(prefix + ext) for ext in (".idx", ".bin")):
-            odd = next((prefix + ext for ext in (".idx", ".bin")
-                        if not os.path.isfile(prefix + ext)), None)
-            if odd:
-                raise DataError(f"{odd} is not a regular file (a folder, a FIFO or a device?); "
-                                f"give the files of an indexed dataset")
+            for ext in (".idx", ".bin"):
+                if not os.path.isfile(prefix + ext):
+                    raise DataError(f"{prefix}{ext} is not a regular file (a folder, a FIFO "
+                                    f"or a device?); give the files of an indexed dataset")
             return prefix
     return None
 
@@ -128,8 +127,7 @@ class IndexedDataset:
 def write_index(prefix, sizes, dtype):
     """PREFIX.idx for a PREFIX.bin of sequences of `sizes` tokens, each its own document."""
     dtype, sizes = np.dtype(dtype), np.asarray(sizes, dtype="<i4")
-    starts = np.cumsum(sizes, dtype=np.int64) - sizes
-    pointers = (starts * dtype.itemsize).astype("<i8")
+    pointers = ((np.cumsum(sizes, dtype=np.int64) - sizes) * dtype.itemsize).astype("<i8")
     doc = np.arange(len(sizes) + 1, dtype="<i8")
     with open(prefix + ".idx", "wb") as f:
         f.write(MAGIC + struct.pack(FIELDS, VERSION, CODES[dtype], len(sizes), len(doc)))
@@ -150,9 +148,8 @@ def split_tokens(prefix, split):
                   for st in (os.stat(prefix + ".idx"), os.stat(prefix + ".bin")))
     ds = _checked(os.path.abspath(prefix), stamp)
     cut = ds.train_tokens()
-    if split == "train":
-        return ds.tokens[:cut], ds.prefix + ".bin", 0
-    return ds.tokens[cut:], ds.prefix + ".bin", cut
+    tokens, start = (ds.tokens[:cut], 0) if split == "train" else (ds.tokens[cut:], cut)
+    return tokens, ds.prefix + ".bin", start
 
 
 @functools.lru_cache(maxsize=4)

@@ -296,9 +296,8 @@ def check_root_ours(out_root):
     """Refuse a data root of another project's (nanoGPT's data/) for first-use preparing."""
     if not os.path.isdir(out_root) or os.path.samefile(out_root, PROJECT_DATA):
         return
-    foreign = [n for n in sorted(os.listdir(out_root))
-               if not n.startswith(".") and foreign_files(os.path.join(out_root, n))]
-    if foreign:
+    if foreign := [n for n in sorted(os.listdir(out_root))
+                   if not n.startswith(".") and foreign_files(os.path.join(out_root, n))]:
         raise DataError(f"--data_root={out_root} holds another tool's datasets "
                         f"({', '.join(foreign[:3])}: folders without meta.json), where nanoMeSH "
                         f"makes none on its own; give another --data_root, or prepare one there "

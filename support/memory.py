@@ -30,7 +30,6 @@ from configurator import UsageError
 GiB = 2**30
 
 
-
 def physical_memory():
     """This machine's memory in bytes, or None where it cannot be told."""
     try:
@@ -38,9 +37,8 @@ def physical_memory():
             import ctypes
 
             class Status(ctypes.Structure):
-                _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong)] + \
-                           [(n, ctypes.c_ulonglong) for n in ("total", "free", "pt", "pf", "vt",
-                                                              "vf", "ve")]
+                _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong)] + [
+                    (n, ctypes.c_ulonglong) for n in "total free pt pf vt vf ve".split()]
             status = Status(length=ctypes.sizeof(Status))
             ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
             return status.total
@@ -77,11 +75,10 @@ def activation_bytes(cfg, batch_size, grad_checkpoint=False, compute_bytes=4):
     Without --grad_checkpoint the peak is at the start of backward: L block + head + mesh +
     backward. With it each block keeps only its input and backward recomputes one at a time, after
     the head's gradients are gone: L r D + 2 r D + mesh + max(4 r V, r V + block + backward)."""
-    D, H, V, L = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.shape.depth
+    D, H, V, L, S = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.shape.depth, cfg.slots
     r, a = 4, compute_bytes
     block, backward = r * (D + H + 4) + 16 * a * D, 8 * a * D
-    mesh = (r * (cfg.n_steps + 1) * (cfg.slots * D + D + 2 * cfg.slots) if cfg.scheme == "mesh"
-            else 0)
+    mesh = r * (cfg.n_steps + 1) * (S * D + D + 2 * S) if cfg.scheme == "mesh" else 0
     if grad_checkpoint:
         per_token = L * r * D + 2 * r * D + mesh + max(4 * r * V, r * V + block + backward)
     else:
@@ -107,10 +104,8 @@ def memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes, ddp=True):
     P, root, block = param_counts(cfg)
     share = n if fsdp else 1
     out = dict(weights=4 * P / share, gradients=4 * P / share, optimizer=8 * P / share)
-    if fsdp:
-        out["working"] = 4 * root + 4 * cfg.vocab_size * cfg.n_embd + 2 * compute_bytes * block
-    else:
-        out["working"] = 4 * P * ddp + (2 * P if compute_bytes == 2 else 0)
+    out["working"] = (4 * root + 4 * cfg.vocab_size * cfg.n_embd + 2 * compute_bytes * block
+                      if fsdp else 4 * P * ddp + (2 * P if compute_bytes == 2 else 0))
     out["activations"] = activation_bytes(cfg, batch_size, grad_checkpoint, compute_bytes)
     out["total"] = sum(out.values())
     return out

@@ -66,19 +66,19 @@ def one_folder(out_dir):
     world, local = int(os.environ.get("WORLD_SIZE", 1)), os.environ.get("LOCAL_WORLD_SIZE")
     if not grouped() or int(local or world) == world:
         return  # one process, or one machine
-    made, token = not os.path.isdir(out_dir), [None]
+    made, token = not os.path.isdir(out_dir), None
     try:
         if dist.get_rank() == 0:
             os.makedirs(out_dir, exist_ok=True)
-            token[0] = files.temporary_name(os.path.join(out_dir, "one-folder"))  # made, empty
-        name = [os.path.basename(token[0] or "")]
+            token = files.temporary_name(os.path.join(out_dir, "one-folder"))  # made, empty
+        name = [os.path.basename(token or "")]
         dist.broadcast_object_list(name, src=0)
         blind = [None] * world
         seen = os.path.isfile(os.path.join(out_dir, name[0]))
         dist.all_gather_object(blind, "" if seen else platform.node())
     finally:
-        if dist.get_rank() == 0 and token[0]:
-            files.remove(token[0])
+        if dist.get_rank() == 0 and token:
+            files.remove(token)
             if made:
                 files.remove_if_empty(out_dir)
     r, host = next(((r, host) for r, host in enumerate(blind) if host), (0, ""))
@@ -105,8 +105,7 @@ def restarted(out_dir):
 
 def first_line(error):
     """The first line of a torch.distributed error, without gloo's or c10d's source location."""
-    text = str(error).strip()
-    first = text.splitlines()[0] if text else ""
+    first = (str(error).strip().splitlines() or [""])[0]
     return re.sub(r"^\[[^\]]*\]\s*", "", first)[:160]
 
 
