@@ -10,6 +10,7 @@ NAME/ holds train.bin + val.bin (or document.bin + .idx) and meta.json; data/REA
 reference. Text streams through a staging folder moved into place, meta.json last.
 """
 import codecs
+import contextlib
 import errno
 import hashlib
 import http.client
@@ -282,7 +283,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
         if took:
             files.disown(final)
         for folder in reversed(made):  # left empty: we made it, it goes
-            files.remove_if_empty(folder)
+            remove_if_empty(folder)
     if dataset == "shakespeare_char":  # downloaded after all: no more falling back
         files.remove(os.path.join(out_root, OFFLINE))
     n, seconds = meta['train_tokens'] + meta['val_tokens'], time.perf_counter() - started
@@ -290,6 +291,14 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
         f"vocab {meta['vocab_size']}, {meta['dtype']} -> {final} "
         f"({seconds:.1f} s, {n / seconds:,.0f} tokens/s, {num_proc} process(es))")
     return final
+
+
+def remove_if_empty(folder):
+    """Remove a folder this process made, if nothing but its lock file came into it."""
+    with contextlib.suppress(OSError):
+        if os.listdir(folder) == [files.LOCK]:
+            os.remove(os.path.join(folder, files.LOCK))
+        os.rmdir(folder)
 
 
 def check_root_ours(out_root):
@@ -338,7 +347,7 @@ def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
         if took:
             files.disown(out_root)
         if made:  # left empty (a failed prepare): we made it, it goes
-            files.remove_if_empty(out_root)
+            remove_if_empty(out_root)
 
 
 def _first_use(dataset, out_root, log):

@@ -236,12 +236,6 @@ def latest(out_dir, sharded=False):
     return max(found(out_dir), key=key, default=None)
 
 
-def latest_sharded(out_dir):
-    """The name of OUT_DIR's latest whole sharded checkpoint, or None."""
-    shards = [entry for entry in found(out_dir) if SHARDS.match(entry[2])]
-    return max(shards, key=lambda entry: entry[:2])[2] if shards else None
-
-
 def keep(out_dir, iter_num, sharded):
     """Keep the checkpoint just saved, which no later save removes: OUT_DIR/ckpt_ITER.pt, or a
     sharded one as the run folder ckpt_ITER/ holding its shards folder; hard links, else copies."""
@@ -249,7 +243,7 @@ def keep(out_dir, iter_num, sharded):
     tmp = files.temporary_name(kept, folder=sharded)
     try:
         if sharded:
-            name = latest_sharded(out_dir)
+            name = next(n for n in listing(out_dir) if SHARDS.match(n))  # just saved: the only one
             shutil.copytree(os.path.join(out_dir, name), os.path.join(tmp, name),
                             copy_function=link)
         else:

@@ -22,7 +22,7 @@ from support import files
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # SIGHUP: not on Windows
 # a collective's error when another process of the job is gone
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|[Tt]imed out|Socket Timeout")
-LAUNCHER = "NANOMESH_LAUNCHER"  # a tool that launches a process names itself here (Stop.poll)
+LAUNCHER = "NANOMESH_LAUNCHER"  # a tool names itself here to the process it starts (Stop.poll)
 
 
 def main(prog, fn, argv, settings=None, notes="", stopped=None):
@@ -82,7 +82,7 @@ class Stop:
     signals = 0      # how many came
     polled = False   # a loop polls: the first signal is a request
     saved = False    # the run's last checkpoint is saved: any signal now stops at once
-    held = False     # a signal now is counted, nothing more (hold)
+    held = False     # a signal now is counted, nothing more (tool.hold)
     launcher = None  # the parent pid whose end stops this process
     _previous = []   # (signal, handler) pairs to put back
 
@@ -117,7 +117,7 @@ class Stop:
         ppid, named = os.getppid(), os.environ.get(LAUNCHER, "")
         if launched or named == str(ppid):
             cls.launcher = ppid
-        elif named.isdigit() and not files.process_alive(int(named)):  # gone before this poll
+        elif named.isdigit():  # named, but not the parent: re-parented, the launcher gone
             cls.launcher = int(named)
         return cls
 
@@ -137,23 +137,6 @@ class Stop:
         if cls.signals:
             raise Stopped(cls.name)
         return True
-
-    @classmethod
-    def hold(cls):
-        """Signals are counted, nothing more, until release(): what is written goes out whole."""
-        cls.held = True
-
-    @classmethod
-    def release(cls):
-        """Signals act again; one that came while held stops the command now."""
-        cls.held = False
-        if cls.signals:
-            raise Stopped(cls.name)
-
-
-def ignore_ctrl_c():
-    """In a command's helper process: the terminal's Ctrl-C is the parent's to answer."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # -----------------------------------------------------------------------------

@@ -8,14 +8,12 @@ that never land on a run's or a dataset's files.
     files.own(out_dir)                                 # a second run there is refused
 """
 
-import contextlib
 import errno
 import json
 import os
 import re
 import shutil
 import stat
-import sys
 import sqlite3
 import uuid
 
@@ -153,28 +151,20 @@ def atomic_write(path, write, mode="wb"):
         raise
 
 
-def append(path, data, fd=None):
-    """Append the bytes data to the file path (made if missing; fd: its descriptor, already open)
-    whole or not at all: a write that fails (a full disk) or is interrupted (a signal) truncates
-    the file back to where it ended; an OSError's strerror then says why in words."""
-    own = fd is None
-    if own:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0),
-                     0o666)
+def append(path, data, fd):
+    """Append the bytes data to the file path through fd, its descriptor, already open, whole or
+    not at all: a write that fails (a full disk) or is interrupted (a signal) truncates the file
+    back to where it ended; an OSError's strerror then says why in words."""
+    end, data = os.lseek(fd, 0, os.SEEK_END), memoryview(data)
     try:
-        end, data = os.lseek(fd, 0, os.SEEK_END), memoryview(data)
-        try:
-            while data:
-                data = data[os.write(fd, data):]
-        except BaseException as e:
-            os.ftruncate(fd, end)
-            if isinstance(e, OSError):
-                folder = os.path.dirname(os.path.abspath(path))
-                raise OSError(e.errno, why_write_failed(e, folder)) from None
-            raise
-    finally:
-        if own:
-            os.close(fd)
+        while data:
+            data = data[os.write(fd, data):]
+    except BaseException as e:
+        os.ftruncate(fd, end)
+        if isinstance(e, OSError):
+            folder = os.path.dirname(os.path.abspath(path))
+            raise OSError(e.errno, why_write_failed(e, folder)) from None
+        raise
 
 
 def write_json(path, obj):  # its folder made first
@@ -193,41 +183,12 @@ def why_write_failed(error, folder):
     return getattr(error, "strerror", None) or str(error).splitlines()[0]
 
 
-def process_alive(pid):
-    """Whether process pid still runs on this machine (where no lock tells)."""
-    if sys.platform == "win32":  # there os.kill(pid, 0) would send CTRL_C_EVENT
-        import ctypes
-        kernel = ctypes.windll.kernel32
-        handle = kernel.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
-        if not handle:
-            return ctypes.GetLastError() == 5  # ERROR_ACCESS_DENIED: alive, another user's
-        code = ctypes.c_ulong()
-        kernel.GetExitCodeProcess(handle, ctypes.byref(code))
-        kernel.CloseHandle(handle)
-        return code.value == 259  # STILL_ACTIVE
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        pass
-    return True
-
-
 def remove(path):
     """Remove a file or folder if it is there; a symbolic link itself, never followed."""
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
     elif os.path.lexists(path):
         os.remove(path)
-
-
-def remove_if_empty(folder):
-    """Remove a folder this process made, if nothing but its lock file came into it."""
-    with contextlib.suppress(OSError):
-        if os.listdir(folder) == [LOCK]:
-            os.remove(os.path.join(folder, LOCK))
-        os.rmdir(folder)
 
 
 def remove_temporaries(folder):

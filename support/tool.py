@@ -1,7 +1,7 @@
 """
 What sample.py and every tool share around a trained run: its checkpoint and its log read back, a
-decode that fits in memory, and outputs that never land on a run's or a dataset's files. train.py
-needs none of it, but for a resume's log (read_log: the records the checkpoint has seen).
+decode that fits in memory, outputs that never land on a run's or a dataset's files, and signals
+held while a tool writes. train.py needs none of it, but for a resume's log (read_log).
 
     model, ckpt, note = tool.load_run("out", "cpu", "sample.py")  # note: "unfinished at iter N"
     records = tool.log_records("out/log.jsonl")  # its whole records, a damaged line left out
@@ -11,12 +11,13 @@ needs none of it, but for a resume's log (read_log: the records the checkpoint h
 import os
 import platform
 import shlex
+import signal
 import sys
 
 import torch
 
 from configurator import UsageError
-from support import files
+from support import command, files
 from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError, found, load
 from support.memory import GiB, device_memory
 
@@ -129,6 +130,26 @@ def read_log(path, upto):
               f"as a kill or a full disk leaves); moved into {aside}, the rest of the log goes on",
               flush=True)
     return b"".join(kept)
+
+
+# -----------------------------------------------------------------------------
+# Signals held while a tool writes what must go out whole (command.Stop counts them meanwhile)
+
+def hold():
+    """Signals are counted, nothing more, until release(): what is written goes out whole."""
+    command.Stop.held = True
+
+
+def release():
+    """Signals act again; one that came while held stops the command now."""
+    command.Stop.held = False
+    if command.Stop.signals:
+        raise command.Stopped(command.Stop.name)
+
+
+def ignore_ctrl_c():
+    """In a command's helper process: the terminal's Ctrl-C is the parent's to answer."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ resolve() (support/run.py) imports this only under torchrun (RANK set): one proc
     if restarted(out_dir): ...           # a restart after a save continues the run
 """
 
+import contextlib
 import datetime
 import os
 import platform
@@ -51,14 +52,10 @@ def join(timeout):
         store = dist.PrefixStore(f"nanomesh/attempt_{attempt}", store)
         dist.init_process_group(store=store, rank=rank, world_size=size, timeout=wait)
     except (RuntimeError, ValueError) as e:  # the others never came
-        raise LaunchError(f"could not join the other processes of this torchrun job "
-                          f"({first_line(e)}): one failed before joining (its own output says "
-                          f"why), or did not come within --dist_timeout={timeout:g} s") from None
+        raise UsageError(f"could not join the other processes of this torchrun job "
+                         f"({first_line(e)}): one failed before joining (its own output says "
+                         f"why), or did not come within --dist_timeout={timeout:g} s") from None
     return rank, size
-
-
-class LaunchError(UsageError):
-    """This process could not join its torchrun job: one line, exit 2."""
 
 
 def one_folder(out_dir):
@@ -80,7 +77,8 @@ def one_folder(out_dir):
         if dist.get_rank() == 0 and token:
             files.remove(token)
             if made:
-                files.remove_if_empty(out_dir)
+                with contextlib.suppress(OSError):  # empty again, unless another came
+                    os.rmdir(out_dir)
     r, host = next(((r, host) for r, host in enumerate(blind) if host), (0, ""))
     if host:
         raise UsageError(f"--out_dir={out_dir} is not one folder for all processes: rank {r} (on "

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from support import checkpoint
+from support import checkpoint, command
 import configurator
 from data.meta import dataset_record
 import data.dataset as loader
@@ -441,6 +441,21 @@ def test_workers_stop_with_a_checkpoint_when_torchrun_is_killed(data_root, tmp_p
     stopped = int(text.split("stopped at iter ")[1].split(";")[0])
     _, ckpt = checkpoint.load(str(out))
     assert ckpt["iter_num"] == stopped >= 3
+
+
+def test_a_run_whose_named_launcher_is_not_its_parent_stops_with_a_checkpoint(data_root, tmp_path):  # noqa: F811
+    """A tool names itself to the process it starts (NANOMESH_LAUNCHER); named but not the parent, the
+    process was re-parented before it polled: its launcher is gone, so it saves and stops at once."""
+    gone = subprocess.Popen(python("-c", "pass"))
+    gone.wait()
+    out = tmp_path / "orphan"
+    r = subprocess.run(train_cmd(data_root, out, "--max_iters=100000", "--eval_interval=100000"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, command.LAUNCHER: str(gone.pid)})
+    assert r.returncode == 130, r.stdout + r.stderr
+    assert f"the process that launched this one (pid {gone.pid}) is gone: finishing this step" in r.stdout
+    assert "stopped at iter 1; checkpoint saved" in r.stdout, r.stdout
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 1
 
 
 # -----------------------------------------------------------------------------

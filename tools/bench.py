@@ -234,7 +234,7 @@ def step_memory(model, opt, x, y, autocast, device, steps=1, eager=False):
 
 def peak_memory(cfg, bc, conn):
     """In a fresh process: build, then step_memory of 3 steps."""
-    command.ignore_ctrl_c()  # the terminal's Ctrl-C is the parent's to answer
+    tool.ignore_ctrl_c()  # the terminal's Ctrl-C is the parent's to answer
     device, _, autocast = setup(bc)
     model, opt = build(cfg, bc, device)
     x = torch.randint(cfg.vocab_size, (2, bc.batch_size, cfg.block_size), device=device)
@@ -408,13 +408,18 @@ def measure(given, argv):
         tool.check_writable(bc.json, "json")
     rows, info = run(bc)
     info["command"] = " ".join(["python tools/bench.py", *argv])
-    command.Stop.hold()  # measured: the table and its records go out whole
+    tool.hold()  # measured: the table and its records go out whole
     print(table(rows, info))
     if bc.json:
         os.makedirs(os.path.dirname(os.path.abspath(bc.json)), exist_ok=True)
         records = "".join(json.dumps(record) + "\n" for record in rows + [info])
         try:
-            files.append(bc.json, records.encode())
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0)
+            fd = os.open(bc.json, flags, 0o666)
+            try:
+                files.append(bc.json, records.encode(), fd)
+            finally:
+                os.close(fd)
         except OSError as e:
             raise UsageError(f"could not append to --json={bc.json}: {e.strerror}; it is as "
                              f"it was: free some space, then run again") from None

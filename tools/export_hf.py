@@ -144,13 +144,13 @@ def check_target(ec):
 def place(tmp, to):
     """The folder tmp renamed to `to`; one there (--overwrite) aside first."""
     old = files.temporary_name(to, folder=True) if os.path.exists(to) else None
-    command.Stop.hold()  # a signal waits for both renames
+    tool.hold()  # a signal waits for both renames
     try:
         if old:
             os.replace(to, old)
         os.replace(tmp, to)
     finally:
-        command.Stop.release()
+        tool.release()
     if old:
         files.remove(old)
 

@@ -19,12 +19,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configurator import UsageError, check_ranges, parse_flags, setting  # noqa: E402
-from support import command, files  # noqa: E402
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where every part runs
+if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
+    sys.path.insert(0, ROOT)
+from configurator import UsageError, check_ranges, parse_flags, setting  # noqa: E402
+from support import command, files, tool  # noqa: E402
+
 BENCH, TIER = "tools/bench.py", "tests/test_cuda.py"
 GRACE, TAIL = 3, 15  # seconds from SIGTERM to SIGKILL; last lines shown of a failed part
 FULL = ["--dtype=bfloat16", "--compile=true", "--iters=10", "--warmup=3", "--decode=false"]
@@ -158,17 +158,17 @@ def profile_main(args, steps=3):
 def run_part(cmd, env, log_path, timeout):
     """cmd in its own process group, output into log_path -> (status, note)."""
     with open(log_path, "w", encoding="utf-8") as log:
-        command.Stop.hold()  # a signal waits until the part is started and watched
+        tool.hold()  # a signal waits until the part is started and watched
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            command.Stop.release()
+            tool.release()
             rc = proc.wait(timeout=max(timeout, 0))
             return ("passed", "") if rc == 0 else ("failed", f"exit {rc}")
         except subprocess.TimeoutExpired:
             return "overran", "ended at its deadline, with its process group"
         except command.Stopped as e:  # recorded, then the check stops
-            command.Stop.hold()  # once: the ending itself is not interrupted
+            tool.hold()  # once: the ending itself is not interrupted
             return "stopped", f"the check was stopped by {e.name} while it ran"
         finally:  # SIGTERM to the group, SIGKILL GRACE s later (or once its leader ends)
             for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -282,7 +282,7 @@ def check(given, argv):
             report.write()
             print("\n".join(report.part_lines(name)) + "\n", flush=True)
     except command.Stopped:
-        command.Stop.hold()  # once: the ending itself is not interrupted
+        tool.hold()  # once: the ending itself is not interrupted
         for name in names:
             if report.outcomes[name].note == "not reached yet":
                 report.outcomes[name] = Outcome("not run", note="the check was stopped before it")
