@@ -12,13 +12,12 @@ the step alone, never on the process count. The safety nets stand behind four ob
 reading can skip: the Dataset (data/), the Run, the Spread and the Device (support/).
 """
 
-import dataclasses
 import math
 import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -243,7 +242,7 @@ def train(given):
 
     def save(losses):  # what a checkpoint keeps besides the weights and AdamW's state
         run.save(raw_model, optimizer, {
-            "model_config": cfg.to_dict(), "train_config": dataclasses.asdict(tc),
+            "model_config": cfg.to_dict(), "train_config": asdict(tc),
             "iter_num": iter_num, "best_val_loss": best_val, "data": data.record,
             **({"source": source} if source else {})}, losses)
 

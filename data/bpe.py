@@ -220,8 +220,6 @@ class GPT2:
         self.encoding = encoding
         self.vocab_size = self._enc.n_vocab
         self.eot_id = self._enc.eot_token
-        self.fingerprint = json.dumps({**self.to_meta(), "vocab_size": self.vocab_size},
-                                      sort_keys=True)
 
     def to_meta(self):
         return {"tokenizer": "gpt2", "encoding": self.encoding}

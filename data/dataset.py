@@ -44,8 +44,9 @@ class Dataset:
         replaced by its stand-in); a resumed run's the data it trained on (trained_on, its record),
         refused if it changed since."""
         root = data_root(root)
-        if trained_on is None:
-            name = from_rank0(lambda: prepared(root, name))
+        if trained_on is None:  # data/prepare.py's: the dataset as it is, or prepared now
+            from data.prepare import ensure_dataset
+            name = from_rank0(lambda: ensure_dataset(name, root))
             return cls(root, name, dataset_folder(root, name))
         from data.trained_on import trained_folder
         return cls(root, *trained_folder(root, name, trained_on), trained_on)
@@ -105,8 +106,6 @@ def get_batch(data, tc, block_size, key, device):
 
 def load_split(data_dir, split, meta=None):
     """A split's tokens, memory-mapped as one 1-d array, checked against meta.json first."""
-    if split not in ("train", "val"):
-        raise ValueError(f"split must be 'train' or 'val', not {split!r}")
     if meta is None:
         meta = read_meta(os.path.join(data_dir, "meta.json"))
     name = os.path.basename(os.path.normpath(data_dir))
@@ -141,11 +140,3 @@ def sequential_windows(data, length, first, n):
                         f"tokens")
     return np.stack([read_tokens(data, (k % per_epoch) * length, length)
                      for k in range(first, first + n)])
-
-
-def prepared(root, name):
-    """--dataset, prepared first if it is not there (offline, shakespeare_char: pydoc's text)."""
-    if dataset_folder(root, name):
-        return name
-    from data.prepare import ensure_dataset  # loaded only to make a dataset
-    return ensure_dataset(name, root)

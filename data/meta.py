@@ -21,10 +21,7 @@ SCAN_PIECES = 256
 SCAN_PIECE_BYTES = 1 << 20
 GPT2_VOCAB = 50257  # GPT-2's, without loading tiktoken
 STAND_IN = {"shakespeare_char": "pydoc"}  # offline, prepare.py trains on this in its place
-
-
 PROJECT_DATA = os.path.dirname(os.path.abspath(__file__))  # the project's data/ folder
-
 
 
 def data_root(root):
@@ -201,7 +198,7 @@ class Tokenizer:
             from data.bpe import GPT2, ByteLevelBPE
             self._bpe = GPT2(encoding) if kind == "gpt2" else ByteLevelBPE(path)
             self.vocab_size, self.path = self._bpe.vocab_size, getattr(self._bpe, "file", None)
-        elif kind == "char":
+        else:  # "char"
             self.chars = list(chars)
             if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
                 raise DataError("char vocabulary must be distinct single characters")
@@ -211,9 +208,6 @@ class Tokenizer:
             self._order = np.argsort(cps)
             self._sorted = cps[self._order]
             self.vocab_size = len(self.chars)
-        else:
-            raise DataError(f"unknown tokenizer {kind!r}; use 'char', 'gpt2' or the path of a "
-                            f"tokenizer.json (or of a Hugging Face model folder holding one)")
 
     @classmethod
     def from_meta(cls, meta, folder=None):
@@ -245,7 +239,7 @@ class Tokenizer:
     @property
     def identity(self):
         """Equal for tokenizers that give the same ids: a subword vocabulary's fingerprint."""
-        if self.kind != "char":
+        if self.kind == "bpe":
             return self._bpe.fingerprint
         return json.dumps(self.to_meta(), sort_keys=True)
 

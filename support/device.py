@@ -39,7 +39,10 @@ class Device:
             torch.cuda.set_device(self.name)
         self.type = self.name.split(":")[0]  # cuda, mps or cpu
         self.dtype = resolve_dtype(tc.dtype, self.name)
-        self.compile = resolve_compile(tc.compile, self.type, master)
+        if tc.compile and self.type == "cpu" and master:  # asked for on a CPU: done, its cost said
+            print("note: --compile on a CPU compiles for minutes before the first step and gains a "
+                  "few percent on small models; leave it off here to start at once", flush=True)
+        self.compile = self.type == "cuda" if tc.compile is None else tc.compile  # None: CUDA's
         self.peak = peak_bf16_flops(self.name, self.dtype)
         if tc.threads is not None:  # else torch's choice: a thread per core (or OMP_NUM_THREADS)
             torch.set_num_threads(tc.threads)
@@ -93,14 +96,6 @@ def resolve_dtype(name, device):
     if name not in ("float32", "bfloat16"):
         raise UsageError(f"--dtype={name} is not supported; use auto, float32 or bfloat16")
     return name
-
-
-def resolve_compile(compile, device_type, master=True):
-    """--compile: None means on for CUDA only; asked for on a CPU, done, with a note of its cost."""
-    if compile and device_type == "cpu" and master:
-        print("note: --compile on a CPU compiles for minutes before the first step and gains a few "
-              "percent on small models; leave it off here to start at once", flush=True)
-    return device_type == "cuda" if compile is None else compile
 
 
 def flops_per_token(cfg):

@@ -22,6 +22,7 @@ from support.tool import load_run
 from configurator import UsageError
 from mesh import Config, ConfigError, RecursiveGPT
 
+SHAPE = ("n_embd", "n_head")  # the source's, which flags cannot change
 LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0")
 TOKENS = ("tokenizer", "encoding", "chars", "tokenizer_sha256")  # the same ids
 # what each config.json field read must be (a bool is no number)
@@ -172,9 +173,10 @@ def load_hf(path, device="cpu"):
     return build({"model_config": cfg.to_dict(), "model": state}, path, device)
 
 
-def source(init_from, out_dir):
+def source(init_from, out_dir, given):
     """--init_from=vanilla:OUT_DIR (@ITER: its checkpoint of that iteration, as it is) or hf:PATH
-    -> {"model": the vanilla model, "source": what every checkpoint keeps, "data": its data's}."""
+    -> {"model": the vanilla model, "source": what every checkpoint keeps, "data": its data's};
+    refused where the flags given name another width or heads (SHAPE) than the source's."""
     kind, _, path = init_from.partition(":")
     path, _, at = path.rpartition("@") if kind == "vanilla" and "@" in path else (path, "", "")
     if os.path.exists(path) and os.path.exists(out_dir) and os.path.samefile(path, out_dir):
@@ -193,6 +195,11 @@ def source(init_from, out_dir):
         raise UsageError(f"--init_from={init_from} is a {model.config.layout} "
                          f"{model.config.scheme} model, not a vanilla one (a plain layout such "
                          f"as 12, scheme base); loop a vanilla run")
+    wrong = next((k for k in SHAPE if k in given and given[k] != getattr(model.config, k)), None)
+    if wrong:
+        raise UsageError(f"--init_from={init_from} has {wrong}={getattr(model.config, wrong)}, "
+                         f"not --{wrong}={given[wrong]}: the width and heads are the "
+                         f"source's; drop --{wrong}")
     return {"model": model, "data": data, "source": {
         "init_from": f"{kind}:{os.path.abspath(path)}", "model_config": model.config.to_dict(),
         **record}}

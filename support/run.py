@@ -29,7 +29,6 @@ from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError
 
 NOT_KEPT = ("out_dir", "fsdp", "dist_timeout")  # the launch's, never read from a checkpoint
 LAUNCH = (*NOT_KEPT, "init_from", "plan", "debug")  # what a resume is read with
-SHAPE = ("n_embd", "n_head")  # a pretrained source's, which flags cannot change
 DIVERGED = 10  # an evaluated loss above DIVERGED x ln(vocab): ten times a uniform guess's
 
 
@@ -62,13 +61,7 @@ def resolve(cls, given):
     tc, source = settings(cls, None, given, world, out_dir), None
     if tc.init_from != "scratch":  # vanilla:OUT_DIR or hf:PATH, never the run's own folder
         from support import pretrained
-        source = pretrained.source(tc.init_from, out_dir)
-        old = source["model"].config
-        wrong = next((k for k in SHAPE if k in given and given[k] != getattr(old, k)), None)
-        if wrong:
-            raise UsageError(f"--init_from={tc.init_from} has {wrong}={getattr(old, wrong)}, "
-                             f"not --{wrong}={given[wrong]}: the width and heads are the "
-                             f"source's; drop --{wrong}")
+        source = pretrained.source(tc.init_from, out_dir, given)
     if rank == 0:
         check_fresh(out_dir, tc.overwrite)
     return tc, source
@@ -199,11 +192,6 @@ def replace_old_run(out_dir, sharded):
 # -----------------------------------------------------------------------------
 # A model that blew up is never saved
 
-def _local(v):
-    """This rank's shard of a tensor under FSDP (a DTensor), else the tensor itself."""
-    return v.to_local() if hasattr(v, "to_local") else v
-
-
 def unsaveable(model, optimizer, losses):
     """Why this model must not be saved (a loss or tensor not finite, a loss blown up), or None."""
     limit = DIVERGED * math.log(model.config.vocab_size)
@@ -212,15 +200,16 @@ def unsaveable(model, optimizer, losses):
             return f"{split} loss is {loss}"
         if loss > limit:
             return f"{split} loss is {loss:.4g} (above {limit:.4g}, {DIVERGED} x ln(vocab_size))"
-    tensors = {f"weight {k}": _local(v) for k, v in model.state_dict().items()
-               if v.is_floating_point()}
+    tensors = {f"weight {k}": v for k, v in model.state_dict().items() if v.is_floating_point()}
     names = {p: name for name, p in model.named_parameters()}
     for p, state in optimizer.state.items():
         owner = names.get(p, "a parameter")
         for k, v in state.items():
             if torch.is_tensor(v) and v.is_floating_point():
-                tensors[f"optimizer {k} of {owner}"] = _local(v)
-    finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()]).tolist()
+                tensors[f"optimizer {k} of {owner}"] = v
+    # each tensor whole, or under FSDP (a DTensor) this rank's shard of it
+    finite = torch.stack([torch.isfinite(v.to_local() if hasattr(v, "to_local") else v).all()
+                          for v in tensors.values()]).tolist()
     return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
 
 

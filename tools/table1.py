@@ -27,17 +27,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, ROOT)
 from configurator import UsageError, check_ranges, closest, setting  # noqa: E402
 from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
-from support.tool import machine_name  # noqa: E402
-from support.tool import log_records  # noqa: E402
+from support.tool import log_records, machine_name  # noqa: E402
 from tools.curves import colour, plot  # noqa: E402
 from tools.probe import validation_windows  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 DEPTH_LAYOUT, LOOP_LAYOUT = "12", "2+4R2+2"   # 2 + 4x2 + 2 = 12 applied blocks either way
 # name -> scheme, in table order: every scheme of mesh.py
 VARIANTS = {"vanilla": "base", **{s: s for s in SCHEMES}}
@@ -508,7 +507,6 @@ def write_results(results, a, seeds, layouts, only, train):
     dataset = trained_on(results)
     rows = aggregate(results, vanilla_params(a.n_embd), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
-    os.makedirs(a.results, exist_ok=True)
     md = markdown(rows, abl, a.max_iters, machine(a.jobs), dataset, layouts[0], train)
     files.write_json(os.path.join(a.results, "table1.json"), dict(
         settings=dict(train, dataset=dataset, data_root=a.data_root, device=a.device,
