@@ -1208,16 +1208,21 @@ def test_a_dataset_a_live_run_reads_is_not_replaced(data_root, tmp_path):  # noq
     data = copy_of(data_root, tmp_path, "data")
     (tmp_path / "other.txt").write_text(TEXT.upper())
     before, seen = snapshot(data), []
-    p = subprocess.Popen(train_cmd(data, tmp_path / "out", "--max_iters=30", "--eval_interval=10"), cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_line(p, "iter 1:", seen)
-    r = subprocess.run(python(os.path.join(ROOT, "data", "prepare.py"), "--dataset", "tiny", "--input",
-                              str(tmp_path / "other.txt"), "--out_root", str(data)), cwd=ROOT,
-                       capture_output=True, text=True, timeout=HANG)
-    p.communicate(timeout=HANG)
+    p = subprocess.Popen(train_cmd(data, tmp_path / "out", "--max_iters=100000", "--eval_interval=10"),
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # the run trains until stopped, so it is live whatever the machine's speed
+        wait_for_line(p, "iter 1:", seen)
+        r = subprocess.run(python(os.path.join(ROOT, "data", "prepare.py"), "--dataset", "tiny", "--input",
+                                  str(tmp_path / "other.txt"), "--out_root", str(data)), cwd=ROOT,
+                           capture_output=True, text=True, timeout=HANG)
+        assert p.poll() is None
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=HANG)
+    finally:
+        p.kill()
     assert r.returncode == 2 and r.stderr.startswith(f"prepare.py: error: dataset 'tiny' in {data} is in use: "
                                                      f"a live train.py run reads it"), r.stderr
-    assert p.returncode == 0 and snapshot(data) == before
+    assert p.returncode == 130 and snapshot(data) == before
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
     assert ckpt["data"] == dataset_record(str(data / "tiny"))
 
