@@ -181,10 +181,9 @@ def decode_speeds(models, device, bc, reps=3):
     for name, model in models.items():
         model.eval()
         for cache in (True, False):  # warm-up; compiled, every shape it will meet
-            model.generate(prompt, NEW_TOKENS if bc.compile else 8, temperature=0,
-                           use_cache=cache)
-            fns[name, cache] = partial(model.generate, prompt, NEW_TOKENS, temperature=0,
-                                       use_cache=cache)
+            generate = partial(model.generate, prompt, temperature=0, use_cache=cache)
+            generate(NEW_TOKENS if bc.compile else 8)
+            fns[name, cache] = partial(generate, NEW_TOKENS)
     times = rounds(fns, reps, partial(timed, device=device))
     out = {}
     for name in models:
@@ -319,12 +318,11 @@ def run(bc):
         # memory: on a GPU here, with the eager step's, which the plan models; on a CPU, the
         # resident set of a fresh process (with the process itself, some 300 MB)
         if cuda:
-            model, opt = models[name]
-            row["peak_mb"], row["step_mb"] = step_memory(model, opt, x, y, autocast, device)
+            memory_of = partial(step_memory, *models[name], x, y, autocast, device)
+            row["peak_mb"], row["step_mb"] = memory_of()
             row["eager_peak_mb"] = row["peak_mb"]
             if bc.compile:  # one step more, through the model's own forward
-                row["eager_peak_mb"] = step_memory(model, opt, x, y, autocast, device,
-                                                   eager=True)[0]
+                row["eager_peak_mb"] = memory_of(eager=True)[0]
         else:
             row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
         plan = memory.memory(cfg, B, 1, False, bc.grad_checkpoint, dtype.itemsize, ddp=False)
@@ -414,12 +412,8 @@ def measure(given, argv):
         os.makedirs(os.path.dirname(os.path.abspath(bc.json)), exist_ok=True)
         records = "".join(json.dumps(record) + "\n" for record in rows + [info])
         try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0)
-            fd = os.open(bc.json, flags, 0o666)
-            try:
-                files.append(bc.json, records.encode(), fd)
-            finally:
-                os.close(fd)
+            with open(bc.json, "ab") as f:
+                files.append(bc.json, records.encode(), f.fileno())
         except OSError as e:
             raise UsageError(f"could not append to --json={bc.json}: {e.strerror}; it is as "
                              f"it was: free some space, then run again") from None
