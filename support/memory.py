@@ -50,7 +50,7 @@ def physical_memory():
 def device_memory(device):
     """A CUDA GPU's memory in bytes; for cpu and mps (whose GPU shares it) the machine's."""
     if str(device).startswith("cuda"):
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+        return torch.cuda.get_device_properties(device).total_memory
     return physical_memory()
 
 

@@ -45,9 +45,8 @@ def plan(tc, cfg):
              f"{'activ.':>9}{'total':>9}  fits"]
     chosen = choose(cfg, tc.batch_size, n, gib, a)
     for spread in SPREADS:
-        m = memory(cfg, tc.batch_size, n, spread[1], spread[2], a)
-        lines.append(f"{spread[0]:<18}" + "".join(f" {m[k] / GiB:>8.2f}" for k in (
-            "weights", "gradients", "optimizer", "working", "activations", "total"))
+        m = memory(cfg, tc.batch_size, n, *spread[1:], a)
+        lines.append(f"{spread[0]:<18}" + "".join(f" {v / GiB:>8.2f}" for v in m.values())
             + ("  yes" if m["total"] <= gib * GiB else "  no")
             + ("  <- the choice" if spread == chosen else ""))
     lines.append(f"the choice: the first within {1 - HEADROOM:.0%} of {gib:g} GiB (the rest: the "
