@@ -186,7 +186,7 @@ class Report:
     """DIR/report.md, rewritten whole (atomically) after every part."""
 
     def __init__(self, a, names, argv):
-        self.a, self.names, self.started, self.done = a, names, time.time(), False
+        self.a, self.started, self.done = a, time.time(), False
         self.command = " ".join(["python tools/gpu_check.py", *argv])
         self.outcomes = {n: Outcome("not run", note="not reached yet") for n in names}
 
@@ -212,7 +212,7 @@ class Report:
             ran = o.status in ("passed", "failed", "overran", "stopped", "skipped")
             cells = f"{o.seconds:.0f} s | {o.deadline:.0f} s | `{n}.log`" if ran else "- | - | -"
             lines.append(f"| {n} | {o.status}{f': {o.note}' if o.note else ''} | {cells} |")
-        for n in self.names:
+        for n in self.outcomes:
             lines += ["", *self.part_lines(n)]
         lines += ["", "## Targets", "", "| target | measured | met |", "|---|---:|---|"]
         return lines + [f"| {what} | {value} | {'-' if met is None else 'yes' if met else 'no'} |"
