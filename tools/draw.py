@@ -22,6 +22,7 @@ from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_lay
                   summary)
 from support import command, tool  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
+from tools.probe import saved  # noqa: E402
 
 # [choice] the most applied blocks, or buffer slots, drawn or summed up: a drawing of more is
 # unreadable (and slow to build even on the meta device); Pythia's deepest model has 36 layers
@@ -132,10 +133,7 @@ def draw(cfg, path):
     scheme = f"scheme {cfg.scheme}" if cfg.shape.schedule else "vanilla"
     ax.set_title(f"layout {cfg.layout}, {scheme}: compute depth {cfg.shape.depth}, "
                  f"{cfg.shape.unique} unique blocks", fontsize=11)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return saved(plt, fig, path)
 
 
 @dataclass
