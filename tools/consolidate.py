@@ -25,24 +25,18 @@ class ConsolidateConfig:
     out_dir: str = setting("out", "the run's folder, holding shards-<iter>/", path=True)
 
 
-def latest_sharded(out_dir):
-    """The name of OUT_DIR's latest whole sharded checkpoint, or None."""
-    shards = [entry for entry in checkpoint.found(out_dir) if checkpoint.SHARDS.match(entry[2])]
-    return max(shards, key=lambda entry: entry[:2])[2] if shards else None
-
-
 def consolidate(given):
     """OUT_DIR's latest sharded checkpoint -> OUT_DIR/ckpt.pt, written atomically."""
     out_dir = ConsolidateConfig(**given).out_dir
     if os.path.isdir(out_dir):
         files.own(out_dir, flag="OUT_DIR")
-    name = latest_sharded(out_dir)
-    if name is None:
+    shards = [entry for entry in checkpoint.found(out_dir) if checkpoint.SHARDS.match(entry[2])]
+    if not shards:
         raise CheckpointError(f"no sharded checkpoint in {out_dir} (no whole shards-<iter> "
                               f"folder); train one with torchrun ... train.py --fsdp=true "
                               f"--out_dir={out_dir}")
+    _, _, name, sharded = max(shards, key=lambda entry: entry[:2])  # the latest, its state
     path = os.path.join(out_dir, checkpoint.CKPT)
-    sharded = checkpoint.sharded_state(out_dir, name)
     at, _, latest, _ = checkpoint.latest(out_dir, sharded=True)  # as a resume would take it
     if latest != name:
         than = "is further in training than" if at > sharded["iter_num"] else "was saved after"
