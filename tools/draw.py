@@ -159,11 +159,10 @@ class DrawConfig:
                              f"or a summary shows at most {MAX_DRAWN}")
 
 
-def main(argv=None):
+def main(argv):
     notes = (f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}\n"
              f"cycles: {', '.join(MESH_CHOICES['cycle'])}")
-    return command.main("tools/draw.py", run, sys.argv[1:] if argv is None else argv, DrawConfig,
-                        notes)
+    return command.main("tools/draw.py", run, argv, DrawConfig, notes)
 
 
 def run(given):
@@ -185,4 +184,4 @@ def run(given):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -128,7 +128,7 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
             cka.append([[cka_from_grams(K, L) for L in grams] for K in grams])
         for name, *weights in cap["routers"]:
             w = torch.stack(weights).double().flatten(1, 2)           # (write and read, B T, S)
-            acc = routers.setdefault(name, [0, 0, 0])  # sums of weights and entropies; tokens
+            acc = routers.setdefault(name, [0, 0, 0])
             acc[0] = acc[0] + w.sum(1)                                # (2, S)
             acc[1] = acc[1] - torch.special.xlogy(w, w).sum((1, 2))   # H = -sum_b w_b ln w_b
             acc[2] += w.shape[1]
@@ -205,8 +205,8 @@ def probe_checkpoint(out_dir, a):
     return {**result, **probe(model, idx, a.sigma_frac)}
 
 
-def fmt(v, spec=".2f"):
-    return "  -  " if v is None else format(v, spec)
+def fmt(v):
+    return "  -  " if v is None else f"{v:.2f}"
 
 
 def report(r):
@@ -275,12 +275,12 @@ def write_pngs(results, folder):
         return []
 
     n, paths = len(results), []
+    side_by_side = dict(figsize=(3.2 * n, 3), sharey=True, squeeze=False, layout="constrained")
 
     def save(fig, name):
         paths.append(saved(plt, fig, os.path.join(folder, name)))
 
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), sharey=True, squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(1, n, **side_by_side)
     for ax, r in zip(axes[0], results):
         names = list(r["effort"])
         m, s = zip(*r["effort"].values())
@@ -301,8 +301,7 @@ def write_pngs(results, folder):
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="CKA (RBF)")
     save(fig, "cka.png")
 
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), sharey=True, squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(1, n, **side_by_side)
     for ax, r in zip(axes[0], results):
         sp = r["spectrum"]
         for label, m, s in zip(sp["labels"], sp["mean"], sp["std"]):
@@ -379,8 +378,8 @@ class ProbeConfig(RunsConfig):
                             ("sigma_frac", lambda v: v > 0, "a positive finite number")])
 
 
-def main(argv=None):
-    return command.main("tools/probe.py", run, sys.argv[1:] if argv is None else argv, ProbeConfig)
+def main(argv):
+    return command.main("tools/probe.py", run, argv, ProbeConfig)
 
 
 def run(given):
@@ -391,4 +390,4 @@ def run(given):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -189,9 +189,8 @@ class RoutingConfig(RunsConfig):
         check_ranges(self, [("tokens", lambda v: v >= 1, "at least 1")])
 
 
-def main(argv=None):
-    return command.main("tools/routing.py", run, sys.argv[1:] if argv is None else argv,
-                        RoutingConfig)
+def main(argv):
+    return command.main("tools/routing.py", run, argv, RoutingConfig)
 
 
 def run(given):
@@ -205,4 +204,4 @@ def run(given):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
