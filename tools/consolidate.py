@@ -35,7 +35,7 @@ def consolidate(given):
         raise CheckpointError(f"no sharded checkpoint in {out_dir} (no whole shards-<iter> "
                               f"folder); train one with torchrun ... train.py --fsdp=true "
                               f"--out_dir={out_dir}")
-    _, _, name, sharded = max(shards, key=lambda entry: entry[:2])  # the latest, its state
+    _, _, name, sharded = max(shards, key=lambda entry: entry[:2])
     path = os.path.join(out_dir, checkpoint.CKPT)
     at, _, latest, _ = checkpoint.latest(out_dir, sharded=True)  # as a resume would take it
     if latest != name:
