@@ -14,7 +14,7 @@ import numpy as np
 from configurator import DataError
 from support import files
 
-KINDS = ("char", "gpt2", "bpe")  # tokenizer.py's kinds
+KINDS = ("char", "gpt2", "bpe")  # Tokenizer's kinds
 # check_ids reads a split up to SCAN_BYTES whole, a larger one in SCAN_PIECES spread pieces
 SCAN_BYTES = 1 << 30
 SCAN_PIECES = 256
@@ -103,7 +103,7 @@ def check_ids(data, vocab_size, path, fix):
         starts = range(0, len(data), piece)
     else:
         starts = np.linspace(0, max(0, len(data) - piece), SCAN_PIECES).astype(np.int64)
-    pieces = [data[s:s + piece] for s in starts if len(data[s:s + piece])]
+    pieces = [data[s:s + piece] for s in starts]
     top = max((int(p.max()) for p in pieces), default=0)
     signed = np.issubdtype(data.dtype, np.signedinteger)
     low = min((int(p.min()) for p in pieces), default=0) if signed else 0
@@ -148,17 +148,13 @@ def is_path(dataset):
 
 
 def dataset_folder(root, name):
-    """The folder of dataset `name` under data_root `root` (a path: dataset_at's), or None."""
-    if is_path(name):
-        return dataset_at(name, os.path.dirname(PROJECT_DATA))
-    folder = os.path.join(data_root(root), name)
-    return folder if os.path.isfile(os.path.join(folder, "meta.json")) else None
-
-
-def dataset_at(name, project):
-    """The folder of the dataset a --dataset path names, or None; a relative path is tried from
-    the working folder, then from the project folder."""
+    """The folder of dataset `name` under data_root `root`, or None; a --dataset path (is_path) is
+    tried from the working folder, then from the project folder."""
+    if not is_path(name):
+        folder = os.path.join(data_root(root), name)
+        return folder if os.path.isfile(os.path.join(folder, "meta.json")) else None
     from data.indexed import indexed_prefix  # (the Pile's format: read only for a path)
+    project = os.path.dirname(PROJECT_DATA)
     bases = [name] if os.path.isabs(name) else [name, os.path.join(project, name)]
     prefix = next((p for p in map(indexed_prefix, bases) if p), None)
     if prefix is None:  # a prepared folder of either format, given by its path
