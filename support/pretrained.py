@@ -244,15 +244,12 @@ def core_layers(shape, L, core_init):
     P, Q = shape.prelude, shape.coda
     blocks = {f"prelude.{i}": [i] for i in range(P)}
     blocks.update({f"coda.{i}": [L - Q + i] for i in range(Q)})
-    middle, M = range(P, L - Q), sum(shape.cores[c] for c in shape.schedule)
-    stands, at = {}, 0  # (core, block) -> the middle layers it stands for, in order
-    for c in shape.schedule:
-        for j in range(shape.cores[c]):
-            m = at + j  # unrolled position m stands for its share of the middle layers
-            share = middle[m * len(middle) // M:max(m * len(middle) // M + 1,
-                                                     (m + 1) * len(middle) // M)]
-            stands.setdefault((c, j), []).extend(share)
-        at += shape.cores[c]
+    middle = range(P, L - Q)
+    unrolled = [(c, j) for c in shape.schedule for j in range(shape.cores[c])]
+    stands = {}  # (core, block) -> the middle layers it stands for, in order
+    for m, (c, j) in enumerate(unrolled):  # unrolled position m: its share of the middle layers
+        start, end = m * len(middle) // len(unrolled), (m + 1) * len(middle) // len(unrolled)
+        stands.setdefault((c, j), []).extend(middle[start:max(start + 1, end)])
     for (c, j), layers in stands.items():
         span = sorted({i for (d, _), ls in stands.items() if d == c for i in ls})
         blocks[f"cores.{c}.{j}"] = (layers if core_init == "average"
