@@ -60,13 +60,11 @@ def from_hf_neox(path):
             if field in config and not test(config[field]):
                 raise CheckpointError(f"{where}: config.json's {within}{field} is "
                                       f"{json.dumps(config[field])[:40]}, not {words}")
-    for field, found, ours in [("model_type", hf.get("model_type"), "gpt_neox"),
-                               ("intermediate_size", hf.get("intermediate_size", 4 * D), 4 * D),
-                               ("hidden_act", hf.get("hidden_act", "gelu"), "gelu"),  # exact (erf)
-                               ("layer_norm_eps", hf.get("layer_norm_eps", 1e-5), 1e-5),
-                               ("attention_bias", hf.get("attention_bias", True), True),
-                               ("rope_scaling", hf.get("rope_scaling"), None),
-                               ("rope_type", rope.get("rope_type", "default"), "default")]:
+    for config, field, ours in [(hf, "model_type", "gpt_neox"), (hf, "intermediate_size", 4 * D),
+                                (hf, "hidden_act", "gelu"),  # exact (erf)
+                                (hf, "layer_norm_eps", 1e-5), (hf, "attention_bias", True),
+                                (hf, "rope_scaling", None), (rope, "rope_type", "default")]:
+        found = config.get(field, None if field == "model_type" else ours)
         if found != ours:
             raise CheckpointError(f"{where}: {field}={found!r} is not supported "
                                   f"(nanoMeSH has {field}={ours!r})")
