@@ -106,7 +106,6 @@ def log_lines(path):
 
 
 def log_records(path):
-    """The whole records of the log at path, a damaged line left out."""
     return [record for _, _, record in log_lines(path) if record is not None]
 
 

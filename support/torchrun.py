@@ -114,8 +114,7 @@ def lost_peer(error):
         return f"another process of this torchrun job stopped ({first}); its own output says why"
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = f"rank {1 - rank}" if world == 2 else f"one of the other {world - 1} processes"
-    timeout = _timeout[0] if _timeout else 0
     return (f"rank {rank}: no answer from {peer} of this torchrun job within "
-            f"--dist_timeout={timeout:g} s ({first}): it is frozen (stopped, or swapping) "
+            f"--dist_timeout={_timeout[0]:g} s ({first}): it is frozen (stopped, or swapping) "
             f"or its machine cannot be reached; the last checkpoint is whole: "
             f"continue with --init_from=resume")
