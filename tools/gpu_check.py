@@ -42,9 +42,9 @@ TARGETS = {  # bench part -> (target, key in mesh's row, format, whether met)
 }
 TINY = ["--n_embd=64", "--n_head=2", "--block_size=32", "--batch_size=2", "--vocab_size=64",
         "--layout=1+1R2+1", "--iters=2", "--warmup=1", "--decode=false", "--threads=1"]
-PARTS = ("bench-160m", "bench-410m", "tier", "profile")
 RESERVE = {"bench-160m": 150, "bench-410m": 170, "tier": 160, "profile": 60}  # of 540 s
 TINY_RESERVE = {"bench-160m": 30, "bench-410m": 30, "tier": 20, "profile": 20}  # of 100 s
+PARTS = tuple(RESERVE)  # in the order they run
 
 
 @dataclass
