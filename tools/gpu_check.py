@@ -72,6 +72,7 @@ class Outcome:
     deadline: float = 0.0   # seconds from the check's start
     note: str = ""          # the exit status, or why it did not run
     section: list = None    # the report's lines of what it left
+    last: list = None       # its log's last lines
 
 
 def flags(name, tiny):
@@ -221,14 +222,10 @@ class Report:
     def part_lines(self, n):
         o = self.outcomes[n]
         lines = [f"## {n}: {o.status}", "", *(o.section or [])]
-        try:  # a failed, overrun or stopped part's last lines
-            last = read_log(self.a.out, n).rstrip().splitlines()[-TAIL:]
-        except OSError:
-            last = []
-        if last and o.status in ("failed", "overran", "stopped"):
+        if o.last and o.status in ("failed", "overran", "stopped"):
             lines += [""] * bool(o.section) + [
                 f"{o.note}, after {o.seconds:.0f} s; its last lines:", "", "```",
-                *(line[:200] for line in last), "```"]
+                *(line[:200] for line in o.last), "```"]
         elif not o.section:
             lines.append(o.note or "-")
         return lines
@@ -308,7 +305,8 @@ def run(name, a, report, deadline):
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     t0 = time.time()
     status, note = run_part(cmd, env, os.path.join(a.out, f"{name}.log"), deadline - t0)
-    o = Outcome(status, time.time() - t0, deadline - report.started, note)
+    o = Outcome(status, time.time() - t0, deadline - report.started, note,
+                last=read_log(a.out, name).rstrip().splitlines()[-TAIL:])
     if status in ("passed", "failed"):  # a failed tier still names its failures
         try:
             o.section = section(name, a.out, a.tiny)
