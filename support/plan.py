@@ -52,7 +52,7 @@ def plan(tc, cfg):
     lines.append(f"the choice: the first within {1 - HEADROOM:.0%} of {gib:g} GiB (the rest: the "
                  f"CUDA context, the allocator, the estimate's error){'' if chosen else ': none'}")
     accum = tc.grad_accum or n  # not given: one micro-batch a process
-    step = flops_per_token(cfg) * tc.batch_size * accum * cfg.block_size
+    step = flops_per_token(cfg) * tokens * accum
     again = 4 / 3 if tc.grad_checkpoint else 1  # grad_ckpt: each block's forward runs again
     days = step * tc.max_iters * again / (n * peak * MFU) / 86400
     lines.append(f"time, as set: {step:.3g} FLOPs a step ({flops_per_token(cfg):.3g} a token), "
