@@ -293,15 +293,15 @@ def run(bc):
 
     rows = []
     for name, cfg in todo:
-        ms, fpt = 1000 * median(seconds[name]), devices.flops_per_token(cfg)
+        dt, fpt = median(seconds[name]), devices.flops_per_token(cfg)
         row = dict(kind="variant", variant=name, scheme=cfg.scheme, layout=cfg.layout,
                    compute_depth=cfg.shape.depth,
                    non_embedding_params=models[name][0].num_params(),
                    n_slots=cfg.slots if cfg.scheme == "mesh" else None,
                    n_embd=cfg.n_embd, n_head=cfg.n_head, vocab_size=V, block_size=T,
                    batch_size=B, device=device, dtype=bc.dtype, compile=bc.compile,
-                   ms_per_step=ms, tokens_per_s=B * T / ms * 1000,
-                   flops_per_token=fpt, flops_per_s=fpt * B * T / ms * 1000,
+                   ms_per_step=1000 * dt, tokens_per_s=B * T / dt,
+                   flops_per_token=fpt, flops_per_s=fpt * B * T / dt,
                    warmup_s=warm[name][0], warmup_graphs=None, recompiles=None)
         row["peak_fraction"] = row["flops_per_s"] / peak
         if bc.compile:  # graphs built in warm-up, and after it (none, where all is well)
