@@ -279,9 +279,9 @@ def check(given, argv):
             print("\n".join(report.part_lines(name)) + "\n", flush=True)
     except command.Stopped:
         tool.hold()  # once: the ending itself is not interrupted
-        for name in names:
-            if report.outcomes[name].note == "not reached yet":
-                report.outcomes[name] = Outcome("not run", note="the check was stopped before it")
+        for o in report.outcomes.values():
+            if o.note == "not reached yet":
+                o.note = "the check was stopped before it"
     report.done = True
     report.write()
     lines = report.lines()
