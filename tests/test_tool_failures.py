@@ -241,6 +241,15 @@ def test_table1_does_not_wait_on_a_result_file_that_is_a_fifo(tmp_path, capsys):
         f"the folder {folder} to train that run again\n")
 
 
+@pytest.mark.parametrize("train_config", [{"lr": 1e-3}, [1, 2]], ids=["no max_iters", "not a dict"])
+def test_table1_trains_afresh_over_a_foreign_checkpoint(train_config, tmp_path):
+    """A ckpt.pt without result.json whose plain data is not a run's: no run, as train.py judges it."""
+    run = table1.plan(["vanilla"], [0], ())[0]
+    (tmp_path / run["name"]).mkdir()
+    torch.save({"train_config": train_config, "iter_num": 3}, tmp_path / run["name"] / "ckpt.pt")
+    assert table1.stage(run, str(tmp_path / run["name"]), 5) == ("fresh", None)
+
+
 def live_processes(word):
     """The pids of the processes whose command line holds word (Linux's /proc)."""
     pids = []

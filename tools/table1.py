@@ -204,8 +204,8 @@ def stage(run, out_dir, max_iters, train=TRAIN):
     elif os.path.isfile(os.path.join(out_dir, checkpoint.CKPT)):
         try:  # read without its tensors; damaged or foreign: no run, as train.py judges it
             ckpt = checkpoint.peek(os.path.join(out_dir, checkpoint.CKPT))
-            saved, at = ckpt["train_config"], ckpt["iter_num"]
-            saved = saved if type(at) is int and type(saved["max_iters"]) is int else None
+            if type(ckpt["iter_num"]) is int and type(ckpt["train_config"]["max_iters"]) is int:
+                saved, at = ckpt["train_config"], ckpt["iter_num"]
         except Exception:
             pass
     if saved is None:
@@ -441,9 +441,9 @@ class Table1Config:
         check_ranges(self, [("max_iters jobs", lambda v: v >= 1, "at least 1")])
 
 
-def main(argv=None):
-    return command.main("tools/table1.py", table1, sys.argv[1:] if argv is None else argv,
-                        Table1Config, f"names for --only: {', '.join([*SCHEME, 'ablation'])}",
+def main(argv):
+    return command.main("tools/table1.py", table1, argv, Table1Config,
+                        f"names for --only: {', '.join([*SCHEME, 'ablation'])}",
                         stopped="and its runs with it, each saving a checkpoint: the same command "
                         "again continues them (finished ones are kept)")
 
@@ -534,4 +534,4 @@ def write_results(results, a, seeds, layouts, only, train):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
