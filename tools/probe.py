@@ -251,12 +251,12 @@ def title(r, sep="\n"):  # a figure's: the run's folder, its layout and scheme
             f"{r['layout']} {r['scheme']}")
 
 
-def saved(plt, fig, path, dpi=120):
-    """path, once fig is written into it (its folder made first) and closed."""
+def save_figure(plt, fig, path, dpi=120):
+    """fig written into path (its folder made first), closed, and said so."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
-    return path
+    print(f"wrote {path}")
 
 
 def annotated(ax, mat, cmap, dark, **kw):
@@ -270,15 +270,15 @@ def annotated(ax, mat, cmap, dark, **kw):
 
 def write_pngs(results, folder):
     """Paper-style figures, checkpoints side by side: effort.png (Fig. 3), cka.png (Fig. 4),
-    spectrum.png (Fig. 5), routers.png if any is mesh; steps.png, all in one. Returns the paths."""
+    spectrum.png (Fig. 5), routers.png if any is mesh; steps.png, all in one."""
     if not (plt := pyplot("probe.py")):
-        return []
+        return
 
-    n, paths = len(results), []
+    n = len(results)
     side_by_side = dict(figsize=(3.2 * n, 3), sharey=True, squeeze=False, layout="constrained")
 
     def save(fig, name):
-        paths.append(saved(plt, fig, os.path.join(folder, name)))
+        save_figure(plt, fig, os.path.join(folder, name))
 
     fig, axes = plt.subplots(1, n, **side_by_side)
     for ax, r in zip(axes[0], results):
@@ -349,7 +349,6 @@ def write_pngs(results, folder):
         shown = dict(zip(*ax.get_legend_handles_labels()[::-1]))  # each label once
         ax.legend(shown.values(), shown.keys())
         save(fig, "steps.png")
-    return paths
 
 
 @dataclass
@@ -385,8 +384,8 @@ def main(argv):
 def run(given):
     a = ProbeConfig(**given)
     results = each_run(a, probe_checkpoint, report, dict(folder=True))
-    for path in write_pngs(results, a.png) if a.png else ():
-        print(f"wrote {path}")
+    if a.png:
+        write_pngs(results, a.png)
 
 
 if __name__ == "__main__":
