@@ -361,13 +361,13 @@ class RunsConfig:
         None, "where the checkpoints' dataset is now; None: where each trained", path=True)
     json: str | None = setting(None, "write the numbers here", path=True)
     unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
+    seed: int = setting(0, "seed of where the validation windows start, the same for each run")
 
 
 @dataclass
 class ProbeConfig(RunsConfig):
     """MeSH diagnostics (the paper's Fig. 3-5) for trained checkpoints."""
     num_samples: int = setting(64, "validation sequences per checkpoint")
-    seed: int = setting(0, "seed of the sequence positions")
     sigma_frac: float = setting(SIGMA_FRAC, "RBF bandwidth / the median distance")
     png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)",
                               path=True)

@@ -182,7 +182,6 @@ class RoutingConfig(RunsConfig):
     """Each token's effort and MeSH routing on one sentence, checkpoints side by side."""
     text: str = setting("", "the sentence (any text); not given: a window of the validation split")
     tokens: int = setting(32, "the window's length without --text (at most block_size)")
-    seed: int = setting(0, "where the validation window starts (as probe.py's --seed)")
     png: str | None = setting(None, "write the figure here (needs matplotlib)", path=True)
 
     def __post_init__(self):
