@@ -21,7 +21,6 @@ import json
 import math
 import os
 import sys
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,9 +133,7 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
             acc[2] += w.shape[1]
     out = {"effort": {k: list(map(float, mean_std(v))) for k, v in effort.items()}}
     # a degenerate state gives nan CKA in every sample: null in the JSON
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        matrix = np.nanmean(np.asarray(cka), axis=0)
+    matrix = torch.tensor(cka, dtype=torch.float64).nanmean(0)
     out["cka"] = {"labels": labels, "sigma_frac": sigma_frac, "matrix": json_ready(matrix.tolist())}
     means, stds = zip(*(mean_std(spec[k]) for k in labels))
     out["spectrum"] = {"labels": labels, "mean": [m.tolist() for m in means],
