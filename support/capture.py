@@ -37,12 +37,11 @@ def capture(model):
             cap["blocks"].append((f"step{t}", x, y))
         return y, layer
 
-    def note_router(name):
-        return lambda router, inputs, weights: cap["routers"].append((name, *weights))
+    def note_router(router, inputs, weights):  # called after the prelude (the cycle) or step t
+        t = len(cap["blocks"]) - 2
+        cap["routers"].append(("cycle" if t < 0 else f"step{t}", *weights))
 
-    names = ["cycle"] * (model.config.cycle == "routed") + [f"step{t}" for t in range(K)]
-    routers = getattr(model, "routers", [])  # mesh only
-    hooks = [r.register_forward_hook(note_router(n)) for r, n in zip(routers, names)]
+    hooks = [r.register_forward_hook(note_router) for r in getattr(model, "routers", [])]  # mesh
     model.run = run_part
     try:
         yield cap

@@ -22,7 +22,7 @@ from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_lay
                   summary)
 from support import command, tool  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
-from tools.probe import saved  # noqa: E402
+from tools.probe import save_figure  # noqa: E402
 
 # [choice] the most applied blocks, or buffer slots, drawn or summed up: a drawing of more is
 # unreadable (and slow to build even on the meta device); Pythia's deepest model has 36 layers
@@ -72,9 +72,9 @@ def text(cfg):
 
 def draw(cfg, path):
     """The same picture as a PNG (a shared core hatched; for mesh the buffer's lanes below, each
-    router's arrows crossing them, a weight a slot: Eq. 3, 5); path, or None without matplotlib."""
+    router's arrows crossing them, a weight a slot: Eq. 3, 5)."""
     if not (plt := pyplot("draw.py", "picture, only the text above")):
-        return None
+        return
     from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
     shown = [p for p in parts(cfg) if p[1]]
@@ -133,7 +133,7 @@ def draw(cfg, path):
     scheme = f"scheme {cfg.scheme}" if cfg.shape.schedule else "vanilla"
     ax.set_title(f"layout {cfg.layout}, {scheme}: compute depth {cfg.shape.depth}, "
                  f"{cfg.shape.unique} unique blocks", fontsize=11)
-    return saved(plt, fig, path)
+    save_figure(plt, fig, path)
 
 
 @dataclass
@@ -178,9 +178,8 @@ def run(given):
     except ConfigError as e:  # a model mesh.py cannot build, in its words
         raise UsageError(str(e)) from None
     print(text(cfg) + "\n\n" + summary(cfg))
-    if a.png and draw(cfg, a.png):
-        print(f"wrote {a.png}")
-    return 0
+    if a.png:
+        draw(cfg, a.png)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import json
 import math
 import os
 import sys
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,9 +133,7 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
             acc[2] += w.shape[1]
     out = {"effort": {k: list(map(float, mean_std(v))) for k, v in effort.items()}}
     # a degenerate state gives nan CKA in every sample: null in the JSON
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        matrix = np.nanmean(np.asarray(cka), axis=0)
+    matrix = torch.tensor(cka, dtype=torch.float64).nanmean(0)
     out["cka"] = {"labels": labels, "sigma_frac": sigma_frac, "matrix": json_ready(matrix.tolist())}
     means, stds = zip(*(mean_std(spec[k]) for k in labels))
     out["spectrum"] = {"labels": labels, "mean": [m.tolist() for m in means],
@@ -251,12 +248,12 @@ def title(r, sep="\n"):  # a figure's: the run's folder, its layout and scheme
             f"{r['layout']} {r['scheme']}")
 
 
-def saved(plt, fig, path, dpi=120):
-    """path, once fig is written into it (its folder made first) and closed."""
+def save_figure(plt, fig, path, dpi=120):
+    """fig written into path (its folder made first), closed, and said so."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
-    return path
+    print(f"wrote {path}")
 
 
 def annotated(ax, mat, cmap, dark, **kw):
@@ -270,15 +267,15 @@ def annotated(ax, mat, cmap, dark, **kw):
 
 def write_pngs(results, folder):
     """Paper-style figures, checkpoints side by side: effort.png (Fig. 3), cka.png (Fig. 4),
-    spectrum.png (Fig. 5), routers.png if any is mesh; steps.png, all in one. Returns the paths."""
+    spectrum.png (Fig. 5), routers.png if any is mesh; steps.png, all in one."""
     if not (plt := pyplot("probe.py")):
-        return []
+        return
 
-    n, paths = len(results), []
+    n = len(results)
     side_by_side = dict(figsize=(3.2 * n, 3), sharey=True, squeeze=False, layout="constrained")
 
     def save(fig, name):
-        paths.append(saved(plt, fig, os.path.join(folder, name)))
+        save_figure(plt, fig, os.path.join(folder, name))
 
     fig, axes = plt.subplots(1, n, **side_by_side)
     for ax, r in zip(axes[0], results):
@@ -349,7 +346,6 @@ def write_pngs(results, folder):
         shown = dict(zip(*ax.get_legend_handles_labels()[::-1]))  # each label once
         ax.legend(shown.values(), shown.keys())
         save(fig, "steps.png")
-    return paths
 
 
 @dataclass
@@ -362,13 +358,13 @@ class RunsConfig:
         None, "where the checkpoints' dataset is now; None: where each trained", path=True)
     json: str | None = setting(None, "write the numbers here", path=True)
     unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
+    seed: int = setting(0, "seed of where the validation windows start, the same for each run")
 
 
 @dataclass
 class ProbeConfig(RunsConfig):
     """MeSH diagnostics (the paper's Fig. 3-5) for trained checkpoints."""
     num_samples: int = setting(64, "validation sequences per checkpoint")
-    seed: int = setting(0, "seed of the sequence positions")
     sigma_frac: float = setting(SIGMA_FRAC, "RBF bandwidth / the median distance")
     png: str | None = setting(None, "write PNG figures into this folder (needs matplotlib)",
                               path=True)
@@ -385,8 +381,8 @@ def main(argv):
 def run(given):
     a = ProbeConfig(**given)
     results = each_run(a, probe_checkpoint, report, dict(folder=True))
-    for path in write_pngs(results, a.png) if a.png else ():
-        print(f"wrote {path}")
+    if a.png:
+        write_pngs(results, a.png)
 
 
 if __name__ == "__main__":

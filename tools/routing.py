@@ -28,8 +28,8 @@ from data.trained_on import checkpoint_dataset  # noqa: E402
 from support import command  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
-from tools.probe import (RunsConfig, each_run, opened, relative_update, saved,  # noqa: E402
-                         title, unfinished)
+from tools.probe import (RunsConfig, each_run, opened, relative_update,  # noqa: E402
+                         save_figure, title, unfinished)
 
 SCAN = 100_000  # tokens searched for a line's start, at most
 SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
@@ -120,9 +120,9 @@ def report(r):
 
 def write_png(results, path):
     """One figure: each checkpoint's per-token effort, then its predictions after each step; below,
-    a row per MeSH router with its write and read weights; path, or None without matplotlib."""
+    a row per MeSH router with its write and read weights."""
     if not (plt := pyplot("routing.py", "figure, only the numbers")):
-        return None
+        return
 
     routers = [(r, *router) for r in results if r["routers"] for router in r["routers"].items()]
     rows, cols = 2 + len(routers), max(2, len(results))  # a row per router below
@@ -174,7 +174,7 @@ def write_png(results, path):
     fig.suptitle("One sentence, token by token: how much each part of the model changes each "
                  "token, what it predicts after each step, where MeSH's routers write and read it",
                  fontsize=12)
-    return saved(plt, fig, path, dpi=110)
+    save_figure(plt, fig, path, dpi=110)
 
 
 @dataclass
@@ -182,7 +182,6 @@ class RoutingConfig(RunsConfig):
     """Each token's effort and MeSH routing on one sentence, checkpoints side by side."""
     text: str = setting("", "the sentence (any text); not given: a window of the validation split")
     tokens: int = setting(32, "the window's length without --text (at most block_size)")
-    seed: int = setting(0, "where the validation window starts (as probe.py's --seed)")
     png: str | None = setting(None, "write the figure here (needs matplotlib)", path=True)
 
     def __post_init__(self):
@@ -199,8 +198,8 @@ def run(given):
         raise UsageError("--text is empty; give a sentence, or leave --text out for a window of "
                          "the validation split")
     results = each_run(a, routing_checkpoint, report, dict(ending=".png"))
-    if a.png and write_png(results, a.png):
-        print(f"wrote {a.png}")
+    if a.png:
+        write_png(results, a.png)
 
 
 if __name__ == "__main__":
