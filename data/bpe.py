@@ -151,7 +151,7 @@ class ByteLevelBPE:
         if any(c not in byte_of for token in vocab_bytes for c in token):
             return "a vocabulary entry is not spelled in GPT-2's byte alphabet"
         ranks, to_id = {}, []
-        for b, c in bytes_to_unicode().items():
+        for c, b in byte_of.items():
             if c not in vocab_bytes:
                 return f"byte 0x{b:02x} is not in the vocabulary"
             ranks[bytes([b])] = b
