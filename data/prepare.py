@@ -183,7 +183,6 @@ def foreign_files(folder):
 
 
 def check_name(dataset):
-    """Raise DataError unless dataset is a valid folder name."""
     if (not dataset or dataset.startswith(".") or any(c in dataset for c in "/\\\0")
             or len(dataset.encode("utf-8", "surrogatepass")) > NAME_BYTES):
         raise DataError(f"invalid dataset name {dataset!r:.50}: a dataset's name is a plain "
