@@ -197,11 +197,9 @@ class ByteLevelBPE:
         return ids
 
     def decode(self, ids):
-        """Special tokens are kept as text; ids outside the vocabulary are dropped."""
-        ids = [int(i) for i in ids]
+        """Special tokens are kept as text; an id no token has is dropped (Tokenizer's ids)."""
         if self._hf is not None:
-            return self._hf.decode([i for i in ids if 0 <= i < self.vocab_size],
-                                   skip_special_tokens=False)
+            return self._hf.decode(ids, skip_special_tokens=False)
         return b"".join(self._bytes.get(i, b"") for i in ids).decode("utf-8", errors="replace")
 
 
@@ -227,5 +225,5 @@ class GPT2:
     def encode(self, text):
         return self._enc.encode(text, allowed_special={"<|endoftext|>"})
 
-    def decode(self, ids):  # ids past the vocabulary (the model pads it) dropped
-        return self._enc.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
+    def decode(self, ids):  # Tokenizer's: ids of the vocabulary
+        return self._enc.decode(ids)

@@ -265,7 +265,8 @@ class Tokenizer:
     def encode(self, text):
         return self.encode_array(text).tolist()
 
-    def decode(self, ids):
+    def decode(self, ids):  # ids past the vocabulary (the model pads it) dropped
+        ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
         if self.kind != "char":
             return self._bpe.decode(ids)
-        return "".join(self.chars[int(i)] for i in ids if 0 <= int(i) < self.vocab_size)
+        return "".join(self.chars[i] for i in ids)
