@@ -151,7 +151,7 @@ class ByteLevelBPE:
         if any(c not in byte_of for token in vocab_bytes for c in token):
             return "a vocabulary entry is not spelled in GPT-2's byte alphabet"
         ranks, to_id = {}, []
-        for b, c in bytes_to_unicode().items():
+        for c, b in byte_of.items():
             if c not in vocab_bytes:
                 return f"byte 0x{b:02x} is not in the vocabulary"
             ranks[bytes([b])] = b
@@ -197,11 +197,9 @@ class ByteLevelBPE:
         return ids
 
     def decode(self, ids):
-        """Special tokens are kept as text; ids outside the vocabulary are dropped."""
-        ids = [int(i) for i in ids]
+        """Special tokens are kept as text; an id no token has is dropped (Tokenizer's ids)."""
         if self._hf is not None:
-            return self._hf.decode([i for i in ids if 0 <= i < self.vocab_size],
-                                   skip_special_tokens=False)
+            return self._hf.decode(ids, skip_special_tokens=False)
         return b"".join(self._bytes.get(i, b"") for i in ids).decode("utf-8", errors="replace")
 
 
@@ -227,5 +225,5 @@ class GPT2:
     def encode(self, text):
         return self._enc.encode(text, allowed_special={"<|endoftext|>"})
 
-    def decode(self, ids):  # ids past the vocabulary (the model pads it) dropped
-        return self._enc.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
+    def decode(self, ids):  # Tokenizer's: ids of the vocabulary
+        return self._enc.decode(ids)

@@ -26,7 +26,7 @@ class Dataset:
 
     def __init__(self, root, name, folder, trained_on=None):
         """trained_on: a resumed run's record of its data, which this data must still match."""
-        self.root, self.name, self.folder = root, name, folder
+        self.root, self.name = root, name
         files.own(folder, "--dataset", note=False, shared=True)
         meta = read_meta(os.path.join(folder, "meta.json"))
         self.record = dataset_record(folder, meta)  # what a checkpoint keeps of it

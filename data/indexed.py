@@ -83,7 +83,7 @@ class IndexedDataset:
         part = lambda t, at: np.memmap(idx, t, "r", at, (n,)) if n else np.zeros(0, t)  # noqa: E731
         self.sizes, self.pointers = part("<i4", HEADER), part("<i8", HEADER + 4 * n)
         self._check(os.path.getsize(prefix + ".bin"))
-        self.tokens = (np.memmap(prefix + ".bin", dtype=self.dtype, mode="r") if n and self.n_tokens
+        self.tokens = (np.memmap(prefix + ".bin", dtype=self.dtype, mode="r") if self.n_tokens
                        else np.zeros(0, self.dtype))
 
     def _check(self, bin_bytes):

@@ -112,7 +112,7 @@ def check_ids(data, vocab_size, path, fix):
                         f"vocabulary of {vocab_size}; {fix}")
 
 
-def hold(data, path, first=0):
+def hold(data, path, first):
     """Keep path open beside data, its memory map of the file's tokens from token `first` on,
     until it closes; the file's size now (read_tokens)."""
     fd = os.open(path, os.O_RDONLY)
@@ -154,8 +154,7 @@ def dataset_folder(root, name):
         folder = os.path.join(data_root(root), name)
         return folder if os.path.isfile(os.path.join(folder, "meta.json")) else None
     from data.indexed import indexed_prefix  # (the Pile's format: read only for a path)
-    project = os.path.dirname(PROJECT_DATA)
-    bases = [name] if os.path.isabs(name) else [name, os.path.join(project, name)]
+    bases = [name, os.path.join(os.path.dirname(PROJECT_DATA), name)]  # join keeps an absolute name
     prefix = next((p for p in map(indexed_prefix, bases) if p), None)
     if prefix is None:  # a prepared folder of either format, given by its path
         return next((b for b in bases if os.path.isfile(os.path.join(b, "meta.json"))), None)
@@ -266,7 +265,8 @@ class Tokenizer:
     def encode(self, text):
         return self.encode_array(text).tolist()
 
-    def decode(self, ids):
+    def decode(self, ids):  # ids past the vocabulary (the model pads it) dropped
+        ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
         if self.kind != "char":
             return self._bpe.decode(ids)
-        return "".join(self.chars[int(i)] for i in ids if 0 <= int(i) < self.vocab_size)
+        return "".join(self.chars[i] for i in ids)

@@ -82,7 +82,7 @@ def _read_chunks(source, label, chunk_bytes, sha=None):
                 return
 
 
-def _download(url, dest, expected, dataset, log):
+def _download(url, dest, dataset, log):
     log(f"prepare: downloading {url}")
     sha = hashlib.sha256()
     with open(dest, "wb") as f:
@@ -94,8 +94,8 @@ def _download(url, dest, expected, dataset, log):
         except (OSError, ValueError, http.client.HTTPException) as e:
             raise DownloadError(url, str(getattr(e, "reason", "") or e) or type(e).__name__,
                                 dataset) from None
-    if expected and sha.hexdigest() != expected:
-        raise DataError(f"{url} is not the expected file: sha256 expected {expected}, "
+    if dataset in ("shakespeare", "shakespeare_char") and sha.hexdigest() != SHAKESPEARE_SHA256:
+        raise DataError(f"{url} is not the expected file: sha256 expected {SHAKESPEARE_SHA256}, "
                         f"got {sha.hexdigest()}")
 
 
@@ -183,7 +183,6 @@ def foreign_files(folder):
 
 
 def check_name(dataset):
-    """Raise DataError unless dataset is a valid folder name."""
     if (not dataset or dataset.startswith(".") or any(c in dataset for c in "/\\\0")
             or len(dataset.encode("utf-8", "surrogatepass")) > NAME_BYTES):
         raise DataError(f"invalid dataset name {dataset!r:.50}: a dataset's name is a plain "
@@ -261,8 +260,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
     try:
         if source is None:  # downloaded into the stage: it lands beside the .bin files
             source = os.path.join(stage, "input.txt")
-            shakespeare = dataset in ("shakespeare", "shakespeare_char")
-            _download(label, source, SHAKESPEARE_SHA256 if shakespeare else None, dataset, log)
+            _download(label, source, dataset, log)
             if os.path.getsize(source) == 0:
                 raise DataError(f"{label} is empty")
         meta = _tokenize(source, label, tok, stage, chunk_bytes, format, seq_len, num_proc)

@@ -22,9 +22,9 @@ def trained_folder(root, name, trained_on):
     """(name, folder) of the dataset a run trained on, asked for by `name` under `root`: offline
     a run of Tiny Shakespeare trained on its stand-in (prepare.py), which a name still means."""
     folder, stand_in = dataset_folder(root, name), STAND_IN.get(name)
-    if folder is None and stand_in and dataset_folder(root, stand_in):
-        if trained_on == dataset_record(dataset_folder(root, stand_in)):
-            return stand_in, dataset_folder(root, stand_in)
+    stand_in_folder = folder is None and stand_in and dataset_folder(root, stand_in)
+    if stand_in_folder and trained_on == dataset_record(stand_in_folder):
+        return stand_in, stand_in_folder
     if folder is None and is_path(name):
         raise DataError(f"dataset {name} is not there (no {name}.idx + .bin, nor "
                         f"{os.path.join(name, 'document')}.idx + .bin)")
