@@ -75,7 +75,7 @@ def _no_constant(name):
 STRING, BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"'), re.compile(r"[\[\]{}]")
 
 
-def parse_json(text, max_depth=MAX_DEPTH, nan=False):
+def parse_json(text, nan=False):
     """text -> its JSON value. Too deep (counted first: json never recurses far), a repeated key,
     or NaN / Infinity (unless nan: a log's blown-up loss) is a PlainDataError; a JSONDecodeError
     passes through with its position."""
@@ -83,14 +83,14 @@ def parse_json(text, max_depth=MAX_DEPTH, nan=False):
     for m in BRACKET.finditer(STRING.sub("", text)):
         depth += 1 if m[0] in "[{" else -1
         deepest = max(deepest, depth)
-    if deepest > max_depth:
-        raise PlainDataError(f"is nested more than {max_depth} levels deep")
+    if deepest > MAX_DEPTH:
+        raise PlainDataError(f"is nested more than {MAX_DEPTH} levels deep")
     constant = None if nan else _no_constant  # None: json's own, which reads NaN and Infinity
     return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant)
 
 
-def read_json(path, max_bytes=MAX_BYTES):
-    return parse_json(read_text(path, max_bytes))
+def read_json(path):
+    return parse_json(read_text(path))
 
 
 def read_config(path):
