@@ -138,7 +138,7 @@ def atomic_write(path, write, mode="wb"):
     (a full disk, whatever the writer made of ENOSPC); the old file is unchanged."""
     tmp = temporary_name(path)
     try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -167,7 +167,7 @@ def append(path, data, fd):
         raise
 
 
-def write_json(path, obj):  # its folder made first
+def write_json(path, obj):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write(path, lambda f: json.dump(obj, f, indent=1, ensure_ascii=False), mode="w")
 
