@@ -210,7 +210,6 @@ def own(folder, flag="--out_dir", note=True, shown=None, shared=False, waiting=N
     key = os.path.realpath(folder)
     if key in _owned:
         return False
-    lock = None
     try:
         lock = filelock.ReadWriteLock(os.path.join(key, LOCK), is_singleton=False)
         take = lock.acquire_read if shared else lock.acquire_write
