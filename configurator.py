@@ -107,11 +107,11 @@ def value_of(field, value, file=None):
             raise bad from None
     if field.metadata.get("path") and isinstance(value, str):  # not a folder named "~"
         value = os.path.expanduser(value)
-    if field.metadata.get("path") and isinstance(value, str) and not value.strip():
-        default = field.default  # a name, or MISSING: a list's is made by a factory
-        named = isinstance(default, str) and default
-        example = f", e.g. --{field.name}={default} (its default)" if named else ""
-        raise UsageError(f"--{field.name} is empty; give it a name{example}")
+        if not value.strip():
+            default = field.default  # a name, or MISSING: a list's is made by a factory
+            named = isinstance(default, str) and default
+            example = f", e.g. --{field.name}={default} (its default)" if named else ""
+            raise UsageError(f"--{field.name} is empty; give it a name{example}")
     if kind is int and value is not None and abs(value) > LARGEST:
         digits = str(abs(value))
         shown = digits if len(digits) < 24 else f"{digits[:6]}...({len(digits)} digits)"
@@ -121,7 +121,7 @@ def value_of(field, value, file=None):
     return value
 
 
-def help_text(cls, prog, notes="", files=True):
+def help_text(cls, prog, notes, files):
     """--help: the usage line, cls's docstring, every setting, notes."""
     configs = "[CONFIG.json ...] " if files else ""
     lines = [f"usage: python {prog} {configs}[--key=value | --key value ...]", "",

@@ -75,7 +75,7 @@ def _no_constant(name):
 STRING, BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"'), re.compile(r"[\[\]{}]")
 
 
-def parse_json(text, max_depth=MAX_DEPTH, nan=False):
+def parse_json(text, nan=False):
     """text -> its JSON value. Too deep (counted first: json never recurses far), a repeated key,
     or NaN / Infinity (unless nan: a log's blown-up loss) is a PlainDataError; a JSONDecodeError
     passes through with its position."""
@@ -83,14 +83,14 @@ def parse_json(text, max_depth=MAX_DEPTH, nan=False):
     for m in BRACKET.finditer(STRING.sub("", text)):
         depth += 1 if m[0] in "[{" else -1
         deepest = max(deepest, depth)
-    if deepest > max_depth:
-        raise PlainDataError(f"is nested more than {max_depth} levels deep")
+    if deepest > MAX_DEPTH:
+        raise PlainDataError(f"is nested more than {MAX_DEPTH} levels deep")
     constant = None if nan else _no_constant  # None: json's own, which reads NaN and Infinity
     return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant)
 
 
-def read_json(path, max_bytes=MAX_BYTES):
-    return parse_json(read_text(path, max_bytes))
+def read_json(path):
+    return parse_json(read_text(path))
 
 
 def read_config(path):
@@ -138,7 +138,7 @@ def atomic_write(path, write, mode="wb"):
     (a full disk, whatever the writer made of ENOSPC); the old file is unchanged."""
     tmp = temporary_name(path)
     try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -167,7 +167,7 @@ def append(path, data, fd):
         raise
 
 
-def write_json(path, obj):  # its folder made first
+def write_json(path, obj):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write(path, lambda f: json.dump(obj, f, indent=1, ensure_ascii=False), mode="w")
 
@@ -210,7 +210,6 @@ def own(folder, flag="--out_dir", note=True, shown=None, shared=False, waiting=N
     key = os.path.realpath(folder)
     if key in _owned:
         return False
-    lock = None
     try:
         lock = filelock.ReadWriteLock(os.path.join(key, LOCK), is_singleton=False)
         take = lock.acquire_read if shared else lock.acquire_write

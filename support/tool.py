@@ -25,7 +25,7 @@ from support.memory import GiB, device_memory
 # -----------------------------------------------------------------------------
 # A run's checkpoint, as the tools read it
 
-def load_latest(out_dir, device, prog="sample.py", kept=None):
+def load_latest(out_dir, device, prog, kept=None):
     """OUT_DIR's latest checkpoint, or with kept=ITER its checkpoint of that iteration; a sharded
     one is refused, naming consolidate.py, unless a whole one beside it has trained as far."""
     # kept: ckpt_ITER.pt, ckpt_ITER/ (a run folder), or the one of that iter
