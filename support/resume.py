@@ -28,9 +28,6 @@ FIELDS = {"model", "optimizer", "model_config", "train_config", "iter_num", "bes
 def resume_from(out_dir, sharded):
     """OUT_DIR's latest checkpoint as a resume's dict (its entries, "model", "path"; a sharded
     one's "folder"), read whole unless it is sharded and so is the run (sharded)."""
-    if not out_dir.strip():  # "" would read the working folder's files
-        raise UsageError("--out_dir is empty; give the run's folder: "
-                         "--init_from=resume --out_dir=OUT_DIR")
     entry = checkpoint.latest(out_dir, sharded)
     if entry is None:
         raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
