@@ -128,7 +128,15 @@ class Run:
 
     def save(self, model, optimizer, state, losses):
         """Save state, the model and AdamW unless the model blew up; commit the log."""
-        check_saveable(model, optimizer, losses, state["iter_num"], self.last_good)
+        reason = unsaveable(model, optimizer, losses)
+        if dist.is_initialized():  # every rank saves its part, or none does
+            flag = torch.tensor(float(reason is not None), device=model.lm_head.weight.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if not reason and flag.item():
+                reason = "a weight or optimizer state on another rank is not finite"
+        if reason:
+            raise FloatingPointError(f"{reason} at iter {state['iter_num']}; stopped without "
+                                     f"saving, so {self.last_good()}")
         rng = {"torch": torch.get_rng_state()}
         if self.device_type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -211,19 +219,6 @@ def unsaveable(model, optimizer, losses):
     finite = torch.stack([torch.isfinite(v.to_local() if hasattr(v, "to_local") else v).all()
                           for v in tensors.values()]).tolist()
     return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
-
-
-def check_saveable(model, optimizer, losses, iter_num, last_good):
-    """FloatingPointError, naming the last good checkpoint, unless every rank may save its part."""
-    reason = unsaveable(model, optimizer, losses)
-    if dist.is_initialized():
-        flag = torch.tensor(float(reason is not None), device=model.lm_head.weight.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if not reason and flag.item():
-            reason = "a weight or optimizer state on another rank is not finite"
-    if reason:
-        raise FloatingPointError(f"{reason} at iter {iter_num}; stopped without saving, "
-                                 f"so {last_good()}")
 
 
 # -----------------------------------------------------------------------------
