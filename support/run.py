@@ -256,17 +256,16 @@ class RunLog:
             from support.tool import read_log
             kept = read_log(self.path, resumed_at)
             files.atomic_write(self.path, lambda f: f.write(kept))
-        self.fd, self.wandb = self._open(self.pending or self.path, fresh), None
+        self.fd, self.wandb = self._open(self.pending or self.path), None
         _open.append(self)
         if wandb:  # mirrored (support/mirror.py, imported only then), as the resumed run was
             from support import mirror
             self.wandb = mirror.start(wandb, self, resumed_at)
 
     @staticmethod
-    def _open(path, fresh):  # O_NOFOLLOW: never through a link (where the system has it)
+    def _open(path):  # O_NOFOLLOW: never through a link (where the system has it)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
-        return os.open(path, flags | (os.O_TRUNC if fresh else 0) | getattr(os, "O_BINARY", 0),
-                       0o666)
+        return os.open(path, flags | getattr(os, "O_BINARY", 0), 0o666)
 
     def write(self, record, text):
         """Print text, and append record to the log."""
@@ -287,7 +286,7 @@ class RunLog:
         if self.pending:  # closed first: Windows cannot replace a file that is open
             os.close(self.fd)
             os.replace(self.pending, self.path)
-            self.pending, self.fd = None, self._open(self.path, fresh=False)
+            self.pending, self.fd = None, self._open(self.path)
         if self.on_commit:
             self.on_commit, done = None, self.on_commit
             done()
