@@ -29,7 +29,7 @@ class Device:
     def __init__(self, tc, master):
         self.name = resolve_device(tc.device)
         if "LOCAL_RANK" in os.environ and self.name.startswith("cuda"):
-            local, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+            local, count = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
             if local >= count:
                 raise UsageError(f"this process is torchrun's local rank {local}, but this machine "
                                  f"has {count} GPU(s): start at most {count} process(es) a machine "
@@ -91,7 +91,7 @@ def resolve_device(name):
 def resolve_dtype(name, device):
     """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs that support it, else float32."""
     if name == "auto":
-        bf16 = str(device).startswith("cuda") and torch.cuda.is_bf16_supported()
+        bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
         return "bfloat16" if bf16 else "float32"
     if name not in ("float32", "bfloat16"):
         raise UsageError(f"--dtype={name} is not supported; use auto, float32 or bfloat16")
@@ -107,7 +107,7 @@ def flops_per_token(cfg):
 
 def peak_bf16_flops(device, dtype):
     """The chip's dense bf16 peak FLOP/s, or None: not CUDA, not bf16, or not listed."""
-    if not str(device).startswith("cuda") or dtype != "bfloat16":
+    if not device.startswith("cuda") or dtype != "bfloat16":
         return None
     name = torch.cuda.get_device_name(device)
     return 312e12 if name.startswith("NVIDIA A100") else PEAK_BF16_FLOPS.get(name)

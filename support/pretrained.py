@@ -23,7 +23,7 @@ from configurator import UsageError
 from mesh import Config, ConfigError, RecursiveGPT
 
 SHAPE = ("n_embd", "n_head")  # the source's, which flags cannot change
-LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0")
+LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0", "block_size", "dropout")
 TOKENS = ("tokenizer", "encoding", "chars", "tokenizer_sha256")  # the same ids
 # what each config.json field read must be (a bool is no number)
 SIZE = (lambda x: type(x) is int and x > 0, "an integer above 0")
@@ -213,8 +213,7 @@ def loop(start, tc, data=None):
     old, L = source.config, source.config.shape.prelude
     ours = {k: getattr(tc, k) for k in LOOPED if getattr(tc, k) is not None}
     try:  # scale_embeddings too: the sqrt(D) of Appendix B, off for Pythia's
-        cfg = Config(**{**old.to_dict(), **ours, "block_size": tc.block_size or old.block_size,
-                        "dropout": old.dropout if tc.dropout is None else tc.dropout})
+        cfg = Config(**{**old.to_dict(), **ours})
     except ConfigError as e:
         raise UsageError(str(e)) from None
     if cfg.shape.unique > L:

@@ -28,21 +28,17 @@ FIELDS = {"model", "optimizer", "model_config", "train_config", "iter_num", "bes
 def resume_from(out_dir, sharded):
     """OUT_DIR's latest checkpoint as a resume's dict (its entries, "model", "path"; a sharded
     one's "folder"), read whole unless it is sharded and so is the run (sharded)."""
-    if not out_dir.strip():  # "" would read the working folder's files
-        raise UsageError("--out_dir is empty; give the run's folder: "
-                         "--init_from=resume --out_dir=OUT_DIR")
     entry = checkpoint.latest(out_dir, sharded)
     if entry is None:
         raise UsageError(f"--init_from=resume but there is no checkpoint in {out_dir}; "
                          f"start with --init_from=scratch or point --out_dir at a run")
-    name = entry[2]
+    name, path = entry[2], os.path.join(out_dir, entry[2])
     if KEPT.match(name):  # ckpt.pt is gone: the latest is a kept one
-        print(f"note: resuming from {os.path.join(out_dir, name)} (iter {entry[0]}), the run's "
-              f"latest checkpoint", flush=True)
-        if os.path.isdir(os.path.join(out_dir, name)):  # a sharded one's run folder
-            return resume_from(os.path.join(out_dir, name), sharded)
+        print(f"note: resuming from {path} (iter {entry[0]}), the run's latest checkpoint",
+              flush=True)
+        if os.path.isdir(path):  # a sharded one's run folder
+            return resume_from(path, sharded)
     if not SHARDS.match(name):
-        path = os.path.join(out_dir, name)
         ckpt = checkpoint.read(path, mmap=False)  # (the run replaces the file it read)
         return {**ckpt, "model": checkpoint.build(ckpt, path), "path": path}
     if not sharded:

@@ -128,7 +128,15 @@ class Run:
 
     def save(self, model, optimizer, state, losses):
         """Save state, the model and AdamW unless the model blew up; commit the log."""
-        check_saveable(model, optimizer, losses, state["iter_num"], self.last_good)
+        reason = unsaveable(model, optimizer, losses)
+        if dist.is_initialized():  # every rank saves its part, or none does
+            flag = torch.tensor(float(reason is not None), device=model.lm_head.weight.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if not reason and flag.item():
+                reason = "a weight or optimizer state on another rank is not finite"
+        if reason:
+            raise FloatingPointError(f"{reason} at iter {state['iter_num']}; stopped without "
+                                     f"saving, so {self.last_good()}")
         rng = {"torch": torch.get_rng_state()}
         if self.device_type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -213,19 +221,6 @@ def unsaveable(model, optimizer, losses):
     return next((f"{name} is not finite" for name, ok in zip(tensors, finite) if not ok), None)
 
 
-def check_saveable(model, optimizer, losses, iter_num, last_good):
-    """FloatingPointError, naming the last good checkpoint, unless every rank may save its part."""
-    reason = unsaveable(model, optimizer, losses)
-    if dist.is_initialized():
-        flag = torch.tensor(float(reason is not None), device=model.lm_head.weight.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if not reason and flag.item():
-            reason = "a weight or optimizer state on another rank is not finite"
-    if reason:
-        raise FloatingPointError(f"{reason} at iter {iter_num}; stopped without saving, "
-                                 f"so {last_good()}")
-
-
 # -----------------------------------------------------------------------------
 # The run's log, OUT_DIR/log.jsonl: one JSON record a line, appended whole or not at all; a resume
 # drops what a killed run logged past its checkpoint (support/tool.py reads a log back).
@@ -261,17 +256,16 @@ class RunLog:
             from support.tool import read_log
             kept = read_log(self.path, resumed_at)
             files.atomic_write(self.path, lambda f: f.write(kept))
-        self.fd, self.wandb = self._open(self.pending or self.path, fresh), None
+        self.fd, self.wandb = self._open(self.pending or self.path), None
         _open.append(self)
         if wandb:  # mirrored (support/mirror.py, imported only then), as the resumed run was
             from support import mirror
             self.wandb = mirror.start(wandb, self, resumed_at)
 
     @staticmethod
-    def _open(path, fresh):  # O_NOFOLLOW: never through a link (where the system has it)
+    def _open(path):  # O_NOFOLLOW: never through a link (where the system has it)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
-        return os.open(path, flags | (os.O_TRUNC if fresh else 0) | getattr(os, "O_BINARY", 0),
-                       0o666)
+        return os.open(path, flags | getattr(os, "O_BINARY", 0), 0o666)
 
     def write(self, record, text):
         """Print text, and append record to the log."""
@@ -292,7 +286,7 @@ class RunLog:
         if self.pending:  # closed first: Windows cannot replace a file that is open
             os.close(self.fd)
             os.replace(self.pending, self.path)
-            self.pending, self.fd = None, self._open(self.path, fresh=False)
+            self.pending, self.fd = None, self._open(self.path)
         if self.on_commit:
             self.on_commit, done = None, self.on_commit
             done()

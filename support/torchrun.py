@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from configurator import UsageError
 from support import checkpoint, files
-from support.distributed import grouped, launch_id
+from support.distributed import launch_id
 
 _timeout = []  # the process group's --dist_timeout, for the words of its errors
 
@@ -60,8 +60,8 @@ def join(timeout):
 
 def one_folder(out_dir):
     """Stop every process with one line unless all see rank 0's out_dir (several machines)."""
-    world, local = int(os.environ.get("WORLD_SIZE", 1)), os.environ.get("LOCAL_WORLD_SIZE")
-    if not grouped() or int(local or world) == world:
+    world = dist.get_world_size()
+    if int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world:
         return  # one process, or one machine
     made, token = not os.path.isdir(out_dir), None
     try:
@@ -92,9 +92,8 @@ def restarted(out_dir):
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if count in ("", "0"):
         return False
-    saved_by = {state.get("launch") for *_, state in checkpoint.found(out_dir)} - {None}
-    if launch_id() not in saved_by:  # no checkpoint of this launch's in out_dir
-        return False
+    if launch_id() not in {state.get("launch") for *_, state in checkpoint.found(out_dir)}:
+        return False  # no checkpoint of this launch's in out_dir (join() made sure it has an id)
     if os.environ.get("RANK", "0") == "0":
         print(f"torchrun restart {count} of this launch: continuing its run in {out_dir} from its "
               f"last checkpoint (--init_from=resume)", flush=True)
