@@ -217,11 +217,11 @@ def own(folder, flag="--out_dir", note=True, shown=None, shared=False, waiting=N
             take(blocking=False)
         except filelock.Timeout:
             if not waiting:
+                lock.close()
                 raise
             waiting()
             take()
-    except filelock.Timeout:
-        lock.close()
+    except filelock.Timeout:  # (the constructor's too: the lock's database busy for 5 s)
         what = shown or f"{flag}={folder}"
         if shared:
             raise UsageError(f"{what} is being written (another process holds the folder's lock, "

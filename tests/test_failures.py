@@ -286,6 +286,17 @@ def test_cleanup_removes_only_what_dead_writers_left(kind, tmp_path):
         runfiles.release()
 
 
+
+def test_a_lock_whose_database_stays_busy_is_a_live_run(tmp_path, monkeypatch):
+    """filelock's constructor waits 5 s for the lock's database, then raises Timeout itself:
+    another process holds it, the same one line as a lock held, and nothing is kept."""
+    def busy(path, **kwargs):
+        raise runfiles.filelock.Timeout(path)
+    monkeypatch.setattr(runfiles.filelock, "ReadWriteLock", busy)
+    with pytest.raises(configurator.UsageError, match="^another run is using --out_dir="):
+        runfiles.own(str(tmp_path))
+    assert os.path.realpath(tmp_path) not in runfiles._owned
+
 NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]  # its command runs as PID 1
 
 
