@@ -139,6 +139,15 @@ class Stop:
         return True
 
 
+def helper():
+    """In a command's helper process (a worker): the terminal's Ctrl-C and hang-up reach its whole
+    process group, and are the command's to answer (it ends its helpers); one that ended a
+    helper in the middle of sending a result would leave the command waiting for the rest."""
+    for name in ("SIGINT", "SIGHUP"):  # SIGHUP: not on Windows
+        with contextlib.suppress(AttributeError):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 # -----------------------------------------------------------------------------
 # Streams: what a command prints, never its undoing
 
