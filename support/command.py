@@ -88,7 +88,7 @@ class Stop:
 
     @classmethod
     def install(cls):
-        cls.signals, cls.polled, cls.saved, cls.held = 0, False, False, False
+        cls.signals, cls.polled, cls.saved, cls.held, cls.launcher = 0, False, False, False, None
         for name in SIGNALS:
             signum = getattr(signal, name, None)
             if signum is not None and signal.getsignal(signum) not in (signal.SIG_IGN, None):
