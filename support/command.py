@@ -140,9 +140,8 @@ class Stop:
 
 
 def helper():
-    """In a command's helper process (a worker): the terminal's Ctrl-C and hang-up reach its whole
-    process group, and are the command's to answer (it ends its helpers); one that ended a
-    helper in the middle of sending a result would leave the command waiting for the rest."""
+    """In a command's helper process: the terminal's Ctrl-C and hang-up reach the whole group, and
+    are the command's to answer: it ends its helpers (a pool whose worker they end can hang)."""
     for name in ("SIGINT", "SIGHUP"):  # SIGHUP: not on Windows
         with contextlib.suppress(AttributeError):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
