@@ -117,7 +117,7 @@ class Stop:
         ppid, named = os.getppid(), os.environ.get(LAUNCHER, "")
         if launched or named == str(ppid):
             cls.launcher = ppid
-        elif named.isdigit():  # named, but not the parent: re-parented, the launcher gone
+        elif named.isdecimal():  # named, but not the parent: re-parented, the launcher gone
             cls.launcher = int(named)
         return cls
 

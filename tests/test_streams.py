@@ -165,6 +165,18 @@ def test_a_command_forgets_the_launcher_an_earlier_one_in_its_process_had(monkey
         command.Stop.restore()
 
 
+@pytest.mark.parametrize("named", ["\u00b2", "x", ""])
+def test_a_launcher_named_by_no_pid_is_none(named, monkeypatch):
+    """NANOMESH_LAUNCHER holding no process id (a digit int() does not read, as "\u00b2"): no
+    launcher, and no traceback."""
+    monkeypatch.setenv(command.LAUNCHER, named)
+    command.Stop.install()
+    try:
+        assert command.Stop.poll().launcher is None and not command.Stop.requested()
+    finally:
+        command.Stop.restore()
+
+
 def test_a_text_the_encoding_cannot_hold_is_escaped(tmp_path):
     """PYTHONIOENCODING=ascii and a dataset of accented letters: the closing sample of train.py and
     sample.py print escaped (\\xe9), and both end as they should."""
