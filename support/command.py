@@ -114,11 +114,9 @@ class Stop:
         """From now on the first signal is a request that requested() reports; `says` what follows.
         launched: started by a launcher (torchrun, a tool setting LAUNCHER) whose end stops it."""
         cls.polled, cls.says = True, says
-        ppid, named = os.getppid(), os.environ.get(LAUNCHER, "")
-        if launched or named == str(ppid):
-            cls.launcher = ppid
-        elif named.isdecimal():  # named, but not the parent: re-parented, the launcher gone
-            cls.launcher = int(named)
+        named = os.environ.get(LAUNCHER, "")  # not the parent: re-parented, the launcher gone
+        if launched or named.isdecimal():
+            cls.launcher = os.getppid() if launched else int(named)
         return cls
 
     @classmethod
