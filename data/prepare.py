@@ -103,6 +103,7 @@ _worker = {}  # a tokenizing process's Tokenizer (--num_proc)
 
 
 def _start_worker(tok):
+    command.helper()  # a Ctrl-C is prepare.py's to answer: it ends the pool
     _worker["tokenizer"] = tok
 
 

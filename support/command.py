@@ -88,7 +88,7 @@ class Stop:
 
     @classmethod
     def install(cls):
-        cls.signals, cls.polled, cls.saved, cls.held = 0, False, False, False
+        cls.signals, cls.polled, cls.saved, cls.held, cls.launcher = 0, False, False, False, None
         for name in SIGNALS:
             signum = getattr(signal, name, None)
             if signum is not None and signal.getsignal(signum) not in (signal.SIG_IGN, None):
@@ -114,11 +114,9 @@ class Stop:
         """From now on the first signal is a request that requested() reports; `says` what follows.
         launched: started by a launcher (torchrun, a tool setting LAUNCHER) whose end stops it."""
         cls.polled, cls.says = True, says
-        ppid, named = os.getppid(), os.environ.get(LAUNCHER, "")
-        if launched or named == str(ppid):
-            cls.launcher = ppid
-        elif named.isdigit():  # named, but not the parent: re-parented, the launcher gone
-            cls.launcher = int(named)
+        named = os.environ.get(LAUNCHER, "")  # not the parent: re-parented, the launcher gone
+        if launched or named.isdecimal():
+            cls.launcher = os.getppid() if launched else int(named)
         return cls
 
     @classmethod
@@ -137,6 +135,14 @@ class Stop:
         if cls.signals:
             raise Stopped(cls.name)
         return True
+
+
+def helper():
+    """In a command's helper process: the terminal's Ctrl-C and hang-up reach the whole group, and
+    are the command's to answer: it ends its helpers (a pool whose worker they end can hang)."""
+    for name in ("SIGINT", "SIGHUP"):  # SIGHUP: not on Windows
+        with contextlib.suppress(AttributeError):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 # -----------------------------------------------------------------------------

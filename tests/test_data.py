@@ -9,6 +9,7 @@ tiktoken's cached files when offline; without it they are skipped.
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -394,6 +395,21 @@ def test_num_proc_output_equals_one_process(tmp_path, tok, request):
         assert open(os.path.join(a, f), "rb").read() == open(os.path.join(b, f), "rb").read()
     with pytest.raises(DataError, match="--num_proc=0 at least 1"):
         prepare("c", input=src, out_root=str(tmp_path), num_proc=0, log=quiet)
+
+
+class SignalsSeen:
+    """A tokenizer's stand-in whose encode_array reports how a --num_proc worker takes SIGINT."""
+
+    def encode_array(self, text):
+        return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+@pytest.mark.slow
+def test_num_proc_workers_leave_ctrl_c_to_prepare():
+    """A terminal's Ctrl-C reaches the workers too: they leave it to prepare.py, which ends the pool.
+    A worker ended by it in the middle of sending its ids left prepare.py waiting for the rest, hung
+    (else printing a traceback per worker)."""
+    assert list(prep._encoded(iter(["a", "b", "c"]), SignalsSeen(), num_proc=2)) == [True] * 3
 
 
 # -----------------------------------------------------------------------------

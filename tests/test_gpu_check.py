@@ -12,11 +12,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from conftest import HANG, ROOT, listed
+from support import command, tool
 from tools import bench, gpu_check
 
 pytestmark = pytest.mark.slow  # processes, real training runs: python -m pytest --all
@@ -155,6 +157,26 @@ def test_a_stopped_check_ends_its_part_and_says_what_did_not_run(how, tmp_path):
         assert row in report, name
     assert listed(out) == ["bench-160m.log", "report.md"]
     assert_ended(pids(log))
+
+
+@POSIX
+def test_a_signal_while_an_overrun_part_is_ended_waits_for_its_end(tmp_path):
+    """A signal in the GRACE seconds between SIGTERM and SIGKILL of a part that overran: the part's
+    process group still ends and the part is recorded as overran; the check stops after it."""
+    command.Stop.install()
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))  # deadline 0.5 s, + GRACE
+    try:
+        timer.start()
+        outcome = gpu_check.run_part(["sh", "-c", OVERRUN], dict(os.environ), tmp_path / "p.log", 0.5)
+    except command.Stopped:
+        pytest.fail("the signal cut the part's ending short: its process group may live on")
+    finally:
+        timer.join()
+        command.Stop.restore()
+    assert outcome[0] == "overran" and command.Stop.signals == 1
+    with pytest.raises(command.Stopped):
+        tool.release()  # as check() does once the part is recorded
+    assert_ended(pids(tmp_path / "p.log"))
 
 
 def test_only_runs_the_parts_it_names(tmp_path):

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from conftest import ENOSPC, EPIPE, HANG, ROOT, TINY, stdout_note
+from support import command
 
 pytestmark = pytest.mark.slow  # real training runs in processes: python -m pytest --all
 
@@ -147,6 +148,33 @@ def test_a_print_from_a_signal_handler_waits_for_the_write_it_interrupts(monkeyp
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert raw.data == b"iter 1: loss 2.5\nSIGUSR1: stop\n"
+
+
+def test_a_command_forgets_the_launcher_an_earlier_one_in_its_process_had(monkeypatch):
+    """Stop's state is each command's own: a launcher named to one command (and gone) never stops
+    the next command main() runs in the same process, which no launcher started."""
+    monkeypatch.setenv(command.LAUNCHER, "999999999")  # named, not the parent: gone
+    command.Stop.install()
+    assert command.Stop.poll().requested()
+    command.Stop.restore()
+    monkeypatch.delenv(command.LAUNCHER)
+    command.Stop.install()
+    try:
+        assert not command.Stop.poll().requested()
+    finally:
+        command.Stop.restore()
+
+
+@pytest.mark.parametrize("named", ["\u00b2", "x", ""])
+def test_a_launcher_named_by_no_pid_is_none(named, monkeypatch):
+    """NANOMESH_LAUNCHER holding no process id (a digit int() does not read, as "\u00b2"): no
+    launcher, and no traceback."""
+    monkeypatch.setenv(command.LAUNCHER, named)
+    command.Stop.install()
+    try:
+        assert command.Stop.poll().launcher is None and not command.Stop.requested()
+    finally:
+        command.Stop.restore()
 
 
 def test_a_text_the_encoding_cannot_hold_is_escaped(tmp_path):

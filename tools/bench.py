@@ -233,7 +233,7 @@ def step_memory(model, opt, x, y, autocast, device, steps=1, eager=False):
 
 def peak_memory(cfg, bc, conn):
     """In a fresh process: build, then step_memory of 3 steps."""
-    tool.ignore_ctrl_c()  # the terminal's Ctrl-C is the parent's to answer
+    command.helper()  # Ctrl-C, a hang-up: bench.py's to answer
     device, _, autocast = setup(bc)
     model, opt = build(cfg, bc, device)
     x = torch.randint(cfg.vocab_size, (2, bc.batch_size, cfg.block_size), device=device)

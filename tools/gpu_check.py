@@ -168,9 +168,9 @@ def run_part(cmd, env, log_path, timeout):
         except subprocess.TimeoutExpired:
             return "overran", "ended at its deadline, with its process group"
         except command.Stopped as e:  # recorded, then the check stops
-            tool.hold()  # once: the ending itself is not interrupted
             return "stopped", f"the check was stopped by {e.name} while it ran"
         finally:  # SIGTERM to the group, SIGKILL GRACE s later (or once its leader ends)
+            tool.hold()  # a signal meanwhile waits until the part is recorded (check() releases)
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 try:
                     os.killpg(proc.pid, sig)
@@ -277,6 +277,7 @@ def check(given, argv):
                 report.outcomes[name] = run(name, a, report, deadline)
             report.write()
             print("\n".join(report.part_lines(name)) + "\n", flush=True)
+            tool.release()  # a signal that stopped or came as the part ended: stop now
     except command.Stopped:
         tool.hold()  # once: the ending itself is not interrupted
         for o in report.outcomes.values():
@@ -294,7 +295,7 @@ def check(given, argv):
 
 
 def run(name, a, report, deadline):
-    """A part, until its deadline -> its Outcome; stopped by a signal, the check stops too."""
+    """A part, until its deadline -> its Outcome (stopped by a signal: the check stops after)."""
     cmd = part_command(name, a.tiny, a.out)
     if name in SHAPES:  # bench.py appends: a rerun starts afresh
         files.remove(os.path.join(a.out, f"{name}.jsonl"))
@@ -316,9 +317,6 @@ def run(name, a, report, deadline):
         except (OSError, ValueError, KeyError, IndexError) as e:
             if status == "passed":  # it passed, but left no result
                 o.status, o.note = "failed", f"its result unreadable ({e!r})"
-    if status == "stopped":
-        report.outcomes[name] = o
-        raise command.Stopped(command.Stop.name)
     return o
 
 
