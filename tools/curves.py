@@ -73,7 +73,7 @@ def run(given):
     a = CurvesConfig(**given)
     if not a.out_dir:
         raise UsageError("give a run's folder: --out_dir=OUT_DIR (again for more runs)")
-    tool.check_writable(a.png, "png")
+    tool.check_writable(a.png, "png", ".png")
     lines = []
     for i, out_dir in enumerate(a.out_dir):  # a variant's colour, a marker each
         try:  # vanilla: no loop steps; no checkpoint yet: grey
