@@ -177,7 +177,7 @@ def test_probe_end_to_end_writes_the_documented_json(tmp_path, capsys, monkeypat
         targets = torch.cat((idx[:, 1:], torch.full((10, 1), -1)), dim=1)  # all ten at once, not by chunks
         with torch.no_grad():
             assert r["loss"] == pytest.approx(model.eval()(idx, targets)[1].item(), abs=1e-6)
-    assert "  (MeSH stops at K: a router per step, K+3 buffer slots)" in printed
+    assert "  (MeSH stops at K: a router per step, 4 buffer slots)" in printed  # its --n_slots=4, not K+3
     assert printed.count("; stopped after loop step t = 0, 1, ... (early exit through the coda, not the paper's "
                          "method; * the trained K):\n") == 2
     assert f"loss {vanilla['loss']:.4f}; no loop steps\n" in printed

@@ -235,7 +235,7 @@ def report(r):
                  "stopped after loop step t = 0, 1, ... (early exit through the coda, not the "
                  f"paper's method; * the trained K):\n  {steps}"))
     if r["scheme"] == "mesh":
-        lines[-1] += "  (MeSH stops at K: a router per step, K+3 buffer slots)"
+        lines[-1] += f"  (MeSH stops at K: a router per step, {ro['n_slots']} buffer slots)"
     return "\n".join(lines)
 
 
