@@ -319,6 +319,17 @@ def test_table1_aggregates_seeds_and_writes_the_markdown_table():
     assert offline.startswith("Python's pydoc text (characters; Tiny Shakespeare could not be downloaded), ")
 
 
+def test_table1_machine_names_the_gpu_its_runs_trained_on(monkeypatch):
+    """The table's Machine line: the CPU (cores, threads), and with --device=cuda the GPU too."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "NVIDIA" not in table1.machine(2)
+    assert f" cores and NVIDIA H100 80GB HBM3 (cuda:1), torch {torch.__version__}, 1 run(s) at a time" in \
+        table1.machine(1, "cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # runs reused where no GPU is: no crash
+    assert "NVIDIA" not in table1.machine(1, "cuda")
+
+
 def test_table1_names_the_one_dataset_its_runs_trained_on():
     runs = [dict(fake_result("vanilla", s, 1.5, 1, 1.0), dataset="pydoc", data_sha256="ab" * 32) for s in (0, 1)]
     assert table1.trained_on(runs) == "pydoc"

@@ -411,9 +411,11 @@ def threads(jobs):  # each run's share of the cores
     return max(1, (os.cpu_count() or 1) // jobs)
 
 
-def machine(jobs=1):
-    return (f"{machine_name('cpu')}, {os.cpu_count()} cores, torch {torch.__version__}, {jobs} "
-            f"run(s) at a time with {threads(jobs)} thread(s) each")
+def machine(jobs=1, device="cpu"):  # the GPU too where the runs trained on one
+    cuda = device.startswith("cuda") and torch.cuda.is_available()  # (finished runs: any machine)
+    gpu = f" and {machine_name(device)} ({device})" if cuda else ""
+    return (f"{machine_name('cpu')}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}, "
+            f"{jobs} run(s) at a time with {threads(jobs)} thread(s) each")
 
 
 @dataclass
@@ -507,12 +509,13 @@ def write_results(results, a, seeds, layouts, only, train):
     dataset = trained_on(results)
     rows = aggregate(results, vanilla_params(a.n_embd), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
-    md = markdown(rows, abl, a.max_iters, machine(a.jobs), dataset, layouts[0], train)
+    info = machine(a.jobs, a.device)
+    md = markdown(rows, abl, a.max_iters, info, dataset, layouts[0], train)
     files.write_json(os.path.join(a.results, "table1.json"), dict(
         settings=dict(train, dataset=dataset, data_root=a.data_root, device=a.device,
                       max_iters=a.max_iters, seeds=seeds, eval_batches=EVAL_BATCHES,
                       eval_seed=EVAL_SEED),
-        machine=machine(a.jobs), table=rows, ablation=abl, runs=results))
+        machine=info, table=rows, ablation=abl, runs=results))
     files.atomic_write(os.path.join(a.results, "table1.md"), lambda f: f.write(md), mode="w")
     write_curves(results, rows, layouts, os.path.join(a.results, "table1_curves.png"), dataset)
     for layout in layouts:  # probe.py's and routing.py's figures of base and mesh, seed 0
