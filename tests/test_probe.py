@@ -391,7 +391,7 @@ def test_table1_choices_change_one_mesh_setting_and_pair_with_mesh():
     assert "- mesh" not in table1.markdown(rows[:3], [], 1200, "test cpu", "shakespeare_char")  # no choices, no column
 
 
-def test_table1_bad_flags_are_one_line(capsys):
+def test_table1_bad_flags_are_one_line(capsys, tmp_path, monkeypatch):
     code = table1.main(["--only=mesh,anchr"])
     assert code == 2
     assert capsys.readouterr().err == ("table1.py: error: --only: unknown 'anchr' (did you mean 'anchor'?); expected "
@@ -400,6 +400,12 @@ def test_table1_bad_flags_are_one_line(capsys):
                                        "ablation\n")
     code = table1.main(["--jobs=0"])
     assert code == 2 and capsys.readouterr().err == "table1.py: error: --jobs=0 must be at least 1\n"
+    (tmp_path / "res").write_text("mine")  # --results a file: refused before any run trains
+    monkeypatch.setattr(table1, "train_all", lambda *a: pytest.fail("a run trained"))
+    code = table1.main([f"--results={tmp_path / 'res'}", f"--root={tmp_path / 'root'}", "--only=vanilla"])
+    assert code == 2 and capsys.readouterr().err == f"table1.py: error: --results={tmp_path / 'res'} is a file; " \
+                                                    f"give a folder\n"
+    assert sorted(os.listdir(tmp_path)) == ["res"]
     with pytest.raises(SystemExit) as e:  # its tables go under runs/, never over the committed results/
         table1.main(["--help"])
     assert e.value.code == 0 and "--results=runs/table1 table1.json, table1.md and the figures go here" in \

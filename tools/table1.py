@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, check_ranges, closest, setting  # noqa: E402
 from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
-from support.tool import log_records, machine_name  # noqa: E402
+from support.tool import check_writable, log_records, machine_name  # noqa: E402
 from tools.curves import colour, plot  # noqa: E402
 from tools.probe import validation_windows  # noqa: E402
 
@@ -495,6 +495,7 @@ def table1(given):
             cmd = train_command(run, os.path.join(a.root, run["name"]), a.max_iters, train, where)
             print(" ".join(cmd[1:]))
         return
+    check_writable(a.results, "results", folder=True)  # now, not after every run has trained
     os.makedirs(a.root, exist_ok=True)
     # one table1.py per root, held to its end: a second is refused at once
     files.own(a.root, flag="--root")
