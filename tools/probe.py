@@ -249,7 +249,6 @@ def title(r, sep="\n"):  # a figure's: the run's folder, its layout and scheme
 
 
 def save_figure(plt, fig, path, dpi=120):
-    """fig written into path (its folder made first), closed, and said so."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
