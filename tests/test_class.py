@@ -263,6 +263,20 @@ def test_curves_of_two_runs_of_one_variant_share_its_colour_a_marker_each(runs, 
     assert lines[0]["colour"] == lines[2]["colour"] == "tab:red" and lines[0]["style"] != lines[2]["style"]
 
 
+def test_curves_of_a_sharded_run_name_its_scheme(runs, tmp_path, monkeypatch):
+    """A run trained with FSDP keeps shards-ITER/ (support/sharded.py), no ckpt.pt: its scheme is read there."""
+    kept = plotted(monkeypatch)
+    sharded = shutil.copytree(runs[1], tmp_path / "sharded", ignore=shutil.ignore_patterns("ckpt.pt"))
+    saved = torch.load(os.path.join(runs[1], "ckpt.pt"), weights_only=True)
+    (sharded / "shards-00000002").mkdir()
+    (sharded / "shards-00000002" / ".metadata").write_bytes(b"")
+    (sharded / "shards-00000002" / "state.json").write_text(json.dumps(
+        {**{k: v for k, v in saved.items() if k not in ("model", "optimizer", "rng")}, "rng": {"torch": [0]}}))
+    command.main("curves.py", curves.run, [f"--out_dir={sharded}", f"--png={tmp_path / 'c.png'}"], curves.CurvesConfig)
+    (_, lines), = kept[0]
+    assert (lines[0]["label"], lines[0]["colour"]) == ("sharded (mesh) val", "tab:red")
+
+
 def test_curves_without_matplotlib_says_so_in_one_line(runs, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     command.main("curves.py", curves.run, [f"--out_dir={runs[0]}", f"--png={tmp_path / 'c.png'}"], curves.CurvesConfig)
@@ -287,6 +301,7 @@ def test_curves_draws_what_it_can_and_names_what_it_skipped(tmp_path, capsys, mo
                         curves.CurvesConfig) == 0
     (_, lines), = kept[0]
     assert [(ln["x"], ln["y"]) for ln in lines] == [([0, 20], [4.6, 3.25]), ([0, 20], [4.5, 3])]
+    assert (lines[0]["label"], lines[0]["colour"]) == ("run (no checkpoint) val", "tab:gray")  # its scheme unknown
     out = capsys.readouterr().out
     assert out.startswith(f"curves.py: skipped 6 records of {log}: a train_loss or val_loss missing or not a "
                           f"finite number\n")

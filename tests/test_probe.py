@@ -177,7 +177,7 @@ def test_probe_end_to_end_writes_the_documented_json(tmp_path, capsys, monkeypat
         targets = torch.cat((idx[:, 1:], torch.full((10, 1), -1)), dim=1)  # all ten at once, not by chunks
         with torch.no_grad():
             assert r["loss"] == pytest.approx(model.eval()(idx, targets)[1].item(), abs=1e-6)
-    assert "  (MeSH stops at K: a router per step, K+3 buffer slots)" in printed
+    assert "  (MeSH stops at K: a router per step, 4 buffer slots)" in printed  # its --n_slots=4, not K+3
     assert printed.count("; stopped after loop step t = 0, 1, ... (early exit through the coda, not the paper's "
                          "method; * the trained K):\n") == 2
     assert f"loss {vanilla['loss']:.4f}; no loop steps\n" in printed
@@ -319,6 +319,17 @@ def test_table1_aggregates_seeds_and_writes_the_markdown_table():
     assert offline.startswith("Python's pydoc text (characters; Tiny Shakespeare could not be downloaded), ")
 
 
+def test_table1_machine_names_the_gpu_its_runs_trained_on(monkeypatch):
+    """The table's Machine line: the CPU (cores, threads), and with --device=cuda the GPU too."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "NVIDIA" not in table1.machine(2)
+    assert f" cores and NVIDIA H100 80GB HBM3 (cuda:1), torch {torch.__version__}, 1 run(s) at a time" in \
+        table1.machine(1, "cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # runs reused where no GPU is: no crash
+    assert "NVIDIA" not in table1.machine(1, "cuda")
+
+
 def test_table1_names_the_one_dataset_its_runs_trained_on():
     runs = [dict(fake_result("vanilla", s, 1.5, 1, 1.0), dataset="pydoc", data_sha256="ab" * 32) for s in (0, 1)]
     assert table1.trained_on(runs) == "pydoc"
@@ -380,7 +391,7 @@ def test_table1_choices_change_one_mesh_setting_and_pair_with_mesh():
     assert "- mesh" not in table1.markdown(rows[:3], [], 1200, "test cpu", "shakespeare_char")  # no choices, no column
 
 
-def test_table1_bad_flags_are_one_line(capsys):
+def test_table1_bad_flags_are_one_line(capsys, tmp_path, monkeypatch):
     code = table1.main(["--only=mesh,anchr"])
     assert code == 2
     assert capsys.readouterr().err == ("table1.py: error: --only: unknown 'anchr' (did you mean 'anchor'?); expected "
@@ -389,6 +400,12 @@ def test_table1_bad_flags_are_one_line(capsys):
                                        "ablation\n")
     code = table1.main(["--jobs=0"])
     assert code == 2 and capsys.readouterr().err == "table1.py: error: --jobs=0 must be at least 1\n"
+    (tmp_path / "res").write_text("mine")  # --results a file: refused before any run trains
+    monkeypatch.setattr(table1, "train_all", lambda *a: pytest.fail("a run trained"))
+    code = table1.main([f"--results={tmp_path / 'res'}", f"--root={tmp_path / 'root'}", "--only=vanilla"])
+    assert code == 2 and capsys.readouterr().err == f"table1.py: error: --results={tmp_path / 'res'} is a file; " \
+                                                    f"give a folder\n"
+    assert sorted(os.listdir(tmp_path)) == ["res"]
     with pytest.raises(SystemExit) as e:  # its tables go under runs/, never over the committed results/
         table1.main(["--help"])
     assert e.value.code == 0 and "--results=runs/table1 table1.json, table1.md and the figures go here" in \

@@ -643,6 +643,7 @@ def test_a_config_files_lone_surrogate_is_one_line(tiny_ckpt, tmp_path, capsys):
 @pytest.mark.parametrize("tool, flags, message", [
     ("draw", ["--png=model.pgn"], "--png=model.pgn does not end in .png; give a file name that does"),
     ("routing", ["--text=the", "--png=model.pgn"], "--png=model.pgn does not end in .png; give a file name that does"),
+    ("curves", ["--png=curves.pgn"], "--png=curves.pgn does not end in .png; give a file name that does"),
     ("probe", ["--png=a_file"], "--png=a_file is a file; give a folder"),
     ("routing", ["--text="], "--text is empty; give a sentence, or leave --text out for a window of the validation "
                              "split"),
@@ -655,13 +656,15 @@ def test_a_config_files_lone_surrogate_is_one_line(tiny_ckpt, tmp_path, capsys):
 ])
 def test_bad_names_and_sizes_are_refused_before_anything_is_built(tool, flags, message, tiny_ckpt, tmp_path, capsys,
                                                                    monkeypatch):
-    from tools import draw, routing
+    from support import command
+    from tools import curves, draw, routing
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a_file").write_text("mine")
     ran = []
     monkeypatch.setattr(RecursiveGPT, "forward", lambda *a, **kw: ran.append(1))  # no model runs first
     monkeypatch.setattr(draw, "summary", lambda cfg: ran.append(1))  # nor is one built
-    fn = {"draw": draw.main, "routing": routing.main, "probe": probe.main}[tool]
+    fn = {"draw": draw.main, "routing": routing.main, "probe": probe.main,
+          "curves": lambda argv: command.main("tools/curves.py", curves.run, argv, curves.CurvesConfig)}[tool]
     assert fn(([] if tool == "draw" else [f"--out_dir={tiny_ckpt}"]) + flags) == 2
     assert one_line(capsys, f"{tool}.py").strip() == f"{tool}.py: error: {message}" and not ran
     assert listed(tmp_path) == ["a_file", "run"]

@@ -73,11 +73,11 @@ def run(given):
     a = CurvesConfig(**given)
     if not a.out_dir:
         raise UsageError("give a run's folder: --out_dir=OUT_DIR (again for more runs)")
-    tool.check_writable(a.png, "png")
+    tool.check_writable(a.png, "png", ".png")
     lines = []
     for i, out_dir in enumerate(a.out_dir):  # a variant's colour, a marker each
-        try:  # vanilla: no loop steps; no checkpoint yet: grey
-            cfg = checkpoint.peek(os.path.join(out_dir, checkpoint.CKPT))["model_config"]
+        try:  # the latest checkpoint's, whole or sharded; vanilla: no loop steps; none yet: grey
+            cfg = max(checkpoint.found(out_dir))[3]["model_config"]
             kind = cfg["scheme"] if parse_layout(cfg["layout"]).schedule else "vanilla"
         except Exception:
             kind = None
@@ -89,7 +89,7 @@ def run(given):
             print(f"curves.py: skipped {len(evals) - len(ev)} records of {path}: a train_loss "
                   f"or val_loss missing or not a finite number")
         c, m, x = colour(kind) if kind else "tab:gray", "os^dv"[i % 5], [r["iter"] for r in ev]
-        name = f"{os.path.basename(os.path.normpath(out_dir))} ({kind})"
+        name = f"{os.path.basename(os.path.normpath(out_dir))} ({kind or 'no checkpoint'})"
         lines += [dict(label=label, colour=c, x=x, y=[r[key] for r in ev], style=m + dash)
                   for label, key, dash in ((f"{name} val", "val_loss", "-"),
                                            ("train", "train_loss", "--"))]

@@ -235,7 +235,7 @@ def report(r):
                  "stopped after loop step t = 0, 1, ... (early exit through the coda, not the "
                  f"paper's method; * the trained K):\n  {steps}"))
     if r["scheme"] == "mesh":
-        lines[-1] += "  (MeSH stops at K: a router per step, K+3 buffer slots)"
+        lines[-1] += f"  (MeSH stops at K: a router per step, {ro['n_slots']} buffer slots)"
     return "\n".join(lines)
 
 
@@ -249,7 +249,6 @@ def title(r, sep="\n"):  # a figure's: the run's folder, its layout and scheme
 
 
 def save_figure(plt, fig, path, dpi=120):
-    """fig written into path (its folder made first), closed, and said so."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)

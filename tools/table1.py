@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, check_ranges, closest, setting  # noqa: E402
 from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
-from support.tool import log_records, machine_name  # noqa: E402
+from support.tool import check_writable, log_records, machine_name  # noqa: E402
 from tools.curves import colour, plot  # noqa: E402
 from tools.probe import validation_windows  # noqa: E402
 
@@ -411,9 +411,11 @@ def threads(jobs):  # each run's share of the cores
     return max(1, (os.cpu_count() or 1) // jobs)
 
 
-def machine(jobs=1):
-    return (f"{machine_name('cpu')}, {os.cpu_count()} cores, torch {torch.__version__}, {jobs} "
-            f"run(s) at a time with {threads(jobs)} thread(s) each")
+def machine(jobs=1, device="cpu"):  # the GPU too where the runs trained on one
+    cuda = device.startswith("cuda") and torch.cuda.is_available()  # (finished runs: any machine)
+    gpu = f" and {machine_name(device)} ({device})" if cuda else ""
+    return (f"{machine_name('cpu')}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}, "
+            f"{jobs} run(s) at a time with {threads(jobs)} thread(s) each")
 
 
 @dataclass
@@ -493,6 +495,7 @@ def table1(given):
             cmd = train_command(run, os.path.join(a.root, run["name"]), a.max_iters, train, where)
             print(" ".join(cmd[1:]))
         return
+    check_writable(a.results, "results", folder=True)  # now, not after every run has trained
     os.makedirs(a.root, exist_ok=True)
     # one table1.py per root, held to its end: a second is refused at once
     files.own(a.root, flag="--root")
@@ -507,12 +510,13 @@ def write_results(results, a, seeds, layouts, only, train):
     dataset = trained_on(results)
     rows = aggregate(results, vanilla_params(a.n_embd), seeds, layouts)
     abl = ablation_rows(results, layouts[0]) if "ablation" in only else []
-    md = markdown(rows, abl, a.max_iters, machine(a.jobs), dataset, layouts[0], train)
+    info = machine(a.jobs, a.device)
+    md = markdown(rows, abl, a.max_iters, info, dataset, layouts[0], train)
     files.write_json(os.path.join(a.results, "table1.json"), dict(
         settings=dict(train, dataset=dataset, data_root=a.data_root, device=a.device,
                       max_iters=a.max_iters, seeds=seeds, eval_batches=EVAL_BATCHES,
                       eval_seed=EVAL_SEED),
-        machine=machine(a.jobs), table=rows, ablation=abl, runs=results))
+        machine=info, table=rows, ablation=abl, runs=results))
     files.atomic_write(os.path.join(a.results, "table1.md"), lambda f: f.write(md), mode="w")
     write_curves(results, rows, layouts, os.path.join(a.results, "table1_curves.png"), dataset)
     for layout in layouts:  # probe.py's and routing.py's figures of base and mesh, seed 0
