@@ -165,7 +165,8 @@ def load_hf(path, device="cpu"):
     """A GPT-NeoX folder as a vanilla RecursiveGPT whose logits are the original model's, built on
     the meta device and given the folder's tensors: its weights are held once."""
     cfg, state = from_hf_neox(path)
-    state = {k: v.float() for k, v in state.items()}  # as the model computes (Pythia's: float16)
+    # on device, as the model computes (Pythia's: float16)
+    state = {k: v.to(device, torch.float32) for k, v in state.items()}
     if state["lm_head.weight"].data_ptr() == state["wte.weight"].data_ptr():  # tied: trains apart
         state["lm_head.weight"] = state["lm_head.weight"].clone()
     return build({"model_config": cfg.to_dict(), "model": state}, path, device)

@@ -105,6 +105,14 @@ def test_from_pretrained_tied_embeddings(tmp_path):
     assert model.lm_head.weight.data_ptr() != model.wte.weight.data_ptr()  # untied from here on, as Pythia's
 
 
+def test_from_pretrained_builds_on_the_device_asked(tmp_path):
+    """load_hf(path, device): every weight on device, as its rotary tables (lm_eval_mesh.py's
+    pretrained= with --device cuda); meta stands in for a GPU here."""
+    hf, path = hf_neox(tmp_path, True, tie_word_embeddings=True)
+    model = load_hf(path, "meta")
+    assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"meta"}
+
+
 @pytest.mark.parametrize("field, value", [("layer_norm_eps", 1e-6), ("intermediate_size", 100),
                                           ("hidden_act", "gelu_new"), ("attention_bias", False),
                                           ("rope_type", "linear")])
