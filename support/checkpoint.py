@@ -84,8 +84,8 @@ def build(ckpt, path, device="cpu"):
         model = RecursiveGPT(config_of(ckpt, path))
     try:
         model.load_state_dict(ckpt["model"], assign=True)
-    except RuntimeError as e:
-        raise intact(path, cause(e).replace("\n", " ")) from None
+    except RuntimeError as e:  # torch's lines: the weights missing, unexpected, of other shapes
+        raise intact(path, " ".join(str(e).split())[:300]) from None
     model.rotary = Rotary(model.config).to(device)  # not saved: made from the config
     return model
 

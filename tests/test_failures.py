@@ -647,6 +647,11 @@ DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the
      "(TypeError: data (the dataset record) is a str, not a dict)"),
     ("a setting that is not a plain value", resave(lambda c: c["train_config"].update(lr=[1])), ("sample", "resume"),
      "(TypeError: lr is not a plain value)"),
+    ("a weight missing", resave(lambda c: c["model"].pop("wte.weight")), ("sample", "resume"),
+     'cannot build its model (Error(s) in loading state_dict for RecursiveGPT: Missing key(s) in state_dict: '
+     '"wte.weight".'),
+    ("a weight of another shape", resave(lambda c: c["model"].update({"ln_f.bias": torch.zeros(3)})),
+     ("sample", "resume"), "size mismatch for ln_f.bias: copying a param with shape torch.Size([3])"),
 ]
 
 
