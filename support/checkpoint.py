@@ -227,13 +227,13 @@ def found(out_dir):
     return out
 
 
-def latest(out_dir, sharded=False):
-    """The run's latest checkpoint, the rule a resume and every reader share: the furthest
-    trained, then the last saved; at a tie the whole one, or with sharded the sharded one.
-    -> (iter_num, saved_at, name, plain data), or None."""
+def latest(out_dir, sharded=False, iter_num=None):
+    """The run's latest checkpoint (with iter_num, of that iteration), the rule a resume and every
+    reader share: the furthest trained, then the last saved; at a tie the whole one, or with
+    sharded the sharded one. -> (iter_num, saved_at, name, plain data), or None."""
     def key(entry):
         return entry[:2] + ((SHARDS.match(entry[2]) is not None) == sharded,)
-    return max(found(out_dir), key=key, default=None)
+    return max((e for e in found(out_dir) if iter_num in (None, e[0])), key=key, default=None)
 
 
 def keep(out_dir, iter_num, sharded):

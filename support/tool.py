@@ -18,7 +18,7 @@ import torch
 
 from configurator import UsageError
 from support import command, files
-from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError, found, load
+from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError, found, latest, load
 from support.memory import GiB, device_memory
 
 
@@ -29,13 +29,12 @@ def load_latest(out_dir, device, prog, kept=None):
     """OUT_DIR's latest checkpoint, or with kept=ITER its checkpoint of that iteration; a sharded
     one is refused, naming consolidate.py, unless a whole one beside it has trained as far."""
     # kept: ckpt_ITER.pt, ckpt_ITER/ (a run folder), or the one of that iter
-    entries = [e for e in found(out_dir) if kept in (None, e[0])]
-    if kept is not None and not entries:
+    entry = latest(out_dir, iter_num=kept)
+    if kept is not None and entry is None:
         have = sorted({e[0] for e in found(out_dir)})
         raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (" + (
             f"it has {', '.join(map(str, have))}" if have else "none: train one with "
             f"python train.py {shlex.quote('--out_dir=' + out_dir)}") + ")")
-    entry = max(entries, key=lambda e: e[:2] + (not SHARDS.match(e[2]),), default=None)
     if entry is None:
         return load(out_dir, device)  # (the line for a folder without a checkpoint)
     name = entry[2]
