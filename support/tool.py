@@ -35,9 +35,7 @@ def load_latest(out_dir, device, prog, kept=None):
         raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (" + (
             f"it has {', '.join(map(str, have))}" if have else "none: train one with "
             f"python train.py {shlex.quote('--out_dir=' + out_dir)}") + ")")
-    if entry is None:
-        return load(out_dir, device)  # (the line for a folder without a checkpoint)
-    name = entry[2]
+    name = entry[2] if entry else CKPT  # none: load's line for a folder without a checkpoint
     if os.path.isdir(os.path.join(out_dir, name)) and KEPT.match(name):
         return load_latest(os.path.join(out_dir, name), device, prog)
     if SHARDS.match(name):
