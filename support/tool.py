@@ -30,12 +30,11 @@ def load_latest(out_dir, device, prog, kept=None):
     one is refused, naming consolidate.py, unless a whole one beside it has trained as far."""
     # kept: ckpt_ITER.pt, ckpt_ITER/ (a run folder), or the one of that iter
     entry = latest(out_dir, iter_num=kept)
-    if kept is not None and entry is None:
-        have = sorted({e[0] for e in found(out_dir)})
-        raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (" + (
-            f"it has {', '.join(map(str, have))}" if have else "none: train one with "
-            f"python train.py {shlex.quote('--out_dir=' + out_dir)}") + ")")
-    name = entry[2] if entry else CKPT  # none: load's line for a folder without a checkpoint
+    have = sorted({e[0] for e in found(out_dir)}) if kept is not None and entry is None else []
+    if have:
+        raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (it has "
+                              f"{', '.join(map(str, have))})")
+    name = entry[2] if entry else CKPT  # none at all: load's line for a folder without one
     if os.path.isdir(os.path.join(out_dir, name)) and KEPT.match(name):
         return load_latest(os.path.join(out_dir, name), device, prog)
     if SHARDS.match(name):
