@@ -139,8 +139,8 @@ def check_plain(ckpt):
     bad = next((k for d in (tc, data) for k, v in d.items() if not isinstance(v, PLAIN)), None)
     if bad:
         raise TypeError(f"{bad} is not a plain value")
-    if "iter_num" in ckpt and (type(ckpt["iter_num"]) is not int or ckpt["iter_num"] < 0):
-        raise ValueError(f"iter_num is {ckpt['iter_num']!r:.40}, not a count of steps")
+    if type(ckpt.get("iter_num")) is not int or ckpt["iter_num"] < 0:  # every reader names it
+        raise ValueError(f"iter_num is {ckpt.get('iter_num')!r:.40}, not a count of steps")
     if "saved_at" in ckpt and not isinstance(ckpt["saved_at"], float):
         raise TypeError("saved_at is not a time")
 
