@@ -132,8 +132,10 @@ def check_plain(ckpt):
         if not isinstance(ckpt[key], dict):
             raise TypeError(f"{key} is a {type(ckpt[key]).__name__}, not a dict")
     tc, data = ckpt["train_config"], ckpt.get("data", {})
-    if not isinstance(tc.get("dataset"), str) or not isinstance(tc.get("data_root", ""), str):
+    if not isinstance(tc.get("dataset"), str):
         raise TypeError(f"train_config's dataset is {tc.get('dataset')!r:.40}, not a name")
+    if not isinstance(tc.get("data_root", ""), str):
+        raise TypeError(f"train_config's data_root is {tc['data_root']!r:.40}, not a folder")
     if not isinstance(data, dict):
         raise TypeError(f"data (the dataset record) is a {type(data).__name__}, not a dict")
     bad = next((k for d in (tc, data) for k, v in d.items() if not isinstance(v, PLAIN)), None)

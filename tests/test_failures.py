@@ -642,6 +642,8 @@ DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the
      "(ValueError: iter_num is -3, not a count of steps)"),
     ("train_config without its dataset", resave(lambda c: c["train_config"].pop("dataset")), ("sample", "resume"),
      "(TypeError: train_config's dataset is None, not a name)"),
+    ("a data_root that is a number", resave(lambda c: c["train_config"].update(data_root=5)), ("sample", "resume"),
+     "(TypeError: train_config's data_root is 5, not a folder)"),
     ("train_config a list", resave(lambda c: c.update(train_config=[])), ("sample", "resume"),
      "(TypeError: train_config is a list, not a dict)"),
     ("a data record that is a string", resave(lambda c: c.update(data="tiny")), ("sample", "resume"),
