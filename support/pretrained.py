@@ -177,8 +177,8 @@ def source(init_from, out_dir, given):
     -> {"model": the vanilla model, "source": what every checkpoint keeps, "data": its data's};
     refused where the flags given name another width or heads (SHAPE) than the source's."""
     kind, _, path = init_from.partition(":")
-    head, sep, at = path.rpartition("@")  # vanilla:OUT_DIR@ITER; any other @ is the path's own
-    path, at = (head, int(at)) if kind == "vanilla" and sep and at.isdecimal() else (path, None)
+    head, _, at = path.rpartition("@")  # vanilla:OUT_DIR@ITER; any other @ is the path's own
+    path, at = (head, int(at)) if kind == "vanilla" and head and at.isdecimal() else (path, None)
     if os.path.exists(path) and os.path.exists(out_dir) and os.path.samefile(path, out_dir):
         raise UsageError(f"--out_dir={out_dir} is the source --init_from={init_from}, which a run "
                          f"never writes over; choose another --out_dir")
