@@ -34,7 +34,7 @@ def load_latest(out_dir, device, prog, kept=None):
     if have:
         raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (it has "
                               f"{', '.join(map(str, have))})")
-    name = entry[2] if entry else CKPT  # none at all: load's line for a folder without one
+    name = entry[2] if entry else CKPT  # none at all: load()'s one line
     if os.path.isdir(os.path.join(out_dir, name)) and KEPT.match(name):
         return load_latest(os.path.join(out_dir, name), device, prog)
     if SHARDS.match(name):
