@@ -92,15 +92,14 @@ class Sharded:
         """A sharded checkpoint's shards, or a whole one's optimizer state cut to this rank's."""
         if "folder" in resume:
             return read(resume["folder"], model, optimizer, no_dist=False)
-        from torch.distributed.tensor import DTensor, distribute_tensor
+        from torch.distributed.tensor import distribute_tensor
         whole = resume["optimizer"]
         params = [p for group in optimizer.param_groups for p in group["params"]]
         state = {}
         for i, entry in whole["state"].items():
-            p = params[int(i)]
+            p = params[int(i)]  # a DTensor: wrap shards every parameter
             state[i] = {k: distribute_tensor(v.to(p.device_mesh.device_type), p.device_mesh,
-                                             p.placements)
-                        if isinstance(p, DTensor) and v.shape == p.shape else v
+                                             p.placements) if v.shape == p.shape else v
                         for k, v in entry.items()}
         optimizer.load_state_dict({"state": state, "param_groups": whole["param_groups"]})
 

@@ -17,7 +17,7 @@ import torch
 
 from configurator import UsageError
 from support import command, files
-from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError, found, load
+from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError, found, latest, load
 from support.memory import GiB, device_memory
 
 
@@ -28,16 +28,12 @@ def load_latest(out_dir, device, prog, kept=None):
     """OUT_DIR's latest checkpoint, or with kept=ITER its checkpoint of that iteration; a sharded
     one is refused, naming consolidate.py, unless a whole one beside it has trained as far."""
     # kept: ckpt_ITER.pt, ckpt_ITER/ (a run folder), or the one of that iter
-    entries = [e for e in found(out_dir) if kept in (None, e[0])]
-    if kept is not None and not entries:
-        have = sorted({e[0] for e in found(out_dir)})
-        raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (" + (
-            f"it has {', '.join(map(str, have))}" if have else "none: train one with "
-            f"python train.py {shlex.quote('--out_dir=' + out_dir)}") + ")")
-    entry = max(entries, key=lambda e: e[:2] + (not SHARDS.match(e[2]),), default=None)
-    if entry is None:
-        return load(out_dir, device)  # (the line for a folder without a checkpoint)
-    name = entry[2]
+    entry = latest(out_dir, iter_num=kept)
+    have = sorted({e[0] for e in found(out_dir)}) if kept is not None and entry is None else []
+    if have:
+        raise CheckpointError(f"{out_dir} has no checkpoint of iter {kept} (it has "
+                              f"{', '.join(map(str, have))})")
+    name = entry[2] if entry else CKPT  # none at all: load()'s one line
     if os.path.isdir(os.path.join(out_dir, name)) and KEPT.match(name):
         return load_latest(os.path.join(out_dir, name), device, prog)
     if SHARDS.match(name):

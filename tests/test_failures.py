@@ -632,7 +632,8 @@ DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the
     ("non-finite weights", resave(lambda c: c["model"]["lm_head.weight"].fill_(float("nan"))), ("sample", "resume"),
      "(ValueError: weight lm_head.weight is not finite)"),
     ("no optimizer", resave(lambda c: c.pop("optimizer")), ("resume",), "cannot be resumed: no valid optimizer"),
-    ("no iter_num", resave(lambda c: c.pop("iter_num")), ("resume",), "cannot be resumed: no valid iter_num"),
+    ("no iter_num", resave(lambda c: c.pop("iter_num")), ("sample", "resume"),
+     "(ValueError: iter_num is None, not a count of steps)"),
     ("no rng", resave(lambda c: c.pop("rng")), ("resume",), "cannot be resumed: no valid rng"),
     ("optimizer state of the wrong shape", resave(shrink_exp_avg), ("resume",), "the optimizer's exp_avg of parameter"),
     ("optimizer for another model", resave(lambda c: c["optimizer"]["param_groups"][0]["params"].pop()), ("resume",),
@@ -641,12 +642,19 @@ DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the
      "(ValueError: iter_num is -3, not a count of steps)"),
     ("train_config without its dataset", resave(lambda c: c["train_config"].pop("dataset")), ("sample", "resume"),
      "(TypeError: train_config's dataset is None, not a name)"),
+    ("a data_root that is a number", resave(lambda c: c["train_config"].update(data_root=5)), ("sample", "resume"),
+     "(TypeError: train_config's data_root is 5, not a folder)"),
     ("train_config a list", resave(lambda c: c.update(train_config=[])), ("sample", "resume"),
      "(TypeError: train_config is a list, not a dict)"),
     ("a data record that is a string", resave(lambda c: c.update(data="tiny")), ("sample", "resume"),
      "(TypeError: data (the dataset record) is a str, not a dict)"),
     ("a setting that is not a plain value", resave(lambda c: c["train_config"].update(lr=[1])), ("sample", "resume"),
      "(TypeError: lr is not a plain value)"),
+    ("a weight missing", resave(lambda c: c["model"].pop("wte.weight")), ("sample", "resume"),
+     'cannot build its model (Error(s) in loading state_dict for RecursiveGPT: Missing key(s) in state_dict: '
+     '"wte.weight".'),
+    ("a weight of another shape", resave(lambda c: c["model"].update({"ln_f.bias": torch.zeros(3)})),
+     ("sample", "resume"), "size mismatch for ln_f.bias: copying a param with shape torch.Size([3])"),
 ]
 
 

@@ -105,6 +105,14 @@ def test_from_pretrained_tied_embeddings(tmp_path):
     assert model.lm_head.weight.data_ptr() != model.wte.weight.data_ptr()  # untied from here on, as Pythia's
 
 
+def test_from_pretrained_builds_on_the_device_asked(tmp_path):
+    """load_hf(path, device): every weight on device, as its rotary tables (lm_eval_mesh.py's
+    pretrained= with --device cuda); meta stands in for a GPU here."""
+    hf, path = hf_neox(tmp_path, True, tie_word_embeddings=True)
+    model = load_hf(path, "meta")
+    assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"meta"}
+
+
 @pytest.mark.parametrize("field, value", [("layer_norm_eps", 1e-6), ("intermediate_size", 100),
                                           ("hidden_act", "gelu_new"), ("attention_bias", False),
                                           ("rope_type", "linear")])
@@ -377,6 +385,29 @@ def test_bad_model_args_are_the_projects_errors(mesh_lm, args, words):
     with pytest.raises(UsageError) as e:
         lm_eval_mesh.MeshLM(**{"out_dir": str(mesh_lm[2] / "out"), **args})
     assert str(e.value) == words
+
+
+def test_mesh_lm_reads_the_runs_latest_checkpoint_as_sample_does(mesh_lm, tmp_path):
+    """out_dir is a run, read as sample.py reads it: its kept ckpt_ITER.pt where ckpt.pt is gone;
+    a sharded latest checkpoint is refused naming consolidate.py, never a stale ckpt.pt read."""
+    import shutil
+    from configurator import UsageError
+    from tools import lm_eval_mesh
+    lm, model, root = mesh_lm
+    (tmp_path / "kept").mkdir()
+    shutil.copy(root / "out" / "ckpt.pt", tmp_path / "kept" / "ckpt_7.pt")
+    kept = lm_eval_mesh.MeshLM(out_dir=str(tmp_path / "kept"))
+    assert all(torch.equal(a, b) for a, b in zip(kept.model.state_dict().values(), model.state_dict().values()))
+    sharded = tmp_path / "sharded"
+    (sharded / "shards-00000002").mkdir(parents=True)
+    shutil.copy(root / "out" / "ckpt.pt", sharded / "ckpt.pt")  # iter 0: older than the shards
+    (sharded / "shards-00000002" / ".metadata").write_bytes(b"")
+    saved = load_checkpoint(str(root / "out"))[1]
+    (sharded / "shards-00000002" / "state.json").write_text(json.dumps(
+        {"model_config": saved["model_config"], "train_config": saved["train_config"], "iter_num": 2,
+         "best_val_loss": 1.0, "rng": {"torch": [0]}}))
+    with pytest.raises(UsageError, match="python tools/consolidate.py --out_dir="):
+        lm_eval_mesh.MeshLM(out_dir=str(sharded))
 
 
 def test_lm_evals_own_refusals_are_one_line_and_a_bug_is_not(mesh_lm):

@@ -1,5 +1,5 @@
 """
-The lm-evaluation-harness model `mesh`: a nanoMeSH checkpoint (OUT_DIR/ckpt.pt) scored on lm_eval
+The lm-evaluation-harness model `mesh`: a nanoMeSH run's latest checkpoint scored on lm_eval
 tasks (pip install lm_eval). This file is lm_eval's command line with `--model mesh` filled in;
 the paper's zero-shot suite:
 
@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, closest, report  # noqa: E402
 from data.meta import Tokenizer  # noqa: E402
 from data.trained_on import checkpoint_dataset  # noqa: E402
-from support import checkpoint, command  # noqa: E402
+from support import command, tool  # noqa: E402
 from support.pretrained import load_hf  # noqa: E402
 
 try:
@@ -77,7 +77,7 @@ class MeshLM(TemplateLM):
         if pretrained:
             model, self.tokenizer = load_hf(pretrained, device), Tokenizer("bpe", path=pretrained)
         else:
-            model, ckpt = checkpoint.load(out_dir, device)
+            model, ckpt = tool.load_latest(out_dir, device, "lm_eval_mesh.py")
             dataset = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
             self.tokenizer = Tokenizer.load(dataset)
         self.model = model.to(getattr(torch, dtype)).eval()
