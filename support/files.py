@@ -90,7 +90,11 @@ def parse_json(text, nan=False):
 
 
 def read_json(path):
-    return parse_json(read_text(path))
+    """The JSON value of the regular file path; text that is not JSON is a PlainDataError too."""
+    try:
+        return parse_json(read_text(path))
+    except json.JSONDecodeError as e:
+        raise PlainDataError(f"is not JSON ({e.msg}, line {e.lineno} column {e.colno})") from None
 
 
 def read_config(path):

@@ -257,7 +257,7 @@ def test_damaged_dataset_names_the_file_and_the_fix(tmp_path):
         load_split(str(tmp_path / "tiny"), "train")
     (tmp_path / "tiny" / "meta.json").write_text('{"tokenizer": "char",')
     for call in (lambda: load_split(str(tmp_path / "tiny"), "val"), lambda: Tokenizer.load(str(tmp_path / "tiny"))):
-        with pytest.raises(DataError, match=r"tiny/meta.json is damaged \(JSONDecodeError: .*\); prepare the dataset again"):
+        with pytest.raises(DataError, match=r"tiny/meta.json is damaged \(PlainDataError: is not JSON \(.*\)\); prepare the dataset again"):
             call()
 
 
