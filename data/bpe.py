@@ -18,6 +18,7 @@ import unicodedata
 import numpy as np
 
 from configurator import DataError
+from support import files
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -34,8 +35,7 @@ def read_tokenizer_json(path):
     """(the file, its JSON) of a tokenizer.json, or of the one in a Hugging Face model folder."""
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     try:
-        with open(file, encoding="utf-8") as f:
-            spec = json.load(f)
+        spec = files.read_json(file)
         if not isinstance(spec, dict) or "model" not in spec:
             raise ValueError("no 'model'")
     except (OSError, ValueError) as e:
