@@ -51,6 +51,9 @@ def read_meta(path):
         vocab = meta["vocab_size"]
         if not isinstance(vocab, int) or vocab < 1:
             raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
+        for key in ("train_tokens", "val_tokens"):  # a split's size is checked against them
+            if type(meta.get(key, 0)) is not int:
+                raise ValueError(f"{key} {meta[key]!r:.40} is not a count of tokens")
         kind = meta["tokenizer"]
         if kind not in KINDS:
             raise ValueError(f"tokenizer {kind!r:.40} is not one of {', '.join(KINDS)}")

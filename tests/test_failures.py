@@ -549,6 +549,8 @@ DAMAGED_DATA = [  # (name, damage, words of the one-line error)
                                                    "a vocabulary of 26, uint16 does)"),
     ("meta without chars", edit_meta(chars=None), "meta.json is damaged (ValueError: its 26 characters are missing)"),
     ("meta without vocab_size", edit_meta(vocab_size=None), "no tokenizer, dtype or vocab_size"),
+    ("meta train_tokens text", edit_meta(train_tokens="10"), "meta.json is damaged (ValueError: train_tokens '10' "
+                                                             "is not a count of tokens)"),
     ("meta says gpt2", edit_meta(tokenizer="gpt2"), "meta.json is damaged (ValueError: it holds a character "
                                                     "vocabulary (chars) but says tokenizer 'gpt2')"),
     ("meta says gpt2, no chars", edit_meta(tokenizer="gpt2", chars=None), "vocab_size 26 is not GPT-2's 50257"),
