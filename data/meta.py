@@ -57,7 +57,8 @@ def read_meta(path):
         kind = meta["tokenizer"]
         if kind not in KINDS:
             raise ValueError(f"tokenizer {kind!r:.40} is not one of {', '.join(KINDS)}")
-        if kind == "char" and len(str(meta.get("chars") or "")) != vocab:
+        chars = meta.get("chars")
+        if kind == "char" and not (isinstance(chars, str) and len(chars) == vocab):
             raise ValueError(f"its {vocab} characters are missing")
         if kind != "char" and "chars" in meta:
             raise ValueError(f"it holds a character vocabulary (chars) but says tokenizer {kind!r}")
