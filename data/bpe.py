@@ -211,7 +211,7 @@ class GPT2:
             import tiktoken  # lazily: char-level users never need it
             self._enc = tiktoken.get_encoding(encoding)
         except Exception as e:
-            reason = f"{type(e).__name__}: {e}"[:160]  # requests' errors can be very long
+            reason = " ".join(f"{type(e).__name__}: {e}".split())[:160]  # long, or many lines
             raise DataError(f"the GPT-2 vocabulary could not be loaded ({reason}); tiktoken "
                             "downloads it once, so offline set TIKTOKEN_CACHE_DIR to a folder "
                             "holding tiktoken's cached files") from None

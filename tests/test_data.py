@@ -120,6 +120,13 @@ def test_gpt2_unavailable(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_unknown_gpt2_encoding_in_meta_json_is_one_line():
+    pytest.importorskip("tiktoken")
+    with pytest.raises(DataError) as e:  # tiktoken's own words run over three lines
+        Tokenizer.from_meta({"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16", "encoding": "nope"})
+    assert "Unknown encoding nope" in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_pydoc_offline(tmp_path, monkeypatch):
     def no_network(*a, **k):
         raise AssertionError("pydoc must not touch the network")
