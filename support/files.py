@@ -92,24 +92,22 @@ def parse_json(text, nan=False):
 def read_json(path):
     """The JSON value of the regular file path; text that is not JSON is a PlainDataError too."""
     try:
-        return parse_json(read_text(path))
+        return parse_json(text := read_text(path))
     except json.JSONDecodeError as e:
-        raise PlainDataError(f"is not JSON ({e.msg}, line {e.lineno} column {e.colno})") from None
+        comma = " (a comma after the last item?)" if text[:e.pos].rstrip().endswith(",") else ""
+        raise PlainDataError(f"is not JSON ({e.msg}, line {e.lineno} column {e.colno}){comma}") \
+            from None
 
 
 def read_config(path):
     """A JSON config file's object of settings: configurator.parse_flags' reader."""
     try:
-        values = parse_json(text := read_text(path))
+        values = read_json(path)
     except OSError as e:
         raise UsageError(f"cannot read config file {path!r}: {e.strerror}") from None
     except PlainDataError as e:
         raise UsageError(f"config file {path!r} {e}; fix it, or give the settings as flags") \
             from None
-    except json.JSONDecodeError as e:
-        comma = " (a comma after the last setting?)" if text[:e.pos].rstrip().endswith(",") else ""
-        raise UsageError(f"config file {path!r} is not valid JSON: {e.msg} at line {e.lineno}, "
-                         f"column {e.colno}{comma}") from None
     if not isinstance(values, dict):
         raise UsageError(f"config file {path!r} must hold a JSON object of settings")
     return values
