@@ -72,7 +72,8 @@ def _no_constant(name):
     raise PlainDataError(f"holds {name}, which JSON does not allow (write a number)")
 
 
-STRING, BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"'), re.compile(r"[\[\]{}]")
+# a string, or one never closed up to the end of the text: a single pass, whatever the text
+STRING, BRACKET = re.compile(r'"(?:[^"\\]+|\\[\s\S]?)*(?:"|\Z)'), re.compile(r"[\[\]{}]")
 
 
 def parse_json(text, nan=False):
