@@ -91,7 +91,6 @@ def parse_json(text, nan=False):
 
 
 def read_json(path):
-    """The JSON value of the regular file path; text that is not JSON is a PlainDataError too."""
     try:
         return parse_json(text := read_text(path))
     except json.JSONDecodeError as e:
