@@ -18,6 +18,7 @@ import unicodedata
 import numpy as np
 
 from configurator import DataError
+from support import files
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -34,8 +35,7 @@ def read_tokenizer_json(path):
     """(the file, its JSON) of a tokenizer.json, or of the one in a Hugging Face model folder."""
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     try:
-        with open(file, encoding="utf-8") as f:
-            spec = json.load(f)
+        spec = files.read_json(file)
         if not isinstance(spec, dict) or "model" not in spec:
             raise ValueError("no 'model'")
     except (OSError, ValueError) as e:
@@ -211,7 +211,7 @@ class GPT2:
             import tiktoken  # lazily: char-level users never need it
             self._enc = tiktoken.get_encoding(encoding)
         except Exception as e:
-            reason = f"{type(e).__name__}: {e}"[:160]  # requests' errors can be very long
+            reason = " ".join(f"{type(e).__name__}: {e}".split())[:160]  # long, or many lines
             raise DataError(f"the GPT-2 vocabulary could not be loaded ({reason}); tiktoken "
                             "downloads it once, so offline set TIKTOKEN_CACHE_DIR to a folder "
                             "holding tiktoken's cached files") from None

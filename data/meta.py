@@ -51,10 +51,14 @@ def read_meta(path):
         vocab = meta["vocab_size"]
         if not isinstance(vocab, int) or vocab < 1:
             raise ValueError(f"vocab_size {vocab!r} is not a positive integer")
+        for key in ("train_tokens", "val_tokens"):  # a split's size is checked against them
+            if type(meta.get(key, 0)) is not int:
+                raise ValueError(f"{key} {meta[key]!r:.40} is not a count of tokens")
         kind = meta["tokenizer"]
         if kind not in KINDS:
             raise ValueError(f"tokenizer {kind!r:.40} is not one of {', '.join(KINDS)}")
-        if kind == "char" and len(str(meta.get("chars") or "")) != vocab:
+        chars = meta.get("chars")
+        if kind == "char" and not (isinstance(chars, str) and len(chars) == vocab):
             raise ValueError(f"its {vocab} characters are missing")
         if kind != "char" and "chars" in meta:
             raise ValueError(f"it holds a character vocabulary (chars) but says tokenizer {kind!r}")
@@ -69,6 +73,8 @@ def read_meta(path):
         if not fits:
             raise ValueError(f"dtype {meta['dtype']!r} does not hold a vocabulary of {vocab}, "
                              f"{dtype_for_vocab(vocab, indexed)} does")
+        if indexed and "prefix" not in meta:
+            raise ValueError("it says format 'indexed' but names no prefix (its .idx and .bin)")
         for key in ("tokenizer_file", "prefix"):
             if key in meta and not files.plain_name(meta[key]):
                 raise ValueError(f"{key} {meta[key]!r:.60} is not a file name of the dataset's "

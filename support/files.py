@@ -72,7 +72,8 @@ def _no_constant(name):
     raise PlainDataError(f"holds {name}, which JSON does not allow (write a number)")
 
 
-STRING, BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"'), re.compile(r"[\[\]{}]")
+# a string, or one never closed up to the end of the text: a single pass, whatever the text
+STRING, BRACKET = re.compile(r'"(?:[^"\\]+|\\[\s\S]?)*(?:"|\Z)'), re.compile(r"[\[\]{}]")
 
 
 def parse_json(text, nan=False):
@@ -90,22 +91,23 @@ def parse_json(text, nan=False):
 
 
 def read_json(path):
-    return parse_json(read_text(path))
+    try:
+        return parse_json(text := read_text(path))
+    except json.JSONDecodeError as e:
+        comma = " (a comma after the last item?)" if text[:e.pos].rstrip().endswith(",") else ""
+        raise PlainDataError(f"is not JSON ({e.msg}, line {e.lineno} column {e.colno}){comma}") \
+            from None
 
 
 def read_config(path):
     """A JSON config file's object of settings: configurator.parse_flags' reader."""
     try:
-        values = parse_json(text := read_text(path))
+        values = read_json(path)
     except OSError as e:
         raise UsageError(f"cannot read config file {path!r}: {e.strerror}") from None
     except PlainDataError as e:
         raise UsageError(f"config file {path!r} {e}; fix it, or give the settings as flags") \
             from None
-    except json.JSONDecodeError as e:
-        comma = " (a comma after the last setting?)" if text[:e.pos].rstrip().endswith(",") else ""
-        raise UsageError(f"config file {path!r} is not valid JSON: {e.msg} at line {e.lineno}, "
-                         f"column {e.colno}{comma}") from None
     if not isinstance(values, dict):
         raise UsageError(f"config file {path!r} must hold a JSON object of settings")
     return values

@@ -121,6 +121,13 @@ def test_gpt2_unavailable(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_unknown_gpt2_encoding_in_meta_json_is_one_line():
+    pytest.importorskip("tiktoken")
+    with pytest.raises(DataError) as e:  # tiktoken's own words run over three lines
+        Tokenizer.from_meta({"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16", "encoding": "nope"})
+    assert "Unknown encoding nope" in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_pydoc_offline(tmp_path, monkeypatch):
     def no_network(*a, **k):
         raise AssertionError("pydoc must not touch the network")
@@ -258,7 +265,7 @@ def test_damaged_dataset_names_the_file_and_the_fix(tmp_path):
         load_split(str(tmp_path / "tiny"), "train")
     (tmp_path / "tiny" / "meta.json").write_text('{"tokenizer": "char",')
     for call in (lambda: load_split(str(tmp_path / "tiny"), "val"), lambda: Tokenizer.load(str(tmp_path / "tiny"))):
-        with pytest.raises(DataError, match=r"tiny/meta.json is damaged \(JSONDecodeError: .*\); prepare the dataset again"):
+        with pytest.raises(DataError, match=r"tiny/meta.json is damaged \(PlainDataError: is not JSON \(.*\)\); prepare the dataset again"):
             call()
 
 
@@ -484,6 +491,10 @@ def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
         Tokenizer("bpe", path=str(tmp_path / "prefix.json"))
     with pytest.raises(DataError, match="cannot read the tokenizer .*missing.json"):
         Tokenizer("bpe", path=str(tmp_path / "missing.json"))
+    (tmp_path / "deep.json").write_text('{"model": ' + "[" * 10_000 + "]" * 10_000 + "}")
+    with pytest.raises(DataError, match=r"cannot read the tokenizer .*deep.json \(PlainDataError: is nested more "
+                                           r"than 64 levels deep\)"):  # not a RecursionError's traceback
+        Tokenizer("bpe", path=str(tmp_path / "deep.json"))
 
 
 @pytest.mark.slow

@@ -548,7 +548,12 @@ DAMAGED_DATA = [  # (name, damage, words of the one-line error)
     ("meta dtype uint8", edit_meta(dtype="uint8"), "meta.json is damaged (ValueError: dtype 'uint8' does not hold "
                                                    "a vocabulary of 26, uint16 does)"),
     ("meta without chars", edit_meta(chars=None), "meta.json is damaged (ValueError: its 26 characters are missing)"),
+    ("meta chars a number", edit_meta(chars=10**25), "meta.json is damaged (ValueError: its 26 characters are missing)"),
     ("meta without vocab_size", edit_meta(vocab_size=None), "no tokenizer, dtype or vocab_size"),
+    ("meta indexed without prefix", edit_meta(format="indexed"), "meta.json is damaged (ValueError: it says format "
+                                                                 "'indexed' but names no prefix (its .idx and .bin))"),
+    ("meta train_tokens text", edit_meta(train_tokens="10"), "meta.json is damaged (ValueError: train_tokens '10' "
+                                                             "is not a count of tokens)"),
     ("meta says gpt2", edit_meta(tokenizer="gpt2"), "meta.json is damaged (ValueError: it holds a character "
                                                     "vocabulary (chars) but says tokenizer 'gpt2')"),
     ("meta says gpt2, no chars", edit_meta(tokenizer="gpt2", chars=None), "vocab_size 26 is not GPT-2's 50257"),

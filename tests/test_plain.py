@@ -6,6 +6,7 @@ support/plain.py: the limits on every JSON file the project reads, config files 
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -27,6 +28,14 @@ def test_parse_json_refuses_what_is_not_plain_data(text, message):
     with pytest.raises(plain.PlainDataError) as e:
         plain.parse_json(text)
     assert str(e.value) == message
+
+
+def test_parse_json_reads_a_string_never_closed_in_one_pass():
+    text = '"' + '\\"' * 20_000  # every quote after the first escaped: a string never closed
+    start = time.perf_counter()
+    with pytest.raises(json.JSONDecodeError):
+        plain.parse_json(text)
+    assert time.perf_counter() - start < 5  # (once quadratic: half a minute for these 40 kB)
 
 
 def test_parse_json_depth_limit_is_exact():

@@ -16,7 +16,6 @@ if __package__ in (None, ""):  # python tools/X.py: the project's modules are on
 from configurator import UsageError, setting  # noqa: E402
 from mesh import parse_layout  # noqa: E402
 from support import checkpoint, command, tool  # noqa: E402
-from support.tool import log_records  # noqa: E402
 
 COLOURS = {"vanilla": "black", "base": "tab:blue", "residual": "tab:purple", "anchor": "tab:green",
            "anchor_emb": "tab:olive", "mesh": "tab:red"}
@@ -82,7 +81,7 @@ def run(given):
         except Exception:
             kind = None
         path = os.path.join(out_dir, "log.jsonl")
-        evals = [r for r in log_records(path) if {"train_loss", "val_loss"} & r.keys()]
+        evals = [r for r in tool.log_records(path) if {"train_loss", "val_loss"} & r.keys()]
         ev = [r for r in evals if all(type(r.get(k)) in (int, float) and math.isfinite(r[k])
                                       for k in ("iter", "train_loss", "val_loss"))]
         if len(ev) < len(evals):  # a loss blew up, or is missing

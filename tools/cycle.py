@@ -8,7 +8,6 @@ seed by seed with the depth sweep's vanilla, base and routed runs.
 """
 
 import glob
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -51,14 +50,11 @@ def records(path, flag=None):
                 if not isinstance(r.get(key), kinds) or isinstance(r.get(key), bool):
                     raise files.PlainDataError(f"holds a run whose {key} is "
                                                f"{r.get(key)!r:.40}, not {word}")
-        return runs
-    except json.JSONDecodeError as e:
-        why = f"is not JSON ({e.msg}, line {e.lineno})"
     except files.PlainDataError as e:
-        why = e
-    fix = (f"give {flag} the table1.json of a tools/table1.py run" if flag else
-           "delete that run's folder (table1.py trains it again) or move it out of --root")
-    raise UsageError(f"{path} {why}; {fix}")
+        fix = (f"give {flag} the table1.json of a tools/table1.py run" if flag else
+               "delete that run's folder (table1.py trains it again) or move it out of --root")
+        raise UsageError(f"{path} {e}; {fix}") from None
+    return runs
 
 
 def paired(loss, a, b, layout, seeds=None):

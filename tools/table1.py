@@ -14,7 +14,6 @@ the curves and probe.py's and routing.py's figures of base and mesh, seed 0.
 """
 
 import inspect
-import json
 import os
 import re
 import statistics
@@ -185,10 +184,8 @@ def read_result(path, run):
                     not all(isinstance(p, list) and len(p) == 2 and all(
                         isinstance(v, NUMBER) for v in p) for p in value):
                 raise files.PlainDataError(f"has {key} {value!r:.40}, not {word}")
-    except (OSError, ValueError) as e:  # (files.PlainDataError and JSON's errors included)
+    except (OSError, files.PlainDataError) as e:
         why = f"cannot be read ({e.strerror})" if isinstance(e, OSError) else e
-        if isinstance(e, json.JSONDecodeError):
-            why = f"is not JSON ({e.msg}, line {e.lineno} column {e.colno})"
         raise UsageError(f"{path} {why}; delete the folder {os.path.dirname(path)} to train that "
                          f"run again") from None
     return result
