@@ -16,7 +16,6 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
@@ -193,8 +192,6 @@ def train(given):
 
     # ---- device and dtype, resolved for this machine (the checkpoint keeps them as given)
     device = Device(tc, master)  # under torchrun, GPU LOCAL_RANK
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
-                if device.dtype == "bfloat16" else nullcontext())
     torch.manual_seed(tc.seed + rank)
 
     # ---- data: a folder of data/prepare.py's (made here on first use, by rank 0) or indexed
@@ -258,7 +255,7 @@ def train(given):
         new_here = iter_num != run.saved_iter  # a resume evaluated this step already
         if (done or iter_num % tc.eval_interval == 0) and new_here:  # a stop here too: as ever
             splits = {"train": data.train, "val": data.val}
-            losses = evaluate(raw_model, splits, tc, device.name, autocast, rank, world)
+            losses = evaluate(raw_model, splits, tc, device.name, device.autocast, rank, world)
             best_val = min(best_val, losses["val"])
             record = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]}
             run.write(record, f"iter {iter_num}: train loss {losses['train']:.4f}, "
@@ -276,7 +273,7 @@ def train(given):
         for j, m in enumerate(range(rank, tc.grad_accum, world)):
             x, y = get_batch(data.train, tc, cfg.block_size, (0, iter_num, m), device.name)
             with spread.sync(model, last=j == local - 1):  # DDP all-reduces at the last one
-                with autocast:
+                with device.autocast:
                     _, loss = model(x, y)
                 (loss / local).backward()  # the mean over the global batch, once the ranks average
             loss_sum += loss.detach().float()

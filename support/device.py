@@ -4,10 +4,12 @@ chip's peak for MFU (what fits in its memory: memory.py).
 
     device = Device(tc, master)                # under torchrun "cuda:LOCAL_RANK"
     device.name, device.type, device.dtype, device.compile, device.mfu(cfg, tokens, seconds, world)
+    with device.autocast: loss = model(x, y)   # bf16 autocast under --dtype=bfloat16, else nothing
     device.pace(seconds)                       # ", 4x slower than its first steps: ..." or ""
 """
 
 import os
+from contextlib import nullcontext
 
 import torch
 
@@ -39,6 +41,8 @@ class Device:
             torch.cuda.set_device(self.name)
         self.type = self.name.split(":")[0]  # cuda, mps or cpu
         self.dtype = resolve_dtype(tc.dtype, self.name)
+        self.autocast = (torch.autocast(self.type, dtype=torch.bfloat16)
+                         if self.dtype == "bfloat16" else nullcontext())
         if tc.compile and self.type == "cpu" and master:  # asked for on a CPU: done, its cost said
             print("note: --compile on a CPU compiles for minutes before the first step and gains a "
                   "few percent on small models; leave it off here to start at once", flush=True)

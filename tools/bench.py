@@ -15,7 +15,6 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from statistics import median
@@ -85,14 +84,10 @@ def variants(bc):
 
 def setup(bc):
     """Settings -> (device, torch dtype, autocast context), as every process sets them."""
-    device = resolve_device(bc.device)
-    bc.dtype = devices.resolve_dtype(bc.dtype, device)
-    if bc.threads is not None:
-        torch.set_num_threads(bc.threads)
+    device = devices.Device(bc, master=False)  # train.py's: bc has its device, dtype, threads
+    bc.dtype = device.dtype
     torch._dynamo.config.recompile_limit = 64  # every variant's graphs share forward's code
-    if bc.dtype == "bfloat16":
-        return device, torch.bfloat16, torch.autocast(device.split(":")[0], torch.bfloat16)
-    return device, torch.float32, nullcontext()
+    return device.name, getattr(torch, device.dtype), device.autocast
 
 
 def build(cfg, bc, device):
