@@ -261,8 +261,8 @@ def run(bc):
     torch.manual_seed(SEED)
     x, y = torch.randint(V, (2, B, T), device=device)
     for name, cfg in todo:  # refused before anything is built where it cannot fit
-        memory.check_fits(cfg, B, device, dtype.itemsize, what=f"scheme {name}",
-                           fix="use smaller settings")
+        memory.check_fits(cfg, B, device, dtype.itemsize, grad_checkpoint=bc.grad_checkpoint,
+                           what=f"scheme {name}", fix="use smaller settings")
     models = {name: build(cfg, bc, device) for name, cfg in todo}
     print(f"bench.py: timing {len(models)} variant(s), {bc.warmup} warm-up step(s) and "
           f"{bc.iters} round(s) each", file=sys.stderr, flush=True)
