@@ -114,7 +114,7 @@ def test_bench_says_what_it_cannot_measure(laptop):
     r = run("tools/bench.py", "--schemes=base,mesh", "--iters=1", "--warmup=0", "--decode=false", "--n_embd=32",
             "--n_head=2", "--block_size=16", "--batch_size=2", "--layout=1+1R2+1", "--vocab_size=32")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert ("Not measured on this system: peak memory (no /proc/self/status, no resource module); how busy other "
+    assert ("Not measured on this system: peak memory (no /proc/self/status); how busy other "
             "processes kept the CPUs (no /proc/stat).") in r.stdout
     assert "peak RSS MB" not in r.stdout and "| mesh | 1+1R2+1 |" in r.stdout
 

@@ -379,7 +379,7 @@ def table(rows, info):
         lines.append(f"Other processes kept {others:.2f} of the {info['cpus']} CPUs busy "
                      f"during the timed steps.")
     missing = [what for what, gone in (
-        ("peak memory (no /proc/self/status, no resource module)", r.get("peak_mb") is None),
+        ("peak memory (no /proc/self/status)", r.get("peak_mb") is None),
         ("how busy other processes kept the CPUs (no /proc/stat)", others is None)) if gone]
     if missing:  # said, not left for a reader to guess from a missing column
         lines.append(f"Not measured on this system: {'; '.join(missing)}.")
