@@ -4,7 +4,6 @@ chip's peak for MFU (what fits in its memory: memory.py).
 
     device = Device(tc, master)                # under torchrun "cuda:LOCAL_RANK"
     device.name, device.type, device.dtype, device.compile, device.mfu(cfg, tokens, seconds, world)
-    with device.autocast: loss = model(x, y)   # bf16 autocast under --dtype=bfloat16, else nothing
     device.pace(seconds)                       # ", 4x slower than its first steps: ..." or ""
 """
 
@@ -76,15 +75,14 @@ def resolve_device(name):
                  "mps": torch.backends.mps.is_available()}
     if name == "auto":
         return "cuda" if available["cuda"] else "mps" if available["mps"] else "cpu"
-    kind = name.split(":")[0]
+    kind, colon, index = name.partition(":")
     if kind not in available:
         raise UsageError(f"unknown --device={name}; expected auto, cpu, cuda, cuda:N or mps")
     if not available[kind]:
         raise UsageError(f"--device={name} is not available on this machine; "
                          f"use --device=auto or --device=cpu")
-    index = name.partition(":")[2]
     count = torch.cuda.device_count() if kind == "cuda" else 1  # mps and cpu: device 0 alone
-    if ":" in name and not (index.isdigit() and int(index) < count):
+    if colon and not (index.isdigit() and int(index) < count):
         has = f" (it has {count} GPU(s), cuda:0 to cuda:{count - 1})" if kind == "cuda" else ""
         hint = " or one of those" if has else ""
         raise UsageError(f"--device={name} is not a device of this machine{has}; "
@@ -94,7 +92,7 @@ def resolve_device(name):
 
 def resolve_dtype(name, device):
     """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs that support it, else float32."""
-    if name == "auto":  # not where it is only emulated (before Ampere): slower than float32
+    if name == "auto":  # not where it is emulated (before Ampere): slower than float32
         bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported(including_emulation=False)
         return "bfloat16" if bf16 else "float32"
     if name not in ("float32", "bfloat16"):
