@@ -91,8 +91,8 @@ def resolve_device(name):
 
 
 def resolve_dtype(name, device):
-    """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs that support it, else float32."""
-    if name == "auto":  # not where it is emulated (before Ampere): slower than float32
+    """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs built for it (Ampere on), else float32."""
+    if name == "auto":
         bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported(including_emulation=False)
         return "bfloat16" if bf16 else "float32"
     if name not in ("float32", "bfloat16"):

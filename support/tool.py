@@ -180,7 +180,7 @@ def check_decode(model, prompt_chars, num_samples, max_new_tokens, device):
 
 def machine_name(device="cpu"):
     """The GPU's name for a CUDA device, else the CPU's model name."""
-    if str(device).startswith("cuda"):
+    if device.startswith("cuda"):
         return torch.cuda.get_device_name(device)
     try:
         with open("/proc/cpuinfo") as f:

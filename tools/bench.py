@@ -83,8 +83,8 @@ def variants(bc):
 
 
 def setup(bc):
-    """Settings -> (device, torch dtype, autocast context), as every process sets them."""
-    device = devices.Device(bc, master=False)  # train.py's: bc has its device, dtype, threads
+    """Settings -> (device, torch dtype, autocast context): train.py's Device, in every process."""
+    device = devices.Device(bc, master=False)
     bc.dtype = device.dtype
     torch._dynamo.config.recompile_limit = 64  # every variant's graphs share forward's code
     return device.name, getattr(torch, device.dtype), device.autocast
