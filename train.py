@@ -16,7 +16,6 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
@@ -193,8 +192,6 @@ def train(given):
 
     # ---- device and dtype, resolved for this machine (the checkpoint keeps them as given)
     device = Device(tc, master)  # under torchrun, GPU LOCAL_RANK
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
-                if device.dtype == "bfloat16" else nullcontext())
     torch.manual_seed(tc.seed + rank)
 
     # ---- data: a folder of data/prepare.py's (made here on first use, by rank 0) or indexed
@@ -203,14 +200,16 @@ def train(given):
 
     # ---- model and optimizer: from scratch, the run's checkpoint, or a pretrained vanilla model
     spread = spread_over(tc.fsdp, launched)  # one process, DDP, or FSDP2 (--fsdp)
+    from support.memory import check_run
     if tc.init_from == "scratch":  # refused first where it cannot fit in the device's memory
-        from support.memory import check_run
         model = RecursiveGPT(check_run(model_config(tc, data.vocab_size), tc, device, world))
     elif resumed:
         model = ckpt["model"]  # its config was checked against the flags given
     else:  # vanilla:OUT_DIR or hf:PATH, its tokens the data's, looped to --layout and --scheme
         from support import pretrained
         model = pretrained.loop(ckpt, tc, data)
+    if tc.init_from != "scratch":  # and a checkpoint's, before it moves to the device
+        check_run(model.config, tc, device, world)
     data.check_fits(model.config)
     source = (ckpt or {}).get("source")  # the pretrained model the run started from, if any
     # the schedule's settings left unset (Appendix B), derived here: the checkpoint keeps them so
@@ -258,7 +257,7 @@ def train(given):
         new_here = iter_num != run.saved_iter  # a resume evaluated this step already
         if (done or iter_num % tc.eval_interval == 0) and new_here:  # a stop here too: as ever
             splits = {"train": data.train, "val": data.val}
-            losses = evaluate(raw_model, splits, tc, device.name, autocast, rank, world)
+            losses = evaluate(raw_model, splits, tc, device.name, device.autocast, rank, world)
             best_val = min(best_val, losses["val"])
             record = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]}
             run.write(record, f"iter {iter_num}: train loss {losses['train']:.4f}, "
@@ -276,7 +275,7 @@ def train(given):
         for j, m in enumerate(range(rank, tc.grad_accum, world)):
             x, y = get_batch(data.train, tc, cfg.block_size, (0, iter_num, m), device.name)
             with spread.sync(model, last=j == local - 1):  # DDP all-reduces at the last one
-                with autocast:
+                with device.autocast:
                     _, loss = model(x, y)
                 (loss / local).backward()  # the mean over the global batch, once the ranks average
             loss_sum += loss.detach().float()

@@ -8,6 +8,7 @@ chip's peak for MFU (what fits in its memory: memory.py).
 """
 
 import os
+from contextlib import nullcontext
 
 import torch
 
@@ -39,6 +40,8 @@ class Device:
             torch.cuda.set_device(self.name)
         self.type = self.name.split(":")[0]  # cuda, mps or cpu
         self.dtype = resolve_dtype(tc.dtype, self.name)
+        self.autocast = (torch.autocast(self.type, dtype=torch.bfloat16)
+                         if self.dtype == "bfloat16" else nullcontext())
         if tc.compile and self.type == "cpu" and master:  # asked for on a CPU: done, its cost said
             print("note: --compile on a CPU compiles for minutes before the first step and gains a "
                   "few percent on small models; leave it off here to start at once", flush=True)
@@ -72,15 +75,14 @@ def resolve_device(name):
                  "mps": torch.backends.mps.is_available()}
     if name == "auto":
         return "cuda" if available["cuda"] else "mps" if available["mps"] else "cpu"
-    kind = name.split(":")[0]
+    kind, colon, index = name.partition(":")
     if kind not in available:
         raise UsageError(f"unknown --device={name}; expected auto, cpu, cuda, cuda:N or mps")
     if not available[kind]:
         raise UsageError(f"--device={name} is not available on this machine; "
                          f"use --device=auto or --device=cpu")
-    index = name.partition(":")[2]
     count = torch.cuda.device_count() if kind == "cuda" else 1  # mps and cpu: device 0 alone
-    if ":" in name and not (index.isdigit() and int(index) < count):
+    if colon and not (index.isdigit() and int(index) < count):
         has = f" (it has {count} GPU(s), cuda:0 to cuda:{count - 1})" if kind == "cuda" else ""
         hint = " or one of those" if has else ""
         raise UsageError(f"--device={name} is not a device of this machine{has}; "
@@ -89,9 +91,9 @@ def resolve_device(name):
 
 
 def resolve_dtype(name, device):
-    """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs that support it, else float32."""
+    """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs built for it (Ampere on), else float32."""
     if name == "auto":
-        bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+        bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported(including_emulation=False)
         return "bfloat16" if bf16 else "float32"
     if name not in ("float32", "bfloat16"):
         raise UsageError(f"--dtype={name} is not supported; use auto, float32 or bfloat16")

@@ -48,10 +48,10 @@ def physical_memory():
 
 
 def device_memory(device):
-    """A CUDA GPU's memory in bytes; for cpu and mps (whose GPU shares it) the machine's."""
-    if str(device).startswith("cuda"):
-        return torch.cuda.get_device_properties(device).total_memory
-    return physical_memory()
+    """(bytes, name): a CUDA GPU's memory; for cpu and mps (whose GPU shares it) the machine's."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(device).total_memory, device
+    return physical_memory(), "this machine"
 
 
 def activation_bytes(cfg, batch_size, grad_checkpoint=False, compute_bytes=4):
@@ -116,12 +116,11 @@ def check_fits(cfg, batch_size, device, compute_bytes=4, n=1, fsdp=False, grad_c
     """Refuse, before anything is built or written, a training run (memory(), per process) or,
     with batch_size=None, a model alone (its weights twice: a state dict and the model it is loaded
     into) that needs more than the device holds (unknown: no check). Returns cfg."""
-    total = device_memory(device)
+    total, where = device_memory(device)
     P = param_counts(cfg)[0]
     need = 8 * P if batch_size is None else \
         memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes, ddp=n > 1)["total"]
     if total and need > total:
-        where = device if str(device).startswith("cuda") else "this machine"
         batch = f", micro-batch {batch_size} x {cfg.block_size}" if batch_size else ""
         raise UsageError(f"{what} (layout {cfg.layout}, n_embd {cfg.n_embd}, "
                          f"{P:,} parameters{batch}) needs about {need / GiB:,.1f} GiB, "

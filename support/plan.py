@@ -28,11 +28,11 @@ def choose(cfg, batch_size, n, gib, compute_bytes):
 
 def plan(tc, cfg):
     """The plan's text for TrainConfig tc and model cfg."""
-    if tc.gpu not in GPUS:
+    if tc.gpu not in GPUS and not (tc.gpu_memory and tc.gpu_tflops):
         raise UsageError(f"--gpu={tc.gpu} is not one of {', '.join(GPUS)}; name one, or give "
                          f"--gpu_memory=GIB and --gpu_tflops=TFLOPS")
     n = tc.plan_gpus or int(os.environ.get("WORLD_SIZE", 8))
-    gib, peak = GPUS[tc.gpu]  # each replaced by its flag, if given
+    gib, peak = GPUS.get(tc.gpu, (0, 0))  # each replaced by its flag, if given
     gib, peak = tc.gpu_memory or gib, 1e12 * tc.gpu_tflops if tc.gpu_tflops else peak
     a = 4 if tc.dtype == "float32" else 2  # auto means bf16 autocast on the GPUs planned for
     tokens = tc.batch_size * cfg.block_size

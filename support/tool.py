@@ -157,11 +157,10 @@ def decode_bytes(cfg, num_samples, length, element_size, weights):
 
 def check_decode(model, prompt_chars, num_samples, max_new_tokens, device):
     """Refuse a decode beyond the device's memory before allocating (a prompt: a token a char)."""
-    total, cfg = device_memory(device), model.config
+    (total, where), cfg = device_memory(device), model.config
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     need = decode_bytes(cfg, num_samples, max(1, prompt_chars) + max_new_tokens,
                         model.lm_head.weight.element_size(), weights)
-    where = device if str(device).startswith("cuda") else "this machine"
     if total and need > total:
         raise UsageError(f"--num_samples={num_samples} and --max_new_tokens={max_new_tokens} need "
                          f"about {need / GiB:,.1f} GiB to decode (the KV cache of "
@@ -171,7 +170,7 @@ def check_decode(model, prompt_chars, num_samples, max_new_tokens, device):
 
 def machine_name(device="cpu"):
     """The GPU's name for a CUDA device, else the CPU's model name."""
-    if str(device).startswith("cuda"):
+    if device.startswith("cuda"):
         return torch.cuda.get_device_name(device)
     try:
         with open("/proc/cpuinfo") as f:

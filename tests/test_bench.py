@@ -152,6 +152,27 @@ def test_memory_without_a_second_compile():
     assert bench.graphs() > before
 
 
+def test_the_fit_check_counts_grad_checkpoint(monkeypatch):
+    """--grad_checkpoint=true is what makes some settings fit: the check before anything is built counts its memory
+    (plan.py's), and refuses in one line only what does not fit even with it."""
+    from configurator import UsageError
+    from support import memory
+
+    class Built(Exception):
+        pass
+
+    cfg = bench.variants(bench.BenchConfig(**TINY, schemes="mesh"))[0][1]
+    needs = [memory.memory(cfg, 64, 1, False, ckpt, 4, ddp=False)["total"] for ckpt in (True, False)]
+    assert needs[0] < needs[1]
+    monkeypatch.setattr(memory, "device_memory", lambda device: (sum(needs) / 2, "this machine"))  # fits with it only
+    monkeypatch.setattr(bench, "build", lambda *args: (_ for _ in ()).throw(Built))  # past the check
+    flags = dict(TINY, schemes="mesh", batch_size=64, device="cpu", dtype="float32")
+    with pytest.raises(Built):
+        bench.run(bench.BenchConfig(**flags, grad_checkpoint=True))
+    with pytest.raises(UsageError, match="^scheme mesh .* needs about .* GiB of this machine; use smaller settings$"):
+        bench.run(bench.BenchConfig(**flags, grad_checkpoint=False))
+
+
 def test_profile_steps_counts_the_profiled_steps_only():
     """Matmul FLOPs are exact: the 3 profiled steps' products (2 m n k each, for every matmul operator), not the
     warm-up step's; attention is the SDPA operators' time, zero in a step without attention."""

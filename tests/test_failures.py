@@ -1305,6 +1305,25 @@ def test_a_size_that_cannot_fit_is_refused_before_anything_is_built(flags, messa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("init_from", ["resume", "vanilla"])
+def test_a_run_from_a_checkpoint_that_cannot_fit_is_refused_before_it_moves(init_from, data_root, tmp_path, capsys,
+                                                                           monkeypatch):  # noqa: F811
+    """A resumed or looped run is checked as one from scratch is: on a machine too small for its step (or with a
+    larger --batch_size) it is one line, and nothing is written."""
+    from support import memory
+    src = tmp_path / "src"
+    assert run(["--max_iters=2", "--scheme=base", "--layout=4"], data_root, src) == 0
+    out = src if init_from == "resume" else tmp_path / "out"
+    before, _ = snapshot(src, tmp_path), capsys.readouterr()
+    monkeypatch.setattr(memory, "device_memory", lambda device: (1 << 10, "this machine"))
+    flags = ["--scheme=base", "--layout=4"] if init_from == "resume" else []
+    assert run([*flags, f"--init_from={'resume' if init_from == 'resume' else f'vanilla:{src}'}",
+                "--max_iters=4"], data_root, out) == 2
+    err = one_line(capsys)
+    assert "micro-batch 4 x 16) needs about " in err and "GiB of this machine; use smaller settings" in err
+    assert snapshot(src, tmp_path) == before
+
+
 def test_the_plan_and_bench_count_sizes_no_machine_holds(capsys):
     """--plan counts parameters from the shapes: a width of 10^9 is a table of numbers, not an overflow; bench.py
     refuses a vocabulary of 10^10 before it builds anything."""

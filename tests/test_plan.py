@@ -108,6 +108,14 @@ def test_plan_bad_input_is_one_line(flags, message, capsys):
     assert capsys.readouterr().err == f"train.py: error: {message}\n"
 
 
+def test_a_gpu_not_listed_is_planned_from_the_memory_and_tflops_given(capsys):
+    """--gpu=v100 is refused with "give --gpu_memory and --gpu_tflops": with both given, it is planned as given."""
+    assert train.main(["--plan=true", "--gpu=v100", "--gpu_memory=32", "--gpu_tflops=125"]) == 0
+    assert "GPU(s) of 32 GiB and 125 TFLOPS (as given)" in capsys.readouterr().out
+    assert train.main(["--plan=true", "--gpu=v100", "--gpu_memory=32"]) == 2  # its TFLOPS unknown
+    assert "--gpu=v100 is not one of a100, h100" in capsys.readouterr().err
+
+
 # -----------------------------------------------------------------------------
 # config/: every variant of the paper's Table 1 at every Pythia size, on one recipe
 

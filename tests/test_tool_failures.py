@@ -137,7 +137,7 @@ def test_sample_refuses_a_decode_beyond_the_machines_memory_before_allocating(ti
     def never(*args, **kwargs):
         raise AssertionError("decoding started")
     monkeypatch.setattr(sample, "complete", never)
-    monkeypatch.setattr(reading, "device_memory", lambda device: 8 << 30)
+    monkeypatch.setattr(reading, "device_memory", lambda device: (8 << 30, "this machine"))
     assert sample.main([f"--out_dir={tiny_ckpt}", flag]) == 2
     err = one_line(capsys, "sample.py")
     n, m = ("1000000", "300") if "num_samples" in flag else ("1", "1000000000000")

@@ -365,6 +365,16 @@ def test_mfu_peak_by_exact_chip_name(name, peak, monkeypatch):
     assert machine.peak_bf16_flops("cuda:0", "float32") is None and machine.peak_bf16_flops("cpu", "bfloat16") is None
 
 
+def test_auto_dtype_takes_bf16_only_where_the_gpu_computes_it(monkeypatch):
+    """--dtype=auto: bf16 autocast on a GPU that computes bf16 (Ampere on), float32 on one that would only emulate
+    it (a V100 or T4, where torch.cuda.is_bf16_supported() says True unless told to leave emulation out)."""
+    native = {"V100": False, "A100": True}
+    for chip, has in native.items():
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: has or including_emulation)
+        assert machine.resolve_dtype("auto", "cuda:0") == ("bfloat16" if has else "float32"), chip
+        assert machine.resolve_dtype("auto", "cpu") == "float32"
+
+
 @pytest.mark.slow
 def test_cli_errors_have_no_traceback(data_root, tmp_path):
     r = cli("train.py", ["--scheme=mesj"], data_root, tmp_path / "o")

@@ -15,7 +15,6 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from statistics import median
@@ -84,15 +83,11 @@ def variants(bc):
 
 
 def setup(bc):
-    """Settings -> (device, torch dtype, autocast context), as every process sets them."""
-    device = resolve_device(bc.device)
-    bc.dtype = devices.resolve_dtype(bc.dtype, device)
-    if bc.threads is not None:
-        torch.set_num_threads(bc.threads)
+    """Settings -> (device, torch dtype, autocast context): train.py's Device, in every process."""
+    device = devices.Device(bc, master=False)
+    bc.dtype = device.dtype
     torch._dynamo.config.recompile_limit = 64  # every variant's graphs share forward's code
-    if bc.dtype == "bfloat16":
-        return device, torch.bfloat16, torch.autocast(device.split(":")[0], torch.bfloat16)
-    return device, torch.float32, nullcontext()
+    return device.name, getattr(torch, device.dtype), device.autocast
 
 
 def build(cfg, bc, device):
@@ -266,8 +261,8 @@ def run(bc):
     torch.manual_seed(SEED)
     x, y = torch.randint(V, (2, B, T), device=device)
     for name, cfg in todo:  # refused before anything is built where it cannot fit
-        memory.check_fits(cfg, B, device, dtype.itemsize, what=f"scheme {name}",
-                           fix="use smaller settings")
+        memory.check_fits(cfg, B, device, dtype.itemsize, grad_checkpoint=bc.grad_checkpoint,
+                           what=f"scheme {name}", fix="use smaller settings")
     models = {name: build(cfg, bc, device) for name, cfg in todo}
     print(f"bench.py: timing {len(models)} variant(s), {bc.warmup} warm-up step(s) and "
           f"{bc.iters} round(s) each", file=sys.stderr, flush=True)
