@@ -67,6 +67,16 @@ def test_config_files_are_read_by_the_reader_given_and_refused_without_one(tmp_p
     assert r.stdout.startswith("usage: python tools/draw.py [CONFIG.json ...] [--key=value"), r.stdout
 
 
+def test_a_config_files_integer_past_what_python_reads_is_one_line(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"seed": ' + "9" * 5000 + "}")  # int() reads at most 4300 digits
+    with pytest.raises(UsageError) as e:
+        parse_flags(train.TrainConfig, [str(cfg)], "train.py", read_config=read_config)
+    assert str(e.value) == (f"config file {str(cfg)!r} holds an integer of 5,000 digits, more "
+                            f"than Python reads (write a smaller number); fix it, or give the "
+                            f"settings as flags")
+
+
 def test_an_empty_path_is_refused_by_name():
     with pytest.raises(UsageError) as e:
         parse_flags(train.TrainConfig, ["--data_root= "], "train.py")
