@@ -60,8 +60,7 @@ class CheckConfig:
         for name in (self.only or "").split(","):
             if name and name not in PARTS:
                 raise UsageError(f"--only={name} is not a part; name one of {', '.join(PARTS)}")
-        if os.path.exists(self.out) and not os.path.isdir(self.out):
-            raise UsageError(f"--out={self.out} is a file; give a folder")
+        tool.check_writable(self.out, "out", folder=True)  # a folder, not a run's nor a dataset's
 
 
 @dataclass
