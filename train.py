@@ -136,6 +136,10 @@ class TrainConfig:
                                                             or not path):
             raise UsageError(f"--init_from={self.init_from} is not one of scratch, resume, "
                              f"vanilla:OUT_DIR, hf:PATH")
+        at = path.rpartition("@")[2] if kind == "vanilla" and "@" in path else ""
+        if at and not at.isdecimal():  # vanilla:OUT_DIR@ITER loops its checkpoint of iter ITER
+            raise UsageError(f"--init_from={self.init_from}: {at!r} after @ is not an iteration; "
+                             f"give vanilla:OUT_DIR@ITER, as vanilla:out@1000")
         model_config(self, vocab_size=None)
 
 
