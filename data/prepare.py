@@ -209,6 +209,8 @@ def make_folder(folder, dataset, out_root, root_flag):
 def _source(dataset, input, url):
     """(source, label): a path or bytes (None: url's, downloaded later), and its name."""
     if input is not None:
+        if os.path.exists(input) and not os.path.isfile(input):
+            raise DataError(f"input file {input} is not a regular file (a folder or a device)")
         if not os.path.isfile(input):
             raise DataError(f"input file {input} does not exist")
         if os.path.getsize(input) == 0:
