@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import command, files  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402

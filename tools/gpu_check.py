@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where every part runs
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)  # python tools/X.py: the project's modules are one folder up
 from configurator import UsageError, check_ranges, parse_flags, setting  # noqa: E402
 from support import command, files, tool  # noqa: E402
 

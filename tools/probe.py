@@ -27,8 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, setting  # noqa: E402
 from data.dataset import load_split, random_windows  # noqa: E402
 from data.trained_on import checkpoint_dataset  # noqa: E402

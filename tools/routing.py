@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, setting  # noqa: E402
 from data.dataset import load_split  # noqa: E402
 from data.meta import Tokenizer  # noqa: E402

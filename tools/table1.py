@@ -28,8 +28,7 @@ import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)  # python tools/X.py: the project's modules are one folder up
 from configurator import UsageError, check_ranges, closest, setting  # noqa: E402
 from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
