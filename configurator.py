@@ -118,10 +118,9 @@ def value_of(field, value, file=None):
     return value
 
 
-def help_text(cls, prog, notes, files):
+def help_text(cls, prog, notes):
     """--help: the usage line, cls's docstring, every setting, notes."""
-    configs = "[CONFIG.json ...] " if files else ""
-    lines = [f"usage: python {prog} {configs}[--key=value | --key value ...]", "",
+    lines = [f"usage: python {prog} [CONFIG.json ...] [--key=value | --key value ...]", "",
              (cls.__doc__ or "").strip(), ""]
     for f in dataclasses.fields(cls):
         default = f.default_factory() if callable(f.default_factory) else f.default
@@ -165,7 +164,7 @@ def parse_flags(cls, argv, prog, notes="", read_config=None):
     while args:
         arg = args.pop(0)
         if arg in ("-h", "--help"):
-            print(help_text(cls, prog, notes, files=read_config is not None))
+            print(help_text(cls, prog, notes))
             raise SystemExit(0)
         if not arg.startswith("--"):
             if read_config is None:
