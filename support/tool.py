@@ -11,7 +11,6 @@ held while a tool writes. train.py needs none of it, but for a resume's log (rea
 import os
 import platform
 import shlex
-import signal
 import sys
 
 import torch
@@ -144,11 +143,6 @@ def release():
     command.Stop.held = False
     if command.Stop.signals:
         raise command.Stopped(command.Stop.name)
-
-
-def ignore_ctrl_c():
-    """In a command's helper process: the terminal's Ctrl-C is the parent's to answer."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # -----------------------------------------------------------------------------

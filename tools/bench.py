@@ -13,6 +13,7 @@ import dataclasses
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -232,7 +233,7 @@ def step_memory(model, opt, x, y, autocast, device, steps=1, eager=False):
 
 def peak_memory(cfg, bc, conn):
     """In a fresh process: build, then step_memory of 3 steps."""
-    tool.ignore_ctrl_c()  # the terminal's Ctrl-C is the parent's to answer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the parent's to answer
     device, _, autocast = setup(bc)
     model, opt = build(cfg, bc, device)
     x = torch.randint(cfg.vocab_size, (2, bc.batch_size, cfg.block_size), device=device)
