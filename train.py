@@ -115,8 +115,11 @@ class TrainConfig:
     def __post_init__(self):
         """The settings' checks, before anything is read or written (the model's: mesh.Config's)."""
         check_ranges(self, RANGES)
-        if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
-            raise UsageError(f"--min_lr={self.min_lr} is above --lr={self.lr}; "
+        model_config(self, vocab_size=None)  # first: a known preset, whose lr is the default
+        lr = self.lr or PRESETS[self.model]["lr"]
+        if self.min_lr is not None and self.min_lr > lr:
+            preset = "" if self.lr else f", the {self.model} preset's"
+            raise UsageError(f"--min_lr={self.min_lr} is above --lr={lr}{preset}; "
                              f"the cosine decays from lr to min_lr")
         decay = self.max_iters if self.lr_decay_iters is None else self.lr_decay_iters
         source = " from --max_iters" if self.lr_decay_iters is None else ""
@@ -141,7 +144,6 @@ class TrainConfig:
                                                             or not path):
             raise UsageError(f"--init_from={self.init_from} is not one of scratch, resume, "
                              f"vanilla:OUT_DIR, hf:PATH")
-        model_config(self, vocab_size=None)
 
 
 def model_config(tc, vocab_size):
