@@ -184,7 +184,8 @@ class RoutingConfig(RunsConfig):
     png: str | None = setting(None, "write the figure here (needs matplotlib)", path=True)
 
     def __post_init__(self):
-        check_ranges(self, [("tokens", lambda v: v >= 1, "at least 1")])
+        check_ranges(self, [("tokens", lambda v: v >= 1, "at least 1"),
+                            ("seed", lambda v: v >= 0, "0 or more")])
 
 
 def main(argv):
