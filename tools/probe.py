@@ -371,7 +371,8 @@ class ProbeConfig(RunsConfig):
     def __post_init__(self):
         check_ranges(self, [("num_samples", lambda v: v >= 1, "at least 1"),
                             ("seed", lambda v: v >= 0, "0 or more"),
-                            ("sigma_frac", lambda v: v > 0, "a positive finite number")])
+                            ("sigma_frac", lambda v: v > 0, "a positive finite number"),
+                            ("sigma_frac", lambda v: v <= 1e6, "at most 1e6")])
 
 
 def main(argv):
