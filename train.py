@@ -329,7 +329,6 @@ def train(given):
 
 
 def main(argv):
-    """python train.py: train() as a command (one-line errors, exit codes, locks released)."""
     notes = f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}"
     stopped = ("so at once: a checkpoint being written, if any, was dropped, the one before it "
                "is as it was")

@@ -435,10 +435,10 @@ def run(given):
     return 0
 
 
-def main(argv=None):
-    return command.main("data/prepare.py", run, sys.argv[1:] if argv is None else argv,
-                        PrepareConfig, f"known datasets: {', '.join(sorted(DATASETS))}")
+def main(argv):
+    return command.main("data/prepare.py", run, argv, PrepareConfig,
+                        f"known datasets: {', '.join(sorted(DATASETS))}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
