@@ -15,11 +15,10 @@ import json
 import math
 import os
 import sys
-import types
 import typing
 
 LARGEST = 2**63 - 1  # torch takes 64 bits
-WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "text", list: "text"}
+WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "text"}
 JSON_NAMES = {str: "a string", int: "a number", float: "a number", bool: "true or false",
               dict: "an object", list: "a list", type(None): "null"}
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -78,9 +77,7 @@ def report(prog, error, code=2):
 def value_of(field, value, file=None):
     """A setting's value in its field's type, from --key=TEXT or a file's JSON value (already of
     that type: "100" for an integer is refused)."""
-    union = isinstance(field.type, types.UnionType)  # X | None
-    origin = typing.get_origin(field.type) or field.type  # list[str] -> list
-    accepted = typing.get_args(field.type) if union else (origin,)
+    accepted = typing.get_args(field.type) or (field.type,)  # X | None; list[str]: each a str
     kind, null = next(k for k in accepted if k is not type(None)), type(None) in accepted
     where = f"{file}: {field.name} is " if file else f"--{field.name}="
     bad = UsageError(f"{where}{value} is not {WORDS[kind]}" + (" (or None)" if null else ""))
@@ -100,7 +97,7 @@ def value_of(field, value, file=None):
         if value.lower() not in TRUE + FALSE:
             raise bad
         value = value.lower() in TRUE
-    elif kind not in (str, list):
+    elif kind is not str:
         try:
             value = kind(value)
         except ValueError:
@@ -121,10 +118,9 @@ def value_of(field, value, file=None):
     return value
 
 
-def help_text(cls, prog, notes, files):
+def help_text(cls, prog, notes):
     """--help: the usage line, cls's docstring, every setting, notes."""
-    configs = "[CONFIG.json ...] " if files else ""
-    lines = [f"usage: python {prog} {configs}[--key=value | --key value ...]", "",
+    lines = [f"usage: python {prog} [CONFIG.json ...] [--key=value | --key value ...]", "",
              (cls.__doc__ or "").strip(), ""]
     for f in dataclasses.fields(cls):
         default = f.default_factory() if callable(f.default_factory) else f.default
@@ -159,15 +155,16 @@ def parse_flags(cls, argv, prog, notes="", read_config=None):
             except UnicodeEncodeError:
                 raise UsageError(f"--{key}={text!r:.60} is not UTF-8 text (it holds bytes no "
                                  f"UTF-8 text has); give it in UTF-8") from None
-        value = value_of(fields[key], value, file and f"config file {file!r}")
+        file = file and f"config file {file!r}"
         if fields[key].default_factory is not dataclasses.MISSING:  # a list: each adds to it
-            value = given.get(key, []) + (value if isinstance(value, list) else [value])
-        given[key] = value
+            given[key] = given.get(key, []) + [value_of(fields[key], v, file) for v in values]
+        else:
+            given[key] = value_of(fields[key], value, file)
 
     while args:
         arg = args.pop(0)
         if arg in ("-h", "--help"):
-            print(help_text(cls, prog, notes, files=read_config is not None))
+            print(help_text(cls, prog, notes))
             raise SystemExit(0)
         if not arg.startswith("--"):
             if read_config is None:

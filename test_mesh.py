@@ -901,6 +901,7 @@ def test_sample_tiny_temperature_is_greedy():
     logits = torch.tensor([[10.0, 0.0, 9.0], [-5.0, 3.0, 2.0]])
     assert mesh.sample(logits, 1e-40).tolist() == [[0], [1]]
     assert mesh.sample(logits, 1e-40, top_k=2).tolist() == [[0], [1]]
+    assert mesh.sample(logits, 1e-320).tolist() == [[0], [1]]  # 0 as float32: greedy, not 0/0
 
 
 # -----------------------------------------------------------------------------

@@ -114,8 +114,11 @@ class TrainConfig:
     def __post_init__(self):
         """The settings' checks, before anything is read or written (the model's: mesh.Config's)."""
         check_ranges(self, RANGES)
-        if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
-            raise UsageError(f"--min_lr={self.min_lr} is above --lr={self.lr}; "
+        model_config(self, vocab_size=None)  # first: a known preset, whose lr is the default
+        lr = self.lr or PRESETS[self.model]["lr"]
+        if self.min_lr is not None and self.min_lr > lr:
+            preset = "" if self.lr else f", the {self.model} preset's"
+            raise UsageError(f"--min_lr={self.min_lr} is above --lr={lr}{preset}; "
                              f"the cosine decays from lr to min_lr")
         decay = self.max_iters if self.lr_decay_iters is None else self.lr_decay_iters
         source = " from --max_iters" if self.lr_decay_iters is None else ""
@@ -131,11 +134,15 @@ class TrainConfig:
             raise UsageError(f"--keep_every={self.keep_every} keeps checkpoints, which are saved "
                              f"every --eval_interval={self.eval_interval} steps: give a multiple")
         kind, _, path = self.init_from.partition(":")
+        if kind == "vanilla" and "@" in path:  # vanilla:OUT_DIR@ITER: its checkpoint of iter ITER
+            path, _, at = path.rpartition("@")
+            if at and not at.isdecimal():
+                raise UsageError(f"--init_from={self.init_from}: {at!r} after @ is not an "
+                                 f"iteration; give vanilla:OUT_DIR@ITER, as vanilla:out@1000")
         if self.init_from not in ("scratch", "resume") and (kind not in ("vanilla", "hf")
                                                             or not path):
             raise UsageError(f"--init_from={self.init_from} is not one of scratch, resume, "
                              f"vanilla:OUT_DIR, hf:PATH")
-        model_config(self, vocab_size=None)
 
 
 def model_config(tc, vocab_size):
@@ -321,7 +328,6 @@ def train(given):
 
 
 def main(argv):
-    """python train.py: train() as a command (one-line errors, exit codes, locks released)."""
     notes = f"presets: {', '.join(PRESETS)}\nschemes: {', '.join(SCHEMES)}"
     stopped = ("so at once: a checkpoint being written, if any, was dropped, the one before it "
                "is as it was")

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import command, files  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
@@ -210,6 +209,8 @@ def make_folder(folder, dataset, out_root, root_flag):
 def _source(dataset, input, url):
     """(source, label): a path or bytes (None: url's, downloaded later), and its name."""
     if input is not None:
+        if os.path.exists(input) and not os.path.isfile(input):
+            raise DataError(f"input file {input} is not a regular file (a folder or a device)")
         if not os.path.isfile(input):
             raise DataError(f"input file {input} does not exist")
         if os.path.getsize(input) == 0:
@@ -435,10 +436,10 @@ def run(given):
     return 0
 
 
-def main(argv=None):
-    return command.main("data/prepare.py", run, sys.argv[1:] if argv is None else argv,
-                        PrepareConfig, f"known datasets: {', '.join(sorted(DATASETS))}")
+def main(argv):
+    return command.main("data/prepare.py", run, argv, PrepareConfig,
+                        f"known datasets: {', '.join(sorted(DATASETS))}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -72,6 +72,14 @@ def _no_constant(name):
     raise PlainDataError(f"holds {name}, which JSON does not allow (write a number)")
 
 
+def _integer(digits):
+    try:
+        return int(digits)
+    except ValueError:  # more digits than int() reads (sys.get_int_max_str_digits: 4300)
+        raise PlainDataError(f"holds an integer of {len(digits):,} digits, more than Python "
+                             f"reads (write a smaller number)") from None
+
+
 # a string, or one never closed up to the end of the text: a single pass, whatever the text
 STRING, BRACKET = re.compile(r'"(?:[^"\\]+|\\[\s\S]?)*(?:"|\Z)'), re.compile(r"[\[\]{}]")
 
@@ -87,7 +95,8 @@ def parse_json(text, nan=False):
     if deepest > MAX_DEPTH:
         raise PlainDataError(f"is nested more than {MAX_DEPTH} levels deep")
     constant = None if nan else _no_constant  # None: json's own, which reads NaN and Infinity
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant)
+    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant,
+                      parse_int=_integer)
 
 
 def read_json(path):

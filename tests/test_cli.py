@@ -7,6 +7,7 @@ setting, without reading source text.
 """
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -66,6 +67,16 @@ def test_config_files_are_read_by_the_reader_given_and_refused_without_one(tmp_p
     assert r.stdout.startswith("usage: python tools/draw.py [CONFIG.json ...] [--key=value"), r.stdout
 
 
+def test_a_config_files_integer_past_what_python_reads_is_one_line(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"seed": ' + "9" * 5000 + "}")  # int() reads at most 4300 digits
+    with pytest.raises(UsageError) as e:
+        parse_flags(train.TrainConfig, [str(cfg)], "train.py", read_config=read_config)
+    assert str(e.value) == (f"config file {str(cfg)!r} holds an integer of 5,000 digits, more "
+                            f"than Python reads (write a smaller number); fix it, or give the "
+                            f"settings as flags")
+
+
 def test_an_empty_path_is_refused_by_name():
     with pytest.raises(UsageError) as e:
         parse_flags(train.TrainConfig, ["--data_root= "], "train.py")
@@ -78,6 +89,24 @@ def test_an_empty_path_is_refused_by_name():
 def test_a_repeated_flag_adds_to_a_list():
     given = parse_flags(ProbeConfig, ["--out_dir", "a", "--out_dir=b"], "tools/probe.py")
     assert given == {"out_dir": ["a", "b"]} and ProbeConfig().out_dir == []
+
+
+def test_a_config_files_list_is_checked_item_by_item_as_flags_are(tmp_path):
+    """A list setting in a config file: each item a path as --out_dir's is (~ expanded, an empty
+    one refused), text, never a number; a lone string is one item."""
+    cfg = tmp_path / "c.json"
+    for text, out_dir in (('["~/a", "b"]', [os.path.expanduser("~/a"), "b", "c"]),
+                          ('"a"', ["a", "c"])):
+        cfg.write_text(f'{{"out_dir": {text}}}')
+        given = parse_flags(ProbeConfig, [str(cfg), "--out_dir=c"], "tools/probe.py",
+                            read_config=read_config)
+        assert given == {"out_dir": out_dir}
+    for text, message in (("[3]", f"config file {str(cfg)!r}: out_dir is 3 (a number), not text"),
+                          ('["a", ""]', "--out_dir is empty; give it a name")):
+        cfg.write_text(f'{{"out_dir": {text}}}')
+        with pytest.raises(UsageError) as e:
+            parse_flags(ProbeConfig, [str(cfg)], "tools/probe.py", read_config=read_config)
+        assert str(e.value) == message
 
 
 @pytest.mark.parametrize("cls", SETTINGS, ids=[c.__name__ for c in SETTINGS])

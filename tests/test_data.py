@@ -191,6 +191,7 @@ def test_errors(tmp_path):
     out = tmp_path / "out"
     cases = [
         (str(tmp_path / "nope.txt"), "nope.txt does not exist"),
+        (str(tmp_path), "is not a regular file"),  # a folder: it exists, but holds no text
         (write(tmp_path / "empty.txt", b""), "empty.txt is empty"),
         (write(tmp_path / "bad.txt", b"ab\xffcd"), "bad.txt is not UTF-8: invalid byte 0xff at byte offset 2"),
         (write(tmp_path / "one.txt", "x"), "too small"),

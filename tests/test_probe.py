@@ -225,12 +225,16 @@ def test_routing_predicts_after_each_step_what_a_model_stopped_there_predicts(tm
     (["--out_dir=x", "--num_samples=0"], "probe.py: error: --num_samples=0 must be at least 1\n"),
     ([], "probe.py: error: give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)\n"),
     (["--out_dir=x", "--sigma_frac=inf"], "probe.py: error: --sigma_frac=inf must be a positive finite number\n"),
+    (["--out_dir=x", "--sigma_frac=1e300"], "probe.py: error: --sigma_frac=1e+300 must be at most 1e6\n"),
+    (["--out_dir=x", "--seed=-1"], "probe.py: error: --seed=-1 must be 0 or more\n"),  # numpy takes no other
     (["--out_dir=nowhere", "--json=/tmp"], "probe.py: error: --json=/tmp is a folder; give a file name\n"),
     (["--out_dir=nowhere", "--png=README.md"], "probe.py: error: --png=README.md is a file; give a folder\n"),
 ])
 def test_probe_bad_input_is_one_line_and_exit_2(args, message, capsys):
     code = probe.main(args)
     assert code == 2 and capsys.readouterr().err == message
+    if "--seed=-1" in args:  # routing.py's windows too
+        assert routing.main(args) == 2 and capsys.readouterr().err == message.replace("probe", "routing")
 
 
 def test_probe_names_a_missing_validation_split(tmp_path, capsys):

@@ -241,6 +241,19 @@ def test_table1_does_not_wait_on_a_result_file_that_is_a_fifo(tmp_path, capsys):
         f"the folder {folder} to train that run again\n")
 
 
+@pytest.mark.parametrize("flag, words", [
+    ("--lr=0", "--lr=0.0 must be a finite number above 0"),
+    ("--n_embd=6", "--n_embd=6 makes no model of 4 heads (n_embd=6 is not divisible by n_head=4"),
+    ("--seeds=0,-1", "--seeds='0,-1' must be comma-separated integers, 0 or more, as 0,1,2"),
+])
+def test_table1_refuses_what_train_py_would_before_any_run_starts(flag, words, tmp_path, capsys):
+    """A setting every run's train.py would refuse: one line at once, no folder made."""
+    code = table1.main([flag, "--only=vanilla", "--max_iters=2", f"--root={tmp_path / 'root'}",
+                        f"--results={tmp_path / 'res'}"])
+    assert code == 2 and one_line(capsys, "table1.py").startswith(f"table1.py: error: {words}")
+    assert not os.listdir(tmp_path)
+
+
 @pytest.mark.parametrize("train_config", [{"lr": 1e-3}, [1, 2]], ids=["no max_iters", "not a dict"])
 def test_table1_trains_afresh_over_a_foreign_checkpoint(train_config, tmp_path):
     """A ckpt.pt without result.json whose plain data is not a run's: no run, as train.py judges it."""

@@ -22,8 +22,7 @@ from statistics import median
 import torch
 from torch._dynamo.utils import counters
 
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, closest, setting  # noqa: E402
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support import command, device as devices, files, memory, tool  # noqa: E402

@@ -11,8 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import setting  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
 from support.checkpoint import CheckpointError  # noqa: E402

@@ -12,8 +12,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, setting  # noqa: E402
 from support import command, files  # noqa: E402
 from tools.table1 import mean_std, pm, steps  # noqa: E402

@@ -17,8 +17,7 @@ import sys
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if __package__ in (None, ""):  # python tools/X.py: the modules are one folder up
-    sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)  # python tools/X.py: the project's modules are one folder up
 from configurator import UsageError, setting  # noqa: E402
 from data.bpe import bytes_to_unicode  # noqa: E402
 from data.meta import Tokenizer  # noqa: E402

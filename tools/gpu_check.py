@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where every part runs
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)  # python tools/X.py: the project's modules are one folder up
 from configurator import UsageError, check_ranges, parse_flags, setting  # noqa: E402
 from support import command, files, tool  # noqa: E402
 
@@ -60,8 +59,7 @@ class CheckConfig:
         for name in (self.only or "").split(","):
             if name and name not in PARTS:
                 raise UsageError(f"--only={name} is not a part; name one of {', '.join(PARTS)}")
-        if os.path.exists(self.out) and not os.path.isdir(self.out):
-            raise UsageError(f"--out={self.out} is a file; give a folder")
+        tool.check_writable(self.out, "out", folder=True)  # a folder, not a run's nor a dataset's
 
 
 @dataclass

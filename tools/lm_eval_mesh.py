@@ -20,8 +20,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, closest, report  # noqa: E402
 from data.meta import Tokenizer  # noqa: E402
 from data.trained_on import checkpoint_dataset  # noqa: E402

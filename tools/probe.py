@@ -27,8 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, setting  # noqa: E402
 from data.dataset import load_split, random_windows  # noqa: E402
 from data.trained_on import checkpoint_dataset  # noqa: E402
@@ -370,7 +369,9 @@ class ProbeConfig(RunsConfig):
 
     def __post_init__(self):
         check_ranges(self, [("num_samples", lambda v: v >= 1, "at least 1"),
-                            ("sigma_frac", lambda v: v > 0, "a positive finite number")])
+                            ("seed", lambda v: v >= 0, "0 or more"),
+                            ("sigma_frac", lambda v: v > 0, "a positive finite number"),
+                            ("sigma_frac", lambda v: v <= 1e6, "at most 1e6")])
 
 
 def main(argv):

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, setting  # noqa: E402
 from data.dataset import load_split  # noqa: E402
 from data.meta import Tokenizer  # noqa: E402
@@ -185,7 +184,8 @@ class RoutingConfig(RunsConfig):
     png: str | None = setting(None, "write the figure here (needs matplotlib)", path=True)
 
     def __post_init__(self):
-        check_ranges(self, [("tokens", lambda v: v >= 1, "at least 1")])
+        check_ranges(self, [("tokens", lambda v: v >= 1, "at least 1"),
+                            ("seed", lambda v: v >= 0, "0 or more")])
 
 
 def main(argv):

@@ -27,8 +27,7 @@ import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
-if __package__ in (None, ""):  # python tools/X.py: the project's modules are one folder up
-    sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)  # python tools/X.py: the project's modules are one folder up
 from configurator import UsageError, check_ranges, closest, setting  # noqa: E402
 from mesh import SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
 from support import checkpoint, command, files  # noqa: E402
@@ -437,7 +436,8 @@ class Table1Config:
                            + ", ".join(f"--{k}={v}" for k, v in LESSON.items()))
 
     def __post_init__(self):
-        check_ranges(self, [("max_iters jobs", lambda v: v >= 1, "at least 1")])
+        check_ranges(self, [("max_iters jobs", lambda v: v >= 1, "at least 1"),
+                            ("lr", lambda v: v > 0, "a finite number above 0")])
 
 
 def main(argv):
@@ -465,16 +465,21 @@ def table1(given):
     command.Stop.poll(says="passing it on to the runs, then waiting for them")
     # flags given override the lesson's
     a = Table1Config(**{**(LESSON if given.get("lesson") else {}), **given})
-    try:
-        seeds = [int(s) for s in a.seeds.split(",")]
-    except ValueError:
-        raise UsageError(f"--seeds={a.seeds!r} must be comma-separated integers, as 0,1,2")
+    if not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", a.seeds):  # train.py takes no negative seed
+        raise UsageError(f"--seeds={a.seeds!r} must be comma-separated integers, 0 or more, as "
+                         f"0,1,2")
+    seeds = [int(s) for s in a.seeds.split(",")]
     only = a.only.split(",")
     for name in (n for n in only if n not in [*SCHEME, "ablation"]):
         raise UsageError(f"--only: unknown {name!r}{closest(name, [*SCHEME, 'ablation'])}; "
                          f"expected some of {', '.join([*SCHEME, 'ablation'])}")
     train = dict(TRAIN, n_embd=a.n_embd, lr=a.lr)
     where = dict(device=a.device, data_root=a.data_root, threads=threads(a.jobs))
+    try:  # a width the model cannot take, refused before any run starts (as train.py would)
+        Config(**dict(MODEL, n_embd=a.n_embd))
+    except ConfigError as e:
+        raise UsageError(f"--n_embd={a.n_embd} makes no model of {MODEL['n_head']} heads ({e}); "
+                         f"give another width, such as {MODEL['n_embd']}") from None
     layouts = a.layouts.split(",")
     for layout in layouts:
         try:
