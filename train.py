@@ -134,11 +134,6 @@ class TrainConfig:
             raise UsageError(f"--keep_every={self.keep_every} keeps checkpoints, which are saved "
                              f"every --eval_interval={self.eval_interval} steps: give a multiple")
         kind, _, path = self.init_from.partition(":")
-        if kind == "vanilla" and "@" in path:  # vanilla:OUT_DIR@ITER: its checkpoint of iter ITER
-            path, _, at = path.rpartition("@")
-            if at and not at.isdecimal():
-                raise UsageError(f"--init_from={self.init_from}: {at!r} after @ is not an "
-                                 f"iteration; give vanilla:OUT_DIR@ITER, as vanilla:out@1000")
         if self.init_from not in ("scratch", "resume") and (kind not in ("vanilla", "hf")
                                                             or not path):
             raise UsageError(f"--init_from={self.init_from} is not one of scratch, resume, "

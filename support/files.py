@@ -72,14 +72,6 @@ def _no_constant(name):
     raise PlainDataError(f"holds {name}, which JSON does not allow (write a number)")
 
 
-def _integer(digits):
-    try:
-        return int(digits)
-    except ValueError:  # more digits than int() reads (sys.get_int_max_str_digits: 4300)
-        raise PlainDataError(f"holds an integer of {len(digits):,} digits, more than Python "
-                             f"reads (write a smaller number)") from None
-
-
 # a string, or one never closed up to the end of the text: a single pass, whatever the text
 STRING, BRACKET = re.compile(r'"(?:[^"\\]+|\\[\s\S]?)*(?:"|\Z)'), re.compile(r"[\[\]{}]")
 
@@ -88,15 +80,16 @@ def parse_json(text, nan=False):
     """text -> its JSON value. Too deep (counted first: json never recurses far), a repeated key,
     or NaN / Infinity (unless nan: a log's blown-up loss) is a PlainDataError; a JSONDecodeError
     passes through with its position."""
-    depth = deepest = 0
-    for m in BRACKET.finditer(STRING.sub("", text)):
+    depth, deepest, bare = 0, 0, STRING.sub("", text)
+    if re.search(r"\d{4301}", bare):  # past what int() reads (sys.get_int_max_str_digits)
+        raise PlainDataError("holds a number of more than 4,300 digits (write a smaller one)")
+    for m in BRACKET.finditer(bare):
         depth += 1 if m[0] in "[{" else -1
         deepest = max(deepest, depth)
     if deepest > MAX_DEPTH:
         raise PlainDataError(f"is nested more than {MAX_DEPTH} levels deep")
     constant = None if nan else _no_constant  # None: json's own, which reads NaN and Infinity
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant,
-                      parse_int=_integer)
+    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant)
 
 
 def read_json(path):

@@ -177,7 +177,8 @@ def source(init_from, out_dir, given):
     -> {"model": the vanilla model, "source": what every checkpoint keeps, "data": its data's};
     refused where the flags given name another width or heads (SHAPE) than the source's."""
     kind, _, path = init_from.partition(":")
-    path, _, at = path.rpartition("@") if kind == "vanilla" and "@" in path else (path, "", "")
+    head, _, at = path.rpartition("@")  # vanilla:OUT_DIR@ITER; any other @ is the path's own
+    path, at = (head, int(at)) if kind == "vanilla" and head and at.isdecimal() else (path, None)
     if os.path.exists(path) and os.path.exists(out_dir) and os.path.samefile(path, out_dir):
         raise UsageError(f"--out_dir={out_dir} is the source --init_from={init_from}, which a run "
                          f"never writes over; choose another --out_dir")
@@ -185,8 +186,7 @@ def source(init_from, out_dir, given):
         model, record, data = load_hf(path), {}, None
     else:
         as_is = lambda it: f"loop it as it is: --init_from={init_from}@{it or 'ITER'}"  # noqa: E731
-        model, ckpt, _ = load_run(path, "cpu", "train.py", kept=int(at) if at else None,
-                                  as_is=as_is)
+        model, ckpt, _ = load_run(path, "cpu", "train.py", kept=at, as_is=as_is)
         record = {"iter_num": ckpt["iter_num"]}
         data = {**(ckpt.get("data") or {}), "dataset": ckpt["train_config"]["dataset"]}
     shape = model.config.shape

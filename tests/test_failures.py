@@ -91,9 +91,6 @@ BAD_SETTINGS = [  # (flags, environment, words of the one-line error)
     (["--warmup_iters=-1"], {}, "--warmup_iters=-1 must be 0 or more"),
     (["--lr_decay_iters=0"], {}, "--lr_decay_iters=0 must be at least 1"),
     (["--seed=-1"], {}, "--seed=-1 must be 0 or more"),
-    (["--init_from=vanilla:src@ten"], {}, "--init_from=vanilla:src@ten: 'ten' after @ is not an iteration; "
-     "give vanilla:OUT_DIR@ITER, as vanilla:out@1000"),
-    (["--init_from=vanilla:@"], {}, "--init_from=vanilla:@ is not one of scratch, resume, vanilla:OUT_DIR, hf:PATH"),
     (["--lr=1e-3", "--min_lr=1e-2"], {}, "--min_lr=0.01 is above --lr=0.001"),
     (["--min_lr=1e-2"], {}, "--min_lr=0.01 is above --lr=0.001, the classroom preset's; the cosine decays"),
     (["--warmup_iters=20", "--lr_decay_iters=10"], {}, "--warmup_iters=20 ends after the cosine does "

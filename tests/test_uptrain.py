@@ -212,6 +212,13 @@ def test_a_source_is_never_the_output_and_an_unfinished_one_is_named(vanilla, da
         f"or loop it as it is: --init_from=vanilla:{early}@4\n")
     assert run([f"--init_from=vanilla:{early}@4", "--max_iters=0"], data_root, tmp_path / "o") == 0
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["source"]["iter_num"] == 4
+    # an @ not followed by an iteration is the path's own: one line, not int()'s traceback
+    assert run([f"--init_from=vanilla:{early}@four", "--max_iters=0"], data_root, tmp_path / "o2") == 2
+    assert capsys.readouterr().err == (f"train.py: error: no checkpoint at {early}@four/ckpt.pt; train one with: "
+                                       f"python train.py --out_dir={early}@four\n")
+    assert run(["--init_from=vanilla:@4", "--max_iters=0"], data_root, tmp_path / "o2") == 2  # no OUT_DIR before @
+    assert capsys.readouterr().err == ("train.py: error: no checkpoint at @4/ckpt.pt; train one with: "
+                                       "python train.py --out_dir=@4\n")
     code = ("import sys, time\nfrom support import files\nfiles.own(sys.argv[1])\nprint('held', flush=True)\n"
             "time.sleep(3)\n")
     live = subprocess.Popen([sys.executable, "-c", code, vanilla], cwd=ROOT, stdout=subprocess.PIPE, text=True)
