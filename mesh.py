@@ -492,7 +492,7 @@ class RecursiveGPT(nn.Module):
 
 def sample(logits, temperature=1.0, top_k=None):
     """logits (B, V) -> next token ids (B, 1); temperature 0 means argmax."""
-    if temperature < 1e-38:  # 0, or so small (1e-320) that float32 holds it as 0: inf/0 is nan
+    if temperature < 1e-38:  # 0, or 0 in float32 (as 1e-320 is)
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float()
     # the maximum shifted to 0 first: the same softmax, and a tiny temperature gives -inf, not nan

@@ -202,15 +202,12 @@ def train(given):
 
     # ---- model and optimizer: from scratch, the run's checkpoint, or a pretrained vanilla model
     spread = spread_over(tc.fsdp, launched)  # one process, DDP, or FSDP2 (--fsdp)
-    from support.memory import check_run
-    if tc.init_from == "scratch":  # refused first where it cannot fit in the device's memory
+    from support.memory import check_run  # a model that cannot fit is refused before it moves
+    if tc.init_from == "scratch":
         model = RecursiveGPT(check_run(model_config(tc, data.vocab_size), tc, device, world))
-    elif resumed:
-        model = ckpt["model"]  # its config was checked against the flags given
-    else:  # vanilla:OUT_DIR or hf:PATH, its tokens the data's, looped to --layout and --scheme
+    else:  # the run's checkpoint, or vanilla:OUT_DIR or hf:PATH looped to --layout and --scheme
         from support import pretrained
-        model = pretrained.loop(ckpt, tc, data)
-    if tc.init_from != "scratch":  # and a checkpoint's, before it moves to the device
+        model = ckpt["model"] if resumed else pretrained.loop(ckpt, tc, data)
         check_run(model.config, tc, device, world)
     data.check_fits(model.config)
     source = (ckpt or {}).get("source")  # the pretrained model the run started from, if any

@@ -73,11 +73,9 @@ def read_meta(path):
         if not fits:
             raise ValueError(f"dtype {meta['dtype']!r} does not hold a vocabulary of {vocab}, "
                              f"{dtype_for_vocab(vocab, indexed)} does")
-        if indexed and "prefix" not in meta:
-            raise ValueError("it says format 'indexed' but names no prefix (its .idx and .bin)")
-        for key in ("tokenizer_file", "prefix"):
-            if key in meta and not files.plain_name(meta[key]):
-                raise ValueError(f"{key} {meta[key]!r:.60} is not a file name of the dataset's "
+        for key in ("tokenizer_file", "prefix"):  # an indexed dataset's prefix: its .idx, .bin
+            if (key in meta or indexed and key == "prefix") and not files.plain_name(meta.get(key)):
+                raise ValueError(f"{key} {meta.get(key)!r:.60} is not a file name of the dataset's "
                                  f"own folder")
         return meta
     except (OSError, ValueError, TypeError) as e:

@@ -132,16 +132,15 @@ def check_plain(ckpt):
         if not isinstance(ckpt[key], dict):
             raise TypeError(f"{key} is a {type(ckpt[key]).__name__}, not a dict")
     tc, data = ckpt["train_config"], ckpt.get("data", {})
-    if not isinstance(tc.get("dataset"), str):
-        raise TypeError(f"train_config's dataset is {tc.get('dataset')!r:.40}, not a name")
-    if not isinstance(tc.get("data_root", ""), str):
-        raise TypeError(f"train_config's data_root is {tc['data_root']!r:.40}, not a folder")
+    for key, absent in (("dataset", None), ("data_root", "")):  # a run's data_root: optional
+        if not isinstance(tc.get(key, absent), str):
+            raise TypeError(f"train_config's {key} is {tc.get(key)!r:.40}, not a name")
     if not isinstance(data, dict):
         raise TypeError(f"data (the dataset record) is a {type(data).__name__}, not a dict")
     bad = next((k for d in (tc, data) for k, v in d.items() if not isinstance(v, PLAIN)), None)
     if bad:
         raise TypeError(f"{bad} is not a plain value")
-    if type(ckpt.get("iter_num")) is not int or ckpt["iter_num"] < 0:  # every reader names it
+    if type(ckpt.get("iter_num")) is not int or ckpt["iter_num"] < 0:
         raise ValueError(f"iter_num is {ckpt.get('iter_num')!r:.40}, not a count of steps")
     if "saved_at" in ckpt and not isinstance(ckpt["saved_at"], float):
         raise TypeError("saved_at is not a time")
@@ -230,9 +229,9 @@ def found(out_dir):
 
 
 def latest(out_dir, sharded=False, iter_num=None):
-    """The run's latest checkpoint (with iter_num, of that iteration), the rule a resume and every
-    reader share: the furthest trained, then the last saved; at a tie the whole one, or with
-    sharded the sharded one. -> (iter_num, saved_at, name, plain data), or None."""
+    """The run's latest checkpoint (of iter_num, if given), the rule a resume and every reader
+    share: the furthest trained, then the last saved; at a tie the whole one (sharded: the
+    sharded one). -> (iter_num, saved_at, name, plain data), or None."""
     def key(entry):
         return entry[:2] + ((SHARDS.match(entry[2]) is not None) == sharded,)
     return max((e for e in found(out_dir) if iter_num in (None, e[0])), key=key, default=None)

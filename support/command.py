@@ -114,7 +114,7 @@ class Stop:
         """From now on the first signal is a request that requested() reports; `says` what follows.
         launched: started by a launcher (torchrun, a tool setting LAUNCHER) whose end stops it."""
         cls.polled, cls.says = True, says
-        named = os.environ.get(LAUNCHER, "")  # not the parent: re-parented, the launcher gone
+        named = os.environ.get(LAUNCHER, "")  # a tool's pid: its end is seen once re-parented
         if launched or named.isdecimal():
             cls.launcher = os.getppid() if launched else int(named)
         return cls
@@ -138,8 +138,8 @@ class Stop:
 
 
 def helper():
-    """In a command's helper process: the terminal's Ctrl-C and hang-up reach the whole group, and
-    are the command's to answer: it ends its helpers (a pool whose worker they end can hang)."""
+    """In a helper process: a Ctrl-C or hang-up reaches the whole group, and the command answers
+    it by ending its helpers (a pool whose worker it ends can hang)."""
     for name in ("SIGINT", "SIGHUP"):  # SIGHUP: not on Windows
         with contextlib.suppress(AttributeError):
             signal.signal(getattr(signal, name), signal.SIG_IGN)

@@ -72,7 +72,7 @@ def _no_constant(name):
     raise PlainDataError(f"holds {name}, which JSON does not allow (write a number)")
 
 
-# a string, or one never closed up to the end of the text: a single pass, whatever the text
+# a string (one never closed: to the end of the text), matched in a single pass
 STRING, BRACKET = re.compile(r'"(?:[^"\\]+|\\[\s\S]?)*(?:"|\Z)'), re.compile(r"[\[\]{}]")
 
 

@@ -551,8 +551,8 @@ DAMAGED_DATA = [  # (name, damage, words of the one-line error)
     ("meta without chars", edit_meta(chars=None), "meta.json is damaged (ValueError: its 26 characters are missing)"),
     ("meta chars a number", edit_meta(chars=10**25), "meta.json is damaged (ValueError: its 26 characters are missing)"),
     ("meta without vocab_size", edit_meta(vocab_size=None), "no tokenizer, dtype or vocab_size"),
-    ("meta indexed without prefix", edit_meta(format="indexed"), "meta.json is damaged (ValueError: it says format "
-                                                                 "'indexed' but names no prefix (its .idx and .bin))"),
+    ("meta indexed without prefix", edit_meta(format="indexed"), "meta.json is damaged (ValueError: prefix None is "
+                                                                 "not a file name of the dataset's own folder)"),
     ("meta train_tokens text", edit_meta(train_tokens="10"), "meta.json is damaged (ValueError: train_tokens '10' "
                                                              "is not a count of tokens)"),
     ("meta says gpt2", edit_meta(tokenizer="gpt2"), "meta.json is damaged (ValueError: it holds a character "
@@ -649,7 +649,7 @@ DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the
     ("train_config without its dataset", resave(lambda c: c["train_config"].pop("dataset")), ("sample", "resume"),
      "(TypeError: train_config's dataset is None, not a name)"),
     ("a data_root that is a number", resave(lambda c: c["train_config"].update(data_root=5)), ("sample", "resume"),
-     "(TypeError: train_config's data_root is 5, not a folder)"),
+     "(TypeError: train_config's data_root is 5, not a name)"),
     ("train_config a list", resave(lambda c: c.update(train_config=[])), ("sample", "resume"),
      "(TypeError: train_config is a list, not a dict)"),
     ("a data record that is a string", resave(lambda c: c.update(data="tiny")), ("sample", "resume"),
