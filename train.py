@@ -248,7 +248,7 @@ def train(given):
     stop = command.Stop.poll(launched)  # Ctrl-C, SIGTERM, SIGHUP, a lost launcher: finish, save
     local = tc.grad_accum // world  # this process's micro-batches m = rank, rank + world, ...
     steps = data.steps(tc, cfg.block_size)  # sequential: at most those of its --epochs passes
-    t0, timed_from, stopping = time.time(), iter_num, False
+    t0, timed_from, stopping = time.perf_counter(), iter_num, False
     while True:
         done = iter_num >= steps
         if done and iter_num < tc.max_iters and master:  # sequential: its --epochs passes are read
@@ -262,7 +262,7 @@ def train(given):
             run.write(record, f"iter {iter_num}: train loss {losses['train']:.4f}, "
                               f"val loss {losses['val']:.4f}")
             save(losses)  # unless the model blew up
-            t0, timed_from = time.time(), iter_num  # evaluation stays out of ms/iter
+            t0, timed_from = time.perf_counter(), iter_num  # evaluation stays out of ms/iter
         elif stopping:
             save({})
         if done or stopping:
@@ -293,8 +293,8 @@ def train(given):
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
         if iter_num % tc.log_interval == 0 or iter_num == tc.max_iters or stopping:
-            dt = (time.time() - t0) / (iter_num - timed_from)
-            t0, timed_from = time.time(), iter_num
+            dt = (time.perf_counter() - t0) / (iter_num - timed_from)
+            t0, timed_from = time.perf_counter(), iter_num
             eta = dt * (tc.max_iters - iter_num) / 60
             record = {"iter": iter_num, "loss": loss, "lr": lr_now, "ms": 1000 * dt}
             text = (f"iter {iter_num}: loss {loss:.4f}, lr {lr_now:.2e}, {1000 * dt:.1f} ms/iter, "

@@ -457,7 +457,7 @@ def test_ms_per_iter_leaves_evaluation_out(data_root, tmp_path, monkeypatch):
         clock[0] += 100.0
         return evaluate(*a, **kw)
 
-    monkeypatch.setattr(train.time, "time", lambda: clock[0])
+    monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(train, "get_batch", batch)
     monkeypatch.setattr(train, "evaluate", evaluation)
     assert run(["--max_iters=9", "--eval_interval=3", "--log_interval=2"], data_root, tmp_path / "clock") == 0
