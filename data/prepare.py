@@ -72,7 +72,7 @@ def _read_chunks(source, label, chunk_bytes, sha=None):
                                 f"at byte offset {at}") from None
             offset += len(block)
             cut = text.rfind("\n") + 1 if block else len(text)
-            if cut == 0 and len(text) > chunk_bytes:  # a line longer than a chunk
+            if cut == 0 and len(text) > chunk_bytes:
                 cut = len(text)
             if cut:
                 yield text[:cut]
@@ -282,7 +282,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
         files.remove(stage)
         if took:
             files.disown(final)
-        for folder in reversed(made):  # left empty: we made it, it goes
+        for folder in reversed(made):
             remove_if_empty(folder)
     if dataset == "shakespeare_char":  # downloaded after all: no more falling back
         files.remove(os.path.join(out_root, OFFLINE))
@@ -346,7 +346,7 @@ def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
     finally:
         if took:
             files.disown(out_root)
-        if made:  # left empty (a failed prepare): we made it, it goes
+        if made:
             remove_if_empty(out_root)
 
 

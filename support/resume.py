@@ -54,7 +54,7 @@ def saved_settings(cls, ckpt, keep):
     path, fields = ckpt["path"], {f.name: f for f in dataclasses.fields(cls)}
     old, saved = ckpt.get("train_config", {}), {}
     unknown = sorted(set(old) - set(fields)) + sorted(set(ckpt) - FIELDS)
-    if unknown:  # settings or fields of other code
+    if unknown:
         raise CheckpointError(f"{path} is intact, but this code does not know its "
                               f"{', '.join(unknown)}, which a resume would drop; resume it with "
                               f"the code that wrote it")

@@ -93,7 +93,7 @@ def restarted(out_dir):
     if count in ("", "0"):
         return False
     if launch_id() not in {state.get("launch") for *_, state in checkpoint.found(out_dir)}:
-        return False  # no checkpoint of this launch's in out_dir (join() made sure it has an id)
+        return False  # (join() made sure the launch has an id)
     if os.environ.get("RANK", "0") == "0":
         print(f"torchrun restart {count} of this launch: continuing its run in {out_dir} from its "
               f"last checkpoint (--init_from=resume)", flush=True)

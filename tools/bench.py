@@ -278,7 +278,7 @@ def run(bc):
     seconds = {key: [t for t, _ in times[key]] for key in times}
     # profiled after the timed rounds, which the profiler would slow
     profiles = rounds(steps, PROFILE_ROUNDS if bc.profile else 0, profile_steps)
-    peak = devices.peak_bf16_flops(device, bc.dtype)  # a GPU's dense bf16 peak
+    peak = devices.peak_bf16_flops(device, bc.dtype)
     source = "spec sheet, dense bf16"
     if not peak:
         peak = median(2 * side**3 / t for t in seconds["peak"])
@@ -300,7 +300,7 @@ def run(bc):
         row["peak_fraction"] = row["flops_per_s"] / peak
         if bc.compile:  # graphs built in warm-up, and after it (none, where all is well)
             row.update(warmup_graphs=warm[name][1], recompiles=sum(g for _, g in times[name]))
-        if bc.profile:  # summed over the rounds
+        if bc.profile:
             p = {key: sum(q[key] for q in profiles[name]) for key in profiles[name][0]}
             row.update(matmul_share=p["matmul"] / p["wall"],
                        attention_share=p["attention"] / p["wall"],
@@ -380,7 +380,7 @@ def table(rows, info):
     missing = [what for what, gone in (
         ("peak memory (no /proc/self/status)", r.get("peak_mb") is None),
         ("how busy other processes kept the CPUs (no /proc/stat)", others is None)) if gone]
-    if missing:  # said, not left for a reader to guess from a missing column
+    if missing:  # said, not left to guess from a missing column
         lines.append(f"Not measured on this system: {'; '.join(missing)}.")
     return "\n".join(lines)
 

@@ -74,7 +74,7 @@ def run(given):
     tool.check_writable(a.png, "png", ".png")
     lines = []
     for i, out_dir in enumerate(a.out_dir):  # a variant's colour, a marker each
-        try:  # the latest checkpoint's, whole or sharded; vanilla: no loop steps; none yet: grey
+        try:  # the latest checkpoint's, whole or sharded; none yet: grey
             cfg = max(checkpoint.found(out_dir))[3]["model_config"]
             kind = cfg["scheme"] if parse_layout(cfg["layout"]).schedule else "vanilla"
         except Exception:
@@ -83,7 +83,7 @@ def run(given):
         evals = [r for r in tool.log_records(path) if {"train_loss", "val_loss"} & r.keys()]
         ev = [r for r in evals if all(type(r.get(k)) in (int, float) and math.isfinite(r[k])
                                       for k in ("iter", "train_loss", "val_loss"))]
-        if len(ev) < len(evals):  # a loss blew up, or is missing
+        if len(ev) < len(evals):
             print(f"curves.py: skipped {len(evals) - len(ev)} records of {path}: a train_loss "
                   f"or val_loss missing or not a finite number")
         c, m, x = colour(kind) if kind else "tab:gray", "os^dv"[i % 5], [r["iter"] for r in ev]

@@ -96,7 +96,7 @@ def folder(model, tok, remote):
     except ImportError:
         raise UsageError("model.safetensors needs: pip install safetensors") from None
     cfg, sd = model.config, model.state_dict()
-    eos = {"bos_token_id": tok.eot_id, "eos_token_id": tok.eot_id}  # None: none
+    eos = {"bos_token_id": tok.eot_id, "eos_token_id": tok.eot_id}
     config, state = neox(cfg, sd) if not remote else ({
         "architectures": ["NanoMeshForCausalLM"], "model_type": "nanomesh",
         "auto_map": {"AutoConfig": f"{CODE}.NanoMeshConfig",

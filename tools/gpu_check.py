@@ -27,7 +27,7 @@ from support import command, files, tool  # noqa: E402
 BENCH, TIER = "tools/bench.py", "tests/test_cuda.py"
 GRACE, TAIL = 3, 15  # seconds from SIGTERM to SIGKILL; last lines shown of a failed part
 FULL = ["--dtype=bfloat16", "--compile=true", "--iters=10", "--warmup=3", "--decode=false"]
-SHAPES = {  # bench part -> bench.py's flags: a Pythia width, context 2048
+SHAPES = {  # bench part -> bench.py's flags
     "bench-160m": ["--model=pythia-160m", "--layout=2+4R2+2", "--block_size=2048",
                    "--batch_size=16"],
     "bench-410m": ["--model=pythia-410m", "--layout=4+8R2+4", "--block_size=2048",
@@ -78,7 +78,7 @@ def flags(name, tiny):
 
 
 def part_command(name, tiny, out):
-    if name in SHAPES:  # its rows into DIR/PART.jsonl
+    if name in SHAPES:
         rows_file = os.path.join(out, f"{name}.jsonl")
         return [sys.executable, BENCH, *flags(name, tiny), f"--json={rows_file}"]
     if name == "tier":  # -vv less pytest.ini's -q: a hang's last line names its test
@@ -168,7 +168,7 @@ def run_part(cmd, env, log_path, timeout):
         except command.Stopped as e:  # recorded, then the check stops
             return "stopped", f"the check was stopped by {e.name} while it ran"
         finally:  # SIGTERM to the group, SIGKILL GRACE s later (or once its leader ends)
-            tool.hold()  # a signal meanwhile waits until the part is recorded (check() releases)
+            tool.hold()  # a signal waits until the part is recorded (check() releases)
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 try:
                     os.killpg(proc.pid, sig)
@@ -313,7 +313,7 @@ def run(name, a, report, deadline):
                 why = [line.split(": ", 1)[-1] for line in o.section if "- SKIPPED [" in line]
                 o.status, o.note = "skipped", f"every test skipped ({(why or ['-'])[0][:80]})"
         except (OSError, ValueError, KeyError, IndexError) as e:
-            if status == "passed":  # it passed, but left no result
+            if status == "passed":
                 o.status, o.note = "failed", f"its result unreadable ({e!r})"
     return o
 

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from subprocess import DEVNULL, PIPE, STDOUT, Popen
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # python tools/notebook.py: the project's modules are one folder up
 from support import command, files  # noqa: E402
 
@@ -86,7 +86,7 @@ def cells(text):
     """LESSON.md's text -> the notebook's cells."""
     out = [cell("code", FIRST)]
     for section in re.split(r"^(?=## )", text, flags=re.M):
-        at, figures = 0, re.findall(r"`(runs/[^`]+\.png)`", section)  # its figures
+        at, figures = 0, re.findall(r"`(runs/[^`]+\.png)`", section)
         for m in FENCE.finditer(section):
             out.append(cell("markdown", section[at:m.end() if m[1] == "python" else m.start()]))
             lines = m[2].splitlines()

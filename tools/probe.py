@@ -242,7 +242,7 @@ def unfinished(r):  # what a title adds for a run used before it finished
     return "" if r["state"] == "finished" else f" ({r['state']})"
 
 
-def title(r, sep="\n"):  # a figure's: the run's folder, its layout and scheme
+def title(r, sep="\n"):
     return (f"{os.path.basename(os.path.normpath(r['out_dir']))}{unfinished(r)}{sep}"
             f"{r['layout']} {r['scheme']}")
 
@@ -328,7 +328,7 @@ def write_pngs(results, folder):
 
     with plt.rc_context({"font.size": 15}):  # legible when projected
         fig, ax = plt.subplots(figsize=(10, 6.5), layout="constrained")
-        colors = {}  # one colour for each scheme and layout: its seeds share it
+        colors = {}  # a colour per scheme and layout: its seeds share it
         for r in results:
             K, steps, kind = r["n_steps"], r["step_loss"], f"{r['scheme']} {r['layout']}"
             if not K:  # vanilla: no loop steps, its loss a level to compare with

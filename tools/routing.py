@@ -31,7 +31,7 @@ from tools.probe import (RunsConfig, each_run, opened, relative_update,  # noqa:
                          save_figure, title, unfinished)
 
 SCAN = 100_000  # tokens searched for a line's start, at most
-SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}  # whitespace drawn as a visible character
+SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}
 
 
 def token_text(tokenizer, i):

@@ -42,7 +42,7 @@ VARIANTS = {"vanilla": "base", **{s: s for s in SCHEMES}}
 CHOICES = {"mesh_direct": dict(cycle="direct"), "mesh_base_init": dict(router_init="base"),
            "mesh_unscaled": dict(slot0="unscaled"),
            "mesh_direct_base_init": dict(cycle="direct", router_init="base")}
-SCHEME = {**VARIANTS, **{name: "mesh" for name in CHOICES}}  # every name -> scheme
+SCHEME = {**VARIANTS, **{name: "mesh" for name in CHOICES}}
 # what the table's first line calls a dataset
 DATASETS = {"shakespeare_char": "Tiny Shakespeare (characters)",
             "pydoc": "Python's pydoc text (characters; Tiny Shakespeare could not be downloaded)"}
@@ -154,13 +154,13 @@ def val_loss(model, batches):
     return statistics.fmean(model.evaluate((w[:, :-1], w[:, 1:]) for w in batches))
 
 
-def val_curve(log_path):  # [[iter, val loss], ...] of every evaluation train.py logged
+def val_curve(log_path):  # every evaluation train.py logged
     return [[r["iter"], r["val_loss"]] for r in log_records(log_path)
             if isinstance(r.get("val_loss"), NUMBER)]
 
 
 NUMBER = (int, float)
-# result.json's fields, as read back: their types, in words
+# result.json's fields: their types, in words
 FIELDS = {"seed": (int, "an integer"), "max_iters": (int, "an integer"),
           "params": (int, "an integer"), "val_loss": (NUMBER, "a number"),
           "ms_per_iter": ((*NUMBER, type(None)), "a number or null"),
@@ -222,7 +222,7 @@ def stage(run, out_dir, max_iters, train=TRAIN):
 def run_one(run, root, max_iters, env=None, train=TRAIN, where=WHERE):
     name, out_dir = run["name"], os.path.join(root, run["name"])
     what, detail = stage(run, out_dir, max_iters, train)
-    if what == "done":  # a finished run of these settings: reused
+    if what == "done":
         say(f"{name}: done (val loss {detail['val_loss']:.4f})")
         return detail
     os.makedirs(out_dir, exist_ok=True)
@@ -317,7 +317,7 @@ def aggregate(results, vanilla, seeds, layouts=(LOOP_LAYOUT,)):
                 paired = v not in (ref, "vanilla") and (ref != "mesh" or v in CHOICES)
                 others = runs_of(ref, layout) if paired else {}
                 d = [r["val_loss"] - others[s]["val_loss"] for s, r in rs.items() if s in others]
-                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(d)  # (None, None): none
+                row[f"vs_{ref}"], row[f"vs_{ref}_std"] = mean_std(d)
             rows.append(row)
     return rows
 
@@ -521,7 +521,7 @@ def write_results(results, a, seeds, layouts, only, train):
         machine=info, table=rows, ablation=abl, runs=results))
     files.atomic_write(os.path.join(a.results, "table1.md"), lambda f: f.write(md), mode="w")
     write_curves(results, rows, layouts, os.path.join(a.results, "table1_curves.png"), dataset)
-    for layout in layouts:  # probe.py's and routing.py's figures of base and mesh, seed 0
+    for layout in layouts:
         names = [run_name(v, layout, 0) for v in ("base", "mesh")]
         runs = [f"--out_dir={a.root}/{r['name']}" for r in results if r["name"] in names]
         tag = "" if layout == LOOP_LAYOUT else f"_{layout}"
