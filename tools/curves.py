@@ -75,7 +75,7 @@ def run(given):
     lines = []
     for i, out_dir in enumerate(a.out_dir):  # a variant's colour, a marker each
         try:  # the latest checkpoint's, whole or sharded; none yet: grey
-            cfg = max(checkpoint.found(out_dir))[3]["model_config"]
+            cfg = checkpoint.latest(out_dir)[3]["model_config"]
             kind = cfg["scheme"] if parse_layout(cfg["layout"]).schedule else "vanilla"
         except Exception:
             kind = None
