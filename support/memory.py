@@ -22,16 +22,21 @@ gradients and AdamW by n; DDP keeps all of them on every GPU):
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 
 from configurator import UsageError
 
 GiB = 2**30
+# a container's limit (cgroup v2, v1): "max" or a huge v1 value if none
+CGROUP = ("/sys/fs/cgroup/memory.max",
+          "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 def physical_memory():
-    """This machine's memory in bytes, or None where it cannot be told."""
+    """This machine's memory in bytes (its container's limit if lower), or None where it cannot be
+    told."""
     try:
         if sys.platform == "win32":
             import ctypes
@@ -42,7 +47,11 @@ def physical_memory():
             status = Status(length=ctypes.sizeof(Status))
             ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
             return status.total
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        for path in filter(os.path.isfile, CGROUP):
+            limit = Path(path).read_text().strip()
+            total = min(total, int(limit) if limit.isdigit() else total)
+        return total
     except (AttributeError, OSError, ValueError):
         return None
 

@@ -116,6 +116,23 @@ def test_a_gpu_not_listed_is_planned_from_the_memory_and_tflops_given(capsys):
     assert "--gpu=v100 is not one of a100, h100" in capsys.readouterr().err
 
 
+
+@pytest.mark.skipif(not hasattr(os, "sysconf"), reason="Windows has no cgroups")
+def test_a_containers_memory_limit_is_the_memory_a_run_has(tmp_path, monkeypatch):
+    """A container's cgroup limit (v2 memory.max, v1 memory.limit_in_bytes) below the machine's memory is what a
+    run is checked against; "max" (v2) or v1's huge number is no limit."""
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = tmp_path / "memory.max"
+    monkeypatch.setattr(plan, "CGROUP", (str(limit), str(tmp_path / "absent")))
+    for text, total in (("1048576\n", 1 << 20), ("max\n", machine), (f"{2**63 - 4096}\n", machine)):
+        limit.write_text(text)
+        assert plan.physical_memory() == total
+    cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="mesh")
+    limit.write_text("1048576")
+    with pytest.raises(configurator.UsageError, match=r"GiB, more than the 0\.0 GiB of this machine; "):
+        plan.check_fits(cfg, 64, "cpu")
+
+
 # -----------------------------------------------------------------------------
 # config/: every variant of the paper's Table 1 at every Pythia size, on one recipe
 
