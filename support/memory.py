@@ -57,10 +57,14 @@ def physical_memory():
 
 
 def device_memory(device):
-    """(bytes, name): a CUDA GPU's memory; for cpu and mps (whose GPU shares it) the machine's."""
+    """(bytes, name): a CUDA GPU's memory; for cpu and mps (whose GPU shares it) the machine's,
+    split among the processes torchrun started on it (on CUDA each has its own GPU)."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_properties(device).total_memory, device
-    return physical_memory(), "this machine"
+    n, total = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), physical_memory()
+    if n == 1 or not total:
+        return total, "this machine"
+    return total // n, f"this machine per process ({n} share it)"
 
 
 def activation_bytes(cfg, batch_size, grad_checkpoint=False, compute_bytes=4):

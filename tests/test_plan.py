@@ -9,6 +9,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from tools import bench
 import configurator
@@ -131,6 +132,26 @@ def test_a_containers_memory_limit_is_the_memory_a_run_has(tmp_path, monkeypatch
     limit.write_text("1048576")
     with pytest.raises(configurator.UsageError, match=r"GiB, more than the 0\.0 GiB of this machine; "):
         plan.check_fits(cfg, 64, "cpu")
+
+
+
+def test_torchrun_processes_on_a_cpu_share_its_memory(monkeypatch):
+    """Under torchrun on a CPU every process of a machine (LOCAL_WORLD_SIZE) holds its own model in that machine's
+    memory: a run fits where all of them do. On CUDA each process has its own GPU."""
+    from types import SimpleNamespace
+    cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="mesh")
+    tc = SimpleNamespace(batch_size=4, fsdp=False, grad_checkpoint=False)
+    need = plan.memory(cfg, 4, 4, False, False, 4)["total"]
+    monkeypatch.setattr(plan, "physical_memory", lambda: 2 * need)
+    cpu = SimpleNamespace(name="cpu", dtype="float32")
+    assert plan.check_run(cfg, tc, cpu, 4) is cfg  # one process a machine (four machines)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert plan.device_memory("cpu") == (2 * need // 4, "this machine per process (4 share it)")
+    with pytest.raises(configurator.UsageError, match=r"more than the 0\.0 GiB of this machine per process "
+                                                      r"\(4 share it\); use smaller settings"):
+        plan.check_run(cfg, tc, cpu, 4)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=need))
+    assert plan.device_memory("cuda:3") == (need, "cuda:3")
 
 
 # -----------------------------------------------------------------------------
