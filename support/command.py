@@ -20,7 +20,6 @@ from configurator import UsageError, parse_flags, report
 from support import files
 
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # SIGHUP: not on Windows
-# a collective's error when another process of the job is gone
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|[Tt]imed out|Socket Timeout")
 LAUNCHER = "NANOMESH_LAUNCHER"  # a tool names itself here to the process it starts (Stop.poll)
 
@@ -38,6 +37,8 @@ def main(prog, fn, argv, settings=None, notes="", stopped=None):
     except Exception as e:
         if given.get("debug"):
             raise
+        if "support.tool" in sys.modules:  # a tool's GPU out of memory: one line
+            e = sys.modules["support.tool"].out_of_memory(e)
         if isinstance(e, (UsageError, OSError, FloatingPointError)):  # a blown-up model: exit 1
             return report(name, e, code=1 if isinstance(e, FloatingPointError) else 2)
         if isinstance(e, RuntimeError) and LOST_PEER.search(str(e)):
