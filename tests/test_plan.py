@@ -117,7 +117,6 @@ def test_a_gpu_not_listed_is_planned_from_the_memory_and_tflops_given(capsys):
     assert "--gpu=v100 is not one of a100, h100" in capsys.readouterr().err
 
 
-
 @pytest.mark.skipif(not hasattr(os, "sysconf"), reason="Windows has no cgroups")
 def test_a_containers_memory_limit_is_the_memory_a_run_has(tmp_path, monkeypatch):
     """A container's cgroup limit (v2 memory.max, v1 memory.limit_in_bytes) below the machine's memory is what a
@@ -132,7 +131,6 @@ def test_a_containers_memory_limit_is_the_memory_a_run_has(tmp_path, monkeypatch
     limit.write_text("1048576")
     with pytest.raises(configurator.UsageError, match=r"GiB, more than the 0\.0 GiB of this machine; "):
         plan.check_fits(cfg, 64, "cpu")
-
 
 
 def test_torchrun_processes_on_a_cpu_share_its_memory(monkeypatch):

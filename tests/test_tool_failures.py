@@ -146,7 +146,6 @@ def test_sample_refuses_a_decode_beyond_the_machines_memory_before_allocating(ti
                         "the 8.0 GiB of this machine; use fewer samples or tokens\n")
 
 
-
 @pytest.mark.parametrize("prog, when", [("sample.py", "load"), ("sample.py", "decode"), ("probe.py", "load"),
                                         ("routing.py", "load")])
 def test_a_checkpoint_too_big_for_the_gpu_is_one_line(tiny_ckpt, prog, when, capsys, monkeypatch):
