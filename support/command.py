@@ -37,8 +37,9 @@ def main(prog, fn, argv, settings=None, notes="", stopped=None):
     except Exception as e:
         if given.get("debug"):
             raise
-        if "support.tool" in sys.modules:  # a tool's GPU out of memory: one line
-            e = sys.modules["support.tool"].out_of_memory(e)
+        if type(e).__name__ == "OutOfMemoryError":  # torch's: the GPU is full
+            said = ". ".join(str(e).split(". ")[:2])  # CUDA out of memory. Tried to allocate X
+            e = UsageError(f"{said}; use --device=cpu, or smaller settings")
         if isinstance(e, (UsageError, OSError, FloatingPointError)):  # a blown-up model: exit 1
             return report(name, e, code=1 if isinstance(e, FloatingPointError) else 2)
         if isinstance(e, RuntimeError) and LOST_PEER.search(str(e)):

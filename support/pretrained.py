@@ -18,7 +18,7 @@ import torch
 from support.files import plain_name, read_json
 from support.memory import check_fits
 from support.checkpoint import CheckpointError, build
-from support import tool
+from support.tool import load_run
 from configurator import UsageError
 from mesh import Config, ConfigError, RecursiveGPT
 
@@ -165,7 +165,6 @@ def load_hf(path, device="cpu"):
     """A GPT-NeoX folder as a vanilla RecursiveGPT whose logits are the original model's, built on
     the meta device and given the folder's tensors: its weights are held once."""
     cfg, state = from_hf_neox(path)
-    tool.loaded = path, device  # what a GPU out of memory names
     # on device, as the model computes (Pythia's: float16)
     state = {k: v.to(device, torch.float32) for k, v in state.items()}
     if state["lm_head.weight"].data_ptr() == state["wte.weight"].data_ptr():  # tied: trains apart
@@ -187,7 +186,7 @@ def source(init_from, out_dir, given):
         model, record, data = load_hf(path), {}, None
     else:
         as_is = lambda it: f"loop it as it is: --init_from={init_from}@{it or 'ITER'}"  # noqa: E731
-        model, ckpt, _ = tool.load_run(path, "cpu", "train.py", kept=at, as_is=as_is)
+        model, ckpt, _ = load_run(path, "cpu", "train.py", kept=at, as_is=as_is)
         record = {"iter_num": ckpt["iter_num"]}
         data = {**(ckpt.get("data") or {}), "dataset": ckpt["train_config"]["dataset"]}
     shape = model.config.shape

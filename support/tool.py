@@ -24,9 +24,6 @@ from support.memory import GiB, device_memory
 # -----------------------------------------------------------------------------
 # A run's checkpoint, as the tools read it
 
-loaded = None  # (checkpoint, device) a tool read last: what a GPU out of memory names
-
-
 def load_latest(out_dir, device, prog, kept=None):
     """OUT_DIR's latest checkpoint, or with kept=ITER its checkpoint of that iteration; a sharded
     one is refused, naming consolidate.py, unless a whole one beside it has trained as far."""
@@ -44,8 +41,6 @@ def load_latest(out_dir, device, prog, kept=None):
                          f"checkpoint, a sharded one, and {prog} reads a whole one ({CKPT}); write "
                          f"it first: python tools/consolidate.py "
                          f"{shlex.quote('--out_dir=' + out_dir)}")
-    global loaded
-    loaded = os.path.join(out_dir, name), device
     return load(out_dir, device, name)
 
 
@@ -171,15 +166,6 @@ def check_decode(model, prompt_chars, num_samples, max_new_tokens, device):
                          f"about {need / GiB:,.1f} GiB to decode (the KV cache of "
                          f"{cfg.shape.depth} applied blocks, the logits, the tokens), more than "
                          f"the {total / GiB:,.1f} GiB of {where}; use fewer samples or tokens")
-
-
-def out_of_memory(error):
-    """command.main's one line for torch's OutOfMemoryError in a tool on a GPU; else error."""
-    if not isinstance(error, torch.OutOfMemoryError) or not loaded or loaded[1] == "cpu":
-        return error
-    total, where = device_memory(loaded[1])
-    return UsageError(f"{loaded[0]} ran out of the {total / GiB:,.1f} GiB of {where}; "
-                      f"use --device=cpu, or smaller settings")
 
 
 def machine_name(device="cpu"):

@@ -113,25 +113,6 @@ def test_from_pretrained_builds_on_the_device_asked(tmp_path):
     assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"meta"}
 
 
-def test_a_model_too_big_for_the_gpu_is_one_line_naming_its_folder(tmp_path, capsys, monkeypatch):
-    """lm_eval_mesh.py's pretrained=PATH --device cuda on a GPU too small: one line (tool.out_of_memory)."""
-    from types import SimpleNamespace
-    from support import command, tool
-
-    def to(self, *args, **kwargs):  # a move to the GPU
-        if "cuda" in args:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return moved(self, *args, **kwargs)
-    hf, path, moved = *hf_neox(tmp_path, True), torch.Tensor.to
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=16 << 30))
-    monkeypatch.setattr(tool, "loaded", None)
-    monkeypatch.setattr(torch.Tensor, "to", to)
-    capsys.readouterr()  # transformers' progress bar
-    assert command.main("lm_eval_mesh.py", lambda argv: load_hf(path, "cuda"), []) == 2
-    assert capsys.readouterr().err == (f"lm_eval_mesh.py: error: {path} ran out of the 16.0 GiB of cuda; use "
-                                       f"--device=cpu, or smaller settings\n")
-
-
 @pytest.mark.parametrize("field, value", [("layer_norm_eps", 1e-6), ("intermediate_size", 100),
                                           ("hidden_act", "gelu_new"), ("attention_bias", False),
                                           ("rope_type", "linear")])
