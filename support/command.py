@@ -5,7 +5,7 @@ its undoing, signals as a clean stop (Stop), locks and the process group given b
     sys.exit(command.main("train.py", train, argv, TrainConfig))  # fn(given) -> its exit code
     stop = command.Stop.poll()   # a loop that can stop cleanly: the first signal is a request
 
-Bad input, a UsageError (configurator.py) or an OSError: one line, exit 2; a model that blew up
+Bad input (UsageError), an OSError or a GPU out of memory: one line, exit 2; a model that blew up
 (FloatingPointError): exit 1; a signal: exit 130. A bug keeps its traceback, as all do with --debug.
 """
 
