@@ -15,7 +15,6 @@ from configurator import DataError
 from support import files
 
 KINDS = ("char", "gpt2", "bpe")  # Tokenizer's kinds
-# check_ids reads a split up to SCAN_BYTES whole, a larger one in SCAN_PIECES spread pieces
 SCAN_BYTES = 1 << 30
 SCAN_PIECES = 256
 SCAN_PIECE_BYTES = 1 << 20

@@ -48,16 +48,16 @@ def save(obj, path):
                               f"there, if any, is unchanged") from None
 
 
-def read(path, device="cpu", mmap=True):
-    """The checkpoint file path as its dict (weights_only: reading never runs code); mmap: its
-    tensors read from the file only where used. Only bytes that fail their checks are corrupt."""
+def read(path, mmap=True):
+    """The checkpoint file path as its dict, on the CPU (weights_only: reading never runs code);
+    mmap: its tensors read from the file only where used. Only bytes failing checks are corrupt."""
     try:
         # torch.load does not check the zip's CRC-32s: a flipped bit in a tensor would load silently
         with zipfile.ZipFile(path) as z:
             damaged = z.testzip()
         if damaged:
             raise ValueError(f"{damaged} fails its CRC-32 check")
-        ckpt = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # truncated zip, flipped bits, a foreign file
         raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint ({cause(e)}); "
                               f"point --out_dir at another run") from None
@@ -77,7 +77,7 @@ def read(path, device="cpu", mmap=True):
     return ckpt
 
 
-def build(ckpt, path, device="cpu"):
+def build(ckpt, path):
     """The model of a checkpoint dict, built on the meta device (nothing allocated) and given
     the dict's tensors as its own: its weights are held once."""
     with torch.device("meta"):
@@ -86,7 +86,7 @@ def build(ckpt, path, device="cpu"):
         model.load_state_dict(ckpt["model"], assign=True)
     except RuntimeError as e:  # torch's lines: the weights missing, unexpected, of other shapes
         raise intact(path, " ".join(str(e).split())[:300]) from None
-    model.rotary = Rotary(model.config).to(device)  # not saved: made from the config
+    model.rotary = Rotary(model.config)  # not saved: made from the config
     return model
 
 
@@ -96,8 +96,8 @@ def load(out_dir, device="cpu", name=CKPT):
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}; train one with: "
                               f"python train.py {shlex.quote('--out_dir=' + out_dir)}")
-    ckpt = read(path, device)
-    return build(ckpt, path, device), ckpt
+    ckpt = read(path)
+    return build(ckpt, path).to(device), ckpt  # out of memory: not a corrupt file
 
 
 def intact(path, why):

@@ -5,7 +5,7 @@ its undoing, signals as a clean stop (Stop), locks and the process group given b
     sys.exit(command.main("train.py", train, argv, TrainConfig))  # fn(given) -> its exit code
     stop = command.Stop.poll()   # a loop that can stop cleanly: the first signal is a request
 
-Bad input, a UsageError (configurator.py) or an OSError: one line, exit 2; a model that blew up
+Bad input (UsageError), an OSError or a GPU out of memory: one line, exit 2; a model that blew up
 (FloatingPointError): exit 1; a signal: exit 130. A bug keeps its traceback, as all do with --debug.
 """
 
@@ -20,7 +20,6 @@ from configurator import UsageError, parse_flags, report
 from support import files
 
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # SIGHUP: not on Windows
-# a collective's error when another process of the job is gone
 LOST_PEER = re.compile(r"Connection (reset|closed) by peer|NCCL|gloo|[Tt]imed out|Socket Timeout")
 LAUNCHER = "NANOMESH_LAUNCHER"  # a tool names itself here to the process it starts (Stop.poll)
 
@@ -38,6 +37,9 @@ def main(prog, fn, argv, settings=None, notes="", stopped=None):
     except Exception as e:
         if given.get("debug"):
             raise
+        if type(e).__name__ == "OutOfMemoryError":  # torch's: the GPU is full
+            said = ". ".join(str(e).split(". ")[:2])  # CUDA out of memory. Tried to allocate X
+            e = UsageError(f"{said}; use --device=cpu, or smaller settings")
         if isinstance(e, (UsageError, OSError, FloatingPointError)):  # a blown-up model: exit 1
             return report(name, e, code=1 if isinstance(e, FloatingPointError) else 2)
         if isinstance(e, RuntimeError) and LOST_PEER.search(str(e)):

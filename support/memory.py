@@ -22,16 +22,21 @@ gradients and AdamW by n; DDP keeps all of them on every GPU):
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 
 from configurator import UsageError
 
 GiB = 2**30
+# a container's limit (cgroup v2, v1): "max" or a huge v1 value if none
+CGROUP = ("/sys/fs/cgroup/memory.max",
+          "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 def physical_memory():
-    """This machine's memory in bytes, or None where it cannot be told."""
+    """This machine's memory in bytes (its container's limit if lower), or None where it cannot be
+    told."""
     try:
         if sys.platform == "win32":
             import ctypes
@@ -42,16 +47,24 @@ def physical_memory():
             status = Status(length=ctypes.sizeof(Status))
             ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
             return status.total
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        for path in filter(os.path.isfile, CGROUP):
+            limit = Path(path).read_text().strip()
+            total = min(total, int(limit) if limit.isdigit() else total)
+        return total
     except (AttributeError, OSError, ValueError):
         return None
 
 
 def device_memory(device):
-    """(bytes, name): a CUDA GPU's memory; for cpu and mps (whose GPU shares it) the machine's."""
+    """(bytes, name): a CUDA GPU's memory; for cpu and mps (whose GPU shares it) the machine's,
+    split among the processes torchrun started on it (on CUDA each has its own GPU)."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_properties(device).total_memory, device
-    return physical_memory(), "this machine"
+    n, total = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), physical_memory()
+    if n == 1 or not total:
+        return total, "this machine"
+    return total // n, f"this machine per process ({n} share it)"
 
 
 def activation_bytes(cfg, batch_size, grad_checkpoint=False, compute_bytes=4):

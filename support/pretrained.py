@@ -169,7 +169,7 @@ def load_hf(path, device="cpu"):
     state = {k: v.to(device, torch.float32) for k, v in state.items()}
     if state["lm_head.weight"].data_ptr() == state["wte.weight"].data_ptr():  # tied: trains apart
         state["lm_head.weight"] = state["lm_head.weight"].clone()
-    return build({"model_config": cfg.to_dict(), "model": state}, path, device)
+    return build({"model_config": cfg.to_dict(), "model": state}, path).to(device)
 
 
 def source(init_from, out_dir, given):

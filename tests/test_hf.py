@@ -387,6 +387,21 @@ def test_bad_model_args_are_the_projects_errors(mesh_lm, args, words):
     assert str(e.value) == words
 
 
+@pytest.mark.parametrize("device, words", [
+    ("cuda:2", "--device=cuda:2 is not a device of this machine (it has 1 GPU(s), cuda:0 to cuda:0); "
+               "use --device=cuda or one of those"),
+    ("tpu", "unknown --device=tpu; expected auto, cpu, cuda, cuda:N or mps")])
+def test_a_device_the_machine_lacks_is_one_line_before_the_checkpoint_is_read(mesh_lm, device, words, monkeypatch):
+    """--device is checked as sample.py checks it (support/device.py), before anything moves to it."""
+    from configurator import UsageError
+    from tools import lm_eval_mesh
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(UsageError) as e:
+        lm_eval_mesh.MeshLM(out_dir=str(mesh_lm[2] / "out"), device=device)
+    assert str(e.value) == words
+
+
 def test_mesh_lm_reads_the_runs_latest_checkpoint_as_sample_does(mesh_lm, tmp_path):
     """out_dir is a run, read as sample.py reads it: its kept ckpt_ITER.pt where ckpt.pt is gone;
     a sharded latest checkpoint is refused naming consolidate.py, never a stale ckpt.pt read."""

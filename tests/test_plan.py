@@ -9,6 +9,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from tools import bench
 import configurator
@@ -114,6 +115,41 @@ def test_a_gpu_not_listed_is_planned_from_the_memory_and_tflops_given(capsys):
     assert "GPU(s) of 32 GiB and 125 TFLOPS (as given)" in capsys.readouterr().out
     assert train.main(["--plan=true", "--gpu=v100", "--gpu_memory=32"]) == 2  # its TFLOPS unknown
     assert "--gpu=v100 is not one of a100, h100" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not hasattr(os, "sysconf"), reason="Windows has no cgroups")
+def test_a_containers_memory_limit_is_the_memory_a_run_has(tmp_path, monkeypatch):
+    """A container's cgroup limit (v2 memory.max, v1 memory.limit_in_bytes) below the machine's memory is what a
+    run is checked against; "max" (v2) or v1's huge number is no limit."""
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = tmp_path / "memory.max"
+    monkeypatch.setattr(plan, "CGROUP", (str(limit), str(tmp_path / "absent")))
+    for text, total in (("1048576\n", 1 << 20), ("max\n", machine), (f"{2**63 - 4096}\n", machine)):
+        limit.write_text(text)
+        assert plan.physical_memory() == total
+    cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="mesh")
+    limit.write_text("1048576")
+    with pytest.raises(configurator.UsageError, match=r"GiB, more than the 0\.0 GiB of this machine; "):
+        plan.check_fits(cfg, 64, "cpu")
+
+
+def test_torchrun_processes_on_a_cpu_share_its_memory(monkeypatch):
+    """Under torchrun on a CPU every process of a machine (LOCAL_WORLD_SIZE) holds its own model in that machine's
+    memory: a run fits where all of them do. On CUDA each process has its own GPU."""
+    from types import SimpleNamespace
+    cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="mesh")
+    tc = SimpleNamespace(batch_size=4, fsdp=False, grad_checkpoint=False)
+    need = plan.memory(cfg, 4, 4, False, False, 4)["total"]
+    monkeypatch.setattr(plan, "physical_memory", lambda: 2 * need)
+    cpu = SimpleNamespace(name="cpu", dtype="float32")
+    assert plan.check_run(cfg, tc, cpu, 4) is cfg  # one process a machine (four machines)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert plan.device_memory("cpu") == (2 * need // 4, "this machine per process (4 share it)")
+    with pytest.raises(configurator.UsageError, match=r"more than the 0\.0 GiB of this machine per process "
+                                                      r"\(4 share it\); use smaller settings"):
+        plan.check_run(cfg, tc, cpu, 4)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=need))
+    assert plan.device_memory("cuda:3") == (need, "cuda:3")
 
 
 # -----------------------------------------------------------------------------

@@ -146,6 +146,32 @@ def test_sample_refuses_a_decode_beyond_the_machines_memory_before_allocating(ti
                         "the 8.0 GiB of this machine; use fewer samples or tokens\n")
 
 
+@pytest.mark.parametrize("prog, when", [("sample.py", "load"), ("sample.py", "decode"), ("probe.py", "load"),
+                                        ("routing.py", "load")])
+def test_a_checkpoint_too_big_for_the_gpu_is_one_line(tiny_ckpt, prog, when, capsys, monkeypatch):
+    """torch's OutOfMemoryError on a GPU, moving the checkpoint there or decoding, is one line: torch's first
+    words and --device=cpu, not a corrupt checkpoint; sample.py's --debug keeps its traceback."""
+    from types import SimpleNamespace
+    from tools import routing
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                     "capacity of 16.00 GiB of which 20.00 MiB is free.")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=16 << 30))
+    monkeypatch.setattr(RecursiveGPT, "to", oom if when == "load" else lambda self, device: self)
+    monkeypatch.setattr(sample, "complete", oom)
+    main = {"sample.py": sample.main, "probe.py": probe.main, "routing.py": routing.main}[prog]
+    before = snapshot(tiny_ckpt)
+    assert main([f"--out_dir={tiny_ckpt}", "--device=cuda"]) == 2
+    assert one_line(capsys, prog) == (f"{prog}: error: CUDA out of memory. Tried to allocate 2.00 GiB; "
+                                      f"use --device=cpu, or smaller settings\n")
+    assert snapshot(tiny_ckpt) == before
+    with pytest.raises(torch.OutOfMemoryError):  # (sample.py has --debug)
+        sample.main([f"--out_dir={tiny_ckpt}", "--device=cuda", "--debug=true"])
+
+
 def test_the_decode_estimate_grows_with_samples_and_tokens_and_fits_a_small_decode(tiny_ckpt, capsys):
     model, _ = checkpoint.load(str(tiny_ckpt))
     cfg, size = model.config, lambda n, t: reading.decode_bytes(model.config, n, t, 4, 0)

@@ -25,6 +25,7 @@ from configurator import UsageError, closest, report  # noqa: E402
 from data.meta import Tokenizer  # noqa: E402
 from data.trained_on import checkpoint_dataset  # noqa: E402
 from support import command, tool  # noqa: E402
+from support.device import resolve_device  # noqa: E402
 from support.pretrained import load_hf  # noqa: E402
 
 try:
@@ -68,6 +69,7 @@ class MeshLM(TemplateLM):
             if device is not None:  # lm_eval's CLI asks for cuda:0 unless told otherwise
                 print(f"lm_eval_mesh: no {device} here, running on the CPU", file=sys.stderr)
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(str(device))  # cuda:N past its GPUs: one line
         if dtype not in ("float32", "bfloat16", "float16"):
             raise UsageError(f"dtype={dtype!r}: expected float32, bfloat16 or float16")
         for name, value in (("--batch_size", batch_size), ("max_gen_toks", max_gen_toks)):
