@@ -62,9 +62,6 @@ def read(path, mmap=True):
         raise CheckpointError(f"{path} is corrupt or not a nanoMeSH checkpoint ({cause(e)}); "
                               f"point --out_dir at another run") from None
     try:
-        missing = {"model", "model_config", "train_config"} - set(ckpt)
-        if missing:
-            raise KeyError(f"no {', '.join(sorted(missing))}")
         check_plain(ckpt)
         # train.py never saves one; an older or foreign file may hold one, and sampling would crash
         bad = next((k for k, v in ckpt["model"].items()
@@ -129,8 +126,8 @@ def check_plain(ckpt):
     """The plain data of a checkpoint (ckpt.pt's dict or a sharded one's state) checked before
     any use: every field there has its type (TypeError or ValueError, in words)."""
     for key in ("model_config", "train_config"):
-        if not isinstance(ckpt[key], dict):
-            raise TypeError(f"{key} is a {type(ckpt[key]).__name__}, not a dict")
+        if not isinstance(ckpt.get(key), dict):
+            raise TypeError(f"{key} is {ckpt.get(key)!r:.40}, not a dict")
     tc, data = ckpt["train_config"], ckpt.get("data", {})
     for key, absent in (("dataset", None), ("data_root", "")):  # a run's data_root: optional
         if not isinstance(tc.get(key, absent), str):
@@ -179,17 +176,20 @@ def sharded_state(out_dir, name):
         state = files.read_json(path)
         if not isinstance(state, dict):
             raise TypeError("not a JSON object")
-        for key, kind in {"model_config": dict, "train_config": dict, "iter_num": int,
-                          "best_val_loss": float, "rng": dict}.items():
-            if not isinstance(state.get(key), kind) or isinstance(state[key], bool):
+        check_plain(state)
+        for key, kind in ("best_val_loss", float), ("rng", dict):
+            if not isinstance(state.get(key), kind):
                 raise TypeError(f"{key} is {state.get(key)!r:.40}, not a {kind.__name__}")
         if not all(isinstance(v, list) and all(isinstance(b, int) and 0 <= b < 256 for b in v)
                    for v in state["rng"].values()) or "torch" not in state["rng"]:
             raise ValueError("rng is not a list of bytes for torch (and cuda)")
-        check_plain(state)  # data, saved_at
+        tc = state["train_config"]  # read_whole's AdamW settings
+        for key, top in ("weight_decay", float("inf")), ("beta1", 1), ("beta2", 1):
+            if not (type(tc.get(key)) in (int, float) and 0 <= tc[key] < top):
+                raise ValueError(f"train_config's {key} is {tc.get(key)!r:.40}, not AdamW's")
     except (ValueError, TypeError) as e:  # (json's errors are ValueErrors)
-        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}: {e}); move {folder} away "
-                              f"or point --out_dir at another run") from None
+        raise CheckpointError(f"{path} is corrupt ({cause(e)}); move {folder} away or point "
+                              f"--out_dir at another run") from None
     if path.endswith(POINTER) and state.get("folder") != name:
         return None  # earlier code's pointer names another folder: this one was not finished
     config_of(state, path)

@@ -81,8 +81,8 @@ def parse_json(text, nan=False):
     or NaN / Infinity (unless nan: a log's blown-up loss) is a PlainDataError; a JSONDecodeError
     passes through with its position."""
     depth, deepest, bare = 0, 0, STRING.sub("", text)
-    if re.search(r"\d{4301}", bare):  # past what int() reads (sys.get_int_max_str_digits)
-        raise PlainDataError("holds a number of more than 4,300 digits (write a smaller one)")
+    if re.search(r"\d{309}", bare):  # past a float's range: float(n) overflows
+        raise PlainDataError("holds a number of more than 308 digits (write a smaller one)")
     for m in BRACKET.finditer(bare):
         depth += 1 if m[0] in "[{" else -1
         deepest = max(deepest, depth)

@@ -72,7 +72,7 @@ def saved_settings(cls, ckpt, keep):
 def check_resumable(ckpt, tc, given):
     """Every reason the run in ckpt cannot continue as asked."""
     path, problem = ckpt["path"], None
-    kinds = {"iter_num": int, "best_val_loss": float, "rng": dict,
+    kinds = {"best_val_loss": float, "rng": dict,
              **({} if "folder" in ckpt else {"optimizer": dict})}
     missing = [k for k, kind in kinds.items() if not isinstance(ckpt.get(k), kind)]
     if missing:

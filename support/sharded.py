@@ -170,8 +170,8 @@ def read_whole(resume):
     """A sharded checkpoint read whole in one process, as a resume's dict (its "model" built, its
     "optimizer" a state dict): train.py without --fsdp, and consolidate.py."""
     model = RecursiveGPT(checkpoint.config_of(resume, resume["path"]))
-    tc = resume["train_config"]
-    optimizer = model.configure_optimizer(tc["weight_decay"], tc["lr"] or 0.0,
+    tc = resume["train_config"]  # lr 0: train.py sets it each step
+    optimizer = model.configure_optimizer(tc["weight_decay"], 0.0,
                                           (tc["beta1"], tc["beta2"]))
     with torch.no_grad():  # each process by itself, under torchrun too
         read(resume["folder"], model, optimizer, no_dist=True)

@@ -92,7 +92,7 @@ def restarted(out_dir):
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if count in ("", "0"):
         return False
-    if launch_id() not in {state.get("launch") for *_, state in checkpoint.found(out_dir)}:
+    if launch_id() not in [state.get("launch") for *_, state in checkpoint.found(out_dir)]:
         return False  # (join() made sure the launch has an id)
     if os.environ.get("RANK", "0") == "0":
         print(f"torchrun restart {count} of this launch: continuing its run in {out_dir} from its "

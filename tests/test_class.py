@@ -294,7 +294,8 @@ def test_curves_draws_what_it_can_and_names_what_it_skipped(tmp_path, capsys, mo
     bad = ['{"iter": 10, "train_loss": 3.5, "val_loss": Infinity}',
            '{"iter": 30, "train_loss": NaN, "val_loss": 3}', '{"iter": 40, "val_loss": 2.9}',
            '{"iter": 50, "train_loss": 2.8}', '{"train_loss": 2, "val_loss": 2}',
-           '{"iter": 60, "train_loss": "2.5", "val_loss": 2.5}']
+           '{"iter": 60, "train_loss": "2.5", "val_loss": 2.5}',
+           '{"iter": 70, "train_loss": 1' + "0" * 400 + ', "val_loss": 2}']  # a damaged line: left out
     log.write_text("\n".join([json.dumps(good[0]), *bad[:3], json.dumps(good[1]), *bad[3:],
                               '{"iter": 70, "loss": 2.0}']) + "\n")
     assert command.main("curves.py", curves.run, [f"--out_dir={log.parent}", f"--png={png}"],

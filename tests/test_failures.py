@@ -651,7 +651,7 @@ DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the
     ("a data_root that is a number", resave(lambda c: c["train_config"].update(data_root=5)), ("sample", "resume"),
      "(TypeError: train_config's data_root is 5, not a name)"),
     ("train_config a list", resave(lambda c: c.update(train_config=[])), ("sample", "resume"),
-     "(TypeError: train_config is a list, not a dict)"),
+     "(TypeError: train_config is [], not a dict)"),
     ("a data record that is a string", resave(lambda c: c.update(data="tiny")), ("sample", "resume"),
      "(TypeError: data (the dataset record) is a str, not a dict)"),
     ("a setting that is not a plain value", resave(lambda c: c["train_config"].update(lr=[1])), ("sample", "resume"),
@@ -889,8 +889,8 @@ def config_case(text):
 def sharded_case(change, text=None):
     def case(tmp, finished):
         out = shutil.copytree(finished, tmp / "run")
-        state = dict(model_config=torch.load(out / "ckpt.pt", weights_only=True)["model_config"], train_config={},
-                     iter_num=9, best_val_loss=1.0, rng={"torch": [0] * 8})
+        state = dict(model_config=torch.load(out / "ckpt.pt", weights_only=True)["model_config"],
+                     train_config={"dataset": "tiny"}, iter_num=9, best_val_loss=1.0, rng={"torch": [0] * 8})
         if change:
             change(state)
         (out / "shards-00000009").mkdir()
@@ -924,8 +924,10 @@ class Exploit:
 BAD_FILES = [  # (name, case(tmp, finished) -> (tool, args), words of the one-line error)
     ("config: 1e999 for an integer", config_case('{"max_iters": 1e999}'),
      "c.json': max_iters is Infinity (a number), not an integer"),
-    ("config: a 400-digit integer", config_case('{"max_iters": 1' + "0" * 400 + '}'),
-     "c.json': max_iters is 100000...(401 digits), too large: an integer setting is at most 2**63 - 1"),
+    ("config: a 100-digit integer", config_case('{"max_iters": 1' + "0" * 100 + '}'),
+     "c.json': max_iters is 100000...(101 digits), too large: an integer setting is at most 2**63 - 1"),
+    ("config: an integer past a float's range", config_case('{"lr": 1' + "0" * 400 + '}'),
+     "c.json' holds a number of more than 308 digits (write a smaller one); fix it"),
     ("config: an object for a path", config_case('{"out_dir": {"a": 1}}'), "c.json': out_dir is {\"a\": 1} (an object), not text"),
     ("config: a string for an integer", config_case('{"max_iters": "100"}'), "c.json': max_iters is \"100\" (a string), not an integer"),
     ("config: a float lr of 1e999", config_case('{"lr": 1e999}'), "c.json': lr is inf, not a finite number"),
@@ -938,7 +940,7 @@ BAD_FILES = [  # (name, case(tmp, finished) -> (tool, args), words of the one-li
      "c.json holds a NUL byte, which no path or name can; remove it"),
     ("sharded state nested 100,000 deep", sharded_case(None, "[" * 100_000 + "]" * 100_000),
      "state.json is corrupt (PlainDataError: is nested more than 64 levels deep)"),
-    ("sharded state without the dataset", sharded_case(None),
+    ("sharded state without the dataset", sharded_case(lambda m: m["train_config"].clear()),
      "is corrupt (TypeError: train_config's dataset is None, not a name)"),
     ("--seed above 2**64", lambda tmp, f: ("train", ["--seed=18446744073709551617", f"--out_dir={tmp / 'o'}"]),
      "--seed=18446744073709551617, too large: an integer setting is at most 2**63 - 1"),
@@ -949,7 +951,7 @@ BAD_FILES = [  # (name, case(tmp, finished) -> (tool, args), words of the one-li
     ("sharded state with settings as text", sharded_case(lambda m: m.update(train_config="lr=1")),
      "is corrupt (TypeError: train_config is 'lr=1', not a dict)"),
     ("sharded state with a string iteration", sharded_case(lambda m: m.update(iter_num="9")),
-     "is corrupt (TypeError: iter_num is '9', not a int)"),
+     "is corrupt (ValueError: iter_num is '9', not a count of steps)"),
     ("tokenizer: two tokens on one id", tokenizer_case(lambda s: s["model"]["vocab"].update(ab=5)),
      "tokenizer.json is not a tokenizer nanoMeSH can run: model.vocab gives 'ą' and 'ab' the same id 5"),
     ("tokenizer: a 3-part merge", tokenizer_case(lambda s: s["model"].update(merges=["a b c"])),

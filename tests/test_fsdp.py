@@ -19,6 +19,7 @@ import torch
 from tools import consolidate
 from support import checkpoint, files as runfiles, resume
 from support.sharded import Unpickler
+from mesh import Config
 import sample
 import train
 from data.prepare import prepare
@@ -136,6 +137,27 @@ def test_a_corrupt_sharded_state_is_one_line(text, tmp_path, capsys):
     (tmp_path / "shards-00000003" / "state.json").write_text(text)
     assert train.main(["--init_from=resume", f"--out_dir={tmp_path}"]) == 2
     assert f"{tmp_path / 'shards-00000003' / 'state.json'} is corrupt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, words", [(lambda tc: tc.pop("beta1"), "beta1 is None"),
+                                            (lambda tc: tc.update(beta2=1.5), "beta2 is 1.5"),
+                                            (lambda tc: tc.update(weight_decay="0.1"), "weight_decay is '0.1'")])
+def test_a_sharded_state_without_adamws_settings_is_one_line(change, words, tmp_path, capsys):
+    """A resume without --fsdp and consolidate.py read the shards whole, into an AdamW built with state.json's
+    settings: a hand-edited state.json without them is refused where it is read, in one line."""
+    shards = tmp_path / "shards-00000003"
+    shards.mkdir()
+    (shards / ".metadata").write_bytes(b"")
+    tc = dict(dataset="tiny", lr=None, weight_decay=0.1, beta1=0.9, beta2=0.95)
+    change(tc)
+    cfg = Config(vocab_size=32, block_size=16, n_embd=32, n_head=2, layout="1+1R2+1", scheme="mesh").to_dict()
+    (shards / "state.json").write_text(json.dumps(dict(model_config=cfg, train_config=tc, iter_num=3,
+                                                       best_val_loss=1.0, rng={"torch": [0] * 8})))
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path}"]) == 2
+    assert consolidate.main([f"--out_dir={tmp_path}"]) == 2
+    line = (f"{shards / 'state.json'} is corrupt (ValueError: train_config's {words}, not AdamW's); move {shards} "
+            f"away or point --out_dir at another run\n")
+    assert capsys.readouterr().err == f"train.py: error: {line}consolidate.py: error: {line}"
 
 
 def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path):

@@ -419,7 +419,8 @@ def test_mesh_lm_reads_the_runs_latest_checkpoint_as_sample_does(mesh_lm, tmp_pa
     (sharded / "shards-00000002" / ".metadata").write_bytes(b"")
     saved = load_checkpoint(str(root / "out"))[1]
     (sharded / "shards-00000002" / "state.json").write_text(json.dumps(
-        {"model_config": saved["model_config"], "train_config": saved["train_config"], "iter_num": 2,
+        {"model_config": saved["model_config"], "iter_num": 2,
+         "train_config": dict(saved["train_config"], weight_decay=0.1, beta1=0.9, beta2=0.95),
          "best_val_loss": 1.0, "rng": {"torch": [0]}}))
     with pytest.raises(UsageError, match="python tools/consolidate.py --out_dir="):
         lm_eval_mesh.MeshLM(out_dir=str(sharded))

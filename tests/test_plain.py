@@ -23,6 +23,7 @@ def test_parse_json_reads_plain_data_and_strings_with_brackets():
     ('{"a": 1, "a": 2}', "has the key 'a' twice"),
     ('{"a": NaN}', "holds NaN, which JSON does not allow (write a number)"),
     ('[-Infinity]', "holds -Infinity, which JSON does not allow (write a number)"),
+    ('{"loss": 1' + "0" * 400 + "}", "holds a number of more than 308 digits (write a smaller one)"),
 ])
 def test_parse_json_refuses_what_is_not_plain_data(text, message):
     with pytest.raises(plain.PlainDataError) as e:

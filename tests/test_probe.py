@@ -269,7 +269,8 @@ def test_table1_ms_per_iter_is_the_median_of_logged_iterations(tmp_path):
     log = tmp_path / "log.jsonl"  # as train.py writes it: an evaluation at 0, then a timing line every 10 steps
     lines = [dict(iter=0, train_loss=4.2, val_loss=4.2), dict(iter=10, loss=4.0, lr=1e-3, ms=900.0)]  # warm-up
     lines += [dict(iter=i, loss=3.0, lr=1e-3, ms=ms) for i, ms in zip(range(20, 60, 10), (10.0, 25.0, 20.0, 500.0))]
-    log.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    huge = '{"iter": 70, "ms": 1' + "0" * 400 + "}\n"  # past a float's range: a damaged line, left out
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines) + huge)
     assert table1.ms_per_iter(str(log)) == 25.0
 
 

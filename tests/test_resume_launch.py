@@ -321,6 +321,8 @@ def test_a_torchrun_restart_of_another_launch_starts_as_asked(finished, data_roo
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another-launch")
     assert not torchrun.restarted(str(out))
+    resave(out / "ckpt.pt", lambda c: c.update(launch=["another-launch"]))  # damaged: no launch's
+    assert not torchrun.restarted(str(out))
     resave(out / "ckpt.pt", lambda c: c.update(launch="another-launch"))
     assert torchrun.restarted(str(out))  # its own checkpoint: it resumes, --overwrite or not
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")

@@ -60,7 +60,8 @@ def write_shards(out, iter_num, saved_at):
     shards.mkdir()
     (shards / ".metadata").write_bytes(b"")
     (shards / "state.json").write_text(json.dumps(dict(
-        model_config=ckpt["model_config"], train_config=ckpt["train_config"], iter_num=iter_num,
+        model_config=ckpt["model_config"], iter_num=iter_num,
+        train_config=dict(ckpt["train_config"], weight_decay=0.1, beta1=0.9, beta2=0.95),
         best_val_loss=1.0, rng={"torch": [0] * 8}, saved_at=saved_at)))
     return shards
 

@@ -432,7 +432,7 @@ def test_checkpoints_never_run_code(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="corrupt or not a nanoMeSH checkpoint"):
         checkpoint.load(str(tmp_path))
     torch.save({"model": {}, "model_config": {}}, tmp_path / "ckpt.pt")  # not ours: no train_config
-    with pytest.raises(checkpoint.CheckpointError, match=r"not a nanoMeSH checkpoint \(KeyError: 'no train_config'\)"):
+    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint \(TypeError: train_config is None, not a dict\)"):
         checkpoint.load(str(tmp_path))
     assert not (tmp_path / "EXPLOITED").exists() and not os.path.exists(os.path.join(ROOT, "EXPLOITED"))
     needle = "torch" + ".load("  # spelled apart so that this scan does not find itself
