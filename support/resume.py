@@ -137,7 +137,10 @@ def finished(ckpt, tc):
 def restore(run, model, optimizer, seed, rank, world):
     """A resumed run's AdamW state (FSDP: weights too) and random state (others: seeded)."""
     ckpt = run.resumed
+    ours = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     run.spread.load(ckpt, model, optimizer)
+    for group, settings in zip(optimizer.param_groups, ours):  # the flags' weight decay, betas
+        group.update(settings)
     if rank == 0:
         torch.set_rng_state(ckpt["rng"]["torch"].cpu())
         if "cuda" in ckpt["rng"] and run.device_type == "cuda":

@@ -184,17 +184,21 @@ def test_evaluate_uses_the_same_batches_of_each_split(data_root, monkeypatch):
 def test_resume_resolves_lr_dtype_and_compile_afresh(data_root, tmp_path):
     """The checkpoint keeps --dtype, --compile, --lr, --min_lr and the schedule's lengths as given
     (auto / None: resolved again on the machine that resumes, for its flags), so a resume with a
-    lower --lr also gets 10% of it as min_lr, and one given --lr_decay_iters keeps it."""
+    lower --lr also gets 10% of it as min_lr, and one given --lr_decay_iters keeps it; AdamW's
+    weight decay and betas given are the ones it trains with, not the checkpoint's."""
     out = tmp_path / "run"
     assert run(["--max_iters=2", "--eval_interval=2", "--lr=1e-2"], data_root, out) == 0
     saved = torch.load(out / "ckpt.pt", weights_only=True)["train_config"]
     assert (saved["dtype"], saved["compile"], saved["lr"], saved["min_lr"]) == ("auto", None, 1e-2, None)
     assert (saved["lr_decay_iters"], saved["warmup_iters"]) == (None, None)
-    args = ["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--lr=1e-3", "--lr_decay_iters=2"]
+    args = ["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--lr=1e-3", "--lr_decay_iters=2",
+            "--weight_decay=0.5", "--beta1=0.5"]
     assert train.main(args) == 0
     with open(out / "log.jsonl") as f:
         lrs = [r["lr"] for r in map(json.loads, f) if "lr" in r]
     assert lrs[2:] == [1e-4, 1e-4]  # past lr_decay_iters: min_lr, 10% of the new --lr
+    groups = torch.load(out / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [(g["weight_decay"], g["betas"]) for g in groups] == [(0.5, (0.5, 0.95)), (0.0, (0.5, 0.95))]
 
 
 def test_resume_never_prepares_or_swaps_its_dataset(data_root, tmp_path, capsys, monkeypatch):
