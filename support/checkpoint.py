@@ -118,7 +118,7 @@ def config_of(ckpt, path):
     defaults(path, ckpt, "model_config", Config)
     try:
         return Config.from_dict(ckpt["model_config"])
-    except ConfigError as e:
+    except (ConfigError, TypeError) as e:  # TypeError: a field of another type
         raise intact(path, e) from None
 
 

@@ -485,6 +485,8 @@ OLD = [  # (what differs, the change to the checkpoint, the one line of each rea
      "is intact, but this code cannot build its model (unknown config field(s) depth_scale; expected "),
     ("unknown scheme", lambda c: c["model_config"].update(scheme="half"),
      "is intact, but this code cannot build its model (unknown scheme 'half'; expected one of "),
+    ("field of another type", lambda c: c["model_config"].update(n_head=None),
+     "is intact, but this code cannot build its model ('<' not supported between instances of 'NoneType' "),
 ]
 
 
