@@ -265,13 +265,17 @@ def test_table1_plan_shares_the_default_buffer_run_and_passes_identical_settings
     assert all(strip(cmds[n]) == strip(cmds["vanilla_s0"]) for n in names if n.endswith("_s0"))
 
 
-def test_table1_ms_per_iter_is_the_median_of_logged_iterations(tmp_path):
+def test_table1_ms_per_iter_is_the_median_of_logged_iterations(tmp_path, capsys):
     log = tmp_path / "log.jsonl"  # as train.py writes it: an evaluation at 0, then a timing line every 10 steps
     lines = [dict(iter=0, train_loss=4.2, val_loss=4.2), dict(iter=10, loss=4.0, lr=1e-3, ms=900.0)]  # warm-up
     lines += [dict(iter=i, loss=3.0, lr=1e-3, ms=ms) for i, ms in zip(range(20, 60, 10), (10.0, 25.0, 20.0, 500.0))]
     huge = '{"iter": 70, "ms": 1' + "0" * 400 + "}\n"  # past a float's range: a damaged line, left out
     log.write_text("".join(json.dumps(line) + "\n" for line in lines) + huge)
     assert table1.ms_per_iter(str(log)) == 25.0
+    with log.open("a") as f:  # a text ms is no timing: progress's eta takes the last number
+        f.write('{"iter": 80, "ms": "x"}\n{"iter": 90, "val_loss": 2.5}\n')
+    table1.progress("mesh_s0", str(tmp_path), 100, 80)()
+    assert capsys.readouterr().out == "mesh_s0: iter 90/100, val loss 2.5000, eta 0.1 min\n"
 
 
 def test_table1_val_loss_is_the_token_mean_cross_entropy_of_the_batches():

@@ -131,7 +131,7 @@ def progress(name, out_dir, max_iters, since):
         nonlocal since
         ms = None
         for r in log_records(log) if os.path.isfile(log) else ():
-            ms = r.get("ms", ms)
+            ms = r["ms"] if isinstance(r.get("ms"), NUMBER) else ms
             if isinstance(r.get("val_loss"), NUMBER) and r["iter"] > since:
                 since, left = r["iter"], max_iters - r["iter"]
                 eta = f", eta {ms * left / 60e3:.1f} min" if ms and left else ""
