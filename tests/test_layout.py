@@ -208,3 +208,12 @@ def test_the_results_scripts_import_what_the_project_has():
                 for name in (w.strip() for w in what.split(",")):
                     found = hasattr(importlib.import_module(module), name)
                     assert found or importlib.util.find_spec(f"{module}.{name}"), (path, name)
+
+
+def test_the_results_scripts_default_to_the_projects_folders():
+    """Run from a clone as results/README.md shows them: their defaults are relative (runs/, data/),
+    never one machine's absolute paths."""
+    for d, _, names in os.walk(os.path.join(ROOT, "results")):
+        for path in (os.path.join(d, n) for n in names if n.endswith(".sh")):
+            text = open(path, encoding="utf-8").read()
+            assert not re.findall(r"\$\{\w+:-/[^}]*\}", text), path
