@@ -412,7 +412,7 @@ class PrepareConfig:
                               "or the canonical Tiny Shakespeare's)")
     tokenizer: str | None = setting(None, "char, gpt2, or a tokenizer.json (or a model folder "
                                     "holding one); default: the dataset's, or char", path=True)
-    out_root: str = setting(PROJECT_DATA, "where NAME/ is written", path=True)
+    out_root: str = setting("data", "where NAME/ is written", path=True)
     format: str = setting("flat", "flat (train.bin + val.bin) or indexed (document.bin + .idx)")
     seq_len: int = setting(2049, "tokens per sequence of --format=indexed (Pythia's)")
     num_proc: int = setting(1, "processes that tokenize (the same output as one)")

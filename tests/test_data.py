@@ -287,6 +287,20 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
 
+def test_out_root_defaults_to_data_as_data_root_does(tmp_path, monkeypatch):
+    """--out_root's default is `data`, as train.py's --data_root's (data/README.md): --help shows it
+    so, not this machine's path, and from any folder it is the project's data/."""
+    from train import TrainConfig
+    assert prep.PrepareConfig().out_root == TrainConfig().data_root == "data"
+    monkeypatch.chdir(tmp_path)
+    called = []
+    monkeypatch.setattr(prep, "prepare", lambda name, out_root, **kw: called.append(out_root))
+    assert prep.run({"dataset": "tiny"}) == 0 and called == [data_meta.PROJECT_DATA]
+    r = subprocess.run([sys.executable, "data/prepare.py", "--help"], cwd=REPO, capture_output=True,
+                       text=True)
+    assert "  --out_root=data  " in r.stdout
+
+
 # -----------------------------------------------------------------------------
 # The Megatron / GPT-NeoX indexed format (data/indexed.py)
 

@@ -193,3 +193,27 @@ def test_every_command_shown_names_a_script_and_its_settings(doc, script, args, 
             parse_flags(settings, words, script, read_config=read_config)
     else:  # raises for a setting the script does not have
         parse_flags(settings, words, script, read_config=read_config)
+
+
+
+def test_the_results_scripts_import_what_the_project_has():
+    """results/'s scripts run Python of their own: each name they import from the project is there
+    (table.sh evaluates each checkpoint with table1.py's own eval_batches and val_loss)."""
+    sys.path.insert(0, ROOT)
+    import importlib.util
+    imports = re.compile(r"^from ((?:tools|support|data)\S*) import (.+)$", re.M)
+    for d, _, names in os.walk(os.path.join(ROOT, "results")):
+        for path in (os.path.join(d, n) for n in names if n.endswith(".sh")):
+            for module, what in imports.findall(open(path, encoding="utf-8").read()):
+                for name in (w.strip() for w in what.split(",")):
+                    found = hasattr(importlib.import_module(module), name)
+                    assert found or importlib.util.find_spec(f"{module}.{name}"), (path, name)
+
+
+def test_the_results_scripts_default_to_the_projects_folders():
+    """Run from a clone as results/README.md shows them: their defaults are relative (runs/, data/),
+    never one machine's absolute paths."""
+    for d, _, names in os.walk(os.path.join(ROOT, "results")):
+        for path in (os.path.join(d, n) for n in names if n.endswith(".sh")):
+            text = open(path, encoding="utf-8").read()
+            assert not re.findall(r"\$\{\w+:-/[^}]*\}", text), path

@@ -8,7 +8,7 @@ the paper's zero-shot suite:
 
 model_args: out_dir (default out), dtype (float32, bfloat16 or float16), max_gen_toks (default
 256), or pretrained=PATH: a Hugging Face GPT-NeoX folder (a Pythia download) and its tokenizer.
-From Python: `import lm_eval_mesh`, then lm_eval.simple_evaluate(model="mesh", ...).
+From Python: `from tools import lm_eval_mesh`, then lm_eval.simple_evaluate(model="mesh", ...).
 
 An empty context is conditioned on <|endoftext|>, or for character models, which have none, on a
 newline, which separates paragraphs in their training text [choice].

@@ -149,6 +149,13 @@ def ms_per_iter(log_path):
     return statistics.median(ms) if ms else None
 
 
+def eval_batches(ckpt, model, data_root=None):
+    """The validation batches (n, B, T+1) of val_loss: the same for every run."""
+    T, n = model.config.block_size, EVAL_BATCHES * TRAIN["batch_size"]
+    batches = validation_windows(ckpt, T + 1, n, EVAL_SEED, data_root)
+    return batches.view(EVAL_BATCHES, -1, T + 1)
+
+
 def val_loss(model, batches):
     """Mean cross-entropy over batches (n, B, T+1), each of B x T targets: the token mean."""
     return statistics.fmean(model.evaluate((w[:, :-1], w[:, 1:]) for w in batches))
@@ -249,9 +256,7 @@ def run_one(run, root, max_iters, env=None, train=TRAIN, where=WHERE):
             raise UsageError(f"{name} failed (exit {rc}); its last words: {last} (full output "
                              f"in {out_dir}/train.out)")
     model, ckpt = checkpoint.load(out_dir)
-    T, n = model.config.block_size, EVAL_BATCHES * TRAIN["batch_size"]  # the same for every run
-    batches = validation_windows(ckpt, T + 1, n, EVAL_SEED, where["data_root"])
-    batches = batches.view(EVAL_BATCHES, -1, T + 1)
+    batches = eval_batches(ckpt, model, where["data_root"])
     log = os.path.join(out_dir, "log.jsonl")
     result = dict(run, max_iters=max_iters, n_embd=train["n_embd"], lr=train["lr"],
                   iter_num=ckpt.get("iter_num"), rule=rule(run["variant"]),

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The uptraining runs of results/README.md's "A recursive model from a pretrained one", as run:
-# one at a time, one thread each, into $ROOT (default /work/runs/uptrain). Each vanilla `12` of the
+# one at a time, one thread each, into $ROOT (default runs/uptrain). Each vanilla `12` of the
 # depth sweep (tools/table1.py's runs, SWEEP/vanilla_s{0,1,2}, 1200 iterations) looped to 2+4R2+2
 # and 3+2R3+3 with base, anchor and mesh and uptrained for 300 iterations (up/), the same from
 # scratch (scratch/), with table1.py's flags; step0/: each model before any training
@@ -8,7 +8,7 @@
 # SEEDS="0" runs one seed.
 set -euo pipefail
 export OMP_NUM_THREADS=1
-ROOT=${ROOT:-/work/runs/uptrain} SWEEP=${SWEEP:-/work/runs/sweep} DATA=${DATA:-/work/expdata}
+ROOT=${ROOT:-runs/uptrain} SWEEP=${SWEEP:-runs/sweep} DATA=${DATA:-data}
 FLAGS="--dataset=shakespeare_char --batch_size=16 --lr=0.001 --eval_iters=20 --sample_tokens=0
        --n_embd=128 --n_head=4 --block_size=64 --device=cpu --data_root=$DATA"
 train() {  # OUT_DIR, then train.py's flags

@@ -7,7 +7,7 @@
 # can be run again as runs finish. SEEDS="0" as run.sh's. From the project's folder.
 set -euo pipefail
 export OMP_NUM_THREADS=1
-ROOT=${ROOT:-/work/runs/uptrain} SWEEP=${SWEEP:-/work/runs/sweep} HERE=$(dirname "$0")
+ROOT=${ROOT:-runs/uptrain} SWEEP=${SWEEP:-runs/sweep} HERE=$(dirname "$0")
 python - "$ROOT" "$SWEEP" "$HERE" <<'EOF'
 import json, os, sys
 sys.path.insert(0, os.getcwd())
