@@ -98,16 +98,12 @@ def _download(url, dest, dataset, log):
                         f"got {sha.hexdigest()}")
 
 
-_worker = {}  # a tokenizing process's Tokenizer (--num_proc)
-
-
-def _start_worker(tok):
-    command.helper()  # a Ctrl-C is prepare.py's to answer: it ends the pool
-    _worker["tokenizer"] = tok
-
-
-def _encode_in_worker(text):
-    return _worker["tokenizer"].encode_array(text)
+def _worker(tok, conn):
+    """A --num_proc process: the ids of each text it is sent, until it is ended (or its parent)."""
+    command.helper()  # a Ctrl-C, a SIGTERM: prepare.py's to answer, by ending it
+    with contextlib.suppress(EOFError, BrokenPipeError):
+        while True:
+            conn.send(tok.encode_array(conn.recv()))
 
 
 def _encoded(chunks, tok, num_proc):
@@ -117,9 +113,27 @@ def _encoded(chunks, tok, num_proc):
         return
     import itertools
     import multiprocessing
-    with multiprocessing.get_context("spawn").Pool(num_proc, _start_worker, (tok,)) as pool:
-        while batch := list(itertools.islice(chunks, 2 * num_proc)):
-            yield from pool.map(_encode_in_worker, batch)
+    # a pipe each, no pool: a pool hangs on a worker killed holding its lock (a group's SIGTERM)
+    pipes = [multiprocessing.Pipe() for _ in range(num_proc)]
+    spawn = multiprocessing.get_context("spawn")
+    procs = [spawn.Process(target=_worker, args=(tok, end)) for _, end in pipes]
+    for p, (_, end) in zip(procs, pipes):
+        p.start()
+        end.close()  # so that a worker's end reads as EOF here
+    try:
+        while batch := list(itertools.islice(chunks, num_proc)):
+            try:
+                for (conn, _), text in zip(pipes, batch):
+                    conn.send(text)
+                ids = [conn.recv() for conn, _ in pipes[:len(batch)]]
+            except (EOFError, OSError):
+                raise DataError("a --num_proc process ended (killed: out of memory? or its error "
+                                "above); prepare again with a smaller --num_proc") from None
+            yield from ids
+    finally:  # at once: a worker holds no lock of ours
+        for p in procs:
+            p.kill()
+            p.join()
 
 
 def _tokenize(source, label, tok, stage, chunk_bytes, fmt, seq_len, num_proc):

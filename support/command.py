@@ -140,9 +140,9 @@ class Stop:
 
 
 def helper():
-    """In a helper process: a Ctrl-C or hang-up reaches the whole group, and the command answers
-    it by ending its helpers (a pool whose worker it ends can hang)."""
-    for name in ("SIGINT", "SIGHUP"):  # SIGHUP: not on Windows
+    """In a helper process: a Ctrl-C, hang-up or `kill -TERM -PGID` reaches the whole group, and
+    the command answers it by ending its helpers (one it ended mid-message could leave it hung)."""
+    for name in SIGNALS:  # SIGHUP: not on Windows
         with contextlib.suppress(AttributeError):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
 

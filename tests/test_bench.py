@@ -14,11 +14,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
 
 from conftest import HANG, ROOT, small_disk
+from support import command
 from tools import bench
 from mesh import Config, RecursiveGPT
 
@@ -289,6 +292,27 @@ def test_json_on_a_disk_that_fills_is_appended_whole_or_not_at_all(tmp_path, cap
     finally:
         if mounted:
             subprocess.run(["umount", str(disk)], check=True)
+
+
+def deaf(folder, conn):
+    """A fresh process's measurement, deaf to the group's signals as bench.py's is: it marks its start and end."""
+    command.helper()
+    (folder / "started").touch()
+    time.sleep(30)
+    (folder / "ended").touch()
+
+
+def test_a_signal_ends_benchs_fresh_process_at_once(tmp_path):
+    """A signal to bench.py while a fresh process measures (which leaves the group's signals to bench.py): it is
+    ended at once, its measurement dropped. Sent SIGTERM, which it ignores, it went on to the end."""
+    def interrupt():
+        while not (tmp_path / "started").exists():
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: KeyboardInterrupt here (conftest.py)
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        bench.in_fresh_process(deaf, tmp_path)
+    assert (tmp_path / "started").exists() and not (tmp_path / "ended").exists()
 
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGHUP"])

@@ -6,6 +6,7 @@ Tests for the data pipeline (data/prepare.py, the write side; data/dataset.py an
 The GPT-2 tests need tiktoken's vocabulary: set TIKTOKEN_CACHE_DIR to a folder holding
 tiktoken's cached files when offline; without it they are skipped.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -25,7 +26,7 @@ from data.meta import DataError
 from data.dataset import load_split
 from data.prepare import ensure_dataset, prepare
 from data.meta import Tokenizer
-from conftest import listed, train_bpe
+from conftest import listed, snapshot, train_bpe
 from data.meta import dataset_folder
 from data.trained_on import checkpoint_dataset
 
@@ -420,18 +421,88 @@ def test_num_proc_output_equals_one_process(tmp_path, tok, request):
 
 
 class SignalsSeen:
-    """A tokenizer's stand-in whose encode_array reports how a --num_proc worker takes SIGINT."""
+    """A tokenizer's stand-in whose encode_array reports how a --num_proc worker takes SIGINT and SIGTERM."""
 
     def encode_array(self, text):
-        return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        return [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == [signal.SIG_IGN] * 2
 
 
 @pytest.mark.slow
 def test_num_proc_workers_leave_ctrl_c_to_prepare():
-    """A terminal's Ctrl-C reaches the workers too: they leave it to prepare.py, which ends the pool.
-    A worker ended by it in the middle of sending its ids left prepare.py waiting for the rest, hung
-    (else printing a traceback per worker)."""
+    """A terminal's Ctrl-C, or a SIGTERM to the whole group, reaches the workers too: they leave it to
+    prepare.py, which ends them. A worker ended by it in the middle of sending its ids left prepare.py
+    waiting for the rest, hung (else printing a traceback per worker)."""
     assert list(prep._encoded(iter(["a", "b", "c"]), SignalsSeen(), num_proc=2)) == [True] * 3
+
+
+# prepare.py, its tokenizing paused once the --num_proc workers are up and wait for work
+PAUSED = """import sys, time
+import data.prepare as prep
+encoded = prep._encoded
+def paused(*args):
+    ids = encoded(*args)
+    yield next(ids)
+    print("tokenizing", flush=True)
+    time.sleep(600)
+    yield from ids
+prep._encoded = paused
+sys.exit(prep.main(sys.argv[1:]))"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="needs POSIX process groups")
+def test_num_proc_prepare_stops_on_a_sigterm_to_its_whole_group(tmp_path):
+    """kill -TERM -PGID (a job scheduler ending the job) reaches the --num_proc workers too: they
+    leave it to prepare.py, which ends them and stops in one line, the dataset as it was. A worker
+    ended while it held the pool's lock left prepare.py hung, holding the dataset's lock."""
+    old = prepare("x", input=write(tmp_path / "old.txt", TEXT), out_root=str(tmp_path), log=quiet)
+    before = snapshot(old)
+    p = subprocess.Popen([sys.executable, "-c", PAUSED, "--dataset=x", "--num_proc=2",
+                          f"--input={write(tmp_path / 'in.txt', UNICODE)}", f"--out_root={tmp_path}"],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        assert p.stdout.readline() == "tokenizing\n"
+        os.killpg(p.pid, signal.SIGTERM)
+        _, stderr = p.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # a hung one, its workers with it
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130 and stderr == (
+        "\nprepare.py: stopped by SIGTERM, so at once: a file being written, if any, was dropped, "
+        "the one before it is as it was\n")
+    assert snapshot(old) == before and listed(old) == ["meta.json", "train.bin", "val.bin"]
+
+
+# --num_proc=2 workers, once up (their first chunks done), given chunks of 60 s: time.sleep tokenizes
+SLOW = """import multiprocessing, sys, time, types
+import data.prepare as prep
+from support import command
+def run(argv):
+    ids = prep._encoded(iter([0, 0, 60, 60]), types.SimpleNamespace(encode_array=time.sleep), 2)
+    next(ids)
+    print(*[p.pid for p in multiprocessing.active_children()], flush=True)
+    list(ids)
+sys.exit(command.main("slow.py", run, []))"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
+def test_a_num_proc_worker_killed_is_one_line():
+    """--num_proc workers killed as they work (out of memory, say): one line, exit 2, no hang. In a pool, their
+    chunks were never answered: prepare.py waited for them for ever."""
+    p = subprocess.Popen([sys.executable, "-c", SLOW], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for pid in p.stdout.readline().split():
+            os.kill(int(pid), signal.SIGKILL)
+        _, stderr = p.communicate(timeout=30)  # an answer would take 60 s
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 2 and stderr == (
+        "slow.py: error: a --num_proc process ended (killed: out of memory? or its error above); prepare "
+        "again with a smaller --num_proc\n")
 
 
 # -----------------------------------------------------------------------------

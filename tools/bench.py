@@ -245,8 +245,8 @@ def in_fresh_process(fn, *args):
         return recv.recv()
     except EOFError:
         return None, None
-    except BaseException:  # a signal: the measurement is dropped with the child
-        child.terminate()
+    except BaseException:  # a signal: the measurement is dropped with the child (deaf to it)
+        child.kill()
         raise
     finally:
         child.join()
