@@ -35,7 +35,7 @@ def start(tc, log, resumed_at=None):
     from support.tool import log_records
     wandb, out_dir = need_wandb(tc), os.path.dirname(log.path)
     ids = [] if resumed_at is None else [r["wandb_run_id"] for r in log_records(log.path)
-                                         if "wandb_run_id" in r]
+                                         if isinstance(r.get("wandb_run_id"), str)]
     name = tc.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
     try:  # console off: wandb would wrap stdout, which command.py guards
         run = wandb.init(project=tc.wandb_project, name=name, dir=out_dir, resume="allow",

@@ -108,3 +108,22 @@ def test_settings_wandb_refuses_are_one_line_and_touch_nothing(data_root, tmp_pa
     err = capsys.readouterr().err
     assert re.fullmatch(f"train.py: error: {words}\n", err), err
     assert snapshot(data_root, tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_a_resume_continues_the_wandb_run_its_log_names_a_damaged_id_left_out(tmp_path, monkeypatch):
+    """The id a resume continues is the log's last wandb_run_id that is text: a damaged one (a number, a
+    list) never reaches wandb.init."""
+    from types import SimpleNamespace
+    import train
+    from support import mirror
+    seen = {}
+
+    def init(**kwargs):
+        seen.update(kwargs)
+        return SimpleNamespace(define_metric=lambda *a, **k: None, id=kwargs["id"])
+    wandb = SimpleNamespace(init=init, Settings=lambda **kwargs: None, Error=RuntimeError)
+    monkeypatch.setattr(mirror, "need_wandb", lambda tc: wandb)
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"iter": 0, "wandb_run_id": "abc123"}\n{"iter": 2, "wandb_run_id": [7]}\n')
+    mirror.start(train.TrainConfig(), SimpleNamespace(path=str(log)), resumed_at=2)
+    assert seen["id"] == "abc123"
