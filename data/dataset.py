@@ -70,8 +70,8 @@ class Dataset:
             if len(data) < cfg.block_size + 1:
                 where = f" in {data.filename}" if split == "training" else ""
                 raise DataError(f"block_size {cfg.block_size} is longer than the {split} split of "
-                                f"{name!r} ({len(data)} tokens{where}); use a smaller --block_size "
-                                f"or more text")
+                                f"{name!r} ({len(data)} tokens{where}); use a smaller "
+                                f"--block_size or more text")
 
     def steps(self, tc, block_size):
         """The optimizer steps: --max_iters, or with sequential data at most --epochs passes."""

@@ -80,7 +80,7 @@ class IndexedDataset:
                             f"({want} bytes) but the file has {size} bytes; it is truncated or "
                             f"damaged: download it again")
         self.dtype = np.dtype(DTYPES[code])
-        part = lambda t, at: np.memmap(idx, t, "r", at, (n,)) if n else np.zeros(0, t)  # noqa: E731
+        part = lambda t, at: np.memmap(idx, t, "r", at, n) if n else np.zeros(0, t)  # noqa: E731
         self.sizes, self.pointers = part("<i4", HEADER), part("<i8", HEADER + 4 * n)
         self._check(os.path.getsize(prefix + ".bin"))
         self.tokens = (np.memmap(prefix + ".bin", dtype=self.dtype, mode="r") if self.n_tokens
@@ -97,9 +97,9 @@ class IndexedDataset:
             wrong = np.flatnonzero((sizes < 0) | (pointers != starts))
             if len(wrong):
                 i = lo + int(wrong[0])
-                raise DataError(f"{bad}: sequence {i} has size {int(self.sizes[i])} at byte offset "
-                                f"{int(self.pointers[i])}, expected a size >= 0 at offset "
-                                f"{int(starts[wrong[0]])}; the index is damaged: download it again")
+                raise DataError(f"{bad}: sequence {i} has size {int(self.sizes[i])} at byte "
+                                f"offset {int(self.pointers[i])}, expected a size >= 0 at offset "
+                                f"{starts[wrong[0]]}; the index is damaged: download it again")
             end = int(starts[-1] + sizes[-1] * item)
         if end != bin_bytes:
             raise DataError(f"{bad}: the index covers {end} bytes "

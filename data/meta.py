@@ -12,7 +12,7 @@ import weakref
 import numpy as np
 
 from configurator import DataError
-from support import files
+from support.files import plain_name, read_json
 
 KINDS = ("char", "gpt2", "bpe")  # Tokenizer's kinds
 SCAN_BYTES = 1 << 30
@@ -25,7 +25,7 @@ PROJECT_DATA = os.path.dirname(os.path.abspath(__file__))  # the project's data/
 
 def data_root(root):
     """The absolute folder a --data_root (or --out_root) names: `data` is the project's data/;
-    another relative root is from the working folder, or the project folder where only it exists."""
+    another relative one is from the working folder, or the project folder where only it exists."""
     if os.path.isabs(root):
         return root
     if os.path.normpath(root) == "data":
@@ -44,7 +44,7 @@ def dtype_for_vocab(vocab_size, indexed=False):
 def read_meta(path):
     """A dataset's meta.json as a dict; a damaged one is a DataError that names it."""
     try:
-        meta = files.read_json(path)
+        meta = read_json(path)
         if not isinstance(meta, dict) or not {"tokenizer", "dtype", "vocab_size"} <= set(meta):
             raise ValueError("no tokenizer, dtype or vocab_size")
         vocab = meta["vocab_size"]
@@ -60,7 +60,7 @@ def read_meta(path):
         if kind == "char" and not (isinstance(chars, str) and len(chars) == vocab):
             raise ValueError(f"its {vocab} characters are missing")
         if kind != "char" and "chars" in meta:
-            raise ValueError(f"it holds a character vocabulary (chars) but says tokenizer {kind!r}")
+            raise ValueError(f"it has a character vocabulary (chars) but says tokenizer {kind!r}")
         if kind == "gpt2" and vocab != GPT2_VOCAB:
             raise ValueError(f"vocab_size {vocab} is not GPT-2's {GPT2_VOCAB}")
         indexed = meta.get("format") == "indexed"
@@ -73,9 +73,9 @@ def read_meta(path):
             raise ValueError(f"dtype {meta['dtype']!r} does not hold a vocabulary of {vocab}, "
                              f"{dtype_for_vocab(vocab, indexed)} does")
         for key in ("tokenizer_file", "prefix"):  # an indexed dataset's prefix: its .idx, .bin
-            if (key in meta or indexed and key == "prefix") and not files.plain_name(meta.get(key)):
-                raise ValueError(f"{key} {meta.get(key)!r:.60} is not a file name of the dataset's "
-                                 f"own folder")
+            if (key in meta or indexed and key == "prefix") and not plain_name(meta.get(key)):
+                raise ValueError(f"{key} {meta.get(key)!r:.60} is not a file name of the "
+                                 f"dataset's own folder")
         return meta
     except (OSError, ValueError, TypeError) as e:
         raise DataError(f"{path} is damaged ({type(e).__name__}: {e}); prepare the dataset again "
@@ -157,7 +157,7 @@ def dataset_folder(root, name):
         folder = os.path.join(data_root(root), name)
         return folder if os.path.isfile(os.path.join(folder, "meta.json")) else None
     from data.indexed import indexed_prefix  # (the Pile's format: read only for a path)
-    bases = [name, os.path.join(os.path.dirname(PROJECT_DATA), name)]  # join keeps an absolute name
+    bases = [name, os.path.join(os.path.dirname(PROJECT_DATA), name)]  # join keeps absolute names
     prefix = next((p for p in map(indexed_prefix, bases) if p), None)
     if prefix is None:  # a prepared folder of either format, given by its path
         return next((b for b in bases if os.path.isfile(os.path.join(b, "meta.json"))), None)

@@ -16,12 +16,12 @@ import hashlib
 import http.client
 import io
 import os
-import shlex
 import shutil
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+from shlex import quote
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from data.meta import (PROJECT_DATA, STAND_IN, DataError, Tokenizer, check_ids, 
 SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
                    "tinyshakespeare/input.txt")
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name -> tokenizer
+DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name: tokenizer
 OFFLINE = ".shakespeare_char.offline"  # why shakespeare_char fell back on pydoc
 REPLACING = ".meta.json.replacing"  # the old meta.json while new files move in
 NAME_BYTES = 200  # its staging folder's name fits in 255
@@ -46,8 +46,8 @@ class DownloadError(DataError):
 
     def __init__(self, url, reason, dataset):
         self.reason = reason
-        super().__init__(f"could not download {url} ({reason}); prepare it from a local copy with: "
-                         f"python data/prepare.py --dataset {dataset} --input FILE")
+        super().__init__(f"could not download {url} ({reason}); prepare it from a local copy "
+                         f"with: python data/prepare.py --dataset {dataset} --input FILE")
 
 
 def _stderr(msg):
@@ -213,7 +213,7 @@ def make_folder(folder, dataset, out_root, root_flag):
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
         there = (f", or have it prepared there by someone who can: python data/prepare.py "
-                 f"--dataset {dataset} --out_root {shlex.quote(out_root)}"
+                 f"--dataset {dataset} --out_root {quote(out_root)}"
                  if root_flag == "--data_root" else "")
         raise DataError(f"cannot write dataset {dataset!r} in {root_flag}={out_root} "
                         f"({e.strerror}); give a {root_flag} you can write to{there}") from None
@@ -345,7 +345,7 @@ def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
                         f"data/prepare.py --format=indexed")
     check_name(dataset)  # what is suggested below, prepare.py accepts
     if dataset not in DATASETS:
-        there = "" if out_root in ("data", PROJECT_DATA) else f" --out_root {shlex.quote(out_root)}"
+        there = "" if out_root in ("data", PROJECT_DATA) else f" --out_root {quote(out_root)}"
         raise DataError(f"dataset {dataset!r} is not in --data_root={out_root} "
                         f"(no {dataset}/meta.json there); give the --data_root that holds it, "
                         f"or prepare it with: python data/prepare.py "
@@ -418,7 +418,7 @@ def describe_indexed(path, tokenizer, log=_stderr):
 
 @dataclass
 class PrepareConfig:
-    """Tokenize a text dataset into NAME/train.bin, val.bin and meta.json (or document.bin/.idx)."""
+    """Tokenize text into NAME/train.bin, val.bin and meta.json (or document.bin/.idx)."""
     dataset: str | None = setting(None, "the output folder's name (known names below)")
     input: str | None = setting(None, "a local text file (UTF-8) to use instead of downloading",
                                 path=True)
@@ -430,8 +430,8 @@ class PrepareConfig:
     format: str = setting("flat", "flat (train.bin + val.bin) or indexed (document.bin + .idx)")
     seq_len: int = setting(2049, "tokens per sequence of --format=indexed (Pythia's)")
     num_proc: int = setting(1, "processes that tokenize (the same output as one)")
-    indexed: str | None = setting(None, "instead of tokenizing: write meta.json beside the indexed "
-                                  "dataset PATH (PATH.idx + PATH.bin), with --tokenizer", path=True)
+    indexed: str | None = setting(None, "instead of tokenizing: write meta.json beside an indexed "
+                                  "dataset PATH (PATH.idx + .bin), with --tokenizer", path=True)
 
 
 def run(given):

@@ -31,7 +31,7 @@ def trained_folder(root, name, trained_on):
     if folder is None:
         raise DataError(f"dataset {name!r} is not in --data_root={root} (no "
                         f"{os.path.join(root, name)}/meta.json): give the folder it moved to with "
-                        f"--data_root, or prepare it with: python data/prepare.py --dataset {name}")
+                        f"--data_root or prepare it with: python data/prepare.py --dataset {name}")
     return name, folder
 
 

@@ -284,7 +284,7 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
     assert checkpoint_dataset({"data_root": "gone", "dataset": "tiny"}, root=str(tmp_path / "mine")).endswith("tiny")
     with pytest.raises(DataError, match=rf"dataset 'nope' is not in --data_root={tmp_path}/mine \(no "
                                         rf"{tmp_path}/mine/nope/meta.json\): give the folder it moved to with "
-                                        r"--data_root, or prepare it with: python data/prepare.py --dataset nope"):
+                                        r"--data_root or prepare it with: python data/prepare.py --dataset nope"):
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
 

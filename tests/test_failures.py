@@ -555,7 +555,7 @@ DAMAGED_DATA = [  # (name, damage, words of the one-line error)
                                                                  "not a file name of the dataset's own folder)"),
     ("meta train_tokens text", edit_meta(train_tokens="10"), "meta.json is damaged (ValueError: train_tokens '10' "
                                                              "is not a count of tokens)"),
-    ("meta says gpt2", edit_meta(tokenizer="gpt2"), "meta.json is damaged (ValueError: it holds a character "
+    ("meta says gpt2", edit_meta(tokenizer="gpt2"), "meta.json is damaged (ValueError: it has a character "
                                                     "vocabulary (chars) but says tokenizer 'gpt2')"),
     ("meta says gpt2, no chars", edit_meta(tokenizer="gpt2", chars=None), "vocab_size 26 is not GPT-2's 50257"),
     ("meta says another kind", edit_meta(tokenizer="wordpiece"), "tokenizer 'wordpiece' is not one of char, "
