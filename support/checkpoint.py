@@ -29,7 +29,7 @@ from mesh import Config, ConfigError, Rotary, RecursiveGPT
 CKPT, STATE = "ckpt.pt", "state.json"  # a whole checkpoint; a sharded one's plain data
 POINTER = "ckpt-sharded.json"  # earlier code's: it named the sharded checkpoint, held its data
 SHARDS = re.compile(r"^shards-\d{8}(-1)?$")  # the folders of a run's sharded checkpoints
-KEPT = re.compile(r"^ckpt_(\d+)(\.pt)?$")  # --keep_every's: ckpt_<iter>.pt, or sharded ckpt_<iter>/
+KEPT = re.compile(r"^ckpt_(\d+)(\.pt)?$")  # --keep_every's: ckpt_<iter>.pt or sharded ckpt_<iter>/
 PLAIN = (str, int, float, bool, type(None))  # a setting's value, as JSON holds it
 _noted = set()  # (checkpoint, config) whose missing fields were noted: once each
 
@@ -52,7 +52,7 @@ def read(path, mmap=True):
     """The checkpoint file path as its dict, on the CPU (weights_only: reading never runs code);
     mmap: its tensors read from the file only where used. Only bytes failing checks are corrupt."""
     try:
-        # torch.load does not check the zip's CRC-32s: a flipped bit in a tensor would load silently
+        # torch.load does not check the zip's CRC-32s: a flipped bit in a tensor loads silently
         with zipfile.ZipFile(path) as z:
             damaged = z.testzip()
         if damaged:
@@ -114,7 +114,7 @@ def defaults(path, ckpt, key, cls):
 
 
 def config_of(ckpt, path):
-    """A checkpoint's model Config, missing fields defaulted; an unknown field or scheme refused."""
+    """A checkpoint's model Config, missing fields defaulted; unknown fields or schemes refused."""
     defaults(path, ckpt, "model_config", Config)
     try:
         return Config.from_dict(ckpt["model_config"])

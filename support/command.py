@@ -6,7 +6,7 @@ its undoing, signals as a clean stop (Stop), locks and the process group given b
     stop = command.Stop.poll()   # a loop that can stop cleanly: the first signal is a request
 
 Bad input (UsageError), an OSError or a GPU out of memory: one line, exit 2; a model that blew up
-(FloatingPointError): exit 1; a signal: exit 130. A bug keeps its traceback, as all do with --debug.
+(FloatingPointError): exit 1; a signal: exit 130. A bug keeps its traceback (all do with --debug).
 """
 
 import contextlib
@@ -156,7 +156,7 @@ _notes = []  # notes of streams given up, not yet in a run's log
 
 
 class Stream:
-    """A text stream that never raises: a failed write (a reader gone, a lost terminal, a full disk)
+    """A stream that never raises: a failed write (a reader gone, a lost terminal, a full disk)
     points it at os.devnull, says so once on stderr (and in the run's log), and the command goes
     on. A character the encoding lacks is escaped; a signal handler's print waits for the write."""
 
@@ -204,8 +204,8 @@ class Stream:
         with contextlib.suppress(OSError, ValueError), open(os.devnull, "wb") as devnull:
             os.dup2(devnull.fileno(), self.stream.fileno())
         why = f"{error.strerror or error}: {WHY[error.errno]}" if error.errno in WHY else error
-        note = (f"{self.prog}: note: cannot write to standard {self.name} ({why}); nothing more is "
-                f"printed there, and nothing else stops")
+        note = (f"{self.prog}: note: cannot write to standard {self.name} ({why}); nothing more "
+                f"is printed there, and nothing else stops")
         _notes.append(note)
         if self.name != "error":
             sys.stderr.write(note + "\n")

@@ -32,9 +32,9 @@ class Device:
         if "LOCAL_RANK" in os.environ and self.name.startswith("cuda"):
             local, count = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
             if local >= count:
-                raise UsageError(f"this process is torchrun's local rank {local}, but this machine "
-                                 f"has {count} GPU(s): start at most {count} process(es) a machine "
-                                 f"(--nproc_per_node={count})")
+                raise UsageError(f"this process is torchrun's local rank {local}, but this "
+                                 f"machine has {count} GPU(s): start at most {count} process(es) "
+                                 f"a machine (--nproc_per_node={count})")
             self.name = f"cuda:{local}"
         if self.name.startswith("cuda:"):  # RNG states, bf16 checks and kernels use it, not GPU 0
             torch.cuda.set_device(self.name)
@@ -43,8 +43,8 @@ class Device:
         self.autocast = (torch.autocast(self.type, dtype=torch.bfloat16)
                          if self.dtype == "bfloat16" else nullcontext())
         if tc.compile and self.type == "cpu" and master:  # asked for on a CPU: done, its cost said
-            print("note: --compile on a CPU compiles for minutes before the first step and gains a "
-                  "few percent on small models; leave it off here to start at once", flush=True)
+            print("note: --compile on a CPU compiles for minutes before the first step and gains "
+                  "a few percent on small models; leave it off here to start at once", flush=True)
         self.compile = self.type == "cuda" if tc.compile is None else tc.compile  # None: CUDA's
         self.peak = peak_bf16_flops(self.name, self.dtype)
         if tc.threads is not None:  # else torch's choice: a thread per core (or OMP_NUM_THREADS)
@@ -65,8 +65,8 @@ class Device:
         self.first += [seconds] * (len(self.first) < 3)
         slower = seconds / min(self.first)
         return "" if slower < 3 else (
-            f", {slower:.0f}x slower than its first steps: other work shares the cores, or threads "
-            f"wait on each other (try --threads=1, or fewer runs at once)")
+            f", {slower:.0f}x slower than its first steps: other work shares the cores, or "
+            f"threads wait on each other (try --threads=1, or fewer runs at once)")
 
 
 def resolve_device(name):
@@ -93,7 +93,7 @@ def resolve_device(name):
 def resolve_dtype(name, device):
     """--dtype: 'auto' -> bfloat16 autocast on CUDA GPUs built for it (Ampere on), else float32."""
     if name == "auto":
-        bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported(including_emulation=False)
+        bf16 = "cuda" in device and torch.cuda.is_bf16_supported(including_emulation=False)
         return "bfloat16" if bf16 else "float32"
     if name not in ("float32", "bfloat16"):
         raise UsageError(f"--dtype={name} is not supported; use auto, float32 or bfloat16")

@@ -59,7 +59,7 @@ def close():
 
 
 def from_rank0(fn):
-    """fn() on rank 0, its result or one-line error shared with every rank: one decision for all."""
+    """fn() on rank 0, its result or one-line error shared by every rank: one decision for all."""
     result, failed = None, None
     if not grouped() or dist.get_rank() == 0:
         try:

@@ -183,7 +183,7 @@ def why_write_failed(error, folder):
     except (OSError, AttributeError):
         free = None
     if getattr(error, "errno", None) == errno.ENOSPC or (free is not None and free < 1 << 20):
-        return f"the disk is full ({free:,} bytes free)" if free is not None else "the disk is full"
+        return "the disk is full" + (f" ({free:,} bytes free)" if free is not None else "")
     return getattr(error, "strerror", None) or str(error).splitlines()[0]
 
 
@@ -197,7 +197,7 @@ def remove(path):
 
 def remove_temporaries(folder):
     """Remove the temporaries that killed writers left in folder, which this process holds (own):
-    no other process writes there meanwhile. Only names of exactly that form: a look-alike stays."""
+    no other process writes there meanwhile. Only names of exactly that form: look-alikes stay."""
     for name in filter(TEMPORARY.match, os.listdir(folder)):
         remove(os.path.join(folder, name))
 

@@ -30,7 +30,7 @@ def need_wandb(tc):
 
 
 def start(tc, log, resumed_at=None):
-    """A wandb run mirroring the run's RunLog `log` into OUT_DIR/wandb; a resumed run's (resumed_at,
+    """A wandb run mirroring the RunLog `log` into OUT_DIR/wandb; a resumed run's (resumed_at,
     its iteration) continues the wandb run its log names."""
     from support.tool import log_records
     wandb, out_dir = need_wandb(tc), os.path.dirname(log.path)

@@ -40,7 +40,7 @@ FIELDS = {**dict.fromkeys(("hidden_size", "num_attention_heads", "num_hidden_lay
 
 
 def from_hf_neox(path):
-    """A GPT-NeoX folder -> (Config, RecursiveGPT state_dict); what we cannot express is refused."""
+    """A GPT-NeoX folder -> (Config, RecursiveGPT state_dict), refusing what we cannot express."""
     where = f"cannot import {path}"
     hf = {}
     try:
@@ -82,7 +82,7 @@ def from_hf_neox(path):
         from safetensors.torch import load_file
     except ImportError:
         load_file = None
-    for name in ("model.safetensors", "pytorch_model.bin") if load_file else ("pytorch_model.bin",):
+    for name in ("model.safetensors", "pytorch_model.bin") if load_file else ["pytorch_model.bin"]:
         files = [name] if os.path.isfile(os.path.join(path, name)) else []
         index = os.path.join(path, name + ".index.json")
         if os.path.isfile(index):
@@ -185,7 +185,7 @@ def source(init_from, out_dir, given):
     if kind == "hf":
         model, record, data = load_hf(path), {}, None
     else:
-        as_is = lambda it: f"loop it as it is: --init_from={init_from}@{it or 'ITER'}"  # noqa: E731
+        as_is = lambda it: f"loop it as is: --init_from={init_from}@{it or 'ITER'}"  # noqa: E731
         model, ckpt, _ = load_run(path, "cpu", "train.py", kept=at, as_is=as_is)
         record = {"iter_num": ckpt["iter_num"]}
         data = {**(ckpt.get("data") or {}), "dataset": ckpt["train_config"]["dataset"]}

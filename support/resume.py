@@ -77,7 +77,7 @@ def check_resumable(ckpt, tc, given):
     missing = [k for k, kind in kinds.items() if not isinstance(ckpt.get(k), kind)]
     if missing:
         problem = f"no valid {', '.join(missing)}"
-    elif not torch.is_tensor(ckpt["rng"].get("torch")) or ckpt["rng"]["torch"].dtype != torch.uint8:
+    elif not torch.is_tensor(state := ckpt["rng"].get("torch")) or state.dtype != torch.uint8:
         problem = "no torch RNG state"
     elif "folder" not in ckpt:  # wrong optimizer shapes would crash inside fused AdamW
         problem = optimizer_mismatch(ckpt["optimizer"],

@@ -3,7 +3,7 @@ A training run's settings and its folder, OUT_DIR, from start to end:
 
     tc, ckpt = resolve(TrainConfig, given)     # the settings, and what the run starts from
     run = Run(tc, resumed, spread, device.type)  # built from resolved values, nothing more
-    run.start()                # the run takes OUT_DIR: its lock, killed writers' leftovers, its log
+    run.start()                # takes OUT_DIR: its lock, killed writers' leftovers, its log
     run.write(record, text)    # print, and append to log.jsonl (RunLog; tool.log_records reads it)
     run.save(model, optimizer, state, losses)  # refused for a model that blew up
 

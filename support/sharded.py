@@ -35,9 +35,9 @@ class Sharded:
 
     def __init__(self, distributed):
         if not distributed:
-            raise UsageError("--fsdp=true shards over processes started by torchrun, e.g. torchrun "
-                             "--standalone --nproc_per_node=8 train.py ... --fsdp=true (one "
-                             "process: --nproc_per_node=1)")
+            raise UsageError("--fsdp=true shards over processes started by torchrun, e.g. "
+                             "torchrun --standalone --nproc_per_node=8 train.py ... --fsdp=true "
+                             "(one process: --nproc_per_node=1)")
 
     def wrap(self, model, device, scratch):
         """(the sharded model, what trains: compiled); a scratch model takes rank 0's weights."""
@@ -54,8 +54,8 @@ class Sharded:
         # weights cannot meet a float32 residual stream there (CUDA autocast: LayerNorm in float32)
         bf16 = device.dtype == "bfloat16" and device.type == "cuda"
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        blocks = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
-                                      cast_forward_inputs=False) if bf16 else MixedPrecisionPolicy()
+        blocks = MixedPrecisionPolicy() if not bf16 else MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
         for block in [*model.prelude, *(b for core in model.cores for b in core), *model.coda]:
             fully_shard(block, mesh=mesh, mp_policy=blocks)
         # the root too frees its gathered weights after a forward
@@ -112,8 +112,8 @@ def tensors(model, optimizer, saved=()):
     names = {p: n for n, p in model.named_parameters()}
     if any(k.startswith("optim.") for k in saved):
         for p in names:
-            optimizer.state[p] = {"step": torch.zeros((), device=p.device),
-                                  "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+            optimizer.state[p] = dict(step=torch.zeros((), device=p.device),
+                                      exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
     out = {f"model.{n}": p for p, n in names.items()}
     for p, entry in optimizer.state.items():
         out.update({f"optim.{names[p]}.{k}": v for k, v in entry.items()})

@@ -38,8 +38,8 @@ def load_latest(out_dir, device, prog, kept=None):
         return load_latest(os.path.join(out_dir, name), device, prog)
     if SHARDS.match(name):
         raise UsageError(f"{os.path.join(out_dir, name)} (iter {entry[0]}) is the run's latest "
-                         f"checkpoint, a sharded one, and {prog} reads a whole one ({CKPT}); write "
-                         f"it first: python tools/consolidate.py "
+                         f"checkpoint, a sharded one, and {prog} reads a whole one ({CKPT}); "
+                         f"write it first: python tools/consolidate.py "
                          f"{shlex.quote('--out_dir=' + out_dir)}")
     return load(out_dir, device, name)
 
@@ -53,7 +53,7 @@ def load_run(out_dir, device, prog, unfinished=False, kept=None,
     unfinished = unfinished or kept is not None
     above = os.path.dirname(os.path.abspath(out_dir))
     for folder, what in ((out_dir, "is still training"),
-                         (above, "is still to be trained by the process holding the folder above")):
+                         (above, "is yet to be trained by the process holding the folder above")):
         def waiting(what=what):
             print(f"{prog}: {out_dir} {what}; waiting for it (or {as_is(None)} now)",
                   file=sys.stderr, flush=True)
@@ -120,9 +120,9 @@ def read_log(path, upto):
             aside = f"{path}.damaged-{n}"
         files.atomic_write(aside, lambda f: f.writelines(line for _, line in bad))
         lines = ", ".join(str(number) for number, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
-        print(f"note: {path} has {len(bad)} damaged line(s) (line {lines}: not whole JSON records, "
-              f"as a kill or a full disk leaves); moved into {aside}, the rest of the log goes on",
-              flush=True)
+        print(f"note: {path} has {len(bad)} damaged line(s) (line {lines}: not whole JSON "
+              f"records, as a kill or a full disk leaves); moved into {aside}, the rest of the "
+              "log goes on", flush=True)
     return b"".join(kept)
 
 

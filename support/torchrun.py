@@ -107,7 +107,7 @@ def first_line(error):
 
 
 def lost_peer(error):
-    """The one line for a failed collective: a peer stopped, or did not answer in --dist_timeout."""
+    """The one line for a failed collective: a peer stopped or did not answer in --dist_timeout."""
     first = first_line(error)
     if not re.search(r"timed out|timeout", first, re.IGNORECASE):
         return f"another process of this torchrun job stopped ({first}); its own output says why"

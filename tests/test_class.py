@@ -415,6 +415,6 @@ def test_a_tool_waits_for_a_run_table1_has_still_to_train(runs, tmp_path, capsys
     finally:
         held.wait()
     captured = capsys.readouterr()
-    assert captured.err == (f"probe.py: {root / 'base_s0'} is still to be trained by the process holding the folder "
+    assert captured.err == (f"probe.py: {root / 'base_s0'} is yet to be trained by the process holding the folder "
                             f"above; waiting for it (or give --unfinished=true to use it as it is now)\n")
     assert "train one with" not in captured.err + captured.out

@@ -192,7 +192,7 @@ def test_bad_sources_are_one_line_and_touch_nothing(vanilla, data_root, tmp_path
 
 def test_a_source_is_never_the_output_and_an_unfinished_one_is_named(vanilla, data_root, tmp_path, capsys):
     """--out_dir the source itself is refused, --overwrite or not, the source as it was; a source stopped before
-    its --max_iters is refused, naming how to loop it as it is (@ITER), which the looped run then records; one
+    its --max_iters is refused, naming how to loop it as is (@ITER), which the looped run then records; one
     still training is waited for, a line saying so."""
     v = f"--init_from=vanilla:{vanilla}"
     before = snapshot(vanilla)
@@ -209,7 +209,7 @@ def test_a_source_is_never_the_output_and_an_unfinished_one_is_named(vanilla, da
     assert capsys.readouterr().err == (
         f"train.py: error: {early} is unfinished (iter 4 of its --max_iters=8) and nothing trains it now; continue "
         f"it with python train.py --init_from=resume --out_dir={early} (or the table1.py command that trained it), "
-        f"or loop it as it is: --init_from=vanilla:{early}@4\n")
+        f"or loop it as is: --init_from=vanilla:{early}@4\n")
     assert run([f"--init_from=vanilla:{early}@4", "--max_iters=0"], data_root, tmp_path / "o") == 0
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["source"]["iter_num"] == 4
     # an @ not followed by an iteration is the path's own: one line, not int()'s traceback
@@ -229,5 +229,5 @@ def test_a_source_is_never_the_output_and_an_unfinished_one_is_named(vanilla, da
         assert live.poll() is not None  # it waited for the run to end
     finally:
         live.wait()
-    assert capsys.readouterr().err == (f"train.py: {vanilla} is still training; waiting for it (or loop it as it "
+    assert capsys.readouterr().err == (f"train.py: {vanilla} is still training; waiting for it (or loop it as "
                                        f"is: {v}@ITER now)\n")
