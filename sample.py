@@ -64,7 +64,7 @@ def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=Non
 
 
 def prompt(start):
-    """--start: FILE:path -> that file's text (a regular UTF-8 file of at most PROMPT_BYTES: neither
+    """--start: FILE:path -> that file's text (a regular UTF-8 file, at most PROMPT_BYTES: neither
     a FIFO nor /dev/zero can hang or fill the read); any other prompt as it is."""
     if not start.startswith("FILE:"):
         return start

@@ -91,7 +91,7 @@ class TrainConfig:
     eval_iters: int = setting(20, "batches per split at each evaluation")
     log_interval: int = setting(50, "print the loss every this many steps")
     sample_tokens: int = setting(300, "tokens sampled from the trained model at the end; 0 skips")
-    wandb_log: bool = setting(False, "log to Weights & Biases too, from rank 0 (pip install wandb)")
+    wandb_log: bool = setting(False, "log to Weights & Biases too, on rank 0 (pip install wandb)")
     wandb_project: str = setting("nanomesh", "the wandb project")
     wandb_run_name: str | None = setting(None, "the wandb run's name; None: out_dir's name")
     # system
@@ -112,7 +112,7 @@ class TrainConfig:
     debug: bool = setting(False, "show Python tracebacks for errors")
 
     def __post_init__(self):
-        """The settings' checks, before anything is read or written (the model's: mesh.Config's)."""
+        """The settings' checks, before any read or write (the model's: mesh.Config's)."""
         check_ranges(self, RANGES)
         model_config(self, vocab_size=None)  # first: a known preset, whose lr is the default
         lr = self.lr or PRESETS[self.model]["lr"]
@@ -236,7 +236,7 @@ def train(given):
               f"{raw_model.num_params():,} non-embedding params, compute depth {cfg.shape.depth}; "
               f"dataset {tc.dataset} ({len(data.train):,} train tokens, {tc.data_order} order), "
               f"device {device.name} {device.dtype}, {world} process(es){spread.name}, "
-              f"{tokens_per_step:,} tokens/step, {torch.get_num_threads()} CPU threads", flush=True)
+              f"{tokens_per_step:,} tokens/step, {torch.get_num_threads()} threads", flush=True)
 
     def save(losses):  # what a checkpoint keeps besides the weights and AdamW's state
         run.save(raw_model, optimizer, {

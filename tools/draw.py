@@ -2,7 +2,7 @@
 draw.py: a picture of a model, drawn from its mesh.Layout and mesh.Config, so it always matches
 the code, and its parameter counts (the paper's Table 5), allocating no weights.
 
-    python tools/draw.py --layout=3+2R3+3 --scheme=mesh --png=model.png    # any P+CRN+Q, any scheme
+    python tools/draw.py --layout=3+2R3+3 --scheme=mesh --png=model.png    # any P+CRN+Q and scheme
     python tools/draw.py --model=pythia-1.4b --layout=4+8R2+4 --scheme=mesh  # text only: no --png
 
 The blocks in the order forward applies them (a core applied again: shared weights); for mesh
@@ -154,8 +154,8 @@ class DrawConfig:
         counts = re.findall(r"(\d+)(?:R(\d+))?", self.layout or "")  # P+CRN+Q: P + C x N + Q
         blocks = sum(float(c) * float(n or 1) for c, n in counts)
         if blocks > MAX_DRAWN:
-            raise UsageError(f"--layout={self.layout[:40]} applies {blocks:,.0f} blocks; a drawing "
-                             f"or a summary shows at most {MAX_DRAWN}")
+            raise UsageError(f"--layout={self.layout[:40]} applies {blocks:,.0f} blocks; a "
+                             f"drawing or a summary shows at most {MAX_DRAWN}")
 
 
 def main(argv):

@@ -73,7 +73,7 @@ def tokenizer_json(tok):
     else:  # tiktoken merges any neighbours that make a token, lowest rank first
         import tiktoken  # (GPT-2's, loaded as the run's Tokenizer did: its rank is its id)
         enc, show = tiktoken.get_encoding(tok.to_meta()["encoding"]), bytes_to_unicode()
-        ranks = {enc.decode_single_token_bytes(i): i for i in range(enc.n_vocab) if i != tok.eot_id}
+        ranks = {enc.decode_bytes([i]): i for i in range(enc.n_vocab) if i != tok.eot_id}
         text = lambda b: "".join(show[x] for x in b)  # noqa: E731
         model["vocab"] = {text(t): i for t, i in ranks.items()}
         for t in sorted(ranks, key=ranks.get):

@@ -38,7 +38,7 @@ from support.memory import physical_memory  # noqa: E402
 from tools.curves import colour, pyplot  # noqa: E402
 
 # [choice] RBF bandwidth (the paper does not give it): SIGMA_FRAC x the median distance between
-# distinct tokens of the state, so that CKA ignores an isotropic scaling (the residual stream's norm
+# distinct tokens of the state, so CKA ignores an isotropic scaling (the residual stream's norm
 # grows). Kornblith et al. (2019) report 0.2, 0.4 and 0.8 x the median; 0.8, the widest, sees the
 # global geometry of the T tokens, the least noisy at T = 64. Self-pairs and duplicate rows
 # (repeated characters in h_emb) are left out: their zero distances would drag the median down.
@@ -59,7 +59,7 @@ def relative_update(h, fh):
 
 def centered_rbf_gram(X, sigma_frac=SIGMA_FRAC):
     """X (T, D) -> H K H (T, T), K_ij = exp(-||x_i - x_j||^2 / (2 sigma^2)), sigma = sigma_frac x
-    the median non-zero pairwise distance, H = I - 11^T/T the centering matrix. All zeros when every
+    the median nonzero pairwise distance, H = I - 11^T/T the centering matrix. All zeros when every
     row of X is the same (no distance to take a median of): such a state carries no information."""
     X = X.double()
     sq = (X * X).sum(-1)                                              # (T,)
@@ -86,7 +86,7 @@ def cka_from_grams(Kc, Lc):
 
 def spectrum(X, k=TOP_K):
     """Top min(k, T, D) singular values of X (..., T, D), divided by the largest."""
-    s = torch.linalg.svdvals(X.double())                              # (..., min(T, D)), descending
+    s = torch.linalg.svdvals(X.double())                             # (..., min(T, D)), descending
     largest = s[..., :1].clamp_min(torch.finfo(s.dtype).tiny)  # an all-zero state gives zeros
     return (s / largest)[..., :k]
 
@@ -132,8 +132,8 @@ def probe(model, idx, sigma_frac=SIGMA_FRAC):
             acc[2] += w.shape[1]
     out = {"effort": {k: list(map(float, mean_std(v))) for k, v in effort.items()}}
     # a degenerate state gives nan CKA in every sample: null in the JSON
-    matrix = torch.tensor(cka, dtype=torch.float64).nanmean(0)
-    out["cka"] = {"labels": labels, "sigma_frac": sigma_frac, "matrix": json_ready(matrix.tolist())}
+    matrix = torch.tensor(cka, dtype=torch.float64).nanmean(0).tolist()
+    out["cka"] = {"labels": labels, "sigma_frac": sigma_frac, "matrix": json_ready(matrix)}
     means, stds = zip(*(mean_std(spec[k]) for k in labels))
     out["spectrum"] = {"labels": labels, "mean": [m.tolist() for m in means],
                        "std": [s.tolist() for s in stds]}

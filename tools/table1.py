@@ -252,7 +252,7 @@ def run_one(run, root, max_iters, env=None, train=TRAIN, where=WHERE):
             rc = run_child(cmd, watch, env, stdout=f, stderr=subprocess.STDOUT)
         if rc:
             with open(os.path.join(out_dir, "train.out"), encoding="utf-8") as f:
-                last = (f.read()[-2000:].strip().splitlines() or ["(none: it printed nothing)"])[-1]
+                last = (f.read()[-2000:].strip().splitlines() or ["(it printed nothing)"])[-1]
             raise UsageError(f"{name} failed (exit {rc}); its last words: {last} (full output "
                              f"in {out_dir}/train.out)")
     model, ckpt = checkpoint.load(out_dir)
@@ -351,8 +351,8 @@ def markdown(rows, ablation, max_iters, machine, dataset, layout=LOOP_LAYOUT, tr
     refs = ["base", "vanilla"] + ["mesh"] * any(r.get("vs_mesh") is not None for r in rows)
     lines = [f"{DATASETS.get(dataset, f'Dataset {dataset!r}')}, compute depth 12, "
              f"width {train['n_embd']}, {train['n_head']} heads, "
-             f"context {train['block_size']}, batch {train['batch_size']}, {max_iters} iterations, "
-             f"peak LR {train['lr']}. Machine: {machine}.", "",
+             f"context {train['block_size']}, batch {train['batch_size']}, "
+             f"{max_iters} iterations, peak LR {train['lr']}. Machine: {machine}.", "",
              "| variant | layout | K | non-emb params | % of vanilla "
              "| val loss (mean ± std, seeds) | "
              + " | ".join(f"- {ref}" for ref in refs) + " | ms/iter |",
@@ -395,8 +395,8 @@ def write_curves(results, rows, layouts, path, dataset):
         for row in (r for r in rows if r["layout"] in (layout, DEPTH_LAYOUT)):
             curves = [r["val_curve"] for r in results if r["seed"] in row["seeds"] and r["name"] ==
                       run_name(row["variant"], layout, r["seed"])]
-            n = min(len(c) for c in curves)
-            losses, x = np.array([[v for _, v in c[:n]] for c in curves]), [i for i, _ in curves[0]]
+            n, x = min(len(c) for c in curves), [i for i, _ in curves[0]]
+            losses = np.array([[v for _, v in c[:n]] for c in curves])
             c = colour(row["variant"])
             lines += [dict(label=f"{row['variant']}, seeds {row['seeds']}", colour=c, x=x[:n],
                            y=losses.mean(0), band=(losses.min(0), losses.max(0))),
