@@ -1,6 +1,6 @@
 """
 The project's shape, held by the suite: the top level is the teaching path, the teaching files stay
-within their line budgets, they and the library (support/, data/, tools/) within 100 characters a
+within their line budgets, they and the library (support/, data/, tools/) under 100 characters a
 line, mesh.py stands alone, tests share conftest.py rather than each other, and every command the
 README, LESSON.md and results/ show names a script that exists and settings it takes.
 
@@ -24,7 +24,7 @@ TEACHING = ["mesh.py", "train.py", "sample.py", "configurator.py", "data/dataset
 PROJECT = {"mesh", "train", "sample", "configurator", "support", "data", "tools"}  # its modules
 TOP_LEVEL_PY = {"mesh.py", "train.py", "sample.py", "configurator.py", "test_mesh.py"}
 BUDGETS = {"mesh.py": 580, "train.py": 340, "README.md": 310}  # lines
-TEACHING_BUDGET, WIDTH = 1450, 100  # lines together; characters a line, at most
+TEACHING_BUDGET, WIDTH = 1450, 99  # lines together; characters a line, at most (under 100)
 
 
 def lines(name):
