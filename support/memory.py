@@ -20,6 +20,7 @@ gradients and AdamW by n; DDP keeps all of them on every GPU):
                  a compiled step this is an upper bound
 """
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -48,9 +49,10 @@ def physical_memory():
             ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
             return status.total
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        for path in filter(os.path.isfile, CGROUP):
-            limit = Path(path).read_text().strip()
-            total = min(total, int(limit) if limit.isdigit() else total)
+        for path in CGROUP:
+            with contextlib.suppress(OSError):  # none there, or unreadable: no limit known
+                limit = Path(path).read_text().strip()
+                total = min(total, int(limit) if limit.isdigit() else total)
         return total
     except (AttributeError, OSError, ValueError):
         return None

@@ -120,13 +120,16 @@ def test_a_gpu_not_listed_is_planned_from_the_memory_and_tflops_given(capsys):
 @pytest.mark.skipif(not hasattr(os, "sysconf"), reason="Windows has no cgroups")
 def test_a_containers_memory_limit_is_the_memory_a_run_has(tmp_path, monkeypatch):
     """A container's cgroup limit (v2 memory.max, v1 memory.limit_in_bytes) below the machine's memory is what a
-    run is checked against; "max" (v2) or v1's huge number is no limit."""
+    run is checked against; "max" (v2), v1's huge number or a file that cannot be read is no limit."""
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = tmp_path / "memory.max"
     monkeypatch.setattr(plan, "CGROUP", (str(limit), str(tmp_path / "absent")))
     for text, total in (("1048576\n", 1 << 20), ("max\n", machine), (f"{2**63 - 4096}\n", machine)):
         limit.write_text(text)
         assert plan.physical_memory() == total
+    with monkeypatch.context() as m:  # a limit file this process may not read: the machine's memory
+        m.setattr(plan.Path, "read_text", lambda self: (_ for _ in ()).throw(PermissionError(13, "denied")))
+        assert plan.physical_memory() == machine
     cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="mesh")
     limit.write_text("1048576")
     with pytest.raises(configurator.UsageError, match=r"GiB, more than the 0\.0 GiB of this machine; "):
