@@ -72,24 +72,29 @@ def _no_constant(name):
     raise PlainDataError(f"holds {name}, which JSON does not allow (write a number)")
 
 
+def _number(text):  # json's numbers: one past a float's range (1e400, 10**400) is refused
+    if abs(float(text)) == float("inf"):
+        raise PlainDataError("holds a number past a float's range (write a smaller one)")
+    return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
 # a string (one never closed: to the end of the text), matched in a single pass
 STRING, BRACKET = re.compile(r'"(?:[^"\\]+|\\[\s\S]?)*(?:"|\Z)'), re.compile(r"[\[\]{}]")
 
 
 def parse_json(text, nan=False):
     """text -> its JSON value. Too deep (counted first: json never recurses far), a repeated key,
-    or NaN / Infinity (unless nan: a log's blown-up loss) is a PlainDataError; a JSONDecodeError
-    passes through with its position."""
-    depth, deepest, bare = 0, 0, STRING.sub("", text)
-    if re.search(r"\d{309}", bare):  # past a float's range: float(n) overflows
-        raise PlainDataError("holds a number of more than 308 digits (write a smaller one)")
-    for m in BRACKET.finditer(bare):
+    a number past a float's range, or NaN / Infinity (unless nan: a log's blown-up loss) is a
+    PlainDataError; a JSONDecodeError passes through with its position."""
+    depth, deepest = 0, 0
+    for m in BRACKET.finditer(STRING.sub("", text)):
         depth += 1 if m[0] in "[{" else -1
         deepest = max(deepest, depth)
     if deepest > MAX_DEPTH:
         raise PlainDataError(f"is nested more than {MAX_DEPTH} levels deep")
     constant = None if nan else _no_constant  # None: json's own, which reads NaN and Infinity
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant)
+    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=constant,
+                      parse_int=_number, parse_float=_number)
 
 
 def read_json(path):
@@ -247,12 +252,6 @@ def disown(folder):
     if lock is not None:
         lock.release()
         lock.close()
-
-
-def check_free(folder, flag="--out_dir", shown=None):
-    """Raise UsageError if another process owns folder now; this one keeps no lock."""
-    if own(folder, flag, note=False, shown=shown):
-        disown(folder)
 
 
 def release():

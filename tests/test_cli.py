@@ -72,8 +72,8 @@ def test_a_config_files_integer_past_what_python_reads_is_one_line(tmp_path):
     cfg.write_text('{"seed": ' + "9" * 5000 + "}")  # int() reads at most 4300 digits
     with pytest.raises(UsageError) as e:
         parse_flags(train.TrainConfig, [str(cfg)], "train.py", read_config=read_config)
-    assert str(e.value) == (f"config file {str(cfg)!r} holds a number of more than 308 "
-                            f"digits (write a smaller one); fix it, or give the "
+    assert str(e.value) == (f"config file {str(cfg)!r} holds a number past a float's "
+                            f"range (write a smaller one); fix it, or give the "
                             f"settings as flags")
 
 

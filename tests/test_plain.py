@@ -23,12 +23,20 @@ def test_parse_json_reads_plain_data_and_strings_with_brackets():
     ('{"a": 1, "a": 2}', "has the key 'a' twice"),
     ('{"a": NaN}', "holds NaN, which JSON does not allow (write a number)"),
     ('[-Infinity]', "holds -Infinity, which JSON does not allow (write a number)"),
-    ('{"loss": 1' + "0" * 400 + "}", "holds a number of more than 308 digits (write a smaller one)"),
+    ('{"loss": 1' + "0" * 400 + "}", "holds a number past a float's range (write a smaller one)"),
+    ('[1.5, -1e400]', "holds a number past a float's range (write a smaller one)"),
+    ('{"ms": 1' + "0" * 400 + ".5}", "holds a number past a float's range (write a smaller one)"),
 ])
 def test_parse_json_refuses_what_is_not_plain_data(text, message):
     with pytest.raises(plain.PlainDataError) as e:
         plain.parse_json(text)
     assert str(e.value) == message
+
+
+def test_parse_json_keeps_integers_and_floats_apart():
+    values = plain.parse_json("[0, -0, 12, -3.0, 1e308, 2E-5, " + "9" * 308 + "]")
+    assert values == [0, 0, 12, -3.0, 1e308, 2e-5, int("9" * 308)]
+    assert [type(v) for v in values] == [int, int, int, float, float, float, int]
 
 
 def test_parse_json_reads_a_string_never_closed_in_one_pass():

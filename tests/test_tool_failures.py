@@ -233,6 +233,8 @@ DAMAGED_RESULTS = [  # (result.json's bytes, the words of the one-line error)
      "has max_iters '2', not an integer"),
     (b'{"name": "vanilla_s0", "seed": 0, "max_iters": 2, "params": 1, "val_loss": NaN, "ms_per_iter": null}',
      "holds NaN, which JSON does not allow (write a number)"),
+    (b'{"name": "vanilla_s0", "seed": 0, "max_iters": 2, "params": 1, "val_loss": 1e400}',
+     "holds a number past a float's range (write a smaller one)"),  # inf: no std over the seeds
     (b'{"name": "vanilla_s0", "seed": 0, "seed": 1}', "has the key 'seed' twice"),
     (b'{"name": "vanilla_s0", "seed": 0, "max_iters": 2, "params": 1, "val_loss": 1.5, "ms_per_iter": null, '
      b'"val_curve": [[0, "x"]]}', "has val_curve [[0, 'x']], not a list of [iter, val loss] pairs"),
@@ -321,7 +323,8 @@ def printed(run, words, since=0):
 def held(folder):
     """Whether a live process holds the run folder's lock (the one train.py takes)."""
     try:
-        runfiles.check_free(str(folder))
+        if runfiles.own(str(folder), note=False):
+            runfiles.disown(str(folder))
         return False
     except ValueError:
         return True

@@ -233,7 +233,8 @@ def run_one(run, root, max_iters, env=None, train=TRAIN, where=WHERE):
         say(f"{name}: done (val loss {detail['val_loss']:.4f})")
         return detail
     os.makedirs(out_dir, exist_ok=True)
-    files.check_free(out_dir, flag="--root", shown=out_dir)  # a live run there: touch nothing
+    if files.own(out_dir, flag="--root", note=False, shown=out_dir):  # a live run: touch nothing
+        files.disown(out_dir)  # (train.py takes it)
     if what == "again":
         say(f"{name}: trained with {run['variant']} = {detail}, not mesh.py's "
             f"{rule(run['variant'])} now: training it again")
