@@ -520,8 +520,7 @@ class KVCache:
         self.pos = self.attn_mask = None
 
     def seek(self, pos):  # pos (T,): the positions of this forward's tokens
-        refuse(pos is None, "decoding with a KVCache needs pos, the positions (T,) of the tokens "
-               "in idx")
+        refuse(pos is None, "decoding with a KVCache needs pos, the positions (T,) of idx")
         self.pos, self.attn_mask = pos, self.mask[pos]  # (T,), (T, L): each sees positions <= own
 
     def update(self, layer, k, v):  # k, v (B, H, T, hd) at self.pos -> all of them (B, H, L, hd)
@@ -532,7 +531,8 @@ class KVCache:
 
 def summary(cfg):
     """The layout, block by block, and the parameter counts of the paper's Table 5 (no weights)."""
-    vanilla_cfg = Config(**{**cfg.to_dict(), "layout": str(cfg.shape.depth), "scheme": "base"})
+    plain = {k: v for k, v in cfg.to_dict().items() if k not in MESH_CHOICES}  # base takes none
+    vanilla_cfg = Config(**{**plain, "layout": str(cfg.shape.depth), "scheme": "base"})
     with torch.device("meta"):
         model, vanilla = RecursiveGPT(cfg), RecursiveGPT(vanilla_cfg)
     s, spans = cfg.shape, []

@@ -110,6 +110,15 @@ def test_summary():
     assert "router params                       0" in base
 
 
+@pytest.mark.parametrize("name", mesh.MESH_CHOICES)
+def test_summary_of_each_mesh_choice(name):
+    """A MeSH setting off its default still compares with the vanilla model (which takes none)."""
+    text = mesh.summary(small("mesh", "1+2R3+1", **{name: mesh.MESH_CHOICES[name][1]}))
+    pairs = 3 if name == "cycle" else 4  # cycle="direct": no router pair of its own
+    assert f"of vanilla 8-layer: {vanilla_formula(8, 64):,})" in text
+    assert text.splitlines()[-1].split() == ["router", "params", f"{pairs * 2 * (64 * 6 + 6):,}"]
+
+
 @pytest.mark.slow
 def test_summary_cli():
     r = run_cli("--model", "pythia-1.4b", "--layout", "4+8R2+4", "--scheme", "mesh")
