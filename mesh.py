@@ -99,11 +99,11 @@ def parse_layout(text):
     segments = str(text).split("+")
     refuse(not all(segments), f"{bad} (empty segment)")
     if len(segments) == 1:
-        refuse(not segments[0].isdigit() or int(segments[0]) < 1,
+        refuse(not segments[0].isdecimal() or int(segments[0]) < 1,
                f"{bad} (a vanilla layout is one positive block count)")
         return Layout(int(segments[0]), (), (), 0)
     ends = (segments[0], segments[-1])
-    refuse(not all(s.isdigit() for s in ends),
+    refuse(not all(s.isdecimal() for s in ends),
            f"{bad} (prelude and coda are plain block counts, got {ends[0]!r}, {ends[1]!r})")
     cores, schedule = [], []
     for seg in segments[1:-1]:
