@@ -99,11 +99,11 @@ def parse_layout(text):
     segments = str(text).split("+")
     refuse(not all(segments), f"{bad} (empty segment)")
     if len(segments) == 1:
-        refuse(not segments[0].isdigit() or int(segments[0]) < 1,
+        refuse(not segments[0].isdecimal() or int(segments[0]) < 1,
                f"{bad} (a vanilla layout is one positive block count)")
         return Layout(int(segments[0]), (), (), 0)
     ends = (segments[0], segments[-1])
-    refuse(not all(s.isdigit() for s in ends),
+    refuse(not all(s.isdecimal() for s in ends),
            f"{bad} (prelude and coda are plain block counts, got {ends[0]!r}, {ends[1]!r})")
     cores, schedule = [], []
     for seg in segments[1:-1]:
@@ -520,8 +520,7 @@ class KVCache:
         self.pos = self.attn_mask = None
 
     def seek(self, pos):  # pos (T,): the positions of this forward's tokens
-        refuse(pos is None, "decoding with a KVCache needs pos, the positions (T,) of the tokens "
-               "in idx")
+        refuse(pos is None, "decoding with a KVCache needs pos, the positions (T,) of idx")
         self.pos, self.attn_mask = pos, self.mask[pos]  # (T,), (T, L): each sees positions <= own
 
     def update(self, layer, k, v):  # k, v (B, H, T, hd) at self.pos -> all of them (B, H, L, hd)
@@ -532,7 +531,8 @@ class KVCache:
 
 def summary(cfg):
     """The layout, block by block, and the parameter counts of the paper's Table 5 (no weights)."""
-    vanilla_cfg = Config(**{**cfg.to_dict(), "layout": str(cfg.shape.depth), "scheme": "base"})
+    plain = {k: v for k, v in cfg.to_dict().items() if k not in MESH_CHOICES}  # base takes none
+    vanilla_cfg = Config(**{**plain, "layout": str(cfg.shape.depth), "scheme": "base"})
     with torch.device("meta"):
         model, vanilla = RecursiveGPT(cfg), RecursiveGPT(vanilla_cfg)
     s, spans = cfg.shape, []

@@ -110,6 +110,15 @@ def test_summary():
     assert "router params                       0" in base
 
 
+@pytest.mark.parametrize("name", mesh.MESH_CHOICES)
+def test_summary_of_each_mesh_choice(name):
+    """A MeSH setting off its default still compares with the vanilla model (which takes none)."""
+    text = mesh.summary(small("mesh", "1+2R3+1", **{name: mesh.MESH_CHOICES[name][1]}))
+    pairs = 3 if name == "cycle" else 4  # cycle="direct": no router pair of its own
+    assert f"of vanilla 8-layer: {vanilla_formula(8, 64):,})" in text
+    assert text.splitlines()[-1].split() == ["router", "params", f"{pairs * 2 * (64 * 6 + 6):,}"]
+
+
 @pytest.mark.slow
 def test_summary_cli():
     r = run_cli("--model", "pythia-1.4b", "--layout", "4+8R2+4", "--scheme", "mesh")
@@ -684,6 +693,8 @@ BAD = [
     ("layout-zero", dict(layout="0"), r"bad layout '0'.*one positive block count"),
     ("layout-word", dict(layout="twelve"), r"bad layout 'twelve'"),
     ("layout-loop-coda", dict(layout="4+8R2"), r"prelude and coda are plain block counts"),
+    ("layout-superscript", dict(layout="\u00b2"), r"bad layout '\u00b2'.*one positive block count"),
+    ("layout-superscript-coda", dict(layout="2+4R2+\u00b2"), r"prelude and coda are plain block"),
     ("scheme", dict(scheme="mesj"), r"unknown scheme 'mesj' \(did you mean 'mesh'\?\)"),
     ("mesh-vanilla", dict(scheme="mesh", layout="12"), r"scheme 'mesh' needs loop steps.*'12'"),
     ("anchor-vanilla", dict(scheme="anchor", layout="12"), r"scheme 'anchor' needs loop steps"),
@@ -705,7 +716,7 @@ BAD = [
 
 @pytest.mark.parametrize("kw, match", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
 def test_bad_config(kw, match):
-    with pytest.raises(ValueError, match=match) as e:
+    with pytest.raises(mesh.ConfigError, match=match) as e:  # not int()'s ValueError
         small(**kw)
     assert "\n" not in str(e.value)
 
