@@ -182,6 +182,17 @@ def test_a_vanilla_export_comes_back_with_the_runs_logits(vocab, runs, exports, 
         assert torch.equal(model.eval()(idx)[0], source(idx)[0])
 
 
+@pytest.mark.slow
+def test_data_made_with_the_exports_tokenizer_fine_tunes_it(runs, exports, tmp_path):
+    """What the refusal of other data says to do: prepare it with --tokenizer EXPORT."""
+    need("tokenizers")  # a character vocabulary's tokenizer.json is not byte-level
+    folder, root = exports("char", "vanilla"), runs("char", "vanilla")[1]
+    prepare("own", input=os.path.join(root, "tiny.txt"), tokenizer=folder,
+            out_root=str(tmp_path), log=lambda *a: None)
+    flags = [f"--init_from=hf:{folder}", "--dataset=own", "--max_iters=0"]
+    assert run(flags, str(tmp_path), tmp_path / "o") == 0
+
+
 def test_export_weights_are_the_runs(runs, exports):
     """A recursive export keeps RecursiveGPT's names, the shared core once; a vanilla one is
     GPT-NeoX's, embed_in the scaled embedding and the fused QKV regrouped per head."""
