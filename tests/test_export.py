@@ -239,11 +239,19 @@ def test_recursive_exports_are_refused_by_hf_init(runs, exports, tmp_path, capsy
     assert not (tmp_path / "o").exists()
 
 
-def test_overwrite_replaces_the_whole_folder(runs, exports, tmp_path, capsys):
+def test_overwrite_replaces_the_whole_folder(runs, exports, tmp_path, capsys, monkeypatch):
+    replace = os.replace
+
+    def windows(source, target):  # as Windows' MoveFileEx: no folder is replaced, not even empty
+        if os.path.isdir(target):
+            raise PermissionError(13, "Access is denied")
+        replace(source, target)
+    monkeypatch.setattr(os, "replace", windows)
     to = tmp_path / "hf"
+    to.mkdir()  # an empty folder takes the first without --overwrite
     for kind in ("mesh", "vanilla"):  # the second has no mesh.py: nothing of the first stays
         assert export_hf.main([f"--out_dir={runs('char', kind)[0]}", f"--to={to}",
-                               "--overwrite=true"]) == 0
+                               f"--overwrite={kind == 'vanilla'}"]) == 0
     assert sorted(os.listdir(to)) == ["config.json", "generation_config.json",
                                       "model.safetensors", "tokenizer.json",
                                       "tokenizer_config.json"]
