@@ -100,12 +100,14 @@ for name, job in json.load(open(sys.argv[1])).items():
     with torch.no_grad():
         logits = model(idx).logits
     greedy = model.generate(idx[:, :4], max_new_tokens=8, do_sample=False)
+    cached = model.generate(idx[:, :4], max_new_tokens=8, do_sample=False, use_cache=True)
     torch.manual_seed(0)
     sampled = model.generate(idx[:, :4], max_new_tokens=12, do_sample=True, top_k=10)
     tok = AutoTokenizer.from_pretrained(d, trust_remote_code=remote)
     ids = tok(job["text"])["input_ids"]
     raw = tokenizers.Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     out[name] = dict(cls=type(model).__name__, logits=logits.tolist(), greedy=greedy.tolist(),
+                     cached=cached.tolist(),
                      sampled=sampled.tolist(),
                      eos=[model.config.eos_token_id, model.generation_config.eos_token_id],
                      auto=ids, raw=raw.encode(job["text"]).ids, decoded=tok.decode(ids))
@@ -138,7 +140,8 @@ def loaded(runs, exports, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("vocab, kind", CASES)
 def test_transformers_runs_the_export_as_the_run(vocab, kind, runs, loaded):
-    """Logits to 1e-4, RecursiveGPT.generate's greedy tokens, a sampled generate of full length
+    """Logits to 1e-4, RecursiveGPT.generate's greedy tokens (use_cache=True too: a recursive
+    model has none, and says so to transformers), a sampled generate of full length
     (a character vocabulary has no end-of-text token to stop on)."""
     model, tok = model_and_tokenizer(*runs(vocab, kind))
     got, idx = loaded[f"{vocab}-{kind}"], prompt(tok, vocab)
@@ -147,7 +150,7 @@ def test_transformers_runs_the_export_as_the_run(vocab, kind, runs, loaded):
         want = model(idx)[0]
     assert want.std() > 0.1  # 1000 x the tolerance: the comparison means something
     assert (torch.tensor(got["logits"]) - want).abs().max().item() < 1e-4
-    assert got["greedy"] == model.generate(idx[:, :4], 8, temperature=0).tolist()
+    assert got["greedy"] == got["cached"] == model.generate(idx[:, :4], 8, temperature=0).tolist()
     sampled = torch.tensor(got["sampled"])
     assert got["eos"] == [tok.eot_id] * 2 and tok.eot_id == (None if vocab == "char" else 50256)
     assert sampled[:, :4].tolist() == idx[:, :4].tolist() and sampled.max() < tok.vocab_size
