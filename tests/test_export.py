@@ -262,6 +262,16 @@ def test_overwrite_replaces_the_whole_folder(runs, exports, tmp_path, capsys, mo
     assert capsys.readouterr().out.endswith(f"wrote {to}: 3 base as GPTNeoXForCausalLM, iter 6\n")
 
 
+def test_an_export_to_another_drive_than_the_run_is_written(runs, tmp_path, monkeypatch):
+    need("safetensors")
+
+    def two_drives(paths):  # Windows' ntpath, for a run on C: and --to on D:
+        raise ValueError("Paths don't have the same drive")
+    monkeypatch.setattr(os.path, "commonpath", two_drives)
+    assert export_hf.main([f"--out_dir={runs('char', 'mesh')[0]}", f"--to={tmp_path / 'hf'}"]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
 def test_an_export_that_fails_writes_nothing(runs, tmp_path, monkeypatch, capsys):
     need("safetensors")
     write, calls = files.atomic_write, []

@@ -125,7 +125,10 @@ def check_target(ec):
     if not ec.to:
         raise UsageError("name the folder to write: --to=DIR")
     to, run = os.path.realpath(ec.to), os.path.realpath(ec.out_dir)
-    common = os.path.commonpath([to, run])
+    try:
+        common = os.path.commonpath([to, run])
+    except ValueError:  # Windows: two drives, nothing in common
+        common = None
     if common in (to, run):
         how = "is" if to == run else "is inside" if common == run else "holds"
         raise UsageError(f"--to={ec.to} {how} the run's folder {ec.out_dir}; "
