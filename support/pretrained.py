@@ -258,7 +258,7 @@ def core_layers(shape, L, core_init):
 def check_tokens(start, data):
     """Refuse data made with another tokenizer than the source's (start: source()'s dict)."""
     kind, _, path = start["source"]["init_from"].partition(":")
-    tokenizer, name = data.tokenizer, data.name
+    tokenizer, name, ours = data.tokenizer, data.name, data.tokenizer.identity
     if kind == "vanilla":
         theirs = start["data"]
         differ = [k for k in TOKENS if k in theirs and theirs[k] != data.record.get(k)]
@@ -270,9 +270,9 @@ def check_tokens(start, data):
         if os.environ.get("RANK", "0") == "0" and tokenizer.kind == "gpt2":
             print("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; "
                   "the ids of a GPT-2 dataset mean other tokens to them")
-    # a run's export names its tokenizer (tools/export_hf.py): a char vocabulary has no other
-    elif (read_json(os.path.join(path, "config.json")).get("nanomesh_tokenizer")
-          or type(tokenizer)("bpe", path=path).identity) != tokenizer.identity:
+    # a run's export names its tokenizer (tools/export_hf.py), whose ids its tokenizer.json gives
+    elif ours != read_json(os.path.join(path, "config.json")).get("nanomesh_tokenizer") and \
+            ours != type(tokenizer)("bpe", path=path).identity:
         made = ("another tokenizer.json" if tokenizer.kind == "bpe"
                 else f"the {tokenizer.kind} tokenizer")
         raise UsageError(f"dataset {name!r} was made with {made}, not the imported model's own "

@@ -100,12 +100,14 @@ for name, job in json.load(open(sys.argv[1])).items():
     with torch.no_grad():
         logits = model(idx).logits
     greedy = model.generate(idx[:, :4], max_new_tokens=8, do_sample=False)
+    cached = model.generate(idx[:, :4], max_new_tokens=8, do_sample=False, use_cache=True)
     torch.manual_seed(0)
     sampled = model.generate(idx[:, :4], max_new_tokens=12, do_sample=True, top_k=10)
     tok = AutoTokenizer.from_pretrained(d, trust_remote_code=remote)
     ids = tok(job["text"])["input_ids"]
     raw = tokenizers.Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     out[name] = dict(cls=type(model).__name__, logits=logits.tolist(), greedy=greedy.tolist(),
+                     cached=cached.tolist(),
                      sampled=sampled.tolist(),
                      eos=[model.config.eos_token_id, model.generation_config.eos_token_id],
                      auto=ids, raw=raw.encode(job["text"]).ids, decoded=tok.decode(ids))
@@ -138,7 +140,8 @@ def loaded(runs, exports, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("vocab, kind", CASES)
 def test_transformers_runs_the_export_as_the_run(vocab, kind, runs, loaded):
-    """Logits to 1e-4, RecursiveGPT.generate's greedy tokens, a sampled generate of full length
+    """Logits to 1e-4, RecursiveGPT.generate's greedy tokens (use_cache=True too: a recursive
+    model has none, and says so to transformers), a sampled generate of full length
     (a character vocabulary has no end-of-text token to stop on)."""
     model, tok = model_and_tokenizer(*runs(vocab, kind))
     got, idx = loaded[f"{vocab}-{kind}"], prompt(tok, vocab)
@@ -147,7 +150,7 @@ def test_transformers_runs_the_export_as_the_run(vocab, kind, runs, loaded):
         want = model(idx)[0]
     assert want.std() > 0.1  # 1000 x the tolerance: the comparison means something
     assert (torch.tensor(got["logits"]) - want).abs().max().item() < 1e-4
-    assert got["greedy"] == model.generate(idx[:, :4], 8, temperature=0).tolist()
+    assert got["greedy"] == got["cached"] == model.generate(idx[:, :4], 8, temperature=0).tolist()
     sampled = torch.tensor(got["sampled"])
     assert got["eos"] == [tok.eot_id] * 2 and tok.eot_id == (None if vocab == "char" else 50256)
     assert sampled[:, :4].tolist() == idx[:, :4].tolist() and sampled.max() < tok.vocab_size
@@ -180,6 +183,17 @@ def test_a_vanilla_export_comes_back_with_the_runs_logits(vocab, runs, exports, 
     idx = prompt(tok, vocab)
     with torch.no_grad():
         assert torch.equal(model.eval()(idx)[0], source(idx)[0])
+
+
+@pytest.mark.slow
+def test_data_made_with_the_exports_tokenizer_fine_tunes_it(runs, exports, tmp_path):
+    """What the refusal of other data says to do: prepare it with --tokenizer EXPORT."""
+    need("tokenizers")  # a character vocabulary's tokenizer.json is not byte-level
+    folder, root = exports("char", "vanilla"), runs("char", "vanilla")[1]
+    prepare("own", input=os.path.join(root, "tiny.txt"), tokenizer=folder,
+            out_root=str(tmp_path), log=lambda *a: None)
+    flags = [f"--init_from=hf:{folder}", "--dataset=own", "--max_iters=0"]
+    assert run(flags, str(tmp_path), tmp_path / "o") == 0
 
 
 def test_export_weights_are_the_runs(runs, exports):
@@ -228,16 +242,34 @@ def test_recursive_exports_are_refused_by_hf_init(runs, exports, tmp_path, capsy
     assert not (tmp_path / "o").exists()
 
 
-def test_overwrite_replaces_the_whole_folder(runs, exports, tmp_path, capsys):
+def test_overwrite_replaces_the_whole_folder(runs, exports, tmp_path, capsys, monkeypatch):
+    replace = os.replace
+
+    def windows(source, target):  # as Windows' MoveFileEx: no folder is replaced, not even empty
+        if os.path.isdir(target):
+            raise PermissionError(13, "Access is denied")
+        replace(source, target)
+    monkeypatch.setattr(os, "replace", windows)
     to = tmp_path / "hf"
+    to.mkdir()  # an empty folder takes the first without --overwrite
     for kind in ("mesh", "vanilla"):  # the second has no mesh.py: nothing of the first stays
         assert export_hf.main([f"--out_dir={runs('char', kind)[0]}", f"--to={to}",
-                               "--overwrite=true"]) == 0
+                               f"--overwrite={kind == 'vanilla'}"]) == 0
     assert sorted(os.listdir(to)) == ["config.json", "generation_config.json",
                                       "model.safetensors", "tokenizer.json",
                                       "tokenizer_config.json"]
     assert os.listdir(tmp_path) == ["hf"]  # no temporary left beside it
     assert capsys.readouterr().out.endswith(f"wrote {to}: 3 base as GPTNeoXForCausalLM, iter 6\n")
+
+
+def test_an_export_to_another_drive_than_the_run_is_written(runs, tmp_path, monkeypatch):
+    need("safetensors")
+
+    def two_drives(paths):  # Windows' ntpath, for a run on C: and --to on D:
+        raise ValueError("Paths don't have the same drive")
+    monkeypatch.setattr(os.path, "commonpath", two_drives)
+    assert export_hf.main([f"--out_dir={runs('char', 'mesh')[0]}", f"--to={tmp_path / 'hf'}"]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
 def test_an_export_that_fails_writes_nothing(runs, tmp_path, monkeypatch, capsys):

@@ -57,7 +57,7 @@ def neox(cfg, sd):
             "max_position_embeddings": cfg.block_size, "rope_parameters": rope,
             "use_parallel_residual": cfg.parallel_residual,
             "hidden_act": "gelu", "tie_word_embeddings": False,
-            # rope_parameters as transformers before 5 reads them
+            # transformers 4's names for rope_parameters
             "rotary_pct": cfg.rotary_pct, "rotary_emb_base": cfg.rotary_base}, state
 
 
@@ -125,7 +125,10 @@ def check_target(ec):
     if not ec.to:
         raise UsageError("name the folder to write: --to=DIR")
     to, run = os.path.realpath(ec.to), os.path.realpath(ec.out_dir)
-    common = os.path.commonpath([to, run])
+    try:
+        common = os.path.commonpath([to, run])
+    except ValueError:  # Windows: two drives, nothing in common
+        common = None
     if common in (to, run):
         how = "is" if to == run else "is inside" if common == run else "holds"
         raise UsageError(f"--to={ec.to} {how} the run's folder {ec.out_dir}; "
@@ -145,8 +148,8 @@ def place(tmp, to):
     old = files.temporary_name(to, folder=True) if os.path.exists(to) else None
     tool.hold()  # a signal waits for both renames
     try:
-        if old:
-            os.replace(to, old)
+        if old:  # Windows renames onto no folder
+            os.replace(to, os.path.join(old, "old"))
         os.replace(tmp, to)
     finally:
         tool.release()

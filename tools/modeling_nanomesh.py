@@ -43,6 +43,10 @@ class NanoMeshForCausalLM(PreTrainedModel, GenerationMixin):
             logits, labels, logits.size(-1))
         return CausalLMOutput(loss=loss, logits=logits)
 
+    @classmethod
+    def _supports_default_dynamic_cache(cls):  # generate(use_cache=True): none made
+        return False
+
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kw):
         L = self.gpt.config.block_size  # as RecursiveGPT.generate: the last L
         mask = attention_mask if attention_mask is None else attention_mask[:, -L:]
