@@ -55,8 +55,9 @@ def _stderr(msg):
 
 
 def _read_chunks(source, label, chunk_bytes, sha=None):
-    """source's UTF-8 text (a path, or bytes) in pieces of about chunk_bytes, cut after a
-    newline (or inside a longer line); a leading byte order mark is dropped."""
+    """source's UTF-8 text (a path, or bytes) in pieces of about chunk_bytes, cut before the
+    last newline's run of spaces (or inside a longer line), where GPT-2's pre-tokenizer splits too:
+    the ids are those of the whole text. A leading byte order mark is dropped."""
     f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     decoder, text, offset = codecs.getincrementaldecoder("utf-8-sig")(), "", 0
     with f:
@@ -71,10 +72,12 @@ def _read_chunks(source, label, chunk_bytes, sha=None):
                 raise DataError(f"{label} is not UTF-8: invalid byte 0x{e.object[e.start]:02x} "
                                 f"at byte offset {at}") from None
             offset += len(block)
-            cut = text.rfind("\n") + 1 if block else len(text)
-            if cut == 0 and len(text) > chunk_bytes:
+            cut = text.rfind("\n")
+            while cut > 0 and text[cut - 1].isspace():
+                cut -= 1
+            if not block or cut <= 0 and len(text) > chunk_bytes:
                 cut = len(text)
-            if cut:
+            if cut > 0:
                 yield text[:cut]
                 text = text[cut:]
             if not block:
