@@ -199,6 +199,14 @@ def foreign_files(folder):
                   if not files.TEMPORARY.match(n) and n != files.LOCK)
 
 
+def described(folder):
+    """Whether folder's meta.json is --indexed's (no text read: no sha256)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # none, damaged: ours
+        meta = files.read_json(os.path.join(folder, "meta.json"))
+        return meta.get("format") == "indexed" and "sha256" not in meta
+    return False
+
+
 def check_name(dataset):
     if (not dataset or dataset.startswith(".") or any(c in dataset for c in "/\\\0")
             or len(dataset.encode("utf-8", "surrogatepass")) > NAME_BYTES):
@@ -265,6 +273,9 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
                         f"({', '.join(foreign[:3])}{more}) and no meta.json: another tool's "
                         f"dataset, which nanoMeSH never writes over; give another {root_flag}, "
                         f"or move those files away")
+    if described(final):
+        raise DataError(f"{final} holds data made elsewhere (its meta.json is --indexed's), "
+                        f"which nanoMeSH never writes over; give another --dataset")
     tok = named_tokenizer(tokenizer or DATASETS.get(dataset, "char"))
     started = time.perf_counter()
     made = [f for f in (out_root, final) if make_folder(f, dataset, out_root, root_flag)]

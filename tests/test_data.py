@@ -594,6 +594,13 @@ def test_describe_indexed(tmp_path):
     assert (meta["format"], meta["prefix"], meta["sequences"], meta["tokenizer"]) == ("indexed", "document", len(seqs), "bpe")
     assert dataset_folder("data", str(tmp_path / "pile" / "document")) == str(tmp_path / "pile")
     assert Tokenizer.load(str(tmp_path / "pile")).decode(load_split(str(tmp_path / "pile"), "val")) == "".join(TEXT.splitlines(keepends=True)[-3:])  # 1% of 300
+    before = snapshot(tmp_path / "pile")  # data made elsewhere: prepare.py never writes over it
+    for fmt in ("indexed", "flat"):
+        with pytest.raises(DataError, match=f"^{tmp_path / 'pile'} holds data made elsewhere "
+                           r"\(its meta.json is --indexed's\), which nanoMeSH never writes over; "
+                           "give another --dataset$"):
+            prepare("pile", input=write(tmp_path / "in.txt", TEXT), out_root=str(tmp_path), format=fmt, log=quiet)
+    assert snapshot(tmp_path / "pile") == before
     r = subprocess.run([sys.executable, "data/prepare.py", "--indexed", str(tmp_path / "pile"), "--tokenizer", "char"],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.splitlines() == ["prepare.py: error: --indexed needs a BPE tokenizer: 'gpt2' "
