@@ -392,6 +392,9 @@ def test_prepare_indexed_format(tmp_path):
     assert Tokenizer.load(d).decode(ds.tokens) == UNICODE
     with pytest.raises(DataError, match="fewer than 2 sequences of 5000"):
         prepare("ix2", input=src, out_root=str(tmp_path), format="indexed", seq_len=5000, log=quiet)
+    for fmt, files in [("flat", ["meta.json", "train.bin", "val.bin"]), ("indexed", listed(d))]:  # prepared again
+        assert prepare("ix", input=src, out_root=str(tmp_path), format=fmt, seq_len=50, log=quiet) == d
+        assert listed(d) == files and dataset_folder("data", d) == d  # no file of the other format left
 
 
 def test_sequential_windows():
