@@ -27,6 +27,7 @@ from data.dataset import load_split
 from data.prepare import ensure_dataset, prepare
 from data.meta import Tokenizer
 from conftest import listed, snapshot, train_bpe
+from support import files as runfiles
 from data.meta import dataset_folder
 from data.trained_on import checkpoint_dataset
 
@@ -603,6 +604,17 @@ def test_describe_indexed(tmp_path):
                            r"\(its meta.json is --indexed's\), which nanoMeSH never writes over; "
                            "give another --dataset$"):
             prepare("pile", input=write(tmp_path / "in.txt", TEXT), out_root=str(tmp_path), format=fmt, log=quiet)
+    assert snapshot(tmp_path / "pile") == before
+    os.remove(tmp_path / "pile" / "tokenizer.json")  # which --indexed would write again
+    before = snapshot(tmp_path / "pile")
+    runfiles.own(str(tmp_path / "pile"), shared=True)  # as a live run on it does
+    try:
+        r = subprocess.run([sys.executable, "data/prepare.py", "--indexed", str(tmp_path / "pile"), "--tokenizer",
+                            str(tmp_path / "tokenizer.json")], cwd=REPO, capture_output=True, text=True)
+    finally:
+        runfiles.release()
+    assert r.returncode == 2 and r.stderr == (f"prepare.py: error: another run is using {tmp_path / 'pile'} (it holds "
+                                              f"the folder's lock); wait for it to end, or choose another --indexed\n")
     assert snapshot(tmp_path / "pile") == before
     r = subprocess.run([sys.executable, "data/prepare.py", "--indexed", str(tmp_path / "pile"), "--tokenizer", "char"],
                        cwd=REPO, capture_output=True, text=True)
