@@ -207,6 +207,26 @@ def test_errors(tmp_path):
     assert not out.exists()
 
 
+def test_a_split_is_read_as_bytes_where_os_open_reads_text(tmp_path, monkeypatch):
+    """Windows' os.open reads text unless given O_BINARY (stood in for here): CR LF as LF, Ctrl-Z (0x1a,
+    token 26) as the end of the file. A split's windows are read from its file as bytes all the same."""
+    d = prepare("t", input=write(tmp_path / "in.txt", TEXT), out_root=str(tmp_path), log=quiet)
+    tokens = np.fromfile(os.path.join(d, "train.bin"), np.uint16)
+    assert 26 in tokens  # bytes 1a 00: the end, in text mode
+    binary, real = 1 << 28, os.open
+    monkeypatch.setattr(os, "O_BINARY", binary, raising=False)
+
+    def os_open(path, flags, *args):
+        if flags & binary or not str(path).endswith(".bin"):
+            return real(path, flags & ~binary, *args)
+        with open(path, "rb") as f:  # what reading in text mode gives
+            write(tmp_path / "as_text", f.read().replace(b"\r\n", b"\n").split(b"\x1a")[0])
+        return real(tmp_path / "as_text", flags, *args)
+    monkeypatch.setattr(os, "open", os_open)
+    train = load_split(d, "train")
+    assert data_meta.read_tokens(train, 0, len(train)).tolist() == tokens.tolist()
+
+
 def test_tokenizer_and_dtype():
     tok = Tokenizer("char", chars=sorted("abc \n"))
     assert tok.decode(tok.encode("a cab\n")) == "a cab\n"
