@@ -223,8 +223,8 @@ def train(given):
                                               device.type)
     run = Run(tc, resumed, spread, device.type)  # OUT_DIR, from start to end
     iter_num, best_val = 0, float("inf")
-    if resumed:  # AdamW's state (FSDP: the weights too, sharded) and the random state
-        restore(run, raw_model, optimizer, tc.seed, rank, world)
+    if resumed:  # AdamW's state (FSDP: the weights too, sharded)
+        restore(run, raw_model, optimizer)
         iter_num, best_val = resumed["iter_num"], resumed["best_val_loss"]
     cfg = raw_model.config
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.block_size
@@ -272,6 +272,7 @@ def train(given):
             group["lr"] = lr_now
         loss_sum = torch.zeros((), device=device.name)
         for j, m in enumerate(range(rank, tc.grad_accum, world)):
+            torch.manual_seed(hash((tc.seed, iter_num, m)))  # dropout keyed as the batch is
             x, y = get_batch(data.train, tc, cfg.block_size, (0, iter_num, m), device.name)
             with spread.sync(model, last=j == local - 1):  # DDP all-reduces at the last one
                 with device.autocast:

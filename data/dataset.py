@@ -39,10 +39,9 @@ class Dataset:
 
     @classmethod
     def open(cls, root, name, trained_on):
-        """--dataset `name` of --data_root `root` (its absolute folder: data_root()): a fresh run's
-        (trained_on None) prepared first, by rank 0 under torchrun (offline, Tiny Shakespeare is
-        replaced by its stand-in); a resumed run's the data it trained on (trained_on, its record),
-        refused if it changed since."""
+        """--dataset `name` of --data_root `root`: a fresh run's (trained_on None) prepared first,
+        by rank 0 under torchrun (offline, Tiny Shakespeare is replaced by its stand-in); a resumed
+        run's the data it trained on (its record), refused if it changed since."""
         root = data_root(root)
         if trained_on is None:  # data/prepare.py's: the dataset as it is, or prepared now
             from data.prepare import ensure_dataset

@@ -118,7 +118,7 @@ def check_ids(data, vocab_size, path, fix):
 def hold(data, path, first):
     """Keep path open beside data, its memory map of the file's tokens from token `first` on,
     until it closes; the file's size now (read_tokens)."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     weakref.finalize(data, os.close, fd)
     data.held = (fd, os.fstat(fd).st_size, path, first * data.itemsize)
 

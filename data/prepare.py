@@ -38,6 +38,7 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name: tokenizer
 OFFLINE = ".shakespeare_char.offline"  # why shakespeare_char fell back on pydoc
 REPLACING = ".meta.json.replacing"  # the old meta.json while new files move in
+SPLITS = {"train.bin", "val.bin", "document.bin", "document.idx"}  # either format's
 NAME_BYTES = 200  # its staging folder's name fits in 255
 
 
@@ -55,8 +56,9 @@ def _stderr(msg):
 
 
 def _read_chunks(source, label, chunk_bytes, sha=None):
-    """source's UTF-8 text (a path, or bytes) in pieces of about chunk_bytes, cut after a
-    newline (or inside a longer line); a leading byte order mark is dropped."""
+    """source's UTF-8 text (a path, or bytes) in pieces of about chunk_bytes, cut before the
+    last newline's run of spaces (or inside a longer line), where GPT-2's pre-tokenizer splits too:
+    the ids are those of the whole text. A leading byte order mark is dropped."""
     f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     decoder, text, offset = codecs.getincrementaldecoder("utf-8-sig")(), "", 0
     with f:
@@ -71,10 +73,12 @@ def _read_chunks(source, label, chunk_bytes, sha=None):
                 raise DataError(f"{label} is not UTF-8: invalid byte 0x{e.object[e.start]:02x} "
                                 f"at byte offset {at}") from None
             offset += len(block)
-            cut = text.rfind("\n") + 1 if block else len(text)
-            if cut == 0 and len(text) > chunk_bytes:
+            cut = text.rfind("\n")
+            while cut > 0 and text[cut - 1].isspace():
+                cut -= 1
+            if not block or cut <= 0 and len(text) > chunk_bytes:
                 cut = len(text)
-            if cut:
+            if cut > 0:
                 yield text[:cut]
                 text = text[cut:]
             if not block:
@@ -196,6 +200,14 @@ def foreign_files(folder):
                   if not files.TEMPORARY.match(n) and n != files.LOCK)
 
 
+def described(folder):
+    """Whether folder's meta.json is --indexed's (no text read: no sha256)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # none, damaged: ours
+        meta = files.read_json(os.path.join(folder, "meta.json"))
+        return meta.get("format") == "indexed" and "sha256" not in meta
+    return False
+
+
 def check_name(dataset):
     if (not dataset or dataset.startswith(".") or any(c in dataset for c in "/\\\0")
             or len(dataset.encode("utf-8", "surrogatepass")) > NAME_BYTES):
@@ -262,6 +274,9 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
                         f"({', '.join(foreign[:3])}{more}) and no meta.json: another tool's "
                         f"dataset, which nanoMeSH never writes over; give another {root_flag}, "
                         f"or move those files away")
+    if described(final):
+        raise DataError(f"{final} holds data made elsewhere (its meta.json is --indexed's), "
+                        f"which nanoMeSH never writes over; give another --dataset")
     tok = named_tokenizer(tokenizer or DATASETS.get(dataset, "char"))
     started = time.perf_counter()
     made = [f for f in (out_root, final) if make_folder(f, dataset, out_root, root_flag)]
@@ -282,9 +297,11 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
         meta = _tokenize(source, label, tok, stage, chunk_bytes, format, seq_len, num_proc)
         files.write_json(os.path.join(stage, "meta.json"), {
             "dataset": dataset, **meta, "source": os.path.abspath(input) if input else label})
-        # commit: the old meta.json set aside first, then everything moved in, meta.json last
+        # commit: the old meta.json set aside, the old format's files gone, meta.json in last
         if os.path.exists(os.path.join(final, "meta.json")):
             os.replace(os.path.join(final, "meta.json"), os.path.join(final, REPLACING))
+        for name in SPLITS - set(os.listdir(stage)):
+            files.remove(os.path.join(final, name))
         for name in sorted(os.listdir(stage), key=lambda name: name == "meta.json"):
             os.replace(os.path.join(stage, name), os.path.join(final, name))
         files.remove(os.path.join(final, REPLACING))
@@ -398,6 +415,7 @@ def describe_indexed(path, tokenizer, log=_stderr):
     ds = IndexedDataset(path)
     check_ids(ds.tokens, tok.vocab_size, ds.prefix + ".bin", "it was made with another tokenizer")
     folder, n_train = os.path.dirname(os.path.abspath(ds.prefix)), ds.train_tokens()
+    files.check_free(folder, "--indexed", shown=folder)
     meta = {"dataset": os.path.basename(folder), **tok.to_meta(), "dtype": ds.dtype.name,
             "format": "indexed", "prefix": os.path.basename(ds.prefix), "sequences": len(ds),
             "train_tokens": n_train, "val_tokens": ds.n_tokens - n_train,

@@ -7,7 +7,7 @@ only when a run resumes.
     saved = saved_settings(TrainConfig, ckpt, keep)  # its settings, those keep(key) allows
     check_resumable(ckpt, tc, given)      # damaged, another model, a sequential order changed
     finished(ckpt, tc)                    # at --max_iters already: nothing to do, said so
-    restore(run, model, optimizer, seed, rank, world)  # AdamW's state, the random state
+    restore(run, model, optimizer)  # AdamW's state
 """
 
 import dataclasses
@@ -134,16 +134,10 @@ def finished(ckpt, tc):
     return True
 
 
-def restore(run, model, optimizer, seed, rank, world):
-    """A resumed run's AdamW state (FSDP: weights too) and random state (others: seeded)."""
+def restore(run, model, optimizer):
+    """A resumed run's AdamW state (FSDP: weights too); train.py seeds each micro-batch."""
     ckpt = run.resumed
     ours = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     run.spread.load(ckpt, model, optimizer)
     for group, settings in zip(optimizer.param_groups, ours):  # the flags' weight decay, betas
         group.update(settings)
-    if rank == 0:
-        torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-        if "cuda" in ckpt["rng"] and run.device_type == "cuda":
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
-    else:
-        torch.manual_seed(seed + rank + world * ckpt["iter_num"])

@@ -27,6 +27,7 @@ from data.dataset import load_split
 from data.prepare import ensure_dataset, prepare
 from data.meta import Tokenizer
 from conftest import listed, snapshot, train_bpe
+from support import files as runfiles
 from data.meta import dataset_folder
 from data.trained_on import checkpoint_dataset
 
@@ -100,18 +101,15 @@ def test_gpt2_prepare(tmp_path, gpt2):
 
 
 def test_gpt2_chunked(tmp_path, gpt2):
-    src = write(tmp_path / "in.txt", TEXT + UNICODE)
-    a = prepare("a", input=src, tokenizer="gpt2", out_root=str(tmp_path), chunk_bytes=1 << 30, log=quiet)
-    b = prepare("b", input=src, tokenizer="gpt2", out_root=str(tmp_path), chunk_bytes=64, log=quiet)
-    # BPE is applied per chunk and chunks are cut after newlines; every line here is shorter
-    # than a chunk, so that is encoding groups of whole lines, which for this text is the same
-    # as encoding each line (and the whole text) on its own
-    lines = (TEXT + UNICODE).splitlines(keepends=True)
-    per_line = [i for line in lines for i in gpt2.encode(line)]
-    _, tb, vb = read_bins(b)
-    assert np.concatenate([tb, vb]).tolist() == per_line
-    _, ta, va = read_bins(a)
-    assert np.concatenate([ta, va]).tolist() == gpt2.encode(TEXT + UNICODE)
+    """Chunks are cut before a newline's run of spaces, where GPT-2's pre-tokenizer splits too: blank lines,
+    indents and trailing spaces are encoded as in the whole text (cut after a newline, 'be,\\n\\n' ending a chunk
+    would end in one token where the whole text has two)."""
+    text = "To be,\n\nor not  \n    to be?\n\n\n" * 40 + "é 日本語 😀"
+    src = write(tmp_path / "in.txt", text)
+    for chunk in (16, 64, 1 << 30):  # every line shorter than a chunk
+        _, t, v = read_bins(prepare("a", input=src, tokenizer="gpt2", out_root=str(tmp_path), chunk_bytes=chunk,
+                                    log=quiet))
+        assert np.concatenate([t, v]).tolist() == gpt2.encode(text)
 
 
 def test_gpt2_unavailable(tmp_path, monkeypatch):
@@ -207,6 +205,26 @@ def test_errors(tmp_path):
     with pytest.raises(DataError, match=r"did you mean 'shakespeare_char'\?.*pydoc, shakespeare, shakespeare_char"):
         prepare("shakespear_char", out_root=str(out))
     assert not out.exists()
+
+
+def test_a_split_is_read_as_bytes_where_os_open_reads_text(tmp_path, monkeypatch):
+    """Windows' os.open reads text unless given O_BINARY (stood in for here): CR LF as LF, Ctrl-Z (0x1a,
+    token 26) as the end of the file. A split's windows are read from its file as bytes all the same."""
+    d = prepare("t", input=write(tmp_path / "in.txt", TEXT), out_root=str(tmp_path), log=quiet)
+    tokens = np.fromfile(os.path.join(d, "train.bin"), np.uint16)
+    assert 26 in tokens  # bytes 1a 00: the end, in text mode
+    binary, real = 1 << 28, os.open
+    monkeypatch.setattr(os, "O_BINARY", binary, raising=False)
+
+    def os_open(path, flags, *args):
+        if flags & binary or not str(path).endswith(".bin"):
+            return real(path, flags & ~binary, *args)
+        with open(path, "rb") as f:  # what reading in text mode gives
+            write(tmp_path / "as_text", f.read().replace(b"\r\n", b"\n").split(b"\x1a")[0])
+        return real(tmp_path / "as_text", flags, *args)
+    monkeypatch.setattr(os, "open", os_open)
+    train = load_split(d, "train")
+    assert data_meta.read_tokens(train, 0, len(train)).tolist() == tokens.tolist()
 
 
 def test_tokenizer_and_dtype():
@@ -395,6 +413,9 @@ def test_prepare_indexed_format(tmp_path):
     assert Tokenizer.load(d).decode(ds.tokens) == UNICODE
     with pytest.raises(DataError, match="fewer than 2 sequences of 5000"):
         prepare("ix2", input=src, out_root=str(tmp_path), format="indexed", seq_len=5000, log=quiet)
+    for fmt, files in [("flat", ["meta.json", "train.bin", "val.bin"]), ("indexed", listed(d))]:  # prepared again
+        assert prepare("ix", input=src, out_root=str(tmp_path), format=fmt, seq_len=50, log=quiet) == d
+        assert listed(d) == files and dataset_folder("data", d) == d  # no file of the other format left
 
 
 def test_sequential_windows():
@@ -597,6 +618,24 @@ def test_describe_indexed(tmp_path):
     assert (meta["format"], meta["prefix"], meta["sequences"], meta["tokenizer"]) == ("indexed", "document", len(seqs), "bpe")
     assert dataset_folder("data", str(tmp_path / "pile" / "document")) == str(tmp_path / "pile")
     assert Tokenizer.load(str(tmp_path / "pile")).decode(load_split(str(tmp_path / "pile"), "val")) == "".join(TEXT.splitlines(keepends=True)[-3:])  # 1% of 300
+    before = snapshot(tmp_path / "pile")  # data made elsewhere: prepare.py never writes over it
+    for fmt in ("indexed", "flat"):
+        with pytest.raises(DataError, match=f"^{tmp_path / 'pile'} holds data made elsewhere "
+                           r"\(its meta.json is --indexed's\), which nanoMeSH never writes over; "
+                           "give another --dataset$"):
+            prepare("pile", input=write(tmp_path / "in.txt", TEXT), out_root=str(tmp_path), format=fmt, log=quiet)
+    assert snapshot(tmp_path / "pile") == before
+    os.remove(tmp_path / "pile" / "tokenizer.json")  # which --indexed would write again
+    before = snapshot(tmp_path / "pile")
+    runfiles.own(str(tmp_path / "pile"), shared=True)  # as a live run on it does
+    try:
+        r = subprocess.run([sys.executable, "data/prepare.py", "--indexed", str(tmp_path / "pile"), "--tokenizer",
+                            str(tmp_path / "tokenizer.json")], cwd=REPO, capture_output=True, text=True)
+    finally:
+        runfiles.release()
+    assert r.returncode == 2 and r.stderr == (f"prepare.py: error: another run is using {tmp_path / 'pile'} (it holds "
+                                              f"the folder's lock); wait for it to end, or choose another --indexed\n")
+    assert snapshot(tmp_path / "pile") == before
     r = subprocess.run([sys.executable, "data/prepare.py", "--indexed", str(tmp_path / "pile"), "--tokenizer", "char"],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.splitlines() == ["prepare.py: error: --indexed needs a BPE tokenizer: 'gpt2' "

@@ -225,9 +225,10 @@ def test_resume_never_prepares_or_swaps_its_dataset(data_root, tmp_path, capsys,
 
 @pytest.mark.slow
 def test_one_vs_two_processes_and_resume_1_2_1(data_root, tmp_path):
-    """Batches depend only on (seed, step): 1 process and 2 processes (torchrun, gloo) see the same
-    global batch, and a run resumed 1 -> 2 -> 1 processes continues the same loss curve."""
-    common = ["--grad_accum=4", "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=2"]  # 2 micro-batches a rank
+    """Batches and dropout's masks depend only on (seed, step, micro-batch): 1 process and 2 processes (torchrun,
+    gloo) see the same global batch, and a run resumed 1 -> 2 -> 1 processes continues the same loss curve."""
+    common = ["--grad_accum=4", "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=2",
+              "--dropout=0.1"]  # 2 micro-batches a rank
     assert run(common, data_root, tmp_path / "one") == 0
     assert run([*common, "--max_iters=2"], data_root, tmp_path / "mix") == 0
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
