@@ -415,7 +415,7 @@ def describe_indexed(path, tokenizer, log=_stderr):
     ds = IndexedDataset(path)
     check_ids(ds.tokens, tok.vocab_size, ds.prefix + ".bin", "it was made with another tokenizer")
     folder, n_train = os.path.dirname(os.path.abspath(ds.prefix)), ds.train_tokens()
-    files.check_free(folder, "--indexed", shown=folder)
+    files.own(folder, "--indexed", shown=folder)  # held to the end: no live run reads it
     meta = {"dataset": os.path.basename(folder), **tok.to_meta(), "dtype": ds.dtype.name,
             "format": "indexed", "prefix": os.path.basename(ds.prefix), "sequences": len(ds),
             "train_tokens": n_train, "val_tokens": ds.n_tokens - n_train,
