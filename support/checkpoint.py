@@ -4,8 +4,8 @@ for train.py, sample.py and every tool.
 
     model, ckpt = checkpoint.load("out")          # OUT_DIR/ckpt.pt: the model, its plain data
 
-OUT_DIR/ckpt.pt is a torch.save'd dict of tensors and plain data (configs, iter_num, rng, the data
-it trained on), read with weights_only=True, its zip CRC-32s verified. A reader maps the file
+OUT_DIR/ckpt.pt is a torch.save'd dict of tensors and plain data (configs, iter_num, the data it
+trained on), read with weights_only=True, its zip CRC-32s verified. A reader maps the file
 (mmap) and builds the model on the meta device, taking the file's tensors as its own
 (assign=True): it holds the weights once, and AdamW's state is never read but by a resume. A
 sharded checkpoint (--fsdp=true) is a folder shards-<iter>/ (support/sharded.py). --keep_every
@@ -177,12 +177,8 @@ def sharded_state(out_dir, name):
         if not isinstance(state, dict):
             raise TypeError("not a JSON object")
         check_plain(state)
-        for key, kind in ("best_val_loss", float), ("rng", dict):
-            if not isinstance(state.get(key), kind):
-                raise TypeError(f"{key} is {state.get(key)!r:.40}, not a {kind.__name__}")
-        if not all(isinstance(v, list) and all(isinstance(b, int) and 0 <= b < 256 for b in v)
-                   for v in state["rng"].values()) or "torch" not in state["rng"]:
-            raise ValueError("rng is not a list of bytes for torch (and cuda)")
+        if not isinstance(best := state.get("best_val_loss"), float):
+            raise TypeError(f"best_val_loss is {best!r:.40}, not a float")
         tc = state["train_config"]  # read_whole's AdamW settings
         for key, top in ("weight_decay", float("inf")), ("beta1", 1), ("beta2", 1):
             if not (type(tc.get(key)) in (int, float) and 0 <= tc[key] < top):
@@ -193,8 +189,7 @@ def sharded_state(out_dir, name):
     if path.endswith(POINTER) and state.get("folder") != name:
         return None  # earlier code's pointer names another folder: this one was not finished
     config_of(state, path)
-    rng = {k: torch.tensor(v, dtype=torch.uint8) for k, v in state["rng"].items()}
-    return {**state, "rng": rng, "folder": folder, "path": path}
+    return {**state, "folder": folder, "path": path}
 
 
 def peek(path):

@@ -20,7 +20,7 @@ from support import checkpoint
 from support.checkpoint import KEPT, SHARDS, CheckpointError
 
 FIXED = ("core_init",)  # how the run began: a resume cannot change it
-# what a checkpoint holds; a field outside these is another code's, which a resume would drop
+# a checkpoint's fields (rng: earlier code's); any other is another code's, which a resume drops
 FIELDS = {"model", "optimizer", "model_config", "train_config", "iter_num", "best_val_loss", "rng",
           "data", "source", "saved_at", "launch", "folder", "path", "checksums"}
 
@@ -72,13 +72,10 @@ def saved_settings(cls, ckpt, keep):
 def check_resumable(ckpt, tc, given):
     """Every reason the run in ckpt cannot continue as asked."""
     path, problem = ckpt["path"], None
-    kinds = {"best_val_loss": float, "rng": dict,
-             **({} if "folder" in ckpt else {"optimizer": dict})}
+    kinds = {"best_val_loss": float, **({} if "folder" in ckpt else {"optimizer": dict})}
     missing = [k for k, kind in kinds.items() if not isinstance(ckpt.get(k), kind)]
     if missing:
         problem = f"no valid {', '.join(missing)}"
-    elif not torch.is_tensor(state := ckpt["rng"].get("torch")) or state.dtype != torch.uint8:
-        problem = "no torch RNG state"
     elif "folder" not in ckpt:  # wrong optimizer shapes would crash inside fused AdamW
         problem = optimizer_mismatch(ckpt["optimizer"],
                                      ckpt["model"].configure_optimizer(0.0, 1e-3))

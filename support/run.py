@@ -137,10 +137,7 @@ class Run:
         if reason:
             raise FloatingPointError(f"{reason} at iter {state['iter_num']}; stopped without "
                                      f"saving, so {self.last_good()}")
-        rng = {"torch": torch.get_rng_state()}
-        if self.device_type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state()
-        state = {**state, "rng": rng, "saved_at": time.time(), "launch": distributed.launch_id()}
+        state = {**state, "saved_at": time.time(), "launch": distributed.launch_id()}
         self.spread.save(self.out_dir, model, optimizer, self.master, state)
         self.saved_iter = it = state["iter_num"]
         if self.master and self.keep_every and it and it % self.keep_every == 0:

@@ -72,8 +72,7 @@ class Sharded:
         path = os.path.join(out_dir, name)
         if master:
             files.remove(path)  # an interrupted write's, never the latest whole one
-            files.write_json(os.path.join(path, STATE),
-                             {**state, "rng": {k: v.tolist() for k, v in state["rng"].items()}})
+            files.write_json(os.path.join(path, STATE), state)
         dist.barrier()
         try:  # collective; returns once every shard and then .metadata are written (and fsynced)
             dcp.save(tensors(model, optimizer), checkpoint_id=path)
