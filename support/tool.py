@@ -28,6 +28,7 @@ def load_latest(out_dir, device, prog, kept=None):
     """OUT_DIR's latest checkpoint, or with kept=ITER its checkpoint of that iteration; a sharded
     one is refused, naming consolidate.py, unless a whole one beside it has trained as far."""
     # kept: ckpt_ITER.pt, ckpt_ITER/ (a run folder), or the one of that iter
+    check_run(out_dir)
     entry = latest(out_dir, iter_num=kept)
     have = sorted({e[0] for e in found(out_dir)}) if kept is not None and entry is None else []
     if have:
@@ -44,6 +45,16 @@ def load_latest(out_dir, device, prog, kept=None):
     return load(out_dir, device, name)
 
 
+def check_run(out_dir):
+    """Refuse a checkpoint or an export given as a run."""
+    up, name = os.path.split(os.path.normpath(out_dir))
+    if SHARDS.match(name):
+        raise CheckpointError(f"{out_dir} is a checkpoint; give its run's folder, {up or '.'}")
+    if os.path.isfile(os.path.join(out_dir, "config.json")):  # export_hf.py's
+        raise CheckpointError(f"{out_dir} is a Hugging Face export; give it to from_pretrained"
+                              f" or to train.py as --init_from=hf:{out_dir}")
+
+
 def load_run(out_dir, device, prog, unfinished=False, kept=None,
              as_is=lambda it: "give --unfinished=true to use it as it is"):
     """load_latest for a tool: unless unfinished, a run a process trains (it holds OUT_DIR's lock)
@@ -51,6 +62,7 @@ def load_run(out_dir, device, prog, unfinished=False, kept=None,
     before its max_iters refused, as_is(its iteration) saying how to take it as it is; kept
     (--ckpt=ITER) is taken as it is. -> (model, ckpt, "unfinished at iter N" or "")."""
     unfinished = unfinished or kept is not None
+    check_run(out_dir)  # not waited for
     above = os.path.dirname(os.path.abspath(out_dir))
     for folder, what in ((out_dir, "is still training"),
                          (above, "is yet to be trained by the process holding the folder above")):
