@@ -200,16 +200,17 @@ RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.
 
 def _owner(path):
     """(kind, folder, name) where path, or what a link there points to, is a run's file (RUN_FILES,
-    a kept checkpoint, its shards) or a dataset's (anything beside a meta.json); else None."""
+    a kept checkpoint, anything in one) or a dataset's (anything under a meta.json's folder)."""
     for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
-        folder, name = os.path.split(where)
-        shards = SHARDS.match(os.path.basename(folder)) or KEPT.match(os.path.basename(folder))
-        run = os.path.dirname(folder) if shards else folder
-        if (shards or name in RUN_FILES or KEPT.match(name)) and \
-                any(os.path.exists(os.path.join(run, n)) for n in RUN_FILES[:3]):
-            return "run", run, os.path.relpath(where, run)
-        if os.path.isfile(os.path.join(folder, "meta.json")):
-            return "dataset", folder, name
+        inner, folder = where, os.path.dirname(where)
+        while folder != inner:  # each folder above, up to the root
+            top = os.path.basename(inner)
+            if (top in RUN_FILES or SHARDS.match(top) or KEPT.match(top)) and \
+                    any(os.path.exists(os.path.join(folder, n)) for n in RUN_FILES[:3]):
+                return "run", folder, os.path.relpath(where, folder)
+            if os.path.isfile(os.path.join(folder, "meta.json")):
+                return "dataset", folder, os.path.relpath(where, folder)
+            inner, folder = folder, os.path.dirname(folder)
     return None
 
 

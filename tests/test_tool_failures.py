@@ -482,12 +482,14 @@ def test_cycle_names_a_file_of_another_kind_in_one_line(which, content, words, t
 @pytest.mark.parametrize("tool", ["probe", "bench", "routing"])
 @pytest.mark.parametrize("target", ["ckpt.pt", "log.jsonl", "a link to ckpt.pt", "the dataset's meta.json",
                                     "the dataset's train.bin", "a shard of a sharded checkpoint",
-                                    "a new file in the dataset's folder"])
+                                    "a new file in the dataset's folder", "a file in a new folder in the dataset's",
+                                    "a shard of a kept sharded checkpoint"])
 def test_an_output_file_is_never_a_file_of_a_run_or_a_dataset(tool, target, tiny_ckpt, data_root, tmp_path, capsys):
     from tools import bench, routing
     (tiny_ckpt / "log.jsonl").write_text('{"iter": 0, "loss": 3.2}\n')
     (tiny_ckpt / "shards-00000004").mkdir()
     (tiny_ckpt / "shards-00000004" / "__0_0.distcp").write_bytes(b"a shard")
+    shutil.copytree(tiny_ckpt / "shards-00000004", tiny_ckpt / "ckpt_4" / "shards-00000004")  # --keep_every's
     (tmp_path / "link.json").symlink_to(tiny_ckpt / "ckpt.pt")
     dataset = os.path.join(data_root, "tiny")
     path, kind, folder, name = {
@@ -499,6 +501,10 @@ def test_an_output_file_is_never_a_file_of_a_run_or_a_dataset(tool, target, tiny
         "a shard of a sharded checkpoint": (tiny_ckpt / "shards-00000004" / "__0_0.distcp", "run", tiny_ckpt,
                                             os.path.join("shards-00000004", "__0_0.distcp")),
         "a new file in the dataset's folder": (os.path.join(dataset, "notes.json"), "dataset", dataset, "notes.json"),
+        "a file in a new folder in the dataset's": (os.path.join(dataset, "sub", "notes.json"), "dataset", dataset,
+                                                    os.path.join("sub", "notes.json")),
+        "a shard of a kept sharded checkpoint": (tiny_ckpt / "ckpt_4" / "shards-00000004" / "__0_0.distcp", "run",
+                                                 tiny_ckpt, os.path.join("ckpt_4", "shards-00000004", "__0_0.distcp")),
     }[target]
     before = snapshot(tiny_ckpt, data_root)
     if tool == "probe":
