@@ -20,6 +20,8 @@ from support import command, files
 from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError, found, latest, load
 from support.memory import GiB, device_memory
 
+UNFINISHED = "use a run still training or stopped early as it is now"  # --unfinished's help
+
 
 # -----------------------------------------------------------------------------
 # A run's checkpoint, as the tools read it

@@ -355,7 +355,7 @@ class RunsConfig:
     data_root: str | None = setting(
         None, "where the checkpoints' dataset is now; None: where each trained", path=True)
     json: str | None = setting(None, "write the numbers here", path=True)
-    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
+    unfinished: bool = setting(False, tool.UNFINISHED)
     seed: int = setting(0, "seed of where the validation windows start, the same for each run")
 
 
