@@ -52,7 +52,7 @@ def check_run(out_dir):
     up, name = os.path.split(os.path.normpath(out_dir))
     if SHARDS.match(name):
         raise CheckpointError(f"{out_dir} is a checkpoint; give its run's folder, {up or '.'}")
-    if os.path.isfile(os.path.join(out_dir, "config.json")):  # export_hf.py's
+    if os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # export_hf.py's
         raise CheckpointError(f"{out_dir} is a Hugging Face export; give it to from_pretrained"
                               f" or to train.py as --init_from=hf:{out_dir}")
 
@@ -202,7 +202,7 @@ RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.
 
 def _owner(path):
     """(kind, folder, name) where path, or what a link there points to, is a run's file (RUN_FILES,
-    a kept checkpoint, anything in one) or a dataset's (anything under a meta.json's folder)."""
+    a kept checkpoint, anything in one) or a dataset's (anything beside a meta.json); else None."""
     for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
         inner, folder = where, os.path.dirname(where)
         while folder != inner:  # each folder above, up to the root
@@ -210,7 +210,7 @@ def _owner(path):
             if (top in RUN_FILES or SHARDS.match(top) or KEPT.match(top)) and \
                     any(os.path.exists(os.path.join(folder, n)) for n in RUN_FILES[:3]):
                 return "run", folder, os.path.relpath(where, folder)
-            if os.path.isfile(os.path.join(folder, "meta.json")):
+            if inner == where and os.path.isfile(os.path.join(folder, "meta.json")):
                 return "dataset", folder, os.path.relpath(where, folder)
             inner, folder = folder, os.path.dirname(folder)
     return None

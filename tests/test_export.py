@@ -301,7 +301,7 @@ def test_unfinished_takes_a_run_stopped_early_too_as_its_help_says():
 
 
 def test_bad_targets_are_one_line_and_write_nothing(runs, tmp_path, capsys):
-    out, root = runs("char", "mesh")
+    out, _ = runs("char", "mesh")
     full, other = tmp_path / "full", tmp_path / "other"
     full.mkdir()
     (full / "notes.txt").write_text("mine")
@@ -323,8 +323,6 @@ def test_bad_targets_are_one_line_and_write_nothing(runs, tmp_path, capsys):
         ([f"--to={os.path.dirname(out)}", "--overwrite=true"], f"--to={os.path.dirname(out)} "
          f"holds the run's folder {out}; give a folder of its own"),
         ([f"--to={full / 'notes.txt'}"], f"--to={full / 'notes.txt'} is a file; give a folder"),
-        ([f"--to={root}/tiny/sub"], f"--to={root}/tiny/sub is a folder of the dataset in "
-         f"{os.path.join(root, 'tiny')}, which no output may write; give another folder"),
         ([], "name the folder to write: --to=DIR"),
         ([f"--out_dir={tmp_path / 'none'}", f"--to={other}"], f"no checkpoint at "
          f"{tmp_path / 'none' / 'ckpt.pt'}; train one with: python train.py "
