@@ -21,7 +21,7 @@ from data.meta import Tokenizer
 from data.trained_on import checkpoint_dataset
 from support import command, files
 from support.device import resolve_device
-from support.tool import check_decode, load_run
+from support.tool import UNFINISHED, check_decode, load_run
 
 PROMPT_BYTES = 1 << 20  # a prompt file's largest size: far more text than any block_size holds
 
@@ -41,7 +41,7 @@ class SampleConfig:
     device: str = setting("auto", "auto: cuda, then mps, then cpu")
     threads: int | None = setting(None, "CPU threads for torch; None: torch's (one per core)")
     compile: bool = setting(False, "torch.compile the forward: pays off for long generations")
-    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
+    unfinished: bool = setting(False, UNFINISHED)
     debug: bool = setting(False, "show Python tracebacks for errors")
 
     def __post_init__(self):  # in range, before anything is read (an inf temperature is uniform)

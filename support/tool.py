@@ -20,6 +20,8 @@ from support import command, files
 from support.checkpoint import CKPT, KEPT, SHARDS, CheckpointError, found, latest, load
 from support.memory import GiB, device_memory
 
+UNFINISHED = "use a run still training or stopped early as it is now"  # --unfinished's help
+
 
 # -----------------------------------------------------------------------------
 # A run's checkpoint, as the tools read it
@@ -28,6 +30,7 @@ def load_latest(out_dir, device, prog, kept=None):
     """OUT_DIR's latest checkpoint, or with kept=ITER its checkpoint of that iteration; a sharded
     one is refused, naming consolidate.py, unless a whole one beside it has trained as far."""
     # kept: ckpt_ITER.pt, ckpt_ITER/ (a run folder), or the one of that iter
+    check_run(out_dir)
     entry = latest(out_dir, iter_num=kept)
     have = sorted({e[0] for e in found(out_dir)}) if kept is not None and entry is None else []
     if have:
@@ -44,6 +47,16 @@ def load_latest(out_dir, device, prog, kept=None):
     return load(out_dir, device, name)
 
 
+def check_run(out_dir):
+    """Refuse a checkpoint or an export given as a run."""
+    up, name = os.path.split(os.path.normpath(out_dir))
+    if SHARDS.match(name):
+        raise CheckpointError(f"{out_dir} is a checkpoint; give its run's folder, {up or '.'}")
+    if os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # export_hf.py's
+        raise CheckpointError(f"{out_dir} is a Hugging Face export; give it to from_pretrained"
+                              f" or to train.py as --init_from=hf:{out_dir}")
+
+
 def load_run(out_dir, device, prog, unfinished=False, kept=None,
              as_is=lambda it: "give --unfinished=true to use it as it is"):
     """load_latest for a tool: unless unfinished, a run a process trains (it holds OUT_DIR's lock)
@@ -51,6 +64,7 @@ def load_run(out_dir, device, prog, unfinished=False, kept=None,
     before its max_iters refused, as_is(its iteration) saying how to take it as it is; kept
     (--ckpt=ITER) is taken as it is. -> (model, ckpt, "unfinished at iter N" or "")."""
     unfinished = unfinished or kept is not None
+    check_run(out_dir)  # not waited for
     above = os.path.dirname(os.path.abspath(out_dir))
     for folder, what in ((out_dir, "is still training"),
                          (above, "is yet to be trained by the process holding the folder above")):
@@ -188,16 +202,17 @@ RUN_FILES = ("ckpt.pt", "ckpt-sharded.json", "log.jsonl", "result.json", "train.
 
 def _owner(path):
     """(kind, folder, name) where path, or what a link there points to, is a run's file (RUN_FILES,
-    a kept checkpoint, its shards) or a dataset's (anything beside a meta.json); else None."""
+    a kept checkpoint, anything in one) or a dataset's (anything beside a meta.json); else None."""
     for where in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
-        folder, name = os.path.split(where)
-        shards = SHARDS.match(os.path.basename(folder)) or KEPT.match(os.path.basename(folder))
-        run = os.path.dirname(folder) if shards else folder
-        if (shards or name in RUN_FILES or KEPT.match(name)) and \
-                any(os.path.exists(os.path.join(run, n)) for n in RUN_FILES[:3]):
-            return "run", run, os.path.relpath(where, run)
-        if os.path.isfile(os.path.join(folder, "meta.json")):
-            return "dataset", folder, name
+        inner, folder = where, os.path.dirname(where)
+        while folder != inner:  # each folder above, up to the root
+            top = os.path.basename(inner)
+            if (top in RUN_FILES or SHARDS.match(top) or KEPT.match(top)) and \
+                    any(os.path.exists(os.path.join(folder, n)) for n in RUN_FILES[:3]):
+                return "run", folder, os.path.relpath(where, folder)
+            if inner == where and os.path.isfile(os.path.join(folder, "meta.json")):
+                return "dataset", folder, os.path.relpath(where, folder)
+            inner, folder = folder, os.path.dirname(folder)
     return None
 
 

@@ -175,7 +175,7 @@ def test_routing_without_matplotlib_writes_the_numbers_and_says_so(runs, tmp_pat
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "routing.py: error: give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)"),
+    ([], "routing.py: error: give a run's folder: --out_dir=OUT_DIR (again to compare several)"),
     (["--text=" + "the king " * 3], "routing.py: error: --text is 27 tokens; give 1 to 16 (the model's block_size)"),
     (["--text=the QUEEN"], "routing.py: error: characters not in the vocabulary: 'E', 'N', 'Q', 'U'"),
     (["--tokens=0"], "routing.py: error: --tokens=0 must be at least 1"),

@@ -8,6 +8,7 @@ with the run's logits, greedy tokens and token ids; a vanilla export read back b
 The GPT-2 cases need tiktoken's vocabulary (TIKTOKEN_CACHE_DIR offline) and are skipped without it;
 transformers, tokenizers and safetensors are optional: what needs one is skipped without it.
 """
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import sys
 import pytest
 import torch
 
+import sample
 from conftest import BPE_CORPUS, HANG, TEXT, run, snapshot, train_bpe
 from data.meta import DataError
 from data.prepare import prepare
@@ -288,6 +290,14 @@ def test_an_export_that_fails_writes_nothing(runs, tmp_path, monkeypatch, capsys
         "export_hf.py: error: the disk is full; check the disk (free space, permissions) and try "
         "again\n")
     assert os.listdir(tmp_path) == []
+
+
+def test_unfinished_takes_a_run_stopped_early_too_as_its_help_says():
+    """--unfinished is what a run stopped before its max_iters needs too, not only one still training:
+    export_hf.py's help says both, in sample.py's words."""
+    helps = [next(f.metadata["help"] for f in dataclasses.fields(cls) if f.name == "unfinished")
+             for cls in (sample.SampleConfig, export_hf.ExportConfig)]
+    assert helps == ["use a run still training or stopped early as it is now"] * 2
 
 
 def test_bad_targets_are_one_line_and_write_nothing(runs, tmp_path, capsys):

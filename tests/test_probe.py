@@ -223,7 +223,7 @@ def test_routing_predicts_after_each_step_what_a_model_stopped_there_predicts(tm
 @pytest.mark.parametrize("args, message", [
     (["--out_dir=nowhere"], "probe.py: error: no checkpoint at nowhere/ckpt.pt; train one with: python train.py --out_dir=nowhere\n"),
     (["--out_dir=x", "--num_samples=0"], "probe.py: error: --num_samples=0 must be at least 1\n"),
-    ([], "probe.py: error: give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)\n"),
+    ([], "probe.py: error: give a run's folder: --out_dir=OUT_DIR (again to compare several)\n"),
     (["--out_dir=x", "--sigma_frac=inf"], "probe.py: error: --sigma_frac=inf must be a positive finite number\n"),
     (["--out_dir=x", "--sigma_frac=1e300"], "probe.py: error: --sigma_frac=1e+300 must be at most 1e6\n"),
     (["--out_dir=x", "--seed=-1"], "probe.py: error: --seed=-1 must be 0 or more\n"),  # numpy takes no other

@@ -93,6 +93,36 @@ def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, cap
     assert captured.err == "" and captured.out.startswith("Then")
 
 
+def test_a_checkpoint_or_an_export_given_as_a_run_names_the_folder_to_give(tiny_ckpt, tmp_path, capsys):
+    """A sharded checkpoint's folder (a kept ckpt_ITER/'s too) or an export_hf.py folder given where a run's
+    folder is expected: every tool that reads a run says what it is and which folder to give, in one line,
+    never to train into it, and writes nothing there (consolidate.py's lock file included)."""
+    from tools import consolidate, export_hf, routing
+    shards = write_shards(tiny_ckpt, 4, saved_at=0.0)
+    kept = tiny_ckpt / "ckpt_8" / "shards-00000008"
+    shutil.copytree(shards, kept)
+    export = tmp_path / "hf"
+    export.mkdir()
+    (export / "model.safetensors").write_bytes(b"")
+    before = snapshot(tmp_path)
+    for folder, words in [
+            (shards, f"a checkpoint; give its run's folder, {tiny_ckpt}"),
+            (kept, f"a checkpoint; give its run's folder, {tiny_ckpt / 'ckpt_8'}"),
+            (export, f"a Hugging Face export; give it to from_pretrained or to train.py as --init_from=hf:{export}")]:
+        for tool, flags in [(sample, []), (probe, []), (routing, ["--text=the"]), (consolidate, []),
+                            (export_hf, [f"--to={tmp_path / 'new'}"])]:
+            prog = tool.__name__.split(".")[-1] + ".py"
+            assert tool.main([f"--out_dir={folder}", *flags]) == 2
+            assert one_line(capsys, prog) == f"{prog}: error: {folder} is {words}\n"
+        with pytest.raises(checkpoint.CheckpointError) as refused:  # lm_eval_mesh.py's reader
+            reading.load_latest(str(folder), "cpu", "lm_eval_mesh.py")
+        assert str(refused.value) == f"{folder} is {words}"
+    assert snapshot(tmp_path) == before
+    assert [p for p in tmp_path.rglob("*") if p.name == plain.LOCK] == []
+    (tiny_ckpt / "config.json").write_text("{}")  # a run folder holding a config file is a run
+    reading.check_run(str(tiny_ckpt))
+
+
 def prompt_files(tmp_path):
     """(--start path, the words of the one-line error) for prompt files that are not plain text."""
     big, binary, folder = tmp_path / "big.txt", tmp_path / "binary.txt", tmp_path / "folder"
@@ -454,12 +484,14 @@ def test_cycle_names_a_file_of_another_kind_in_one_line(which, content, words, t
 @pytest.mark.parametrize("tool", ["probe", "bench", "routing"])
 @pytest.mark.parametrize("target", ["ckpt.pt", "log.jsonl", "a link to ckpt.pt", "the dataset's meta.json",
                                     "the dataset's train.bin", "a shard of a sharded checkpoint",
-                                    "a new file in the dataset's folder"])
+                                    "a new file in the dataset's folder",
+                                    "a shard of a kept sharded checkpoint"])
 def test_an_output_file_is_never_a_file_of_a_run_or_a_dataset(tool, target, tiny_ckpt, data_root, tmp_path, capsys):
     from tools import bench, routing
     (tiny_ckpt / "log.jsonl").write_text('{"iter": 0, "loss": 3.2}\n')
     (tiny_ckpt / "shards-00000004").mkdir()
     (tiny_ckpt / "shards-00000004" / "__0_0.distcp").write_bytes(b"a shard")
+    shutil.copytree(tiny_ckpt / "shards-00000004", tiny_ckpt / "ckpt_4" / "shards-00000004")  # --keep_every's
     (tmp_path / "link.json").symlink_to(tiny_ckpt / "ckpt.pt")
     dataset = os.path.join(data_root, "tiny")
     path, kind, folder, name = {
@@ -471,6 +503,8 @@ def test_an_output_file_is_never_a_file_of_a_run_or_a_dataset(tool, target, tiny
         "a shard of a sharded checkpoint": (tiny_ckpt / "shards-00000004" / "__0_0.distcp", "run", tiny_ckpt,
                                             os.path.join("shards-00000004", "__0_0.distcp")),
         "a new file in the dataset's folder": (os.path.join(dataset, "notes.json"), "dataset", dataset, "notes.json"),
+        "a shard of a kept sharded checkpoint": (tiny_ckpt / "ckpt_4" / "shards-00000004" / "__0_0.distcp", "run",
+                                                 tiny_ckpt, os.path.join("ckpt_4", "shards-00000004", "__0_0.distcp")),
     }[target]
     before = snapshot(tiny_ckpt, data_root)
     if tool == "probe":

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import setting  # noqa: E402
-from support import checkpoint, command, files  # noqa: E402
+from support import checkpoint, command, files, tool  # noqa: E402
 from support.checkpoint import CheckpointError  # noqa: E402
 from support.sharded import read_whole  # noqa: E402
 
@@ -27,6 +27,7 @@ class ConsolidateConfig:
 def consolidate(given):
     """OUT_DIR's latest sharded checkpoint -> OUT_DIR/ckpt.pt, written atomically."""
     out_dir = ConsolidateConfig(**given).out_dir
+    tool.check_run(out_dir)  # before its lock file is made
     if os.path.isdir(out_dir):
         files.own(out_dir, flag="OUT_DIR")
     shards = [entry for entry in checkpoint.found(out_dir) if checkpoint.SHARDS.match(entry[2])]

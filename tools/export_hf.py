@@ -37,7 +37,7 @@ class ExportConfig:
     ckpt: int | None = setting(None, "a kept checkpoint's iteration; None: latest")
     data_root: str | None = setting(None, "its data's folder; None: where it trained",
                                     path=True)
-    unfinished: bool = setting(False, "take a run still training as it is now")
+    unfinished: bool = setting(False, tool.UNFINISHED)
     overwrite: bool = setting(False, "replace the model folder --to holds")
 
 

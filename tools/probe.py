@@ -169,7 +169,7 @@ def each_run(a, one, report, png):
     """one(out_dir, a) for each --out_dir, its report printed; the results, written to --json.
     png: how --png is checked (check_writable's words). Outputs are checked before any run."""
     if not a.out_dir:
-        raise UsageError("give a checkpoint folder: --out_dir=OUT_DIR (again to compare several)")
+        raise UsageError("give a run's folder: --out_dir=OUT_DIR (again to compare several)")
     if a.json:
         tool.check_writable(a.json, "json")
     if a.png:
@@ -349,13 +349,13 @@ def write_pngs(results, folder):
 @dataclass
 class RunsConfig:
     """The settings of a tool that reads checkpoints side by side."""
-    out_dir: list[str] = setting([], "a checkpoint folder (again to compare several)", path=True)
+    out_dir: list[str] = setting([], "a run's folder (again to compare several)", path=True)
     ckpt: int | None = setting(None, "a kept checkpoint's iteration (--keep_every); None: latest")
     device: str = setting("cpu", "cpu, cuda, cuda:N, mps or auto")
     data_root: str | None = setting(
         None, "where the checkpoints' dataset is now; None: where each trained", path=True)
     json: str | None = setting(None, "write the numbers here", path=True)
-    unfinished: bool = setting(False, "use a run still training or stopped early as it is now")
+    unfinished: bool = setting(False, tool.UNFINISHED)
     seed: int = setting(0, "seed of where the validation windows start, the same for each run")
 
 
