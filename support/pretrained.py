@@ -20,7 +20,7 @@ from support.memory import check_fits
 from support.checkpoint import CheckpointError, build
 from support.tool import load_run
 from configurator import UsageError
-from mesh import Config, ConfigError, RecursiveGPT
+from mesh import PRESETS, Config, ConfigError, RecursiveGPT
 
 SHAPE = ("n_embd", "n_head")  # the source's, which flags cannot change
 LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0", "block_size", "dropout")
@@ -194,11 +194,15 @@ def source(init_from, out_dir, given):
         raise UsageError(f"--init_from={init_from} is a {model.config.layout} "
                          f"{model.config.scheme} model, not a vanilla one (a plain layout such "
                          f"as 12, scheme base); loop a vanilla run")
-    wrong = next((k for k in SHAPE if k in given and given[k] != getattr(model.config, k)), None)
-    if wrong:
-        raise UsageError(f"--init_from={init_from} has {wrong}={getattr(model.config, wrong)}, "
-                         f"not --{wrong}={given[wrong]}: the width and heads are the "
-                         f"source's; drop --{wrong}")
+    preset = PRESETS.get(given.get("model"), {})  # --model's width and heads
+    for k in SHAPE:
+        flag, want = (k, given[k]) if k in given else ("model", preset.get(k))
+        have = getattr(model.config, k)
+        if want not in (None, have):
+            said = "" if k in given else f"'s {want}"
+            raise UsageError(f"--init_from={init_from} has {k}={have}, not --{flag}="
+                             f"{given[flag]}{said}: the width and heads are the source's; "
+                             f"drop --{flag}")
     return {"model": model, "data": data, "source": {
         "init_from": f"{kind}:{os.path.abspath(path)}", "model_config": model.config.to_dict(),
         **record}}

@@ -187,6 +187,15 @@ def test_bad_sources_are_one_line_and_touch_nothing(vanilla, data_root, tmp_path
         assert run(flags, data_root, tmp_path / "o") == 2, flags
         assert capsys.readouterr().err == f"train.py: error: {words}\n"
         assert not (tmp_path / "o").exists()
+    # a --model (as config/pythia-*.json give) of another width or heads: its preset's, not given
+    flags = [f for f in TINY if not f.startswith(("--n_embd", "--n_head"))]
+    for shape, words in [([], "n_embd=32, not --model=pythia-14m's 128"),
+                         (["--n_embd=32"], "n_head=2, not --model=pythia-14m's 4")]:
+        assert train.main([*flags, v, "--model=pythia-14m", *shape, f"--data_root={data_root}",
+                           f"--out_dir={tmp_path / 'o'}"]) == 2
+        assert capsys.readouterr().err == (f"train.py: error: {v} has {words}: the width and heads "
+                                           f"are the source's; drop --model\n")
+        assert not (tmp_path / "o").exists()
     assert snapshot(vanilla, looped_run) == before
 
 
