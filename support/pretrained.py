@@ -172,16 +172,23 @@ def load_hf(path, device="cpu"):
     return build({"model_config": cfg.to_dict(), "model": state}, path).to(device)
 
 
-def source(init_from, out_dir, given):
+def where(init_from, out_dir):
     """--init_from=vanilla:OUT_DIR (@ITER: its checkpoint of that iteration, as it is) or hf:PATH
-    -> {"model": the vanilla model, "source": what every checkpoint keeps, "data": its data's};
-    refused where the flags given name another width or heads (SHAPE) than the source's."""
+    -> (init_from, kind, path, ITER or None), refused where it is out_dir; before out_dir's own
+    checks, so that a run there is refused before its source is read (or waited for)."""
     kind, _, path = init_from.partition(":")
     head, _, at = path.rpartition("@")  # vanilla:OUT_DIR@ITER; any other @ is the path's own
     path, at = (head, int(at)) if kind == "vanilla" and head and at.isdecimal() else (path, None)
     if os.path.exists(path) and os.path.exists(out_dir) and os.path.samefile(path, out_dir):
         raise UsageError(f"--out_dir={out_dir} is the source --init_from={init_from}, which a run "
                          f"never writes over; choose another --out_dir")
+    return init_from, kind, path, at
+
+
+def source(found, given):
+    """where()'s source -> {"model": the vanilla model, "source": what every checkpoint keeps,
+    "data": its data's}; refused where the flags given name another width or heads (SHAPE)."""
+    init_from, kind, path, at = found
     if kind == "hf":
         model, record, data = load_hf(path), {}, None
     else:

@@ -233,7 +233,10 @@ def test_a_source_is_never_the_output_and_an_unfinished_one_is_named(vanilla, da
     live = subprocess.Popen([sys.executable, "-c", code, vanilla], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert live.stdout.readline() == "held\n"
     capsys.readouterr()
-    try:
+    try:  # the command again into its own run's folder: refused at once, the source not waited for
+        assert run([v, "--max_iters=0"], data_root, tmp_path / "o") == 2 and live.poll() is None
+        said = capsys.readouterr().err
+        assert said.startswith(f"train.py: error: {tmp_path / 'o'} holds a run's checkpoints")
         assert run([v, "--max_iters=0"], data_root, tmp_path / "after") == 0
         assert live.poll() is not None  # it waited for the run to end
     finally:
