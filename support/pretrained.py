@@ -174,8 +174,8 @@ def load_hf(path, device="cpu"):
 
 def where(init_from, out_dir):
     """--init_from=vanilla:OUT_DIR (@ITER: its checkpoint of that iteration, as it is) or hf:PATH
-    -> (init_from, kind, path, ITER or None), refused where it is out_dir; before out_dir's own
-    checks, so that a run there is refused before its source is read (or waited for)."""
+    -> (init_from, kind, path, ITER or None), not out_dir; checked before out_dir (resolve), so
+    that a run there is refused before the source is read or waited for."""
     kind, _, path = init_from.partition(":")
     head, _, at = path.rpartition("@")  # vanilla:OUT_DIR@ITER; any other @ is the path's own
     path, at = (head, int(at)) if kind == "vanilla" and head and at.isdecimal() else (path, None)
@@ -186,8 +186,8 @@ def where(init_from, out_dir):
 
 
 def source(found, given):
-    """where()'s source -> {"model": the vanilla model, "source": what every checkpoint keeps,
-    "data": its data's}; refused where the flags given name another width or heads (SHAPE)."""
+    """where()'s -> {"model": the vanilla model, "source": what checkpoints keep, "data": its
+    data's}; refused where the flags name another width or heads (SHAPE)."""
     init_from, kind, path, at = found
     if kind == "hf":
         model, record, data = load_hf(path), {}, None

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, closest, report  # noqa: E402
 from data.meta import Tokenizer  # noqa: E402
 from data.trained_on import checkpoint_dataset  # noqa: E402
-from support import command, tool  # noqa: E402
+from support import command, files, tool  # noqa: E402
 from support.device import resolve_device  # noqa: E402
 from support.pretrained import load_hf  # noqa: E402
 
@@ -77,6 +77,10 @@ class MeshLM(TemplateLM):
                 raise UsageError(f"{name}={value!r}: expected a whole number of at least 1")
         if pretrained:
             model, self.tokenizer = load_hf(pretrained, device), Tokenizer("bpe", path=pretrained)
+            # a char run's export: the run's tokenizer, exactly
+            own = files.read_json(f"{pretrained}/config.json").get("nanomesh_tokenizer")
+            if str(own).startswith('{"chars": '):
+                self.tokenizer = Tokenizer.from_meta(files.parse_json(own))
         else:
             model, ckpt = tool.load_latest(out_dir, device, "lm_eval_mesh.py")
             dataset = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
