@@ -243,3 +243,24 @@ def test_a_source_is_never_the_output_and_an_unfinished_one_is_named(vanilla, da
         live.wait()
     assert capsys.readouterr().err == (f"train.py: {vanilla} is still training; waiting for it (or loop it as "
                                        f"is: {v}@ITER now)\n")
+
+
+def test_the_source_model_is_not_held_while_uptraining(vanilla, data_root, tmp_path, monkeypatch):
+    """The vanilla model a run loops is freed once looped, not held while it trains (at Pythia's
+    sizes, gigabytes a process)."""
+    import gc
+    import weakref
+    sources, alive, loop, evaluate = [], [], pretrained.loop, train.evaluate
+
+    def looping(start, *args):
+        sources.append(weakref.ref(start["model"]))
+        return loop(start, *args)
+
+    def evaluating(*args):
+        gc.collect()
+        alive.append(sources[0]() is not None)
+        return evaluate(*args)
+    monkeypatch.setattr(pretrained, "loop", looping)
+    monkeypatch.setattr(train, "evaluate", evaluating)
+    assert run([f"--init_from=vanilla:{vanilla}", "--max_iters=0"], data_root, tmp_path / "o") == 0
+    assert alive == [False]
