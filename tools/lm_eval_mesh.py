@@ -80,8 +80,9 @@ class MeshLM(TemplateLM):
         if pretrained:
             model, self.tokenizer = load_hf(pretrained, device), Tokenizer("bpe", path=pretrained)
             # a char run's export: the run's tokenizer, exactly
-            own = files.read_json(f"{pretrained}/config.json").get("nanomesh_tokenizer")
-            if str(own).startswith('{"chars": '):
+            config = files.read_json(os.path.join(pretrained, "config.json"))
+            own = str(config.get("nanomesh_tokenizer"))
+            if own.startswith('{"chars": '):
                 self.tokenizer = Tokenizer.from_meta(files.parse_json(own))
         else:
             model, ckpt = tool.load_latest(out_dir or "out", device, "lm_eval_mesh.py")
