@@ -210,7 +210,7 @@ def train(given):
         model = ckpt["model"] if resumed else pretrained.loop(ckpt, tc, data)
         check_run(model.config, tc, device, world)
     data.check_fits(model.config)
-    source = (ckpt or {}).get("source")  # the pretrained model the run started from, if any
+    source, ckpt = (ckpt or {}).get("source"), None  # its record; the source's model freed
     # the schedule's settings left unset (Appendix B), derived here: the checkpoint keeps them so
     lr = tc.lr or PRESETS[tc.model]["lr"]
     min_lr = 0.1 * lr if tc.min_lr is None else tc.min_lr

@@ -20,7 +20,7 @@ from support.memory import check_fits
 from support.checkpoint import CheckpointError, build
 from support.tool import load_run
 from configurator import UsageError
-from mesh import Config, ConfigError, RecursiveGPT
+from mesh import PRESETS, Config, ConfigError, RecursiveGPT
 
 SHAPE = ("n_embd", "n_head")  # the source's, which flags cannot change
 LOOPED = ("layout", "scheme", "n_slots", "cycle", "router_init", "slot0", "block_size", "dropout")
@@ -172,16 +172,23 @@ def load_hf(path, device="cpu"):
     return build({"model_config": cfg.to_dict(), "model": state}, path).to(device)
 
 
-def source(init_from, out_dir, given):
+def where(init_from, out_dir):
     """--init_from=vanilla:OUT_DIR (@ITER: its checkpoint of that iteration, as it is) or hf:PATH
-    -> {"model": the vanilla model, "source": what every checkpoint keeps, "data": its data's};
-    refused where the flags given name another width or heads (SHAPE) than the source's."""
+    -> (init_from, kind, path, ITER or None), not out_dir; checked before out_dir (resolve), so
+    that a run there is refused before the source is read or waited for."""
     kind, _, path = init_from.partition(":")
     head, _, at = path.rpartition("@")  # vanilla:OUT_DIR@ITER; any other @ is the path's own
     path, at = (head, int(at)) if kind == "vanilla" and head and at.isdecimal() else (path, None)
     if os.path.exists(path) and os.path.exists(out_dir) and os.path.samefile(path, out_dir):
         raise UsageError(f"--out_dir={out_dir} is the source --init_from={init_from}, which a run "
                          f"never writes over; choose another --out_dir")
+    return init_from, kind, path, at
+
+
+def source(found, given):
+    """where()'s -> {"model": the vanilla model, "source": what checkpoints keep, "data": its
+    data's}; refused where the flags name another width or heads (SHAPE)."""
+    init_from, kind, path, at = found
     if kind == "hf":
         model, record, data = load_hf(path), {}, None
     else:
@@ -194,11 +201,15 @@ def source(init_from, out_dir, given):
         raise UsageError(f"--init_from={init_from} is a {model.config.layout} "
                          f"{model.config.scheme} model, not a vanilla one (a plain layout such "
                          f"as 12, scheme base); loop a vanilla run")
-    wrong = next((k for k in SHAPE if k in given and given[k] != getattr(model.config, k)), None)
-    if wrong:
-        raise UsageError(f"--init_from={init_from} has {wrong}={getattr(model.config, wrong)}, "
-                         f"not --{wrong}={given[wrong]}: the width and heads are the "
-                         f"source's; drop --{wrong}")
+    preset = PRESETS.get(given.get("model"), {})  # --model's width and heads
+    for k in SHAPE:
+        flag, want = (k, given[k]) if k in given else ("model", preset.get(k))
+        have = getattr(model.config, k)
+        if want not in (None, have):
+            said = "" if k in given else f"'s {want}"
+            raise UsageError(f"--init_from={init_from} has {k}={have}, not --{flag}="
+                             f"{given[flag]}{said}: the width and heads are the source's; "
+                             f"drop --{flag}")
     return {"model": model, "data": data, "source": {
         "init_from": f"{kind}:{os.path.abspath(path)}", "model_config": model.config.to_dict(),
         **record}}

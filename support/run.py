@@ -58,13 +58,13 @@ def resolve(cls, given):
         tc = settings(cls, ckpt, {**given, "init_from": "resume"}, world, out_dir)
         check_resumable(ckpt, tc, given)
         return tc, ckpt
-    tc, source = settings(cls, None, given, world, out_dir), None
+    tc, found = settings(cls, None, given, world, out_dir), None
     if tc.init_from != "scratch":  # vanilla:OUT_DIR or hf:PATH, never the run's own folder
         from support import pretrained
-        source = pretrained.source(tc.init_from, out_dir, given)
+        found = pretrained.where(tc.init_from, out_dir)  # read once out_dir is checked
     if rank == 0:
         check_fresh(out_dir, tc.overwrite)
-    return tc, source
+    return tc, found and pretrained.source(found, given)
 
 
 def settings(cls, ckpt, given, world, out_dir):

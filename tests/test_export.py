@@ -218,6 +218,24 @@ def test_export_weights_are_the_runs(runs, exports):
 
 
 @pytest.mark.slow
+def test_lm_eval_scores_a_character_export_as_its_run(runs, exports):
+    """lm_eval_mesh.py's pretrained= of a character run's export reads with the run's tokenizer:
+    the run's log-likelihoods, an empty context on a new line, a character it lacks refused (its
+    tokenizer.json would drop it, scoring an empty continuation 0)."""
+    need("lm_eval")
+    from lm_eval.api.instance import Instance
+    from tools import lm_eval_mesh
+    out, _ = runs("char", "vanilla")
+    run_lm = lm_eval_mesh.MeshLM(out_dir=out)
+    export_lm = lm_eval_mesh.MeshLM(pretrained=exports("char", "vanilla"))
+    asks = [Instance("loglikelihood", {}, pair, 0) for pair in [("", "Then"), ("So the", " king")]]
+    want = [ll for ll, _ in run_lm.loglikelihood(asks)]
+    assert [ll for ll, _ in export_lm.loglikelihood(asks)] == pytest.approx(want, abs=1e-4)
+    with pytest.raises(DataError, match="characters not in the vocabulary: '@'"):
+        export_lm.loglikelihood([Instance("loglikelihood", {}, ("So the", "@"), 0)])
+
+
+@pytest.mark.slow
 def test_a_bpe_datasets_tokenizer_json_goes_as_it_is(tmp_path):
     need("safetensors")
     train_bpe(tmp_path / "tokenizer.json")

@@ -376,6 +376,7 @@ def test_cli_task_data_offline_is_one_line(mesh_lm):
     (dict(max_gen_toks="x"), "max_gen_toks='x': expected a whole number of at least 1"),
     (dict(batch_size="0"), "--batch_size='0': expected a whole number of at least 1"),
     (dict(dtype="float64"), "dtype='float64': expected float32, bfloat16 or float16"),
+    (dict(pretrained="hf"), "give out_dir or pretrained, not both"),  # two models: neither is read
 ])
 def test_bad_model_args_are_the_projects_errors(mesh_lm, args, words):
     """A model_args key or value the mesh model cannot take is a UsageError (one line from the

@@ -187,6 +187,15 @@ def test_bad_sources_are_one_line_and_touch_nothing(vanilla, data_root, tmp_path
         assert run(flags, data_root, tmp_path / "o") == 2, flags
         assert capsys.readouterr().err == f"train.py: error: {words}\n"
         assert not (tmp_path / "o").exists()
+    # a --model (as config/pythia-*.json give) of another width or heads: its preset's, not given
+    flags = [f for f in TINY if not f.startswith(("--n_embd", "--n_head"))]
+    for shape, words in [([], "n_embd=32, not --model=pythia-14m's 128"),
+                         (["--n_embd=32"], "n_head=2, not --model=pythia-14m's 4")]:
+        assert train.main([*flags, v, "--model=pythia-14m", *shape, f"--data_root={data_root}",
+                           f"--out_dir={tmp_path / 'o'}"]) == 2
+        assert capsys.readouterr().err == (f"train.py: error: {v} has {words}: the width and heads "
+                                           f"are the source's; drop --model\n")
+        assert not (tmp_path / "o").exists()
     assert snapshot(vanilla, looped_run) == before
 
 
@@ -224,10 +233,34 @@ def test_a_source_is_never_the_output_and_an_unfinished_one_is_named(vanilla, da
     live = subprocess.Popen([sys.executable, "-c", code, vanilla], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert live.stdout.readline() == "held\n"
     capsys.readouterr()
-    try:
+    try:  # the command again into its own run's folder: refused at once, the source not waited for
+        assert run([v, "--max_iters=0"], data_root, tmp_path / "o") == 2 and live.poll() is None
+        said = capsys.readouterr().err
+        assert said.startswith(f"train.py: error: {tmp_path / 'o'} holds a run's checkpoints")
         assert run([v, "--max_iters=0"], data_root, tmp_path / "after") == 0
         assert live.poll() is not None  # it waited for the run to end
     finally:
         live.wait()
     assert capsys.readouterr().err == (f"train.py: {vanilla} is still training; waiting for it (or loop it as "
                                        f"is: {v}@ITER now)\n")
+
+
+def test_the_source_model_is_not_held_while_uptraining(vanilla, data_root, tmp_path, monkeypatch):
+    """The vanilla model a run loops is freed once looped, not held while it trains (at Pythia's
+    sizes, gigabytes a process)."""
+    import gc
+    import weakref
+    sources, alive, loop, evaluate = [], [], pretrained.loop, train.evaluate
+
+    def looping(start, *args):
+        sources.append(weakref.ref(start["model"]))
+        return loop(start, *args)
+
+    def evaluating(*args):
+        gc.collect()
+        alive.append(sources[0]() is not None)
+        return evaluate(*args)
+    monkeypatch.setattr(pretrained, "loop", looping)
+    monkeypatch.setattr(train, "evaluate", evaluating)
+    assert run([f"--init_from=vanilla:{vanilla}", "--max_iters=0"], data_root, tmp_path / "o") == 0
+    assert alive == [False]

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, closest, report  # noqa: E402
 from data.meta import Tokenizer  # noqa: E402
 from data.trained_on import checkpoint_dataset  # noqa: E402
-from support import command, tool  # noqa: E402
+from support import command, files, tool  # noqa: E402
 from support.device import resolve_device  # noqa: E402
 from support.pretrained import load_hf  # noqa: E402
 
@@ -57,7 +57,7 @@ def bad_input(check):
 class MeshLM(TemplateLM):
     """An lm_eval LM over a RecursiveGPT; TemplateLM makes (context, continuation) tokens."""
 
-    def __init__(self, out_dir="out", device=None, batch_size=1, max_batch_size=None,
+    def __init__(self, out_dir=None, device=None, batch_size=1, max_batch_size=None,
                  dtype="float32", max_gen_toks=256, pretrained=None, **unknown):
         # max_batch_size: lm_eval's, for automatic batch sizes; unused
         super().__init__()
@@ -75,10 +75,17 @@ class MeshLM(TemplateLM):
         for name, value in (("--batch_size", batch_size), ("max_gen_toks", max_gen_toks)):
             if not str(value).isdigit() or int(value) < 1:
                 raise UsageError(f"{name}={value!r}: expected a whole number of at least 1")
+        if pretrained and out_dir:
+            raise UsageError("give out_dir or pretrained, not both")
         if pretrained:
             model, self.tokenizer = load_hf(pretrained, device), Tokenizer("bpe", path=pretrained)
+            # a char run's export: the run's tokenizer, exactly
+            config = files.read_json(os.path.join(pretrained, "config.json"))
+            own = str(config.get("nanomesh_tokenizer"))
+            if own.startswith('{"chars": '):
+                self.tokenizer = Tokenizer.from_meta(files.parse_json(own))
         else:
-            model, ckpt = tool.load_latest(out_dir, device, "lm_eval_mesh.py")
+            model, ckpt = tool.load_latest(out_dir or "out", device, "lm_eval_mesh.py")
             dataset = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
             self.tokenizer = Tokenizer.load(dataset)
         self.model = model.to(getattr(torch, dtype)).eval()
