@@ -44,12 +44,12 @@ def resolve(cls, given):
     real = os.path.realpath(tc.out_dir)  # a link re-pointed later moves nothing of this run
     out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
     rank, world, restarted = 0, 1, False
-    if os.environ.get("RANK", "-1") != "-1":  # launched by torchrun: its processes join first
+    if os.environ.get("RANK", "-1") != "-1":  # torchrun's: its processes join first
         from support import torchrun
         rank, world = torchrun.join(tc.dist_timeout)
         torchrun.one_folder(out_dir)
-        restarted = torchrun.restarted(out_dir)
-    if resume or restarted:  # its checkpoint read and checked by support/resume.py, only then
+        restarted = distributed.from_rank0(lambda: torchrun.restarted(out_dir))
+    if resume or restarted:  # read and checked by support/resume.py, only then
         from support.resume import check_resumable, resume_from
         given = {k: v for k, v in given.items() if k != "overwrite"}
         if rank == 0 and os.path.isdir(out_dir):
