@@ -76,7 +76,8 @@ def settings(cls, ckpt, given, world, out_dir):
         from support.resume import saved_settings
         saved = saved_settings(cls, ckpt, lambda key: key not in NOT_KEPT and key not in given)
     merged = {**saved, **given, "out_dir": out_dir}
-    merged["grad_accum"] = merged.get("grad_accum") or world
+    if merged.get("grad_accum") is None:  # (0 is refused, as given)
+        merged["grad_accum"] = world
     try:
         tc = cls(**merged)
     except UsageError as e:
