@@ -172,7 +172,8 @@ def check_fresh(out_dir, overwrite, note=False):
         files.own(out_dir)
         check_log(out_dir)
     names = ", ".join(n for n in checkpoint.listing(out_dir) if n in (CKPT, checkpoint.POINTER)
-                      or SHARDS.match(n) or KEPT.match(n))
+                      or KEPT.match(n) or SHARDS.match(n) and os.path.isfile(
+                          os.path.join(out_dir, n, ".metadata")))
     if names and not overwrite:
         try:  # (a damaged one is said so by a resume: a new run may replace it)
             at, _, latest, _ = checkpoint.latest(out_dir)
@@ -250,7 +251,7 @@ class RunLog:
         self.path, self.on_commit = os.path.join(out_dir, LOG), on_commit
         self.pending = (files.temporary_name(self.path) if fresh and os.path.exists(self.path)
                         else None)
-        if resumed_at is not None and os.path.exists(self.path):  # (tool.py reads it back)
+        if resumed_at is not None and os.path.exists(self.path):
             from support.tool import read_log
             kept = read_log(self.path, resumed_at)
             files.atomic_write(self.path, lambda f: f.write(kept))
