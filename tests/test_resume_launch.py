@@ -329,6 +329,19 @@ def test_a_torchrun_restart_of_another_launch_starts_as_asked(finished, data_roo
     assert not torchrun.restarted(str(out))
 
 
+def test_a_resumes_notes_are_printed_once_under_torchrun(finished, tmp_path):
+    """A torchrun job's resume says once, not once a process, that it takes a kept checkpoint and that the run
+    is at --max_iters already."""
+    out = shutil.copytree(finished, tmp_path / "run")
+    os.rename(out / "ckpt.pt", out / "ckpt_2.pt")
+    p = subprocess.run(torchrun(os.path.join(ROOT, "train.py"), "--init_from=resume", f"--out_dir={out}",
+                                "--max_iters=2", "--grad_accum=2"), cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count(f"note: resuming from {out / 'ckpt_2.pt'} (iter 2), the run's latest checkpoint\n") == 1
+    assert p.stdout.count("is at iter 2, already --max_iters=2: nothing to do") == 1, p.stdout
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")
 def test_a_frozen_peer_is_named_after_dist_timeout(data_root, tmp_path):
     """Two gloo processes under torchrun, rank 1 frozen by SIGSTOP: rank 0 stops after --dist_timeout=5 with one
