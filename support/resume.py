@@ -34,8 +34,9 @@ def resume_from(out_dir, sharded):
                          f"start with --init_from=scratch or point --out_dir at a run")
     name, path = entry[2], os.path.join(out_dir, entry[2])
     if KEPT.match(name):  # ckpt.pt is gone: the latest is a kept one
-        print(f"note: resuming from {path} (iter {entry[0]}), the run's latest checkpoint",
-              flush=True)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"note: resuming from {path} (iter {entry[0]}), the run's latest "
+                  f"checkpoint", flush=True)
         if os.path.isdir(path):  # a sharded one's run folder
             return resume_from(path, sharded)
     if not SHARDS.match(name):
@@ -124,10 +125,11 @@ def finished(ckpt, tc):
     """Whether the run in ckpt is at --max_iters already, which it then says."""
     if ckpt["iter_num"] < tc.max_iters:
         return False
-    print(f"{ckpt['path']} is at iter {ckpt['iter_num']}, already --max_iters={tc.max_iters}: "
-          f"nothing to do (raise --max_iters to train further: the cosine stretches to it, "
-          f"unless the run was given --lr_decay_iters, past which the learning rate stays at "
-          f"min_lr)")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{ckpt['path']} is at iter {ckpt['iter_num']}, already --max_iters="
+              f"{tc.max_iters}: nothing to do (raise --max_iters to train further: the cosine "
+              f"stretches to it, unless the run was given --lr_decay_iters, past which the "
+              f"learning rate stays at min_lr)")
     return True
 
 

@@ -44,12 +44,12 @@ def resolve(cls, given):
     real = os.path.realpath(tc.out_dir)  # a link re-pointed later moves nothing of this run
     out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
     rank, world, restarted = 0, 1, False
-    if os.environ.get("RANK", "-1") != "-1":  # launched by torchrun: its processes join first
+    if os.environ.get("RANK", "-1") != "-1":  # torchrun's: its processes join first
         from support import torchrun
         rank, world = torchrun.join(tc.dist_timeout)
         torchrun.one_folder(out_dir)
-        restarted = torchrun.restarted(out_dir)
-    if resume or restarted:  # its checkpoint read and checked by support/resume.py, only then
+        restarted = distributed.from_rank0(lambda: torchrun.restarted(out_dir))
+    if resume or restarted:  # read and checked by support/resume.py, only then
         from support.resume import check_resumable, resume_from
         given = {k: v for k, v in given.items() if k != "overwrite"}
         if rank == 0 and os.path.isdir(out_dir):
@@ -76,7 +76,8 @@ def settings(cls, ckpt, given, world, out_dir):
         from support.resume import saved_settings
         saved = saved_settings(cls, ckpt, lambda key: key not in NOT_KEPT and key not in given)
     merged = {**saved, **given, "out_dir": out_dir}
-    merged["grad_accum"] = merged.get("grad_accum") or world
+    if merged.get("grad_accum") is None:  # (0 is refused, as given)
+        merged["grad_accum"] = world
     try:
         tc = cls(**merged)
     except UsageError as e:
@@ -171,7 +172,8 @@ def check_fresh(out_dir, overwrite, note=False):
         files.own(out_dir)
         check_log(out_dir)
     names = ", ".join(n for n in checkpoint.listing(out_dir) if n in (CKPT, checkpoint.POINTER)
-                      or SHARDS.match(n) or KEPT.match(n))
+                      or KEPT.match(n) or SHARDS.match(n) and os.path.isfile(
+                          os.path.join(out_dir, n, ".metadata")))
     if names and not overwrite:
         try:  # (a damaged one is said so by a resume: a new run may replace it)
             at, _, latest, _ = checkpoint.latest(out_dir)
@@ -249,7 +251,7 @@ class RunLog:
         self.path, self.on_commit = os.path.join(out_dir, LOG), on_commit
         self.pending = (files.temporary_name(self.path) if fresh and os.path.exists(self.path)
                         else None)
-        if resumed_at is not None and os.path.exists(self.path):  # (tool.py reads it back)
+        if resumed_at is not None and os.path.exists(self.path):
             from support.tool import read_log
             kept = read_log(self.path, resumed_at)
             files.atomic_write(self.path, lambda f: f.write(kept))

@@ -124,6 +124,18 @@ def test_nan_and_missing_or_corrupt_shards_are_one_line_and_unfinished_writes_ar
     assert listed(out) == ["log.jsonl", "shards-00000002"]
 
 
+def test_a_first_save_killed_midway_is_no_run_to_continue(data_root, tmp_path, capsys):
+    """A new run killed (or its disk full) while it wrote its first sharded checkpoint leaves shards-00000000
+    without DCP's .metadata: no checkpoint to resume from, so the same command again is not refused as a run
+    to continue with --init_from=resume (which would find none); it starts, removing the leftover."""
+    out = tmp_path / "run"
+    (out / "shards-00000000").mkdir(parents=True)
+    (out / "shards-00000000" / "state.json").write_text("{}")
+    (out / "shards-00000000" / "__0_0.distcp").write_bytes(b"half")
+    assert run(["--max_iters=2", "--eval_interval=2"], data_root, out) == 0
+    assert listed(out) == ["ckpt.pt", "log.jsonl"]
+
+
 def test_fsdp_needs_torchrun(data_root, tmp_path, capsys):
     assert run(["--fsdp=true"], data_root, tmp_path / "out") == 2
     assert "--fsdp=true shards over processes started by torchrun" in capsys.readouterr().err

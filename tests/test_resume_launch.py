@@ -329,6 +329,19 @@ def test_a_torchrun_restart_of_another_launch_starts_as_asked(finished, data_roo
     assert not torchrun.restarted(str(out))
 
 
+def test_a_resumes_notes_are_printed_once_under_torchrun(finished, tmp_path):
+    """A torchrun job's resume says once, not once a process, that it takes a kept checkpoint and that the run
+    is at --max_iters already."""
+    out = shutil.copytree(finished, tmp_path / "run")
+    os.rename(out / "ckpt.pt", out / "ckpt_2.pt")
+    p = subprocess.run(torchrun(os.path.join(ROOT, "train.py"), "--init_from=resume", f"--out_dir={out}",
+                                "--max_iters=2", "--grad_accum=2"), cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count(f"note: resuming from {out / 'ckpt_2.pt'} (iter 2), the run's latest checkpoint\n") == 1
+    assert p.stdout.count("is at iter 2, already --max_iters=2: nothing to do") == 1, p.stdout
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")
 def test_a_frozen_peer_is_named_after_dist_timeout(data_root, tmp_path):
     """Two gloo processes under torchrun, rank 1 frozen by SIGSTOP: rank 0 stops after --dist_timeout=5 with one
@@ -546,20 +559,25 @@ def test_no_message_advises_deleting_a_checkpoint():
 # -----------------------------------------------------------------------------
 # Several nodes: one out_dir that every node sees, or every node stops with one line
 
-def two_nodes(folders, *flags):
+def two_nodes(folders, *flags, kill_at=None):
     """Two torchrun 'nodes' of one process each on this machine (static rendezvous on a free port), each started
-    in its own folder with the same flags: their (exit code, output) pairs."""
+    in its own folder with the same flags: their (exit code, output) pairs. kill_at: node 1's worker is killed
+    once node 0 prints that line, and each node may restart once (--max-restarts=1)."""
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                                f"--node_rank={rank}", "--master_addr=127.0.0.1", f"--master_port={port}",
-                               os.path.join(ROOT, "train.py"), *flags], cwd=folder, stdout=subprocess.PIPE,
+                               f"--max-restarts={int(kill_at is not None)}", os.path.join(ROOT, "train.py"), *flags], cwd=folder, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                               start_new_session=True) for rank, folder in enumerate(folders)]
+    seen = []
     try:
-        return [(p.wait(timeout=600), p.stdout.read()) for p in nodes]
+        if kill_at:
+            lines_until(nodes[0], kill_at, seen)
+            os.kill(worker(nodes[1].pid, 0), signal.SIGKILL)
+        return [(p.wait(timeout=600), "".join(seen) * (not i) + p.stdout.read()) for i, p in enumerate(nodes)]
     finally:
         for p in nodes:
             if p.poll() is None:
@@ -586,3 +604,17 @@ def test_two_nodes_without_one_shared_out_dir_both_stop_in_one_line(finished, da
     results = two_nodes([nodes[0], nodes[0]], *flags[:-2], "--max_iters=4", "--dist_timeout=60")
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     assert iter_of(nodes[0] / "run") == 4 and records(nodes[0] / "run", "val_loss") == [0, 2, 4]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker through /proc")
+def test_a_torchrun_restart_on_two_nodes_continues_the_run_on_both(data_root, tmp_path):
+    """Two nodes' torchruns (static rendezvous: run id "none", so each node's launch id is its own machine:pid),
+    node 1's worker killed at iter 15 (checkpoint at 10): rank 0 alone finding its launch's checkpoint must not
+    resume while rank 1 starts afresh (they would wait on each other); both continue from iter 10."""
+    flags = [*TINY, f"--data_root={data_root}", "--out_dir=run", "--grad_accum=2", "--max_iters=30",
+             "--eval_interval=10", "--dist_timeout=30"]
+    results = two_nodes([tmp_path, tmp_path], *flags, kill_at="iter 15:")
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    assert "torchrun restart 1 of this launch: continuing its run in run from its last checkpoint" in results[0][1]
+    assert records(tmp_path / "run", "loss") == list(range(1, 31))
+    assert records(tmp_path / "run", "val_loss") == [0, 10, 20, 30]

@@ -325,6 +325,18 @@ def test_grad_accum_must_divide_world_size(data_root, tmp_path, capsys, monkeypa
     assert "--grad_accum=3 does not divide by the world size 2" in capsys.readouterr().err
 
 
+def test_a_resume_refuses_grad_accum_0_as_a_new_run_does(data_root, tmp_path, capsys):
+    """--grad_accum=0 on a resume is out of range, as on a new run: never read as "not given" (one micro-batch
+    a process), which trained on with a batch other than the run's, silently."""
+    out = tmp_path / "run"
+    assert run(["--max_iters=2", "--eval_interval=2", "--grad_accum=2"], data_root, out) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--grad_accum=0"]) == 2
+    assert capsys.readouterr().err == "train.py: error: --grad_accum=0 must be at least 1\n"
+    assert snapshot(out) == before
+
+
 def test_existing_run_is_protected_and_resume_conflicts_are_listed(data_root, tmp_path, capsys):
     out = tmp_path / "run"
     assert run(["--max_iters=2", "--eval_interval=2"], data_root, out) == 0
