@@ -80,7 +80,7 @@ class Sharded:
             full = files.why_write_failed(e, out_dir)
             raise CheckpointError(f"writing the sharded checkpoint {path} failed ("
                                   f"{full if 'disk is full' in full else checkpoint.cause(e)}); "
-                                  f"the last whole one is as it was") from None
+                                  f"the last whole one, if any, is as it was") from None
         if master:  # only now that the new one is whole (and the pointer earlier code wrote)
             for other in checkpoint.listing(out_dir):
                 if SHARDS.match(other) and other != name or other == checkpoint.POINTER:
