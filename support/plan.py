@@ -32,6 +32,9 @@ def plan(tc, cfg):
         raise UsageError(f"--gpu={tc.gpu} is not one of {', '.join(GPUS)}; name one, or give "
                          f"--gpu_memory=GIB and --gpu_tflops=TFLOPS")
     n = tc.plan_gpus or int(os.environ.get("WORLD_SIZE", 8))
+    if tc.grad_accum and tc.grad_accum % n:  # as train.py refuses it on n processes
+        raise UsageError(f"--grad_accum={tc.grad_accum} does not divide by the {n} GPU(s) "
+                         f"planned for; use a multiple of {n}, or another --plan_gpus")
     gib, peak = GPUS.get(tc.gpu, (0, 0))
     gib, peak = tc.gpu_memory or gib, 1e12 * tc.gpu_tflops if tc.gpu_tflops else peak
     a = 4 if tc.dtype == "float32" else 2  # auto means bf16 autocast on the GPUs planned for
