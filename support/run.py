@@ -37,6 +37,8 @@ def resolve(cls, given):
     the pretrained source to loop, or None)."""
     resume = given.get("init_from") == "resume"  # its settings wait for its checkpoint
     tc = cls(**{k: v for k, v in given.items() if k in LAUNCH or not resume})
+    from support.tool import check_run_folder  # a checkpoint's or an export's: never trained in
+    check_run_folder(tc.out_dir)
     if tc.plan:  # nothing is joined or written; a resume's settings and model, its checkpoint's
         from support.resume import resume_from
         ckpt = resume_from(tc.out_dir, True) if resume else None

@@ -1,7 +1,7 @@
 """
 What sample.py and every tool share around a trained run: its checkpoint and its log read back, a
 decode that fits in memory, outputs that never land on a run's or a dataset's files, and signals
-held while a tool writes. train.py needs none of it, but for a resume's log (read_log).
+held while a tool writes. train.py needs only a resume's log (read_log) and check_run_folder.
 
     model, ckpt, note = tool.load_run("out", "cpu", "sample.py")  # note: "unfinished at iter N"
     records = tool.log_records("out/log.jsonl")  # its whole records, a damaged line left out
@@ -30,7 +30,7 @@ def load_latest(out_dir, device, prog, kept=None):
     """OUT_DIR's latest checkpoint, or with kept=ITER its checkpoint of that iteration; a sharded
     one is refused, naming consolidate.py, unless a whole one beside it has trained as far."""
     # kept: ckpt_ITER.pt, ckpt_ITER/ (a run folder), or the one of that iter
-    check_run(out_dir)
+    check_run_folder(out_dir)
     entry = latest(out_dir, iter_num=kept)
     have = sorted({e[0] for e in found(out_dir)}) if kept is not None and entry is None else []
     if have:
@@ -47,7 +47,7 @@ def load_latest(out_dir, device, prog, kept=None):
     return load(out_dir, device, name)
 
 
-def check_run(out_dir):
+def check_run_folder(out_dir):
     """Refuse a checkpoint or an export given as a run."""
     up, name = os.path.split(os.path.normpath(out_dir))
     if SHARDS.match(name):
@@ -64,7 +64,7 @@ def load_run(out_dir, device, prog, unfinished=False, kept=None,
     before its max_iters refused, as_is(its iteration) saying how to take it as it is; kept
     (--ckpt=ITER) is taken as it is. -> (model, ckpt, "unfinished at iter N" or "")."""
     unfinished = unfinished or kept is not None
-    check_run(out_dir)  # not waited for
+    check_run_folder(out_dir)  # not waited for
     above = os.path.dirname(os.path.abspath(out_dir))
     for folder, what in ((out_dir, "is still training"),
                          (above, "is yet to be trained by the process holding the folder above")):

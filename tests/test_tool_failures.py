@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import sample
+import train
 from conftest import ENOSPC, EPIPE, HANG, ROOT, TEXT, copy_with_a_bug, listed, snapshot, stdout_note
 from data.prepare import prepare
 from data.meta import Tokenizer
@@ -110,7 +111,8 @@ def test_a_checkpoint_or_an_export_given_as_a_run_names_the_folder_to_give(tiny_
             (kept, f"a checkpoint; give its run's folder, {tiny_ckpt / 'ckpt_8'}"),
             (export, f"a Hugging Face export; give it to from_pretrained or to train.py as --init_from=hf:{export}")]:
         for tool, flags in [(sample, []), (probe, []), (routing, ["--text=the"]), (consolidate, []),
-                            (export_hf, [f"--to={tmp_path / 'new'}"])]:
+                            (export_hf, [f"--to={tmp_path / 'new'}"]), (train, []),
+                            (train, ["--init_from=resume"])]:
             prog = tool.__name__.split(".")[-1] + ".py"
             assert tool.main([f"--out_dir={folder}", *flags]) == 2
             assert one_line(capsys, prog) == f"{prog}: error: {folder} is {words}\n"
@@ -120,7 +122,7 @@ def test_a_checkpoint_or_an_export_given_as_a_run_names_the_folder_to_give(tiny_
     assert snapshot(tmp_path) == before
     assert [p for p in tmp_path.rglob("*") if p.name == plain.LOCK] == []
     (tiny_ckpt / "config.json").write_text("{}")  # a run folder holding a config file is a run
-    reading.check_run(str(tiny_ckpt))
+    reading.check_run_folder(str(tiny_ckpt))
 
 
 def prompt_files(tmp_path):

@@ -27,7 +27,7 @@ class ConsolidateConfig:
 def consolidate(given):
     """OUT_DIR's latest sharded checkpoint -> OUT_DIR/ckpt.pt, written atomically."""
     out_dir = ConsolidateConfig(**given).out_dir
-    tool.check_run(out_dir)  # before its lock file is made
+    tool.check_run_folder(out_dir)  # before its lock file is made
     if os.path.isdir(out_dir):
         files.own(out_dir, flag="OUT_DIR")
     shards = [entry for entry in checkpoint.found(out_dir) if checkpoint.SHARDS.match(entry[2])]
