@@ -78,12 +78,12 @@ class MeshLM(TemplateLM):
         if pretrained and out_dir:
             raise UsageError("give out_dir or pretrained, not both")
         if pretrained:
-            model, self.tokenizer = load_hf(pretrained, device), Tokenizer("bpe", path=pretrained)
-            # a char run's export: the run's tokenizer, exactly
+            model = load_hf(pretrained, device)
+            # a char run's export: its vocabulary exactly (identity: a meta.json record)
             config = files.read_json(os.path.join(pretrained, "config.json"))
             own = str(config.get("nanomesh_tokenizer"))
-            if own.startswith('{"chars": '):
-                self.tokenizer = Tokenizer.from_meta(files.parse_json(own))
+            self.tokenizer = (Tokenizer.from_meta(files.parse_json(own)) if own.startswith("{")
+                              else Tokenizer("bpe", path=pretrained))
         else:
             model, ckpt = tool.load_latest(out_dir or "out", device, "lm_eval_mesh.py")
             dataset = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
