@@ -239,6 +239,8 @@ def _source(dataset, input, url):
             raise DataError(f"input file {input} is not a regular file (a folder or a device)")
         if not os.path.isfile(input):
             raise DataError(f"input file {input} does not exist")
+        if not os.access(input, os.R_OK):
+            raise DataError(f"input file {input} cannot be read (permission denied)")
         if os.path.getsize(input) == 0:
             raise DataError(f"{input} is empty")
         return input, input

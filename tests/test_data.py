@@ -207,6 +207,24 @@ def test_errors(tmp_path):
     assert not out.exists()
 
 
+def test_an_unreadable_input_is_named_not_the_dataset(tmp_path):
+    """An --input this user may not read: one line naming it, not "could not write dataset", nothing written.
+    As root, run without the capabilities that let root read any file (where setpriv can drop them)."""
+    src = write(tmp_path / "secret.txt", TEXT)
+    os.chmod(src, 0)
+    user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    probe = f"import os, sys; sys.exit(os.access({src!r}, os.R_OK))"  # 0: setpriv ran, and the file is unreadable
+    with contextlib.suppress(OSError):
+        if subprocess.run(user + [sys.executable, "-c", probe], capture_output=True).returncode == 0:
+            r = subprocess.run(user + [sys.executable, "data/prepare.py", "--dataset=x", f"--input={src}",
+                                       f"--out_root={tmp_path / 'out'}"], cwd=REPO, capture_output=True, text=True)
+            assert r.returncode == 2 and r.stderr == (f"prepare.py: error: input file {src} cannot be read "
+                                                      f"(permission denied)\n")
+            assert not (tmp_path / "out").exists()
+            return
+    pytest.skip("this user reads any file, and setpriv cannot drop root's capabilities here")
+
+
 def test_a_split_is_read_as_bytes_where_os_open_reads_text(tmp_path, monkeypatch):
     """Windows' os.open reads text unless given O_BINARY (stood in for here): CR LF as LF, Ctrl-Z (0x1a,
     token 26) as the end of the file. A split's windows are read from its file as bytes all the same."""
