@@ -75,6 +75,9 @@ def check(spec, file):
         if unknown is not None:
             raise DataError(f"{bad} the merge {merge!r:.60} uses or makes {unknown!r:.40}, "
                             f"which model.vocab lacks")
+    for key in ("normalizer", "pre_tokenizer", "decoder"):
+        if not isinstance(spec.get(key) or {}, dict):
+            raise DataError(f"{bad} {key} is {spec[key]!r:.40}, not an object")
     for t in spec.get("added_tokens") or []:
         content, i = (t.get("content"), t.get("id")) if isinstance(t, dict) else (None, None)
         if not isinstance(content, str) or type(i) is not int or not 0 <= i < MAX_ID:

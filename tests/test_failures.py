@@ -960,6 +960,8 @@ BAD_FILES = [  # (name, case(tmp, finished) -> (tool, args), words of the one-li
      "added_tokens holds {'content': '<|endoftext|>', 'special': True}, not a content string with an id from 0"),
     ("tokenizer: not BPE", tokenizer_case(lambda s: s["model"].update(type="WordPiece")),
      "model.type is 'WordPiece', not 'BPE' (byte-level BPE tokenizers such as GPT-NeoX's only)"),
+    ("tokenizer: a pre_tokenizer as text", tokenizer_case(lambda s: s.update(pre_tokenizer="ByteLevel")),
+     "tokenizer.json is not a tokenizer nanoMeSH can run: pre_tokenizer is 'ByteLevel', not an object"),
     ("tokenizer: an id of 2,000,000,000", tokenizer_case(lambda s: s["model"]["vocab"].update(ab=2_000_000_000)),
      "model.vocab gives 'ab' the id 2000000000, not an integer from 0 to 16,777,215"),
     ("hf: a code-executing pytorch_model.bin", hf_case(files=[("pytorch_model.bin", None)]),
