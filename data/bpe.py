@@ -36,7 +36,7 @@ def read_tokenizer_json(path):
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     try:
         spec = files.read_json(file)
-        if not isinstance(spec, dict) or "model" not in spec:
+        if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
             raise ValueError("no 'model'")
     except (OSError, ValueError) as e:
         raise DataError(f"cannot read the tokenizer {file} ({type(e).__name__}: {e}); give a "
@@ -51,9 +51,8 @@ def check(spec, file):
     """What decides the ids, checked before anything is built from it (DataError: the field)."""
     bad = f"{file} is not a tokenizer nanoMeSH can run:"
     model = spec["model"]
-    if not isinstance(model, dict) or model.get("type") != "BPE":
-        raise DataError(f"{bad} model.type is "
-                        f"{model.get('type') if isinstance(model, dict) else model!r:.40}, "
+    if model.get("type") != "BPE":
+        raise DataError(f"{bad} model.type is {model.get('type')!r:.40}, "
                         f"not 'BPE' (byte-level BPE tokenizers such as GPT-NeoX's only)")
     vocab, by_id = model.get("vocab"), {}
     if not isinstance(vocab, dict):

@@ -616,6 +616,9 @@ def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
         Tokenizer("bpe", path=str(tmp_path / "prefix.json"))
     with pytest.raises(DataError, match="cannot read the tokenizer .*missing.json"):
         Tokenizer("bpe", path=str(tmp_path / "missing.json"))
+    (tmp_path / "vocab.json").write_text('{"model": 19849, "the": 262}')  # GPT-2's vocab.json: no tokenizer
+    with pytest.raises(DataError, match=r"cannot read the tokenizer .*vocab.json \(ValueError: no 'model'\); give a"):
+        Tokenizer("bpe", path=str(tmp_path / "vocab.json"))
     (tmp_path / "deep.json").write_text('{"model": ' + "[" * 10_000 + "]" * 10_000 + "}")
     with pytest.raises(DataError, match=r"cannot read the tokenizer .*deep.json \(PlainDataError: is nested more "
                                            r"than 64 levels deep\)"):  # not a RecursionError's traceback
