@@ -69,7 +69,7 @@ def prompt(start):
     if not start.startswith("FILE:"):
         return start
     try:
-        return files.read_text(start[5:], PROMPT_BYTES)
+        return files.read_text(start[5:], PROMPT_BYTES).removeprefix("\ufeff")
     except OSError as e:
         why = f"cannot be read: {e.strerror}"
     except files.PlainDataError as e:

@@ -158,10 +158,11 @@ def test_sample_reads_a_prompt_file_as_plain_text_only(tiny_ckpt, tmp_path, caps
     finally:
         unblock.cancel()
     assert snapshot(tiny_ckpt) == before
-    (tmp_path / "prompt.txt").write_text("Then the")
-    assert sample.main([f"--out_dir={tiny_ckpt}", f"--start=FILE:{tmp_path / 'prompt.txt'}",
-                        "--max_new_tokens=2"]) == 0
-    assert capsys.readouterr().out.startswith("Then the")
+    for text in ("Then the", "\ufeffThen the"):  # a byte order mark (Notepad's) is no character of the prompt
+        (tmp_path / "prompt.txt").write_text(text, encoding="utf-8")
+        assert sample.main([f"--out_dir={tiny_ckpt}", f"--start=FILE:{tmp_path / 'prompt.txt'}",
+                            "--max_new_tokens=2"]) == 0
+        assert capsys.readouterr().out.startswith("Then the")
 
 
 @pytest.mark.parametrize("flag", ["--num_samples=1000000", "--max_new_tokens=1000000000000"])
