@@ -21,6 +21,7 @@ from configurator import DataError
 from support import files
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+NOT_UTF8 = {0xC0, 0xC1, *range(0xF5, 256)}  # bytes no text holds
 
 
 def bytes_to_unicode():
@@ -154,10 +155,11 @@ class ByteLevelBPE:
             return "a vocabulary entry is not spelled in GPT-2's byte alphabet"
         ranks, to_id = {}, []
         for c, b in byte_of.items():
-            if c not in vocab_bytes:
+            if c in vocab_bytes:
+                ranks[bytes([b])] = b
+            elif b not in NOT_UTF8:
                 return f"byte 0x{b:02x} is not in the vocabulary"
-            ranks[bytes([b])] = b
-            to_id.append(vocab[c])
+            to_id.append(vocab.get(c, -1))
         for merge in spec["model"].get("merges") or []:
             left, right = merge.split(" ") if isinstance(merge, str) else merge
             if any(t not in vocab_bytes for t in (left, right, left + right)):

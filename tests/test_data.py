@@ -575,6 +575,27 @@ def test_bpe_equals_tokenizers(tmp_path):
     assert all(ours.encode(t) == theirs.encode(t).ids for t in BPE_TEXTS)
 
 
+def test_bpe_without_the_bytes_no_text_holds_runs_on_tiktoken(tmp_path):
+    """GPT-NeoX's vocabulary (Pythia's) lacks the 13 bytes no UTF-8 text holds (0xc0, 0xc1, 0xf5-0xff): tiktoken
+    runs it all the same, with the ids of `tokenizers`, which is not needed for it."""
+    from data.bpe import bytes_to_unicode
+    train_bpe(tmp_path / "full.json")
+    spec, alphabet = json.load(open(tmp_path / "full.json")), bytes_to_unicode()
+    vocab, added = spec["model"]["vocab"], spec["added_tokens"]
+    for b in (0xC0, 0xC1, *range(0xF5, 256)):
+        del vocab[alphabet[b]]
+    new = {i: n for n, i in enumerate(sorted({*vocab.values(), *(t["id"] for t in added)}))}  # no gaps (GPT-NeoX's)
+    spec["model"]["vocab"] = {token: new[i] for token, i in vocab.items()}
+    spec["added_tokens"] = [{**t, "id": new[t["id"]]} for t in added]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    theirs = pytest.importorskip("tokenizers").Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    ours = Tokenizer("bpe", path=str(tmp_path))
+    assert ours._bpe.backend == "tiktoken"
+    for text in BPE_TEXTS + [TEXT, UNICODE]:
+        ids = ours.encode(text)
+        assert ids == theirs.encode(text).ids and ours.decode(ids) == theirs.decode(ids, skip_special_tokens=False)
+
+
 def test_bpe_dataset_keeps_its_tokenizer(tmp_path):
     (tmp_path / "tok").mkdir()
     train_bpe(tmp_path / "tok" / "tokenizer.json")
