@@ -3,7 +3,7 @@ Byte-level BPE tokenizers from a Hugging Face tokenizer.json (GPT-NeoX / Pythia'
 run by tiktoken: the same ids as the `tokenizers` package, without it.
 
     tok = ByteLevelBPE("pythia-160m")        # a folder holding tokenizer.json, or the file itself
-    tok.encode("Hello  world<|endoftext|>")  # -> [12092, 50276, 1533, 0]
+    tok.encode("Hello  world<|endoftext|>")  # -> [12092, 50276, 10186, 0]
 
 Onto tiktoken: every token's rank is the position of the merge that makes it (the 256 bytes
 first), one table maps ranks to the file's ids; added tokens are split off first. A file of another
