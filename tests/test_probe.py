@@ -69,6 +69,8 @@ def test_cka_bandwidth_is_the_median_distance_of_distinct_rows():
     H = torch.eye(4, dtype=torch.float64) - 1 / 4
     assert torch.allclose(Kc, H @ K @ H, atol=1e-12)
     assert math.isnan(rbf_cka(torch.ones(5, 3), rand(5, 3)))  # no distances at all: undefined, not 1
+    # equal rows whose squared distances are rounding noise of X X^T: as undefined
+    assert math.isnan(rbf_cka(rand(1, 16).repeat(5, 1), rand(5, 3)))
 
 
 def test_relative_update_of_identity_is_zero_and_of_doubling_is_two_thirds():

@@ -66,8 +66,7 @@ def centered_rbf_gram(X, sigma_frac=SIGMA_FRAC):
     d2 = (sq[:, None] + sq[None, :] - 2 * X @ X.T).clamp_min(0)       # (T, T) squared distances
     i, j = torch.triu_indices(len(X), len(X), offset=1)
     pairs = d2[i, j]
-    if pairs.numel():  # rounding noise of equal rows is not a distance
-        pairs = pairs[pairs > 1e-12 * pairs.max()]
+    pairs = pairs[pairs > 1e-12 * sq.max()]  # noise of equal rows: no distance
     if pairs.numel() == 0:
         return torch.zeros_like(d2)
     # numpy's median: torch.quantile refuses over 2^24 distances (T >= 5794 tokens)
