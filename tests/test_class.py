@@ -62,16 +62,18 @@ def drawn(cfg, monkeypatch, tmp_path):
     return kept[0].axes[0]
 
 
-def test_each_router_is_drawn_against_every_slot(monkeypatch, tmp_path):
+@pytest.mark.parametrize("layout, slots, routers", [("2+2R4+2", 7, 5), ("0+2R2+0", 5, 3)])
+def test_each_router_is_drawn_against_every_slot(layout, slots, routers, monkeypatch, tmp_path):
     """Every router touches every slot (Eq. 3, 5: a softmax weight for each): the picture draws each write and
     read arrow across all the buffer's lanes, a dot on each, at the step the router belongs to."""
-    cfg = Config(layout="2+2R4+2", scheme="mesh", n_embd=64, n_head=4)
+    cfg = Config(layout=layout, scheme="mesh", n_embd=64, n_head=4)
     ax = drawn(cfg, monkeypatch, tmp_path)
     lanes = sorted(p.get_y() + 0.42 * p.get_height() / 0.85 for p in ax.patches
                    if type(p).__name__ == "Rectangle" and p.get_facecolor()[:3] == (0xdd / 255,) * 3)
-    assert len(lanes) == cfg.slots == 7
+    assert len(lanes) == cfg.slots == slots
     dots = [line for line in ax.get_lines() if line.get_marker() == "o"]
-    assert len(dots) == 2 * len(draw.routers(cfg)) == 2 * 5  # a write and a read per router
+    assert len(dots) == 2 * len(draw.routers(cfg)) == 2 * routers  # a write and a read per router
+    assert len({line.get_xdata()[0] for line in dots}) == len(dots)  # each its own place
     for line in dots:  # each crosses every lane, at one x
         assert len(set(line.get_xdata())) == 1
         assert sorted(line.get_ydata()) == pytest.approx(lanes)

@@ -76,7 +76,7 @@ def draw(cfg, path):
         return
     from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
-    shown = [p for p in parts(cfg) if p[1]]
+    shown = [p for p in parts(cfg) if p[1] or p[0] == "prelude" and "cycle" in routers(cfg)]
     n = sum(len(blocks) for _, blocks, _ in shown) + len(shown) - 1  # a gap between parts
     mesh = cfg.scheme == "mesh"
     lane = 0.3  # a slot's height in the buffer
@@ -91,6 +91,7 @@ def draw(cfg, path):
                                    hatch="//" if shared else None))
             ax.text(x + 0.45, 1.5, f"b{b}", ha="center", va="center", fontsize=8)
             x += 1
+        x += not blocks  # room for the cycle's router
         centres[name] = (start + x - 0.1) / 2
         ax.text(centres[name], 2.15, name + ("\n(shared)" if shared else ""), ha="center",
                 va="bottom", fontsize=9)
