@@ -26,19 +26,20 @@ def capture(model):
             for record in cap.values():
                 record.clear()
             cap["states"].append(("h_emb", x))
-            cap["blocks"].append(("prelude", x, y))
+            if len(blocks):
+                cap["blocks"].append(("prelude", x, y))
         elif blocks is model.coda:
             cap["states"] += [(f"h{K}", x), ("out", y)]
             if len(blocks):
                 cap["blocks"].append(("coda", x, y))
         else:  # loop step t, on h(t)
-            t = len(cap["blocks"]) - 1
+            t = len(cap["states"]) - 1
             cap["states"].append((f"h{t}", x))
             cap["blocks"].append((f"step{t}", x, y))
         return y, layer
 
     def note_router(router, inputs, weights):  # called after the prelude (the cycle) or step t
-        t = len(cap["blocks"]) - 2
+        t = len(cap["states"]) - 2
         cap["routers"].append(("cycle" if t < 0 else f"step{t}", *weights))
 
     hooks = [r.register_forward_hook(note_router) for r in getattr(model, "routers", [])]  # mesh

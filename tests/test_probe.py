@@ -117,6 +117,16 @@ def test_captured_states_reproduce_the_normal_logits_exactly(scheme):
         assert [name for name, _, _ in cap["routers"]] == (["cycle", "step0", "step1", "step2"] if scheme == "mesh" else [])
 
 
+def test_an_empty_prelude_or_coda_is_no_block_and_has_no_effort():
+    torch.manual_seed(0)
+    model = RecursiveGPT(Config(**TINY, layout="0+2R2+0", scheme="mesh")).eval()
+    with torch.no_grad(), capture(model) as cap:
+        model(torch.randint(0, 11, (1, 16)))
+    assert [name for name, _, _ in cap["blocks"]] == ["step0", "step1"]
+    assert [name for name, _, _ in cap["routers"]] == ["cycle", "step0", "step1"]
+    assert [name for name, _ in cap["states"]] == ["h_emb", "h0", "h1", "h2", "out"]
+
+
 # -----------------------------------------------------------------------------
 # probe.py end to end on tiny checkpoints
 
