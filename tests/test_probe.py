@@ -454,3 +454,22 @@ def test_cycle_table_pairs_direct_with_routed_by_seed(tmp_path):
     assert k3["mesh_direct_closes"] == pytest.approx(0.75)  # -(1.83 - 1.86) / (1.86 - 1.82): its seed
     assert "| 3 | `3+2R3+3` | +0.0400 ± 0.0000 (2) | -0.0250 ± 0.0071 (2) | -0.0300 (1) | -0.0100 (1) " \
            "| 62% | 75% |" in (out / "cycle.md").read_text()
+
+
+def test_cycle_table_leaves_out_the_buffer_ablations_runs(tmp_path):
+    """A table1.json with the B ablation holds more runs of variant mesh, seed 0 (mesh_B3_s0...):
+    they are not routed mesh's, whose row is that of its own runs, in the table1.json or a --root."""
+    from tools import cycle
+    runs = [dict(name=n, variant=n.split("_")[0], layout="12" if n[0] == "v" else "3+2R3+3", seed=int(n[-1]),
+                 val_loss=x) for n, x in [("vanilla_s0", 1.80), ("base_3+2R3+3_s0", 1.84),
+                                          ("mesh_3+2R3+3_s0", 1.81), ("mesh_3+2R3+3_B4_s0", 1.90)]]
+    (tmp_path / "sweep.json").write_text(json.dumps({"runs": runs}))
+    (tmp_path / "choices.json").write_text(json.dumps({"runs": []}))
+    run = tmp_path / "runs" / "mesh_3+2R3+3_B5_s0"
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(json.dumps(dict(runs[-1], name=run.name, val_loss=1.95)))
+    cycle.main([f"--sweep={tmp_path / 'sweep.json'}", f"--choices={tmp_path / 'choices.json'}",
+                f"--root={tmp_path / 'runs'}", f"--results={tmp_path / 'out'}"])
+    k3 = next(r for r in json.loads((tmp_path / "out" / "cycle.json").read_text()) if r["K"] == 3)
+    assert k3["mesh_vs_base"] == pytest.approx([-0.03, None, 1])  # 1.81 - 1.84
+    assert k3["mesh_closes"] == pytest.approx(0.75)

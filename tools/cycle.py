@@ -15,7 +15,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, setting  # noqa: E402
 from support import command, files  # noqa: E402
-from tools.table1 import mean_std, pm, steps  # noqa: E402
+from tools.table1 import mean_std, pm, run_name, steps  # noqa: E402
 
 LAYOUTS = ["2+4R2+2", "3+2R3+3", "2+2R4+2", "3+1R6+3"]  # K = 2, 3, 4, 6: the depth sweep's
 DIRECT = ("mesh_direct", "mesh_direct_base_init")        # the variants compared with routed mesh
@@ -119,7 +119,9 @@ def run(given):
     found = records(cfg.sweep, "--sweep") + records(cfg.choices, "--choices")
     for path in sorted(glob.glob(os.path.join(glob.escape(cfg.root), "*", "result.json"))):
         found += records(path)  # the direct runs'
-    rows = table({(r["variant"], r["layout"], r["seed"]): r["val_loss"] for r in found})
+    own = [r for r in found if r.get("name") in (  # not the B ablation's runs
+        None, run_name(r["variant"], r["layout"], r["seed"]))]
+    rows = table({(r["variant"], r["layout"], r["seed"]): r["val_loss"] for r in own})
     md = markdown(rows)
     files.write_json(os.path.join(cfg.results, "cycle.json"), rows)
     files.atomic_write(os.path.join(cfg.results, "cycle.md"), lambda f: f.write(md), mode="w")
