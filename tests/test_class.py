@@ -226,6 +226,17 @@ def test_table1_reuses_a_finished_run_only_at_the_same_width_and_lr(tmp_path, mo
     assert started == []  # refused before anything trains
 
 
+def test_table1_starts_no_run_once_stopped(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while two runs train: the third, which the pool takes up as they stop, never starts: no
+    line saying it trains, no folder."""
+    run = table1.plan(["mesh"], [0], ())[0]
+    monkeypatch.setattr(command.Stop, "signals", 1)
+    monkeypatch.setattr(command.Stop, "name", "SIGINT", raising=False)
+    with pytest.raises(command.Stopped):
+        table1.run_one(run, str(tmp_path), 5)
+    assert capsys.readouterr().out == "" and os.listdir(tmp_path) == []
+
+
 # -----------------------------------------------------------------------------
 # curves.py: any runs' curves, a colour per variant in every figure
 

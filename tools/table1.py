@@ -227,6 +227,8 @@ def stage(run, out_dir, max_iters, train=TRAIN):
 
 
 def run_one(run, root, max_iters, env=None, train=TRAIN, where=WHERE):
+    if command.Stop.signals:  # stopping: a run not begun never begins
+        raise command.Stopped(command.Stop.name)
     name, out_dir = run["name"], os.path.join(root, run["name"])
     what, detail = stage(run, out_dir, max_iters, train)
     if what == "done":
