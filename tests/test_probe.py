@@ -473,3 +473,18 @@ def test_cycle_table_leaves_out_the_buffer_ablations_runs(tmp_path):
     k3 = next(r for r in json.loads((tmp_path / "out" / "cycle.json").read_text()) if r["K"] == 3)
     assert k3["mesh_vs_base"] == pytest.approx([-0.03, None, 1])  # 1.81 - 1.84
     assert k3["mesh_closes"] == pytest.approx(0.75)
+
+
+def test_cycle_writes_under_runs_never_over_the_committed_results(tmp_path, monkeypatch):
+    """Run with its defaults at the repository's root (here a copy's): cycle.md goes under runs/, as
+    table1.py's tables do; results/cycle/, the committed table of runs this clone lacks, is kept."""
+    from tools import cycle
+    for table in ("depth_sweep", "choices"):
+        (tmp_path / "results" / table).mkdir(parents=True)
+        (tmp_path / "results" / table / "table1.json").write_text(json.dumps({"runs": []}))
+    (tmp_path / "results" / "cycle").mkdir()
+    (tmp_path / "results" / "cycle" / "cycle.md").write_text("the committed table\n")
+    monkeypatch.chdir(tmp_path)
+    assert cycle.main([]) == 0
+    assert (tmp_path / "results" / "cycle" / "cycle.md").read_text() == "the committed table\n"
+    assert (tmp_path / "runs" / "cycle" / "cycle.md").read_text().startswith("| K | layout |")

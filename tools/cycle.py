@@ -29,7 +29,7 @@ class CycleConfig:
     sweep: str = setting("results/depth_sweep/table1.json", "the depth sweep's runs", path=True)
     choices: str = setting("results/choices/table1.json", "K = 4's direct runs", path=True)
     root: str = setting("runs/cycle", "the direct runs' folders, over the tables", path=True)
-    results: str = setting("results/cycle", "cycle.md and cycle.json go here", path=True)
+    results: str = setting("runs/cycle", "cycle.md and cycle.json go here", path=True)
 
 
 def records(path, flag=None):
