@@ -50,7 +50,8 @@ def load_latest(out_dir, device, prog, kept=None):
 def check_run_folder(out_dir):
     """Refuse a checkpoint or an export given as a run."""
     up, name = os.path.split(os.path.normpath(out_dir))
-    if SHARDS.match(name):
+    saved = os.path.isfile(out_dir) and (name == CKPT or KEPT.match(name))
+    if SHARDS.match(name) or saved:
         raise CheckpointError(f"{out_dir} is a checkpoint; give its run's folder, {up or '.'}")
     if os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # export_hf.py's
         raise CheckpointError(f"{out_dir} is a Hugging Face export; give it to from_pretrained"

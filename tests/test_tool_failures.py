@@ -95,9 +95,10 @@ def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, cap
 
 
 def test_a_checkpoint_or_an_export_given_as_a_run_names_the_folder_to_give(tiny_ckpt, tmp_path, capsys):
-    """A sharded checkpoint's folder (a kept ckpt_ITER/'s too) or an export_hf.py folder given where a run's
-    folder is expected: every tool that reads a run says what it is and which folder to give, in one line,
-    never to train into it, and writes nothing there (consolidate.py's lock file included)."""
+    """A sharded checkpoint's folder (a kept ckpt_ITER/'s too), a ckpt.pt or ckpt_ITER.pt file, or an
+    export_hf.py folder given where a run's folder is expected: every tool that reads a run says what it
+    is and which folder to give, in one line, never to train into it, and writes nothing there
+    (consolidate.py's lock file included)."""
     from tools import consolidate, export_hf, routing
     shards = write_shards(tiny_ckpt, 4, saved_at=0.0)
     kept = tiny_ckpt / "ckpt_8" / "shards-00000008"
@@ -105,9 +106,12 @@ def test_a_checkpoint_or_an_export_given_as_a_run_names_the_folder_to_give(tiny_
     export = tmp_path / "hf"
     export.mkdir()
     (export / "model.safetensors").write_bytes(b"")
+    shutil.copy(tiny_ckpt / "ckpt.pt", tiny_ckpt / "ckpt_4.pt")  # a kept one, as --keep_every's
     before = snapshot(tmp_path)
     for folder, words in [
             (shards, f"a checkpoint; give its run's folder, {tiny_ckpt}"),
+            (tiny_ckpt / "ckpt.pt", f"a checkpoint; give its run's folder, {tiny_ckpt}"),
+            (tiny_ckpt / "ckpt_4.pt", f"a checkpoint; give its run's folder, {tiny_ckpt}"),
             (kept, f"a checkpoint; give its run's folder, {tiny_ckpt / 'ckpt_8'}"),
             (export, f"a Hugging Face export; give it to from_pretrained or to train.py as --init_from=hf:{export}")]:
         for tool, flags in [(sample, []), (probe, []), (routing, ["--text=the"]), (consolidate, []),
