@@ -162,11 +162,14 @@ def test_transformers_runs_the_export_as_the_run(vocab, kind, runs, loaded):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("vocab, kind", CASES)
-def test_the_exports_tokenizer_gives_the_runs_ids(vocab, kind, runs, loaded):
+def test_the_exports_tokenizer_gives_the_runs_ids(vocab, kind, runs, exports, loaded):
     _, tok = model_and_tokenizer(*runs(vocab, kind))
     got, ids = loaded[f"{vocab}-{kind}"], tok.encode(SAMPLE[vocab])
     assert got["auto"] == got["raw"] == ids and got["decoded"] == SAMPLE[vocab]
     assert len(set(ids)) > 20 and (vocab == "char" or 50256 in ids)  # new lines, unicode, EOT
+    # transformers before 4.45 decoded " ," as "," unless the folder says not to
+    config = json.loads(open(os.path.join(exports(vocab, kind), "tokenizer_config.json")).read())
+    assert config["clean_up_tokenization_spaces"] is False
 
 
 @pytest.mark.slow

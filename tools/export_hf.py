@@ -112,7 +112,7 @@ def folder(model, tok, remote):
                                      metadata={"format": "pt"}),
            "tokenizer.json": tokenizer_json(tok),
            "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast",
-                                     **eot}}
+                                     "clean_up_tokenization_spaces": False, **eot}}
     if remote:
         for name, at in (("mesh.py", ""), (f"{CODE}.py", "tools")):
             out[name] = files.read_text(os.path.join(ROOT, at, name))
