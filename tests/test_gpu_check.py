@@ -200,6 +200,20 @@ def test_only_runs_the_parts_it_names(tmp_path):
 
 
 @POSIX
+def test_a_tier_that_failed_where_the_rest_skipped_is_reported_as_failed(tmp_path, monkeypatch):
+    """A tier whose tests that ran failed and whose others skipped did not "skip every test"."""
+    log = ("FAILED tests/test_cuda.py::test_a - AssertionError\n"
+           "SKIPPED [2] tests/test_cuda.py:41: needs two GPUs\n"
+           "=== 1 failed, 2 skipped in 3.1s ===")
+    monkeypatch.setattr(gpu_check, "part_command",
+                        lambda *_: ["sh", "-c", f"printf '%s\\n' '{log}'; exit 1"])
+    a = gpu_check.CheckConfig(out=str(tmp_path), budget=100, tiny=True)
+    o = gpu_check.run("tier", a, gpu_check.Report(a, ["tier"], []), time.time() + HANG)
+    assert (o.status, o.note) == ("failed", "exit 1")
+    assert o.section[0] == "`python -m pytest tests/test_cuda.py`: 1 failed, 2 skipped in 3.1s."
+
+
+@POSIX
 def test_a_second_check_on_one_out_is_refused_and_touches_nothing(tmp_path):
     out = tmp_path / "out"
     first, log = start_overrun(out)
