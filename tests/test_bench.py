@@ -157,7 +157,8 @@ def test_memory_without_a_second_compile():
 
 def test_the_fit_check_counts_grad_checkpoint(monkeypatch):
     """--grad_checkpoint=true is what makes some settings fit: the check before anything is built counts its memory
-    (plan.py's), and refuses in one line only what does not fit even with it."""
+    (plan.py's), and refuses in one line only what does not fit even with it, before even the batch is made (16
+    bytes a token: a batch alone can outgrow the machine)."""
     from configurator import UsageError
     from support import memory
 
@@ -169,6 +170,7 @@ def test_the_fit_check_counts_grad_checkpoint(monkeypatch):
     assert needs[0] < needs[1]
     monkeypatch.setattr(memory, "device_memory", lambda device: (sum(needs) / 2, "this machine"))  # fits with it only
     monkeypatch.setattr(bench, "build", lambda *args: (_ for _ in ()).throw(Built))  # past the check
+    monkeypatch.setattr(torch, "randint", lambda *args, **kw: (_ for _ in ()).throw(Built))  # the batch
     flags = dict(TINY, schemes="mesh", batch_size=64, device="cpu", dtype="float32")
     with pytest.raises(Built):
         bench.run(bench.BenchConfig(**flags, grad_checkpoint=True))

@@ -257,11 +257,11 @@ def run(bc):
     device, dtype, autocast = setup(bc)
     cuda, todo = device.startswith("cuda"), variants(bc)
     B, T, V = bc.batch_size, todo[0][1].block_size, todo[0][1].vocab_size
-    torch.manual_seed(SEED)
-    x, y = torch.randint(V, (2, B, T), device=device)
     for name, cfg in todo:  # refused before anything is built where it cannot fit
         memory.check_fits(cfg, B, device, dtype.itemsize, grad_checkpoint=bc.grad_checkpoint,
                            what=f"scheme {name}", fix="use smaller settings")
+    torch.manual_seed(SEED)
+    x, y = torch.randint(V, (2, B, T), device=device)
     models = {name: build(cfg, bc, device) for name, cfg in todo}
     print(f"bench.py: timing {len(models)} variant(s), {bc.warmup} warm-up step(s) and "
           f"{bc.iters} round(s) each", file=sys.stderr, flush=True)
