@@ -11,7 +11,7 @@ gradients and AdamW by n; DDP keeps all of them on every GPU):
     weights      4P           float32 master weights (autocast computes in bf16 from them)
     gradients    4P           float32
     optimizer    8P           AdamW's exp_avg and exp_avg_sq, float32
-    working      DDP:  4P     the all-reduce buckets, + 2P under bf16 autocast (its weight copies)
+    working      DDP:  4P     all-reduce buckets (n > 1), + 2P under bf16 autocast (weight copies)
                  FSDP: 4 P_root + 4 V D + 2 a P_block: the root unit gathered for the whole
                               step, the head's unsharded gradient, two blocks gathered in the
                               compute dtype
@@ -113,14 +113,14 @@ def param_counts(cfg):
     return cfg.shape.unique * block + root, root, block
 
 
-def memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes, ddp=True):
+def memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes):
     """{weights, gradients, optimizer, working, activations, total} in bytes per GPU (the module's
-    table); ddp=False: one process without DDP, so without its all-reduce buckets."""
+    table); n = 1: one process, without DDP, so without its all-reduce buckets."""
     P, root, block = param_counts(cfg)
     share = n if fsdp else 1
     out = dict(weights=4 * P / share, gradients=4 * P / share, optimizer=8 * P / share)
     out["working"] = (4 * root + 4 * cfg.vocab_size * cfg.n_embd + 2 * compute_bytes * block
-                      if fsdp else 4 * P * ddp + (2 * P if compute_bytes == 2 else 0))
+                      if fsdp else 4 * P * (n > 1) + (2 * P if compute_bytes == 2 else 0))
     out["activations"] = activation_bytes(cfg, batch_size, grad_checkpoint, compute_bytes)
     out["total"] = sum(out.values())
     return out
@@ -134,7 +134,7 @@ def check_fits(cfg, batch_size, device, compute_bytes=4, n=1, fsdp=False, grad_c
     total, where = device_memory(device)
     P = param_counts(cfg)[0]
     need = 8 * P if batch_size is None else \
-        memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes, ddp=n > 1)["total"]
+        memory(cfg, batch_size, n, fsdp, grad_checkpoint, compute_bytes)["total"]
     if total and need > total:
         batch = f", micro-batch {batch_size} x {cfg.block_size}" if batch_size else ""
         raise UsageError(f"{what} (layout {cfg.layout}, n_embd {cfg.n_embd}, "

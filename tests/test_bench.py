@@ -166,7 +166,7 @@ def test_the_fit_check_counts_grad_checkpoint(monkeypatch):
         pass
 
     cfg = bench.variants(bench.BenchConfig(**TINY, schemes="mesh"))[0][1]
-    needs = [memory.memory(cfg, 64, 1, False, ckpt, 4, ddp=False)["total"] for ckpt in (True, False)]
+    needs = [memory.memory(cfg, 64, 1, False, ckpt, 4)["total"] for ckpt in (True, False)]
     assert needs[0] < needs[1]
     monkeypatch.setattr(memory, "device_memory", lambda device: (sum(needs) / 2, "this machine"))  # fits with it only
     monkeypatch.setattr(bench, "build", lambda *args: (_ for _ in ()).throw(Built))  # past the check

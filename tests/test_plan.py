@@ -71,6 +71,21 @@ def test_fsdp_shards_weights_gradients_and_optimizer_state():
     assert ddp["working"] == 6 * P  # all-reduce buckets and autocast's bf16 weight copies
 
 
+def test_a_plan_for_one_gpu_counts_no_all_reduce_buckets(capsys, monkeypatch):
+    """One process runs without DDP: the plan's DDP rows on one GPU are what that run's own check
+    counts (check_fits refuses a run at the plan's total less a byte, not at it)."""
+    assert train.main(["--model=pythia-160m", "--plan=true", "--plan_gpus=1", "--block_size=1024"]) == 0
+    row = capsys.readouterr().out.splitlines()[2].split()
+    cfg = Config.from_preset("pythia-160m", block_size=1024)
+    P, need = plan.param_counts(cfg)[0], plan.memory(cfg, 16, 1, False, False, 2)["total"]
+    assert row[0] == "DDP" and row[4:7] == [f"{2 * P / 2**30:.2f}", row[5], f"{need / 2**30:.2f}"]
+    monkeypatch.setattr(plan, "device_memory", lambda device: (need, "this GPU"))
+    assert plan.check_fits(cfg, 16, "cuda", 2) is cfg
+    monkeypatch.setattr(plan, "device_memory", lambda device: (need - 1, "this GPU"))
+    with pytest.raises(configurator.UsageError, match="needs about"):
+        plan.check_fits(cfg, 16, "cuda", 2)
+
+
 @pytest.mark.slow
 def test_plan_prints_the_table_the_choice_and_the_time_and_allocates_nothing(tmp_path, capsys):
     out = tmp_path / "out"

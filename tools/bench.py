@@ -319,7 +319,7 @@ def run(bc):
                 row["eager_peak_mb"] = memory_of(eager=True)[0]
         else:
             row["peak_mb"], row["step_mb"] = in_fresh_process(peak_memory, cfg, bc)
-        plan = memory.memory(cfg, B, 1, False, bc.grad_checkpoint, dtype.itemsize, ddp=False)
+        plan = memory.memory(cfg, B, 1, False, bc.grad_checkpoint, dtype.itemsize)
         row["plan_mb"] = plan["total"] / 2**20  # train.py --plan's estimate of the peak
         rows.append(row)
         del models[name]  # its last reference: decoding runs with no training model left
