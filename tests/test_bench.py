@@ -249,6 +249,12 @@ def test_bad_input(args, needle, capsys):
     assert err.startswith("bench.py: error: ") and needle in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_scheme_named_twice_runs_once():
+    """--schemes=base,mesh,base runs base once: one model, one row a variant."""
+    todo = bench.variants(bench.BenchConfig(**TINY, schemes="base,mesh,base"))
+    assert [name for name, _ in todo] == ["base", "mesh"]
+
+
 def test_json_that_fails_later_is_not_created(tmp_path, capsys):
     """--json is checked before the run without creating the file: a run refused later leaves nothing."""
     out = tmp_path / "b.jsonl"

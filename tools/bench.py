@@ -64,7 +64,7 @@ class BenchConfig:
 
 def variants(bc):
     """[(name, Config)] for the requested variants, all at the layout's compute depth."""
-    names = [s.strip() for s in bc.schemes.split(",") if s.strip()]
+    names = list(dict.fromkeys(s.strip() for s in bc.schemes.split(",") if s.strip()))
     if not names:
         raise UsageError(f"--schemes is empty; name some of {', '.join(VARIANTS)}")
     for n in set(names) - set(VARIANTS):
