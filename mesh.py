@@ -405,8 +405,9 @@ class RecursiveGPT(nn.Module):
         """idx (B, T) token ids -> (logits (B, T, V), loss or None); pos (T,), cache: decoding."""
         cfg = self.config
         T = idx.size(1)
-        refuse(T > cfg.block_size, f"idx has {T} positions but block_size is {cfg.block_size}; "
-               f"pass at most the last {cfg.block_size} tokens (as generate does)")
+        if T > cfg.block_size:  # (refuse's message, made every call, would pin T when compiled)
+            raise ConfigError(f"idx has {T} positions but block_size is {cfg.block_size}; "
+                              f"pass at most the last {cfg.block_size} tokens (as generate does)")
         rope = self.rotary(T, pos, self.compute_dtype(idx.device.type))  # one for every block
         if cache is not None:
             cache.seek(pos)

@@ -886,6 +886,10 @@ def test_compiled_equals_uncompiled_without_recompiles():
     compiled(idx, targets)[1].backward()
     assert torch.equal(compiled.generate(prompt, 12, temperature=0), eager.generate(prompt, 12, temperature=0))
     assert graphs() == built
+    with torch.no_grad():  # full recompute (no cache) at every length: one graph, T dynamic
+        for T in range(5, 12):
+            compiled.eval()(idx[:, :T])
+    assert graphs() <= built + 1
 
 
 def test_forward_refuses_sequences_longer_than_block_size():
