@@ -101,8 +101,8 @@ def resolve_dtype(name, device):
 
 
 def flops_per_token(cfg):
-    """Training FLOPs per token (nanoGPT / PaLM): 6 x the unrolled non-embedding params (a shared
-    core once per step) + 6 D V (head) + 12 L D T (attention)."""
+    """Training FLOPs per token (nanoGPT / PaLM): 6 x the L applied blocks' params (MeSH's
+    routers left out: <0.2%) + 6 D V (head) + 12 L D T (attention)."""
     D, L = cfg.n_embd, cfg.shape.depth
     return 6 * (L * (12 * D * D + 13 * D) + D * cfg.vocab_size) + 12 * L * D * cfg.block_size
 
