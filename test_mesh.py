@@ -108,6 +108,7 @@ def test_summary():
     base = mesh.summary(Config.from_preset("pythia-1.4b", layout="4+8R2+4"))
     assert "805,736,448" in base and "66.67% of vanilla" in base
     assert "router params                       0" in base
+    assert "  step 0   core 0: blocks 4-11\n  step 1   core 0: blocks 4-11 (shared)\n" in base
 
 
 @pytest.mark.parametrize("name", mesh.MESH_CHOICES)
@@ -797,8 +798,37 @@ def test_dropout_only_in_training(p):
         b, _ = model(idx)
         model.eval()
         c, _ = model(idx)
+        plain, _ = build(small("mesh"))(idx)  # the same weights without dropout
     assert torch.equal(a, b) == (p == 0.0)  # p > 0 drops different units on each call
     assert torch.equal(a, c) == (p == 0.0)  # eval never drops
+    assert torch.equal(c, plain)
+
+
+def test_dropout_drops_each_branch_of_a_block():
+    """Dropout acts in attention and on each residual branch: with attention's off, a block in training is
+    x + dropout(attn(ln_1 x)) + dropout(mlp(ln_2 x)), the masks drawn in that order."""
+    cfg = small(dropout=0.3)
+    block = mesh.Block(cfg).train()
+    block.attn.dropout = 0.0
+    x, rope = torch.randn(2, 8, cfg.n_embd), mesh.Rotary(cfg)(8)
+    torch.manual_seed(0)
+    out = block(x, rope)
+    torch.manual_seed(0)
+    a = F.dropout(block.attn(block.ln_1(x), rope), 0.3)
+    assert torch.equal(out, x + a + F.dropout(block.mlp(block.ln_2(x)), 0.3))
+
+
+def test_evaluate_is_each_batchs_eval_loss_and_keeps_the_mode():
+    """evaluate(): each batch's loss in eval mode (no dropout), the model left in the mode it was in."""
+    model = build(small("mesh", dropout=0.3), scramble=True)
+    plain = build(small("mesh"), scramble=True)
+    batches = [(tokens(seed=s), tokens(seed=s + 1)) for s in (1, 3)]
+    with torch.no_grad():
+        expect = [plain(x, y)[1].item() for x, y in batches]
+    for training in (True, False):
+        model.train(training)
+        assert model.evaluate(batches) == expect
+        assert model.training == training
 
 
 # -----------------------------------------------------------------------------
@@ -814,7 +844,7 @@ def test_optimizer_groups():
     for n, p in model.named_parameters():
         assert wd[id(p)] == (0.1 if p.dim() >= 2 else 0.0), n
     assert wd[id(model.routers[0].write.weight)] == 0.1 and wd[id(model.routers[0].write.bias)] == 0.0
-    assert all(g["lr"] == 1e-3 for g in opt.param_groups)
+    assert all(g["lr"] == 1e-3 and g["betas"] == (0.9, 0.95) for g in opt.param_groups)  # Appendix B
 
 
 @pytest.mark.parametrize("scheme", ["residual", "mesh"])
@@ -917,6 +947,7 @@ def test_sample_tiny_temperature_is_greedy():
     assert mesh.sample(logits, 1e-40).tolist() == [[0], [1]]
     assert mesh.sample(logits, 1e-40, top_k=2).tolist() == [[0], [1]]
     assert mesh.sample(logits, 1e-320).tolist() == [[0], [1]]  # 0 as float32: greedy, not 0/0
+    assert mesh.sample(logits * 10, 1e-37).tolist() == [[0], [1]]  # unshifted, 100 / 1e-37 is inf: nan
 
 
 # -----------------------------------------------------------------------------
@@ -934,6 +965,15 @@ def test_generate_shape_and_determinism():
     torch.manual_seed(3)
     assert torch.equal(a, model.generate(idx, 7, temperature=1.0, top_k=5))
     assert torch.equal(model.generate(idx, 7, temperature=1.0, top_k=1), out)  # top-1 sampling is greedy
+
+
+@pytest.mark.parametrize("kw, match", [(dict(temperature=-1.0), "temperature=-1.0 must be 0"),
+                                       (dict(temperature=math.nan), "temperature=nan must be 0"),
+                                       (dict(top_k=0), "top_k=0 at least 1")])
+def test_generate_refuses_a_negative_temperature_and_top_k_0(kw, match):
+    """A negative temperature would sample the least likely tokens, top_k=0 none: both refused by name."""
+    with pytest.raises(mesh.ConfigError, match=re.escape(match)):
+        build(small()).generate(tokens(1, 4), 1, **kw)
 
 
 @pytest.mark.parametrize("scheme, layout", CASES, ids=IDS)
