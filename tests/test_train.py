@@ -122,15 +122,21 @@ def test_lr_schedule_is_warmup_then_cosine_to_min_lr():
 
 def test_train_step_applies_the_recipe(data_root, tmp_path, monkeypatch):
     """One step over --grad_accum=2: clipping (at --grad_clip) sees the mean of the micro-batches'
-    gradients, computed here apart from train.py; AdamW gets this step's lr (warmup defaults to 1% of
-    lr_decay_iters), betas (0.9, 0.95) and weight decay 0.01 on matrices only; --grad_clip=0 skips clipping."""
-    flags = ["--grad_accum=2", "--grad_clip=0.5", "--lr=1e-2", "--lr_decay_iters=300", "--max_iters=1"]
+    gradients, computed here apart from train.py (dropout's masks keyed by seed, step and micro-batch, as
+    the batches are), and the log their mean loss; AdamW gets this step's lr (warmup defaults to 1% of
+    lr_decay_iters, at least 1 step), betas (0.9, 0.95) and weight decay 0.01 on matrices only; --grad_clip=0
+    skips clipping."""
+    flags = ["--grad_accum=2", "--grad_clip=0.5", "--lr=1e-2", "--lr_decay_iters=300", "--max_iters=1",
+             "--dropout=0.1"]
     tc, model, train_data, _ = tiny_run(data_root, *flags)
     params = list(model.parameters())
-    expect = [torch.zeros_like(p) for p in params]
+    expect, loss = [torch.zeros_like(p) for p in params], 0.0
     for m in range(2):
+        torch.manual_seed(hash((tc.seed, 0, m)))
         x, y = train.get_batch(train_data, tc, model.config.block_size, (0, 0, m), "cpu")
-        for e, g in zip(expect, torch.autograd.grad(model(x, y)[1], params)):
+        micro = model(x, y)[1]
+        loss += micro.item() / 2
+        for e, g in zip(expect, torch.autograd.grad(micro, params)):
             e += g / 2
     clipped, stepped = [], []
     real_clip, real_step = torch.nn.utils.clip_grad_norm_, torch.optim.AdamW.step
@@ -147,6 +153,7 @@ def test_train_step_applies_the_recipe(data_root, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     monkeypatch.setattr(torch.optim.AdamW, "step", step)
     assert run(flags, data_root, tmp_path / "a") == 0
+    assert losses(tmp_path / "a") == [(1, pytest.approx(loss, rel=1e-6))]
     (grads, max_norm), = clipped
     assert max_norm == 0.5
     for e, g in zip(expect, grads, strict=True):
@@ -156,8 +163,9 @@ def test_train_step_applies_the_recipe(data_root, tmp_path, monkeypatch):
     assert all(g["betas"] == (0.9, 0.95) for g in groups)
     assert [(g["weight_decay"], [p.shape for p in g["params"]]) for g in groups] == \
         [(0.01, [p.shape for p in params if p.dim() >= 2]), (0.0, [p.shape for p in params if p.dim() < 2])]
-    assert run([*flags, "--grad_clip=0"], data_root, tmp_path / "b") == 0
+    assert run([*flags, "--grad_clip=0", "--lr_decay_iters=50"], data_root, tmp_path / "b") == 0
     assert len(clipped) == 1 and len(stepped) == 2
+    assert stepped[1][0]["lr"] == pytest.approx(1e-2 / 2)  # 1% of 50 steps is 0: 1 step, 1e-2 x 1 / 2
 
 
 def test_evaluate_uses_the_same_batches_of_each_split(data_root, monkeypatch):
@@ -175,11 +183,20 @@ def test_evaluate_uses_the_same_batches_of_each_split(data_root, monkeypatch):
     assert first["train"] == pytest.approx(direct(train_data, 1), rel=1e-6)
     assert first["val"] == pytest.approx(direct(val_data, 2), rel=1e-6) and first["val"] != first["train"]
     seen = []
-    model.evaluate = lambda batches, autocast: [seen.append(y.sum().item()) or 1.0 for _, y in batches]
+    model.evaluate = lambda batches, autocast: [seen.append(y.sum().item()) or seen[-1] for _, y in batches]
     monkeypatch.setattr(train.dist, "all_reduce", lambda total: None)  # rank 1 of 2, alone: its own share
-    train.evaluate(model, {"val": val_data}, tc, "cpu", contextlib.nullcontext(), rank=1, world=2)
+    out = train.evaluate(model, {"val": val_data}, tc, "cpu", contextlib.nullcontext(), rank=1, world=2)
     expect = [train.get_batch(val_data, tc, T, (1, 0, k), "cpu")[1].sum().item() for k in (1, 0)]  # 1, then 3 % 3
     assert seen == expect
+    assert out == {"val": expect[0]}  # the padding batch's loss (k = 3) left out
+
+
+def test_best_val_loss_is_the_lowest_evaluation(data_root, tmp_path, monkeypatch):
+    """The checkpoint's best_val_loss is the lowest val loss evaluated so far, not the latest."""
+    vals = iter([2.0, 1.0, 3.0])
+    monkeypatch.setattr(train, "evaluate", lambda *a, **kw: {"train": 1.0, "val": next(vals)})
+    assert run(["--max_iters=2", "--eval_interval=1"], data_root, tmp_path) == 0
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["best_val_loss"] == 1.0
 
 
 def test_resume_resolves_lr_dtype_and_compile_afresh(data_root, tmp_path):
