@@ -142,13 +142,20 @@ def test_fsdp_needs_torchrun(data_root, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("text", ["{", '{"iter_num": 3}'])
-def test_a_corrupt_sharded_state_is_one_line(text, tmp_path, capsys):
+BEST = json.dumps(dict(model_config={}, train_config=dict(dataset="tiny", weight_decay=0.1, beta1=0.9, beta2=0.95),
+                       iter_num=3, best_val_loss="low"))
+
+
+@pytest.mark.parametrize("text, words", [("{", "(PlainDataError: is not JSON (Expecting property name"),
+                                         ('{"iter_num": 3}', "(TypeError: model_config is None, not a dict)"),
+                                         (BEST, "(TypeError: best_val_loss is 'low', not a float)")],
+                         ids=["not JSON", "no model_config", "best_val_loss not a float"])
+def test_a_corrupt_sharded_state_is_one_line(text, words, tmp_path, capsys):
     (tmp_path / "shards-00000003").mkdir()
     (tmp_path / "shards-00000003" / ".metadata").write_bytes(b"")
     (tmp_path / "shards-00000003" / "state.json").write_text(text)
     assert train.main(["--init_from=resume", f"--out_dir={tmp_path}"]) == 2
-    assert f"{tmp_path / 'shards-00000003' / 'state.json'} is corrupt" in capsys.readouterr().err
+    assert f"{tmp_path / 'shards-00000003' / 'state.json'} is corrupt {words}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("change, words", [(lambda tc: tc.pop("beta1"), "beta1 is None"),
