@@ -89,6 +89,22 @@ def test_checkpoint_layout_is_plain_data_and_tensors(data_root, tmp_path):
     assert ckpt["train_config"]["dtype"] == "auto"  # saved as given
 
 
+def test_a_train_config_without_data_root_passes_the_checks():
+    """A run's data_root is optional in a checkpoint (a reader takes its --data_root, else the default)."""
+    checkpoint.check_plain({"model_config": {}, "train_config": {"dataset": "tiny"}, "iter_num": 0})
+
+
+def test_a_config_field_a_checkpoint_lacks_is_noted_once(capsys):
+    """A field a checkpoint lacks takes this code's default, which one note says, however often it is read."""
+    cfg = mesh.Config(vocab_size=32, block_size=16, n_embd=32, n_head=2).to_dict()
+    cfg.pop("slot0")
+    checkpoint._noted.clear()
+    for _ in range(2):
+        assert checkpoint.config_of({"model_config": cfg}, "old.pt").slot0 == "scaled"
+    assert capsys.readouterr().err == ("note: old.pt was saved without model_config's slot0; this code's "
+                                       "defaults: slot0='scaled'\n")
+
+
 def test_a_checkpoint_of_an_earlier_version_resumes(data_root, tmp_path):
     """Before checkpoints recorded saved_at (and a sharded one its data and checksums) they held the rest: such a
     ckpt.pt resumes as it always did, onto the same losses as a run never stopped."""
