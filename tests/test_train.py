@@ -207,6 +207,15 @@ def test_evaluate_uses_the_same_batches_of_each_split(data_root, monkeypatch):
     assert out == {"val": expect[0]}  # the padding batch's loss (k = 3) left out
 
 
+def test_the_logged_evaluation_is_each_splits_loss(data_root, tmp_path):
+    """An evaluation's record: evaluate()'s loss of the train split as train_loss, of the val split as val_loss."""
+    tc, model, train_data, val_data = tiny_run(data_root, "--max_iters=0")
+    expect = train.evaluate(model, {"train": train_data, "val": val_data}, tc, "cpu", contextlib.nullcontext())
+    assert run(["--max_iters=0"], data_root, tmp_path) == 0
+    assert losses(tmp_path, "train_loss") == [(0, expect["train"])] and expect["train"] != expect["val"]
+    assert losses(tmp_path, "val_loss") == [(0, expect["val"])]
+
+
 def test_best_val_loss_is_the_lowest_evaluation(data_root, tmp_path, monkeypatch):
     """The checkpoint's best_val_loss is the lowest val loss evaluated so far, not the latest."""
     vals = iter([2.0, 1.0, 3.0])
