@@ -140,8 +140,8 @@ def test_train_step_applies_the_recipe(data_root, tmp_path, monkeypatch):
     """One step over --grad_accum=2: clipping (at --grad_clip) sees the mean of the micro-batches'
     gradients, computed here apart from train.py (dropout's masks keyed by seed, step and micro-batch, as
     the batches are), and the log their mean loss; AdamW gets this step's lr (warmup defaults to 1% of
-    lr_decay_iters, at least 1 step), betas (0.9, 0.95) and weight decay 0.01 on matrices only; --grad_clip=0
-    skips clipping."""
+    lr_decay_iters, at least 1 step), betas (0.9, 0.95), weight decay 0.01 on matrices only and the clipped
+    gradient; --grad_clip=0 skips clipping."""
     flags = ["--grad_accum=2", "--grad_clip=0.5", "--lr=1e-2", "--lr_decay_iters=300", "--max_iters=1",
              "--dropout=0.1"]
     tc, model, train_data, _ = tiny_run(data_root, *flags)
@@ -154,7 +154,7 @@ def test_train_step_applies_the_recipe(data_root, tmp_path, monkeypatch):
         loss += micro.item() / 2
         for e, g in zip(expect, torch.autograd.grad(micro, params)):
             e += g / 2
-    clipped, stepped = [], []
+    clipped, stepped, norms = [], [], []  # norms: of the gradient AdamW steps on
     real_clip, real_step = torch.nn.utils.clip_grad_norm_, torch.optim.AdamW.step
 
     def clip(ps, max_norm, *a, **kw):
@@ -164,6 +164,7 @@ def test_train_step_applies_the_recipe(data_root, tmp_path, monkeypatch):
 
     def step(self, *a, **kw):
         stepped.append([dict(g) for g in self.param_groups])
+        norms.append(torch.cat([p.grad.flatten() for g in self.param_groups for p in g["params"]]).norm().item())
         return real_step(self, *a, **kw)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
@@ -181,6 +182,8 @@ def test_train_step_applies_the_recipe(data_root, tmp_path, monkeypatch):
         [(0.01, [p.shape for p in params if p.dim() >= 2]), (0.0, [p.shape for p in params if p.dim() < 2])]
     assert run([*flags, "--grad_clip=0", "--lr_decay_iters=50"], data_root, tmp_path / "b") == 0
     assert len(clipped) == 1 and len(stepped) == 2
+    unclipped = torch.cat([e.flatten() for e in expect]).norm().item()
+    assert unclipped > 0.5 and norms == [pytest.approx(0.5, rel=1e-5), pytest.approx(unclipped, rel=1e-4)]
     assert stepped[1][0]["lr"] == pytest.approx(1e-2 / 2)  # 1% of 50 steps is 0: 1 step, 1e-2 x 1 / 2
 
 
