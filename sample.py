@@ -68,13 +68,14 @@ def prompt(start):
     a FIFO nor /dev/zero can hang or fill the read); any other prompt as it is."""
     if not start.startswith("FILE:"):
         return start
+    path = os.path.expanduser(start[5:])  # as every path setting
     try:
-        return files.read_text(start[5:], PROMPT_BYTES).removeprefix("\ufeff")
+        return files.read_text(path, PROMPT_BYTES).removeprefix("\ufeff")
     except OSError as e:
         why = f"cannot be read: {e.strerror}"
     except files.PlainDataError as e:
         why = str(e)
-    raise UsageError(f"the prompt file {start[5:]!r} {why}; give --start=FILE:path of a UTF-8 "
+    raise UsageError(f"the prompt file {path!r} {why}; give --start=FILE:path of a UTF-8 "
                      f"text file")
 
 

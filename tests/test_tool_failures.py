@@ -147,7 +147,7 @@ def prompt_files(tmp_path):
     return cases
 
 
-def test_sample_reads_a_prompt_file_as_plain_text_only(tiny_ckpt, tmp_path, capsys):
+def test_sample_reads_a_prompt_file_as_plain_text_only(tiny_ckpt, tmp_path, capsys, monkeypatch):
     cases = prompt_files(tmp_path)
     # a FIFO read blocking would wait for a writer forever: this one comes after a minute, and the test fails
     unblock = threading.Timer(60, lambda: open(tmp_path / "fifo", "w").close())
@@ -167,6 +167,9 @@ def test_sample_reads_a_prompt_file_as_plain_text_only(tiny_ckpt, tmp_path, caps
         assert sample.main([f"--out_dir={tiny_ckpt}", f"--start=FILE:{tmp_path / 'prompt.txt'}",
                             "--max_new_tokens=2"]) == 0
         assert capsys.readouterr().out.startswith("Then the")
+    monkeypatch.setenv("HOME", str(tmp_path))  # ~ is the home folder, as in every path setting
+    assert sample.main([f"--out_dir={tiny_ckpt}", "--start=FILE:~/prompt.txt", "--max_new_tokens=2"]) == 0
+    assert capsys.readouterr().out.startswith("Then the")
 
 
 @pytest.mark.parametrize("flag", ["--num_samples=1000000", "--max_new_tokens=1000000000000"])
