@@ -208,6 +208,24 @@ def test_table1_lesson_is_six_runs_at_width_64_and_flags_override_it(capsys):
         f"--threads={share}", "--overwrite=true"]
 
 
+def test_table1_dry_run_prints_what_each_run_would_do(tmp_path, capsys):
+    """A finished run is reused and a stopped one continued: never a command that would overwrite either."""
+    from tools import table1
+    fresh, done, stopped = table1.plan(["vanilla", "base", "mesh"], [0], ())
+    for run in (done, stopped):
+        (tmp_path / run["name"]).mkdir()
+    (tmp_path / done["name"] / "result.json").write_text(json.dumps(dict(
+        name=done["name"], seed=0, max_iters=5, params=1, val_loss=1.5, ms_per_iter=None, dataset="pydoc",
+        data_sha256=None, val_curve=[])))
+    torch.save(dict(iter_num=2, train_config=dict(max_iters=5)), tmp_path / stopped["name"] / "ckpt.pt")
+    table1.main([f"--root={tmp_path}", "--max_iters=5", "--seeds=0", "--only=vanilla,base,mesh", "--dry_run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[1] == f"# {done['name']}: done, reused"
+    assert lines[0].endswith("--overwrite=true") and lines[2].endswith("--init_from=resume")
+    assert [line.split("--out_dir=")[1].split()[0] for line in (lines[0], lines[2])] == [
+        str(tmp_path / fresh["name"]), str(tmp_path / stopped["name"])]
+
+
 def test_table1_reuses_a_finished_run_only_at_the_same_width_and_lr(tmp_path, monkeypatch):
     from configurator import UsageError
     from tools import table1

@@ -502,7 +502,13 @@ def table1(given):
     runs = plan([v for v in SCHEME if v in only], seeds, ablation, layouts)
     if a.dry_run:
         for run in runs:
-            cmd = train_command(run, os.path.join(a.root, run["name"]), a.max_iters, train, where)
+            out_dir = os.path.join(a.root, run["name"])
+            what, _ = stage(run, out_dir, a.max_iters, train)
+            if what == "done":
+                print(f"# {run['name']}: done, reused")
+                continue
+            resume = what == "resume"
+            cmd = train_command(run, out_dir, a.max_iters, train, where, resume)
             print(" ".join(cmd[1:]))
         return
     check_writable(a.results, "results", folder=True)  # now, not after every run has trained
