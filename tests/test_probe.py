@@ -249,6 +249,14 @@ def test_probe_bad_input_is_one_line_and_exit_2(args, message, capsys):
         assert routing.main(args) == 2 and capsys.readouterr().err == message.replace("probe", "routing")
 
 
+def test_a_later_run_that_cannot_be_opened_is_refused_before_any_work(tmp_path, capsys):
+    run, nowhere = make_run(tmp_path, "mesh", "1+2R2+1", "mesh"), tmp_path / "nowhere"
+    for main, prog in ((probe.main, "probe.py"), (routing.main, "routing.py")):
+        assert main([f"--out_dir={run}", f"--out_dir={nowhere}", f"--json={tmp_path / 'r.json'}"]) == 2
+        assert capsys.readouterr() == ("", f"{prog}: error: no checkpoint at {nowhere}/ckpt.pt; train one with: "
+                                           f"python train.py --out_dir={nowhere}\n")
+
+
 def test_probe_names_a_missing_validation_split(tmp_path, capsys):
     run = make_run(tmp_path, "mesh", "1+2R2+1", "mesh")
     os.remove(tmp_path / "data" / "tiny_char" / "val.bin")

@@ -164,9 +164,10 @@ def opened(out_dir, a, prog):
                          "state": state or "finished"}
 
 
-def each_run(a, one, report, png):
+def each_run(a, one, report, png, prog):
     """one(out_dir, a) for each --out_dir, its report printed; the results, written to --json.
-    png: how --png is checked (check_writable's words). Outputs are checked before any run."""
+    png: how --png is checked (check_writable's words). Outputs are checked, and every run
+    opened, before any run's work."""
     if not a.out_dir:
         raise UsageError("give a run's folder: --out_dir=OUT_DIR (again to compare several)")
     if a.json:
@@ -174,6 +175,8 @@ def each_run(a, one, report, png):
     if a.png:
         tool.check_writable(a.png, "png", **png)
     a.device, results = resolve_device(a.device), []
+    for out_dir in a.out_dir[1:]:  # the first: opened next
+        tool.load_run(out_dir, "cpu", prog, a.unfinished, a.ckpt)
     for out_dir in a.out_dir:
         results.append(one(out_dir, a))
         print(report(results[-1]))
@@ -379,7 +382,8 @@ def main(argv):
 
 def run(given):
     a = ProbeConfig(**given)
-    results = each_run(a, probe_checkpoint, report, dict(folder=True))
+    results = each_run(a, probe_checkpoint, report, dict(folder=True),
+                       "probe.py")
     if a.png:
         write_pngs(results, a.png)
 

@@ -197,7 +197,8 @@ def run(given):
     if "text" in given and not a.text:
         raise UsageError("--text is empty; give a sentence, or leave --text out for a window of "
                          "the validation split")
-    results = each_run(a, routing_checkpoint, report, dict(ending=".png"))
+    results = each_run(a, routing_checkpoint, report, dict(ending=".png"),
+                       "routing.py")
     if a.png:
         write_png(results, a.png)
 
