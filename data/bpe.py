@@ -117,7 +117,8 @@ class ByteLevelBPE:
         keys = ("model", "added_tokens", "normalizer", "pre_tokenizer", "decoder")  # decide ids
         decides = json.dumps({k: spec.get(k) for k in keys}, sort_keys=True)
         self.fingerprint = hashlib.sha256(decides.encode()).hexdigest()
-        added = spec.get("added_tokens") or []
+        # one of no text matches nowhere, as in tokenizers
+        added = [t for t in spec.get("added_tokens") or [] if t["content"]]
         self.added = {t["content"]: t["id"] for t in added}
         vocab = spec["model"]["vocab"]
         self.vocab_size = max([*vocab.values(), *self.added.values()], default=-1) + 1

@@ -575,6 +575,17 @@ def test_bpe_equals_tokenizers(tmp_path):
     assert all(ours.encode(t) == theirs.encode(t).ids for t in BPE_TEXTS)
 
 
+def test_bpe_ignores_an_added_token_of_no_text_as_tokenizers_does(tmp_path):
+    theirs = train_bpe(tmp_path / "full.json")
+    spec = json.load(open(tmp_path / "full.json"))
+    spec["added_tokens"].append(dict(spec["added_tokens"][0], id=theirs.get_vocab_size(), content=""))
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    theirs = pytest.importorskip("tokenizers").Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    ours = Tokenizer("bpe", path=str(tmp_path))
+    assert ours._bpe.backend == "tiktoken" and ours.vocab_size == theirs.get_vocab_size()
+    assert all(ours.encode(text) == theirs.encode(text).ids for text in BPE_TEXTS + [TEXT])
+
+
 def test_bpe_without_the_bytes_no_text_holds_runs_on_tiktoken(tmp_path):
     """GPT-NeoX's vocabulary (Pythia's) lacks the 13 bytes no UTF-8 text holds (0xc0, 0xc1, 0xf5-0xff): tiktoken
     runs it all the same, with the ids of `tokenizers`, which is not needed for it."""
