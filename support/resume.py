@@ -19,7 +19,7 @@ from configurator import UsageError, value_of
 from support import checkpoint
 from support.checkpoint import KEPT, SHARDS, CheckpointError
 
-FIXED = ("core_init",)  # how the run began: a resume cannot change it
+FIXED = ("core_init", "data_order")  # set as the run began: a resume cannot change them
 # a checkpoint's fields (rng: earlier code's); any other is another code's, which a resume drops
 FIELDS = {"model", "optimizer", "model_config", "train_config", "iter_num", "best_val_loss", "rng",
           "data", "source", "saved_at", "launch", "folder", "path", "checksums"}
@@ -85,7 +85,7 @@ def check_resumable(ckpt, tc, given):
                               f"written by train.py (sample.py can still use its weights)")
     old = ckpt["train_config"]
     saved = {"model": old.get("model"), **ckpt["model"].config.to_dict(),
-             **{k: old[k] for k in FIXED if k in old}}
+             **{k: old[k] for k in FIXED if type(old.get(k)) is str}}  # (else damaged)
     conflicts = [f"{k}: checkpoint {saved[k]!r} vs given {given[k]!r}" for k in saved
                  if k in given and given[k] != saved[k]]
     if conflicts:

@@ -456,13 +456,18 @@ def test_kept_checkpoints_are_checkpoints_to_a_resume_and_to_a_fresh_run(data_ro
 
 
 def test_a_resume_keeps_what_the_run_did(finished, tmp_path, capsys):
-    """How the run began (--core_init) cannot change on resume, and a field of the checkpoint this code does not
+    """How the run began (--core_init), and the order it reads its data in, cannot change on resume (a switch
+    to sequential would skip the windows before the step's), and a field of the checkpoint this code does not
     know (as "source" is to older code) is named rather than dropped: one line each, the run as it was."""
     out = shutil.copytree(finished, tmp_path / "run")
     before = snapshot(out)
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--core_init=average"]) == 2
     assert one_line(capsys) == ("train.py: error: the checkpoint's model differs from the flags given: core_init: "
                                 "checkpoint 'stepwise' vs given 'average'\n")
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--data_order=sequential"]) == 2
+    assert one_line(capsys) == ("train.py: error: the checkpoint's model differs from the flags given: data_order: "
+                                "checkpoint 'random' vs given 'sequential'\n")
+    assert snapshot(out) == before
     resave(out / "ckpt.pt", lambda c: c.update(teacher={"name": "big"}))
     before = snapshot(out)
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
