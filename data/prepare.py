@@ -30,7 +30,7 @@ from support import command, files  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
 from data.meta import (PROJECT_DATA, STAND_IN, DataError, Tokenizer, check_ids,  # noqa: E402
-                       data_root, dataset_folder, dtype_for_vocab, is_path)
+                       data_root, dataset_folder, dtype_for_vocab, is_path, read_meta)
 
 SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
                    "tinyshakespeare/input.txt")
@@ -349,7 +349,11 @@ def check_root_ours(out_root):
 def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
     """The dataset to train on, a known one prepared first (under OUT_ROOT's lock).
     Offline, shakespeare_char falls back on 'pydoc' and remembers why (OFFLINE)."""
-    if dataset_folder(out_root, dataset):
+    folder = dataset_folder(out_root, dataset)
+    if folder and is_path(dataset):  # absolute: a run finds it again from anywhere
+        prefix = read_meta(os.path.join(folder, "meta.json")).get("prefix", "")
+        return os.path.abspath(os.path.join(folder, prefix))
+    if folder:
         return dataset
     if is_path(dataset) and (foreign := foreign_files(dataset)):  # nanoGPT's?
         kept = [n for n in ("train.bin", "val.bin", "meta.pkl") if n in foreign]

@@ -764,6 +764,19 @@ def test_sequential_order_never_skips_data_when_the_batch_changes(seq_root, tmp_
                        "--grad_accum=2"]) == 0  # 8 windows a step again: it goes on at window 24
 
 
+def test_a_dataset_path_from_the_working_folder_is_found_from_any_other(seq_root, tmp_path, monkeypatch, capsys):
+    """A relative --dataset=PATH/document, from the working folder: the run keeps where it is, so that its resume and
+    sample.py find it from another folder (data/README.md)."""
+    out = tmp_path / "run"
+    monkeypatch.chdir(seq_root)
+    assert train.main([*SEQ_TINY, "--dataset=seq/document", f"--out_dir={out}", "--max_iters=2"]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=3"]) == 0
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={out}", "--start=abc", "--max_new_tokens=5"]) == 0
+    assert capsys.readouterr().out.startswith("abc")
+
+
 def test_dataset_given_as_a_path(seq_root, data_root, tmp_path, capsys):
     """--dataset=PATH/document reads an indexed dataset where it is; sample.py finds its tokenizer through the run."""
     out = tmp_path / "run"
