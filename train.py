@@ -293,10 +293,10 @@ def train(given):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
-        if iter_num % tc.log_interval == 0 or iter_num == tc.max_iters or stopping:
+        if iter_num % tc.log_interval == 0 or iter_num == steps or stopping:
             dt = (time.perf_counter() - t0) / (iter_num - timed_from)
             t0, timed_from = time.perf_counter(), iter_num
-            eta = dt * (tc.max_iters - iter_num) / 60
+            eta = dt * (steps - iter_num) / 60
             record = {"iter": iter_num, "loss": loss, "lr": lr_now, "ms": 1000 * dt}
             text = (f"iter {iter_num}: loss {loss:.4f}, lr {lr_now:.2e}, {1000 * dt:.1f} ms/iter, "
                     f"{tokens_per_step / dt:,.0f} tok/s, eta {eta:.1f} min")

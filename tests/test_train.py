@@ -747,6 +747,23 @@ def test_sequential_stops_when_the_data_runs_out(seq_root, tmp_path, monkeypatch
     assert sorted(steps) == [12, 13] and "ran out" not in capsys.readouterr().out
 
 
+def test_sequential_logs_its_last_step_and_its_eta_counts_to_it(seq_root, tmp_path, monkeypatch, capsys):
+    """The data runs out at step 12 of --max_iters=20: step 12 is logged, and on a clock where a step takes a
+    minute the eta at step 5 is the 7 steps left, not 15."""
+    clock, get_batch = [0.0], train.get_batch
+
+    def batch(data, tc, T, key, device):
+        clock[0] += 15.0 if key[0] == 0 else 0.0  # 4 micro-batches a step
+        return get_batch(data, tc, T, key, device)
+
+    monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(train, "get_batch", batch)
+    assert train.main([*SEQ_TINY, f"--data_root={seq_root}", "--dataset=seq", f"--out_dir={tmp_path / 'run'}",
+                       "--eval_interval=100", "--log_interval=5", "--max_iters=20"]) == 0
+    assert [i for i, _ in losses(tmp_path / "run")] == [5, 10, 12]
+    assert "eta 7.0 min" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_sequential_order_never_skips_data_when_the_batch_changes(seq_root, tmp_path, capsys):
     """3 steps of 2 x 4 windows read windows 0-23; at 16 windows a step the next step would begin at window 48:
