@@ -421,6 +421,12 @@ def describe_indexed(path, tokenizer, log=_stderr):
     ds = IndexedDataset(path)
     check_ids(ds.tokens, tok.vocab_size, ds.prefix + ".bin", "it was made with another tokenizer")
     folder, n_train = os.path.dirname(os.path.abspath(ds.prefix)), ds.train_tokens()
+    made = os.path.join(folder, "meta.json")
+    if os.path.exists(made) and not described(folder):
+        raise DataError(f"{made} is data/prepare.py's, "
+                        f"which --indexed never writes over; "
+                        f"train on the dataset as it is, "
+                        f"or remove {made} first")
     files.own(folder, "--indexed", shown=folder)  # held to the end: no live run reads it
     meta = {"dataset": os.path.basename(folder), **tok.to_meta(), "dtype": ds.dtype.name,
             "format": "indexed", "prefix": os.path.basename(ds.prefix), "sequences": len(ds),

@@ -699,6 +699,20 @@ def test_describe_indexed(tmp_path):
         dataset_folder("data", str(tmp_path / "pile"))
 
 
+def test_describe_indexed_never_writes_over_a_prepared_datasets_meta(tmp_path, capsys):
+    """An indexed dataset prepare.py made from text keeps its meta.json (its sha256, which its runs' checkpoints
+    record): --indexed on it is refused, touching nothing."""
+    train_bpe(tmp_path / "tokenizer.json")
+    d = prepare("ix", input=write(tmp_path / "in.txt", TEXT), out_root=str(tmp_path), format="indexed", seq_len=50,
+                tokenizer=str(tmp_path / "tokenizer.json"), log=quiet)
+    before = snapshot(tmp_path)
+    assert prep.main(["--indexed", os.path.join(d, "document"), "--tokenizer", str(tmp_path / "tokenizer.json")]) == 2
+    made = os.path.join(d, "meta.json")
+    assert capsys.readouterr().err == (f"prepare.py: error: {made} is data/prepare.py's, which --indexed never writes "
+                                       f"over; train on the dataset as it is, or remove {made} first\n")
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2", "bpe"])
 @pytest.mark.parametrize("chunk", [1 << 20, 1], ids=["one chunk", "byte chunks"])
 def test_a_byte_order_mark_is_not_a_character_of_the_text(tokenizer, chunk, tmp_path):
