@@ -160,9 +160,10 @@ def test_a_stopped_check_ends_its_part_and_says_what_did_not_run(how, tmp_path):
 
 
 @POSIX
-def test_a_signal_while_an_overrun_part_is_ended_waits_for_its_end(tmp_path):
+def test_a_signal_while_an_overrun_part_is_ended_waits_for_its_end(tmp_path, monkeypatch):
     """A signal in the GRACE seconds between SIGTERM and SIGKILL of a part that overran: the part's
     process group still ends and the part is recorded as overran; the check stops after it."""
+    monkeypatch.setattr(command.Stop, "signals", 0)  # put back after: later tests run parts
     command.Stop.install()
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))  # deadline 0.5 s, + GRACE
     try:
