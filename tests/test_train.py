@@ -127,6 +127,19 @@ def test_get_batch_windows_reach_the_last_token():
     assert starts == {0, 1, 2, 3}
 
 
+def test_batches_are_keyed_by_seed_split_step_and_micro_batch():
+    """Each key (0, step, micro-batch) to train, (split code, 0, k) to evaluate draws its own windows, and --seed
+    others; evaluation draws them at random under --data_order=sequential too (only training reads in order)."""
+    data, tc = torch.arange(10000).numpy(), train.TrainConfig(batch_size=4)
+    starts = lambda tc, key: tuple(train.get_batch(data, tc, 8, key, "cpu")[0][:, 0].tolist())  # noqa: E731
+    keys = [(0, 0, 0), (0, 1, 0), (0, 0, 1), (1, 0, 0), (2, 0, 0)]
+    assert len({starts(tc, key) for key in keys}) == len(keys)
+    assert starts(train.TrainConfig(batch_size=4, seed=1), (0, 0, 0)) != starts(tc, (0, 0, 0))
+    seq = train.TrainConfig(batch_size=4, grad_accum=2, data_order="sequential")
+    assert [starts(seq, key) for key in keys[3:]] == [starts(tc, key) for key in keys[3:]]
+    assert starts(seq, (0, 1, 1)) == (108, 117, 126, 135)  # step 1's second micro-batch: windows 12-15 of 9 tokens
+
+
 def test_lr_schedule_is_warmup_then_cosine_to_min_lr():
     """Appendix B (Pythia's schedule): linear warmup, then a cosine from lr down to min_lr at lr_decay_iters, then min_lr."""
     lr = lambda it: train.get_lr(it, lr=1e-3, min_lr=1e-4, warmup=10, decay=110)
