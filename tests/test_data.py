@@ -436,6 +436,26 @@ def test_prepare_indexed_format(tmp_path):
         assert listed(d) == files and dataset_folder("data", d) == d  # no file of the other format left
 
 
+def test_a_run_reads_both_splits_and_checks_the_model_fits(data_root):
+    """Dataset: train.bin and val.bin each as its own split; a model fits with every token id a row and one
+    window of block_size + 1 tokens in each split (the boundary exactly); subword vocabularies padded to 64."""
+    from types import SimpleNamespace as Cfg
+    folder = os.path.join(data_root, "tiny")
+    data = loader.Dataset(data_root, "tiny", folder)
+    for split in ("train", "val"):
+        assert np.asarray(getattr(data, split)).tolist() == np.fromfile(os.path.join(folder, f"{split}.bin"), np.uint16).tolist()
+    vocab, val = data.vocab_size, len(data.val)
+    assert vocab == 26 and val < len(data.train)
+    data.check_fits(Cfg(vocab_size=vocab, block_size=val - 1))
+    with pytest.raises(DataError, match=f"block_size {val} is longer than the validation split of 'tiny' .{val} tokens."):
+        data.check_fits(Cfg(vocab_size=vocab, block_size=val))
+    with pytest.raises(DataError, match="dataset 'tiny' has 26 tokens but the model's vocabulary is 25; use a dataset"):
+        data.check_fits(Cfg(vocab_size=25, block_size=8))
+    for size, padded in [(128, 128), (129, 192), (50257, 50304)]:
+        data.tokenizer = Cfg(kind="bpe", vocab_size=size)
+        assert data.vocab_size == padded
+
+
 def test_sequential_windows():
     data = np.arange(23)
     w = loader.sequential_windows(data, 5, 2, 4)  # 4 whole windows a pass; tokens 20-22 never read
