@@ -385,6 +385,9 @@ def corrupt(tmp_path, how):
         raw = raw[:-3]
     elif how == "pointer":
         raw[34 + 8 + 8:34 + 8 + 16] = (6).to_bytes(8, "little")  # sequence 1 at byte 6, not 8
+    elif how == "negative size":  # sequence 0 of 8 tokens, sequence 1 of -1 ending where the .bin does
+        raw[34:42] = np.array([8, -1], "<i4").tobytes()
+        raw[34 + 8 + 8:34 + 8 + 16] = (16).to_bytes(8, "little")
     elif how == "short bin":
         bin_.write_bytes(bin_.read_bytes()[:-2])
     elif how == "long bin":
@@ -397,6 +400,7 @@ BAD_INDEX = [("magic", "does not start with the magic"), ("version", "version 2,
              ("dtype", "dtype code 7 is not an integer token type"),
              ("truncated idx", r"promises 2 sequences and 3 document entries \(82 bytes\) but the file has 79"),
              ("pointer", "sequence 1 has size 3 at byte offset 6, expected a size >= 0 at offset 8"),
+             ("negative size", "sequence 1 has size -1 at byte offset 16, expected a size >= 0 at offset 16"),
              ("short bin", r"covers 14 bytes \(7 uint16 tokens\) but the .bin has 12"),
              ("long bin", r"covers 14 bytes \(7 uint16 tokens\) but the .bin has 16")]
 
@@ -407,6 +411,18 @@ def test_bad_index_is_one_clear_error(tmp_path, how, message):
     with pytest.raises(DataError, match=message) as e:
         IndexedDataset(path)
     assert "\n" not in str(e.value) and "document" in str(e.value)
+
+
+def test_an_indexed_dataset_written_again_is_read_again(tmp_path):
+    """A process that read an indexed dataset reads it again once its files change (the check is cached per
+    file sizes and times): the new val split, not the old index's view of it."""
+    from data.indexed import split_tokens
+    prefix = str(tmp_path / "document")
+    write_indexed(prefix, [np.arange(4), np.arange(3)])
+    assert split_tokens(prefix, "val")[0].tolist() == [0, 1, 2]
+    write_indexed(prefix, [np.arange(4), np.full(5, 9)])
+    tokens, path, first = split_tokens(prefix, "val")
+    assert (tokens.tolist(), path, first) == ([9] * 5, prefix + ".bin", 4)
 
 
 def test_prepare_indexed_format(tmp_path):
