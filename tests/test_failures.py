@@ -643,6 +643,8 @@ DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the
     ("optimizer state of the wrong shape", resave(shrink_exp_avg), ("resume",), "the optimizer's exp_avg of parameter"),
     ("optimizer for another model", resave(lambda c: c["optimizer"]["param_groups"][0]["params"].pop()), ("resume",),
      "the optimizer's parameter groups differ from the model's"),
+    ("optimizer state for a parameter the model lacks", resave(lambda c: c["optimizer"]["state"].update({999: {}})),
+     ("resume",), "cannot be resumed: optimizer state for an unknown parameter 999"),
     ("a negative iter_num", resave(lambda c: c.update(iter_num=-3)), ("sample", "resume"),
      "(ValueError: iter_num is -3, not a count of steps)"),
     ("train_config without its dataset", resave(lambda c: c["train_config"].pop("dataset")), ("sample", "resume"),
