@@ -151,6 +151,8 @@ def test_unsaveable_names_what_is_not_finite():
     limit = 10 * np.log(20)
     assert guards.unsaveable(model, opt, {"train": 1e11, "val": 3.0}) == \
         f"train loss is 1e+11 (above {limit:.4g}, 10 x ln(vocab_size))"
+    assert guards.unsaveable(model, opt, {"train": limit, "val": 3.0}) is None  # at the limit: saved
+    assert guards.unsaveable(model, opt, {"train": 3.0, "val": limit + 1e-9}).startswith("val loss is 29.96 (above")
     opt.state[model.ln_f.weight]["exp_avg_sq"][3] = float("nan")
     assert guards.unsaveable(model, opt, ok) == "optimizer exp_avg_sq of ln_f.weight is not finite"
     with torch.no_grad():
