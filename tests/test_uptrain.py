@@ -48,6 +48,18 @@ def test_core_layers_stepwise_and_average():
     assert blocks("1+1R2+1", 6) == {"prelude.0": [0], "cores.0.0": [1], "coda.0": [5]}
     assert blocks("1+1R2+1", 6, "average") == {"prelude.0": [0], "cores.0.0": [1, 2, 3, 4],
                                                "coda.0": [5]}
+    # more unrolled positions than middle layers: each position stands for the layer at its depth
+    assert blocks("1+2R3+1", 4) == {"prelude.0": [0], "cores.0.0": [1], "cores.0.1": [2], "coda.0": [3]}
+    assert blocks("1+2R3+1", 4, "average") == {"prelude.0": [0], "cores.0.0": [1, 1, 2],
+                                               "cores.0.1": [1, 2, 2], "coda.0": [3]}
+
+
+def test_where_reads_an_iteration_of_vanilla_sources_only(tmp_path):
+    """vanilla:OUT_DIR@ITER names OUT_DIR's checkpoint of ITER; any other @ is the path's own (hf: too)."""
+    out = str(tmp_path / "out")
+    assert pretrained.where("vanilla:runs/a@12", out) == ("vanilla:runs/a@12", "vanilla", "runs/a", 12)
+    assert pretrained.where("vanilla:runs/a@b", out)[2:] == ("runs/a@b", None)
+    assert pretrained.where("hf:models/pythia@1000", out)[1:] == ("hf", "models/pythia@1000", None)
 
 
 def tiny_source(layers=6, seed=0):
