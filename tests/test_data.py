@@ -324,6 +324,29 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
 
+def test_a_relative_data_root_is_the_working_folders_before_the_projects(tmp_path, monkeypatch):
+    """A relative --data_root from the working folder where it is there; else the project folder's."""
+    project = os.path.dirname(data_meta.PROJECT_DATA)
+    monkeypatch.chdir(tmp_path)
+    assert data_meta.data_root("tools") == os.path.join(project, "tools")
+    (tmp_path / "tools").mkdir()
+    assert data_meta.data_root("tools") == str(tmp_path / "tools")
+    assert data_meta.data_root("nowhere") == str(tmp_path / "nowhere")
+
+
+def test_a_meta_json_that_does_not_match_its_data_is_refused(tmp_path):
+    """meta.json's characters must be vocab_size many; an indexed dataset's meta.json must name its prefix."""
+    (tmp_path / "meta.json").write_text('{"tokenizer": "char", "chars": "ab", "vocab_size": 3, "dtype": "uint16"}')
+    with pytest.raises(DataError, match=r"meta.json is damaged \(ValueError: its 3 characters are missing\)"):
+        data_meta.read_meta(str(tmp_path / "meta.json"))
+    d = prepare("ix", input=write(tmp_path / "in.txt", TEXT), out_root=str(tmp_path), format="indexed",
+                seq_len=50, log=quiet)
+    os.rename(os.path.join(d, "document.idx"), os.path.join(d, "other.idx"))
+    os.rename(os.path.join(d, "document.bin"), os.path.join(d, "other.bin"))
+    with pytest.raises(DataError, match=r"ix/meta.json describes 'document', not 'other'; write it again"):
+        dataset_folder("data", os.path.join(d, "other"))
+
+
 def test_out_root_defaults_to_data_as_data_root_does(tmp_path, monkeypatch):
     """--out_root's default is `data`, as train.py's --data_root's (data/README.md): --help shows it
     so, not this machine's path, and from any folder it is the project's data/."""
