@@ -552,11 +552,11 @@ def test_checkpoints_of_other_code_are_read_or_named_never_called_corrupt(what, 
 def test_a_setting_this_code_does_not_know_is_named_on_resume(finished, tmp_path, capsys):
     import sample
     out = shutil.copytree(finished, tmp_path / "run")
-    resave(out / "ckpt.pt", lambda c: c["train_config"].update(router_lr=0.1))
+    resave(out / "ckpt.pt", lambda c: (c["train_config"].update(router_lr=0.1), c.update(ema={})))  # and a field
     before = snapshot(out)
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"]) == 2
     assert one_line(capsys) == (f"train.py: error: {out / 'ckpt.pt'} is intact, but this code does not know its "
-                                f"router_lr, which a resume would drop; resume it with the code that wrote it\n")
+                                f"router_lr, ema, which a resume would drop; resume it with the code that wrote it\n")
     assert snapshot(out) == before
     assert sample.main([f"--out_dir={out}", "--max_new_tokens=4"]) == 0  # the model needs none of it
 
