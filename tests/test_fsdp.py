@@ -134,6 +134,9 @@ def test_a_first_save_killed_midway_is_no_run_to_continue(data_root, tmp_path, c
     (out / "shards-00000000" / "__0_0.distcp").write_bytes(b"half")
     assert run(["--max_iters=2", "--eval_interval=2"], data_root, out) == 0
     assert listed(out) == ["ckpt.pt", "log.jsonl"]
+    (out / "shards-00000003").mkdir()  # one left beside a run resumed without FSDP: removed at its start too
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=3"]) == 0
+    assert listed(out) == ["ckpt.pt", "log.jsonl"]
 
 
 def test_fsdp_needs_torchrun(data_root, tmp_path, capsys):
