@@ -19,7 +19,8 @@ import torch
 from tools import consolidate
 from support import checkpoint, files as runfiles, resume
 from support.sharded import Unpickler
-from mesh import Config
+from mesh import Config, RecursiveGPT
+from support.checkpoint import CheckpointError
 import sample
 import train
 from data.prepare import prepare
@@ -200,6 +201,22 @@ def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path)
         with pytest.raises(pickle.UnpicklingError, match=f"{module}.{name} is not allowed in checkpoint metadata"):
             Unpickler(io.BytesIO(b"\x80\x04" + text(module) + text(name) + b"\x93.")).load()
     assert Unpickler(io.BytesIO(b"\x80\x04" + text("torch") + text("float32") + b"\x93.")).load() is torch.float32
+
+
+def test_a_corrupt_shards_folder_beside_a_ckpt_pt_names_the_way_back_to_it(tmp_path):
+    """A sharded checkpoint that cannot be read, with a ckpt.pt beside it: the one line says to move it away."""
+    from support.sharded import read
+    shards = tmp_path / "shards-00000004"
+    shards.mkdir()
+    (shards / ".metadata").write_bytes(b"not a pickle")
+    model = RecursiveGPT(Config(vocab_size=8, block_size=4, n_embd=16, n_head=2, layout="1"))
+    optimizer = model.configure_optimizer(0.0, 1e-3)
+    for beside, advice in [(False, "; point --out_dir"),
+                           (True, "; move it away to resume from ckpt.pt beside it, or point")]:
+        if beside:
+            (tmp_path / "ckpt.pt").write_bytes(b"")
+        with pytest.raises(CheckpointError, match=f"checkpoint {shards} is incomplete or corrupt .*{advice}"):
+            read(str(shards), model, optimizer, no_dist=True)
 
 
 @pytest.fixture(scope="module")
