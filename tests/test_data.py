@@ -503,6 +503,13 @@ def test_sequential_windows():
         loader.sequential_windows(data, 24, 0, 1)
 
 
+def test_random_windows_need_one_window():
+    """A split of exactly one window gives it every time; one token less is a DataError, not numpy's."""
+    assert loader.random_windows(np.arange(6), 6, 2, [0]).tolist() == [list(range(6))] * 2
+    with pytest.raises(DataError, match="^the split has 5 tokens, fewer than one window of 6$"):
+        loader.random_windows(np.arange(5), 6, 1, [0])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tok", ["char", "gpt2"])
 def test_num_proc_output_equals_one_process(tmp_path, tok, request):
