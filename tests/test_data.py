@@ -448,6 +448,28 @@ def test_an_indexed_dataset_written_again_is_read_again(tmp_path):
     assert (tokens.tolist(), path, first) == ([9] * 5, prefix + ".bin", 4)
 
 
+def test_an_index_is_checked_in_slices_and_needs_two_sequences_and_regular_files(tmp_path, monkeypatch):
+    """The tiling check reads the index in slices (here of 2 sequences: 3 slices, a damaged one found in the
+    last); one sequence leaves none for validation; a folder named document.bin is not a file to read."""
+    import data.indexed as indexed
+    monkeypatch.setattr(indexed, "CHECK_SLICE", 2)
+    write_indexed(str(tmp_path / "document"), [np.arange(n) for n in (3, 1, 4, 1, 5)])
+    ds = IndexedDataset(str(tmp_path))
+    assert (ds.n_tokens, ds.pointers.tolist(), ds[4].tolist()) == (14, [0, 6, 8, 16, 18], [0, 1, 2, 3, 4])
+    raw = bytearray((tmp_path / "document.idx").read_bytes())
+    raw[34 + 20 + 32:34 + 20 + 40] = (20).to_bytes(8, "little")  # sequence 4 at byte 20, not 18
+    (tmp_path / "document.idx").write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="sequence 4 has size 5 at byte offset 20, expected a size >= 0 at offset 18"):
+        IndexedDataset(str(tmp_path))
+    write_indexed(str(tmp_path / "one"), [np.arange(4)])
+    with pytest.raises(DataError, match="one has 1 sequence.s.: it needs 2 or more, the last 1% .at least one."):
+        IndexedDataset(str(tmp_path / "one")).train_tokens()
+    os.remove(tmp_path / "one.bin")
+    os.mkdir(tmp_path / "one.bin")
+    with pytest.raises(DataError, match="one.bin is not a regular file .a folder, a FIFO or a device.."):
+        IndexedDataset(str(tmp_path / "one"))
+
+
 def test_prepare_indexed_format(tmp_path):
     src = write(tmp_path / "in.txt", UNICODE)
     flat = prepare("flat", input=src, out_root=str(tmp_path), log=quiet)
