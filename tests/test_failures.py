@@ -640,6 +640,7 @@ DAMAGED_CHECKPOINTS = [  # (name, damage, the tools that refuse it, words of the
     ("non-finite weights", resave(lambda c: c["model"]["lm_head.weight"].fill_(float("nan"))), ("sample", "resume"),
      "(ValueError: weight lm_head.weight is not finite)"),
     ("no optimizer", resave(lambda c: c.pop("optimizer")), ("resume",), "cannot be resumed: no valid optimizer"),
+    ("no best_val_loss", resave(lambda c: c.pop("best_val_loss")), ("resume",), "cannot be resumed: no valid best_val_loss"),
     ("no iter_num", resave(lambda c: c.pop("iter_num")), ("sample", "resume"),
      "(ValueError: iter_num is None, not a count of steps)"),
     ("optimizer state of the wrong shape", resave(shrink_exp_avg), ("resume",), "the optimizer's exp_avg of parameter"),
