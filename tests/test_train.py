@@ -794,8 +794,8 @@ def test_sequential_order_never_skips_data_when_the_batch_changes(seq_root, tmp_
                        "--grad_accum=2"]) == 0  # 8 windows a step again: it goes on at window 24
     rand = tmp_path / "random"  # a run that read its windows at random has no order to keep: any batch goes on
     assert train.main([*flags, f"--out_dir={rand}", "--data_order=random", "--max_iters=1"]) == 0
-    assert train.main(["--init_from=resume", f"--out_dir={rand}", "--max_iters=2", "--data_order=sequential",
-                       "--batch_size=4"]) == 0
+    assert train.main(["--init_from=resume", f"--out_dir={rand}", "--max_iters=2", "--batch_size=4"]) == 0
+    # (a resume cannot switch the order: test_resume_launch.py's test_a_resume_keeps_what_the_run_did)
 
 
 def test_a_dataset_path_from_the_working_folder_is_found_from_any_other(seq_root, tmp_path, monkeypatch, capsys):
