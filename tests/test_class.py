@@ -164,8 +164,8 @@ def test_routing_end_to_end_writes_the_json_and_the_figure(runs, tmp_path, capsy
     except ImportError:
         assert "routing.py: matplotlib is not installed, so no figure" in printed
     a = routing.RoutingConfig(tokens=5)  # no --text: a validation window
-    window = routing.routing_checkpoint(runs[1], a)
-    assert len(window["tokens"]) == 5 and window == routing.routing_checkpoint(runs[1], a)
+    window = lambda: routing.routing_checkpoint(probe.opened(runs[1], a, "routing.py"), a)
+    assert len(window()["tokens"]) == 5 and window() == window()
 
 
 def test_routing_without_matplotlib_writes_the_numbers_and_says_so(runs, tmp_path, capsys, monkeypatch):

@@ -214,7 +214,8 @@ def test_routing_predicts_after_each_step_what_a_model_stopped_there_predicts(tm
     """Base's prediction after loop step t is that of a base model given t loop steps and the same weights;
     MeSH's after its last step is its own; each shown as its token's text."""
     a = routing.RoutingConfig(text="abcabcd")
-    base, mesh = (routing.routing_checkpoint(make_run(tmp_path, s, "1+2R2+1", s), a)
+    opened = lambda s: probe.opened(make_run(tmp_path, s, "1+2R2+1", s), a, "routing.py")
+    base, mesh = (routing.routing_checkpoint(opened(s), a)
                   for s in ("base", "mesh"))
     idx = torch.tensor([base["ids"]])
     model = load_checkpoint(str(tmp_path / "base"))[0]
@@ -255,6 +256,15 @@ def test_a_later_run_that_cannot_be_opened_is_refused_before_any_work(tmp_path, 
         assert main([f"--out_dir={run}", f"--out_dir={nowhere}", f"--json={tmp_path / 'r.json'}"]) == 2
         assert capsys.readouterr() == ("", f"{prog}: error: no checkpoint at {nowhere}/ckpt.pt; train one with: "
                                            f"python train.py --out_dir={nowhere}\n")
+
+
+def test_each_run_is_opened_once(tmp_path, monkeypatch):
+    run = make_run(tmp_path, "mesh", "1+2R2+1", "mesh")
+    opened, load_run = [], probe.tool.load_run
+    monkeypatch.setattr(probe.tool, "load_run", lambda d, *a: opened.append(d) or load_run(d, *a))
+    for main, more in ((probe.main, ["--num_samples=2"]), (routing.main, [])):
+        assert main([f"--out_dir={run}", f"--out_dir={run}", *more]) == 0
+    assert opened == [str(run)] * 4
 
 
 def test_probe_names_a_missing_validation_split(tmp_path, capsys):

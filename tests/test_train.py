@@ -818,7 +818,8 @@ def test_dataset_given_as_a_path(seq_root, data_root, tmp_path, capsys):
     assert "792 train tokens, sequential order" in capsys.readouterr().out  # 99 sequences of 8
     assert sample.main([f"--out_dir={out}", "--start=abc", "--max_new_tokens=5"]) == 0
     assert capsys.readouterr().out.startswith("abc")
-    probed = [probe.probe_checkpoint(str(out), probe.ProbeConfig(num_samples=2))]  # the indexed validation split
+    a = probe.ProbeConfig(num_samples=2)
+    probed = [probe.probe_checkpoint(probe.opened(str(out), a, "probe.py"), a)]  # the indexed validation split
     assert probed[0]["seq_len"] == 7 and probed[0]["num_samples"] == 2 and "step1" in probed[0]["effort"]
     flat = [f for f in TINY if not f.startswith("--dataset")]
     assert train.main([*flat, f"--dataset={data_root}/tiny", f"--out_dir={tmp_path / 'flat'}", "--max_iters=1"]) == 0

@@ -156,8 +156,9 @@ def json_ready(value):
 
 
 def opened(out_dir, a, prog):
-    """tool.load_run's model and checkpoint for RunsConfig a, and what names the run in output."""
-    model, ckpt, state = tool.load_run(out_dir, a.device, prog, a.unfinished, a.ckpt)
+    """tool.load_run's model (on the CPU) and checkpoint for RunsConfig a, and what names the run
+    in output."""
+    model, ckpt, state = tool.load_run(out_dir, "cpu", prog, a.unfinished, a.ckpt)
     cfg = model.config
     return model, ckpt, {"out_dir": out_dir, "dataset": ckpt["train_config"]["dataset"],
                          "layout": cfg.layout, "scheme": cfg.scheme, "n_steps": cfg.n_steps,
@@ -165,9 +166,9 @@ def opened(out_dir, a, prog):
 
 
 def each_run(a, one, report, png, prog):
-    """one(out_dir, a) for each --out_dir, its report printed; the results, written to --json.
-    png: how --png is checked (check_writable's words). Outputs are checked, and every run
-    opened, before any run's work."""
+    """one(opened(out_dir), a) for each --out_dir, its report printed; the results, written to
+    --json. png: how --png is checked (check_writable's words). Outputs are checked, and every
+    run opened, before any run's work."""
     if not a.out_dir:
         raise UsageError("give a run's folder: --out_dir=OUT_DIR (again to compare several)")
     if a.json:
@@ -175,10 +176,9 @@ def each_run(a, one, report, png, prog):
     if a.png:
         tool.check_writable(a.png, "png", **png)
     a.device, results = resolve_device(a.device), []
-    for out_dir in a.out_dir[1:]:  # the first: opened next
-        tool.load_run(out_dir, "cpu", prog, a.unfinished, a.ckpt)
-    for out_dir in a.out_dir:
-        results.append(one(out_dir, a))
+    runs = [opened(out_dir, a, prog) for out_dir in a.out_dir]
+    while runs:  # one run's model on the device at a time
+        results.append(one(runs.pop(0), a))
         print(report(results[-1]))
     if a.json:
         files.write_json(a.json, json_ready(results))
@@ -186,9 +186,10 @@ def each_run(a, one, report, png, prog):
     return results
 
 
-def probe_checkpoint(out_dir, a):
-    """probe() of the checkpoint in out_dir, as ProbeConfig a asks."""
-    model, ckpt, result = opened(out_dir, a, "probe.py")
+def probe_checkpoint(run, a):
+    """probe() of a run opened(), as ProbeConfig a asks."""
+    model, ckpt, result = run
+    model = model.to(a.device)
     cfg, num_samples = model.config, a.num_samples
     # h_emb, h0 ... hK, out: what each sample keeps is its windows and their measures
     states = cfg.n_steps + 3

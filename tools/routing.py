@@ -27,7 +27,7 @@ from data.trained_on import checkpoint_dataset  # noqa: E402
 from support import command  # noqa: E402
 from support.capture import capture, readout  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
-from tools.probe import (RunsConfig, each_run, opened, relative_update,  # noqa: E402
+from tools.probe import (RunsConfig, each_run, relative_update,  # noqa: E402
                          save_figure, title, unfinished)
 
 SCAN = 100_000  # tokens searched for a line's start, at most
@@ -84,9 +84,10 @@ def sentence(ckpt, model, a):
     return torch.from_numpy(np.asarray(val[start:start + length], dtype=np.int64))[None], tokenizer
 
 
-def routing_checkpoint(out_dir, a):
-    """routing() of the checkpoint in out_dir, as RoutingConfig a asks."""
-    model, ckpt, result = opened(out_dir, a, "routing.py")
+def routing_checkpoint(run, a):
+    """routing() of a run opened(), as RoutingConfig a asks."""
+    model, ckpt, result = run
+    model = model.to(a.device)
     idx, tokenizer = sentence(ckpt, model, a)
     seen = routing(model, idx.to(a.device))
     text = lambda ids: [token_text(tokenizer, i) for i in ids]
