@@ -30,14 +30,27 @@ import torch
 from configurator import UsageError
 
 GiB = 2**30
-# a container's limit (cgroup v2, v1): "max" or a huge v1 value if none
-CGROUP = ("/sys/fs/cgroup/memory.max",
-          "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+# this process's cgroups ("/" in a container, deeper
+# in a Slurm job) and their folder
+CGROUP = ("/proc/self/cgroup", "/sys/fs/cgroup")
+
+
+def cgroup_limits():
+    """The memory limit files (v2, v1: "max" or a huge v1 value if none) of this process's
+    cgroups and each one above."""
+    with contextlib.suppress(OSError):  # none: no cgroups
+        for line in Path(CGROUP[0]).read_text().splitlines():
+            names, _, path = line.partition(":")[2].partition(":")
+            v1 = "memory" in names.split(",")  # else v2 (""), or another v1 controller
+            folder = Path(CGROUP[1], "memory" if v1 else "")
+            for part in path.split("/") if v1 or not names else ():
+                folder /= part
+                yield folder / ("memory.limit_in_bytes" if v1 else "memory.max")
 
 
 def physical_memory():
-    """This machine's memory in bytes (its container's limit if lower), or None where it cannot be
-    told."""
+    """This machine's memory in bytes (its cgroups' limit if lower: a container's, a job's), or
+    None where it cannot be told."""
     try:
         if sys.platform == "win32":
             import ctypes
@@ -49,9 +62,9 @@ def physical_memory():
             ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
             return status.total
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        for path in CGROUP:
+        for path in cgroup_limits():
             with contextlib.suppress(OSError):  # none there, or unreadable: no limit known
-                limit = Path(path).read_text().strip()
+                limit = path.read_text().strip()
                 total = min(total, int(limit) if limit.isdigit() else total)
         return total
     except (AttributeError, OSError, ValueError):

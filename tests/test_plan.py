@@ -137,15 +137,31 @@ def test_a_gpu_not_listed_is_planned_from_the_memory_and_tflops_given(capsys):
 @pytest.mark.skipif(not hasattr(os, "sysconf"), reason="Windows has no cgroups")
 def test_a_containers_memory_limit_is_the_memory_a_run_has(tmp_path, monkeypatch):
     """A container's cgroup limit (v2 memory.max, v1 memory.limit_in_bytes) below the machine's memory is what a
-    run is checked against; "max" (v2), v1's huge number or a file that cannot be read is no limit."""
+    run is checked against; "max" (v2), v1's huge number or a file that cannot be read is no limit. A process
+    in a cgroup below the top (a Slurm job's, as /proc/self/cgroup names it) has the lowest limit on its way up."""
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = tmp_path / "memory.max"
-    monkeypatch.setattr(plan, "CGROUP", (str(limit), str(tmp_path / "absent")))
+    proc, limit = tmp_path / "cgroup", tmp_path / "memory.max"
+    monkeypatch.setattr(plan, "CGROUP", (str(proc), str(tmp_path)))
+    proc.write_text("0::/\n")
     for text, total in (("1048576\n", 1 << 20), ("max\n", machine), (f"{2**63 - 4096}\n", machine)):
         limit.write_text(text)
         assert plan.physical_memory() == total
+    job = tmp_path / "system.slice" / "job_7"
+    (job / "step_0").mkdir(parents=True)
+    (job / "memory.max").write_text("2097152\n")
+    (job / "step_0" / "memory.max").write_text("max\n")
+    proc.write_text("0::/system.slice/job_7/step_0\n")
+    assert plan.physical_memory() == 2 << 20
+    (tmp_path / "memory" / "job_7").mkdir(parents=True)  # cgroup v1's memory controller; others left out
+    (tmp_path / "memory" / "job_7" / "memory.limit_in_bytes").write_text("3145728\n")
+    (tmp_path / "cpu" / "job_7").mkdir(parents=True)
+    (tmp_path / "cpu" / "job_7" / "memory.limit_in_bytes").write_text("1024\n")
+    proc.write_text("4:memory:/job_7\n3:cpu,cpuacct:/job_7\n1:name=systemd:/\n")
+    assert plan.physical_memory() == 3 << 20
+    proc.write_text("0::/\n")
     with monkeypatch.context() as m:  # a limit file this process may not read: the machine's memory
-        m.setattr(plan.Path, "read_text", lambda self: (_ for _ in ()).throw(PermissionError(13, "denied")))
+        read, denied = plan.Path.read_text, (_ for _ in ()).throw
+        m.setattr(plan.Path, "read_text", lambda self: read(self) if self == proc else denied(PermissionError(13, "")))
         assert plan.physical_memory() == machine
     cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="mesh")
     limit.write_text("1048576")
