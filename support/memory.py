@@ -30,8 +30,7 @@ import torch
 from configurator import UsageError
 
 GiB = 2**30
-# this process's cgroups ("/" in a container, deeper
-# in a Slurm job) and their folder
+# this process's cgroups ("/" in a container, deeper in a Slurm job) and their folder
 CGROUP = ("/proc/self/cgroup", "/sys/fs/cgroup")
 
 
