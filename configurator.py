@@ -170,6 +170,8 @@ def parse_flags(cls, argv, prog, notes="", read_config=None):
             if read_config is None:
                 raise UsageError(f"{prog} reads no config file ({arg!r}); give its settings as "
                                  f"flags: --key=value")
+            if any(a.startswith("--") for a in argv[:len(argv) - len(args)]):
+                raise UsageError(f"config file {arg!r} must come before the flags")
             for key, value in read_config(arg).items():
                 put(key, value, arg, arg)
             continue

@@ -67,6 +67,17 @@ def test_config_files_are_read_by_the_reader_given_and_refused_without_one(tmp_p
     assert r.stdout.startswith("usage: python tools/draw.py [CONFIG.json ...] [--key=value"), r.stdout
 
 
+def test_a_config_file_after_a_flag_is_refused_not_put_over_it(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"max_iters": 7}')
+    for argv in (["--max_iters=3", str(cfg)], [str(cfg), "--lr", "1", str(cfg)]):
+        with pytest.raises(UsageError) as e:
+            parse_flags(train.TrainConfig, argv, "train.py", read_config=read_config)
+        assert str(e.value) == f"config file {str(cfg)!r} must come before the flags"
+    assert parse_flags(train.TrainConfig, [str(cfg), str(cfg), "--max_iters=3"], "train.py",
+                       read_config=read_config) == {"max_iters": 3}
+
+
 def test_a_config_files_integer_past_what_python_reads_is_one_line(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text('{"seed": ' + "9" * 5000 + "}")  # int() reads at most 4300 digits

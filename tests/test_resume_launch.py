@@ -195,7 +195,7 @@ def test_a_tilde_in_a_path_setting_is_the_home_folder(data_root, tmp_path):
     config = work / "c.json"
     config.write_text(json.dumps({"data_root": "~/data"}))
     shutil.copytree(data_root, home / "data")
-    code, out, err = script("train.py", *TINY, str(config), "--out_dir=~/runs/x", "--max_iters=2", cwd=work,
+    code, out, err = script("train.py", str(config), *TINY, "--out_dir=~/runs/x", "--max_iters=2", cwd=work,
                             env={"HOME": str(home)})
     assert code == 0, err
     assert iter_of(home / "runs" / "x") == 2 and os.listdir(work) == ["c.json"]
