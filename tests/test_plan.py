@@ -174,7 +174,7 @@ def test_torchrun_processes_on_a_cpu_share_its_memory(monkeypatch):
     memory: a run fits where all of them do. On CUDA each process has its own GPU."""
     from types import SimpleNamespace
     cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="mesh")
-    tc = SimpleNamespace(batch_size=4, fsdp=False, grad_checkpoint=False)
+    tc = SimpleNamespace(batch_size=4, fsdp=False, grad_checkpoint=False, n_slots=None, init_from="scratch")
     need = plan.memory(cfg, 4, 4, False, False, 4)["total"]
     monkeypatch.setattr(plan, "physical_memory", lambda: 2 * need)
     cpu = SimpleNamespace(name="cpu", dtype="float32")

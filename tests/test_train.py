@@ -329,6 +329,7 @@ BAD_TRAIN_INPUT = [  # (flags, words the one-line error must contain)
     (["--n_slots=0"], "n_slots=0 must be at least 1"),
     (["--cycle=direkt"], "unknown cycle 'direkt' (did you mean 'direct'?)"),
     (["--scheme=anchor", "--router_init=base"], "router_init='base' is a MeSH setting, but scheme is 'anchor'"),
+    (["--scheme=anchor", "--n_slots=5"], "--n_slots is a MeSH setting, but scheme is 'anchor'; drop it"),
     (["--n_embd=30", "--n_head=4"], "not divisible by n_head=4"),
     (["--dataset=never_made"], "python data/prepare.py --dataset never_made"),
     (["--block_size=8192"], "longer than the validation split"),
