@@ -93,7 +93,7 @@ def load(out_dir, device="cpu", name=CKPT):
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}; train one with: "
                               f"python train.py {shlex.quote('--out_dir=' + out_dir)}")
-    ckpt = read(path)
+    ckpt = read(path, os.name != "nt")  # Windows replaces no mapped file
     return build(ckpt, path).to(device), ckpt  # out of memory: not a corrupt file
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from support import checkpoint, command
+from support import checkpoint, command, tool
 import configurator
 from data.meta import dataset_record
 import data.dataset as loader
@@ -219,6 +219,33 @@ def test_a_live_run_owns_its_out_dir(data_root, tmp_path):  # noqa: F811
     assert iters == list(range(1, len(iters) + 1))  # one run's records, none spliced in
     last = torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
     assert train.main(["--init_from=resume", f"--out_dir={out}", f"--max_iters={last + 1}"]) == 0
+
+
+def windows_replace(monkeypatch):
+    """os.replace as Windows' MoveFileEx: no file a reader holds open or memory-mapped is replaced (which,
+    /proc/self says)."""
+    replace = os.replace
+
+    def windows(source, target):
+        held = open("/proc/self/maps").read().split()
+        held += [os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")]
+        if os.path.realpath(target) in held:
+            raise PermissionError(13, "Access is denied")
+        replace(source, target)
+    monkeypatch.setattr(os, "replace", windows)
+
+
+def test_a_reader_of_a_live_run_never_stops_its_next_save(finished, tmp_path, monkeypatch):  # noqa: F811
+    """sample.py --unfinished=true on Windows (stood in for) holds a live run's model while the run goes on:
+    its next save replaces ckpt.pt all the same (the reader maps the file only where that is no hold)."""
+    out = copy_of(finished, tmp_path)
+    with monkeypatch.context() as windows:
+        windows.setattr(os, "name", "nt")
+        model, ckpt, state = tool.load_run(str(out), "cpu", "sample.py", unfinished=True)
+    windows_replace(monkeypatch)
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=6"]) == 0
+    assert checkpoint.peek(str(out / "ckpt.pt"))["iter_num"] == 6 and state == ""
+    assert torch.equal(model.lm_head.weight, ckpt["model"]["lm_head.weight"])  # held still
 
 
 def test_two_runs_started_together_one_wins(data_root, tmp_path):  # noqa: F811
