@@ -42,6 +42,8 @@ def start(tc, log, resumed_at=None):
                          id=ids[-1] if ids else None, config=dataclasses.asdict(tc),
                          settings=wandb.Settings(console="off"))
     except wandb.Error as e:
+        if resumed_at is None and not log.pending:  # made now: close() removes it
+            log.pending = log.path
         raise UsageError(f"wandb could not start a run ({str(e).strip().splitlines()[0]}); log "
                          f"in with `wandb login`, or log offline: WANDB_MODE=offline") from None
     run.define_metric("*", step_metric="iter")

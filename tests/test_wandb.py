@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import HANG, ROOT, TINY, run, snapshot
+from conftest import HANG, ROOT, TINY, listed, run, snapshot
 
 WANDBS_OWN = {"_step", "_timestamp", "_runtime"}  # what wandb adds to each logged record
 
@@ -108,6 +108,22 @@ def test_settings_wandb_refuses_are_one_line_and_touch_nothing(data_root, tmp_pa
     err = capsys.readouterr().err
     assert re.fullmatch(f"train.py: error: {words}\n", err), err
     assert snapshot(data_root, tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_wandb_that_cannot_start_leaves_no_log(data_root, tmp_path, capsys, monkeypatch):
+    """Not logged in (no API key for the server, no terminal to ask on): one line naming the fix, exit 2, and
+    the new OUT_DIR holds nothing (its lock file only)."""
+    pytest.importorskip("wandb", reason="wandb is not installed: pip install wandb")
+    for name, value in {"MODE": "online", "BASE_URL": "http://127.0.0.1:9", "API_KEY": ""}.items():
+        monkeypatch.setenv(f"WANDB_{name}", value)
+    for name in ("CONFIG", "CACHE", "DATA"):
+        monkeypatch.setenv(f"WANDB_{name}_DIR", str(tmp_path / name.lower()))
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # none: no credentials
+    assert run(["--wandb_log=true"], data_root, tmp_path / "out") == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: wandb could not start a run (No API key configured. Use `wandb login` to log in.); "
+        "log in with `wandb login`, or log offline: WANDB_MODE=offline\n")
+    assert listed(tmp_path / "out") == []
 
 
 def test_a_resume_continues_the_wandb_run_its_log_names_a_damaged_id_left_out(tmp_path, monkeypatch):
