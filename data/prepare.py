@@ -153,6 +153,8 @@ def _tokenize(source, label, tok, stage, chunk_bytes, fmt, seq_len, num_proc):
     all_path = os.path.join(stage, "document.bin" if fmt == "indexed" else "train.bin")
     with open(all_path, "wb") as f:  # all tokens; flat: val moved out below
         chunks = _read_chunks(source, label, chunk_bytes, None if scan else sha)
+        if tok.kind == "bpe" and tok._bpe.backend == "tokenizers":
+            chunks = iter(["".join(chunks)])  # not GPT-2's cuts
         for ids in _encoded(chunks, tok, num_proc):
             ids.astype(dtype).tofile(f)
         n = f.tell() // np.dtype(dtype).itemsize

@@ -745,6 +745,20 @@ def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
         Tokenizer("bpe", path=str(tmp_path / "deep.json"))
 
 
+def test_bpe_on_tokenizers_is_encoded_whole(tmp_path):
+    """A tokenizer.json run by `tokenizers` may split elsewhere than GPT-2's pre-tokenizer: its text is
+    encoded whole, as prepare.py promises. In chunks, each chunk started with a prefix space here."""
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = json.loads(train_bpe(tmp_path / "base.json").to_str())
+    spec["pre_tokenizer"]["add_prefix_space"] = True
+    (tmp_path / "prefix.json").write_text(json.dumps(spec))
+    d = prepare("p", input=write(tmp_path / "in.txt", TEXT), tokenizer=str(tmp_path / "prefix.json"),
+                out_root=str(tmp_path), chunk_bytes=64, log=quiet)
+    _, train, val = read_bins(d)
+    theirs = tokenizers.Tokenizer.from_file(str(tmp_path / "prefix.json"))
+    assert np.concatenate([train, val]).tolist() == theirs.encode(TEXT, add_special_tokens=False).ids
+
+
 @pytest.mark.slow
 def test_describe_indexed(tmp_path):
     """--indexed PATH: meta.json (and the tokenizer's copy) beside a dataset made elsewhere, e.g. Pythia's Pile."""
