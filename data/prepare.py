@@ -17,6 +17,7 @@ import http.client
 import io
 import os
 import shutil
+import signal
 import sys
 import time
 import urllib.request
@@ -116,15 +117,22 @@ def _encoded(chunks, tok, num_proc):
         yield from map(tok.encode_array, chunks)
         return
     import itertools
-    import multiprocessing
+    import multiprocessing.resource_tracker
     # a pipe each, no pool: a pool hangs on a worker killed holding its lock (a group's SIGTERM)
     pipes = [multiprocessing.Pipe() for _ in range(num_proc)]
     spawn = multiprocessing.get_context("spawn")
     procs = [spawn.Process(target=_worker, args=(tok, end)) for _, end in pipes]
-    for p, (_, end) in zip(procs, pipes):
-        p.start()
-        end.close()  # so that a worker's end reads as EOF here
+    # the workers start with helper()'s signals blocked: none lands before it
+    block = getattr(signal, "pthread_sigmask", lambda *args: None)
+    if os.name == "posix":  # first: the tracker's start unblocks them
+        multiprocessing.resource_tracker.ensure_running()
+    old = block(signal.SIG_BLOCK, [getattr(signal, name) for name in command.SIGNALS
+                                   if hasattr(signal, name)])
     try:
+        for p, (_, end) in zip(procs, pipes):
+            p.start()
+            end.close()  # so that a worker's end reads as EOF here
+        block(signal.SIG_SETMASK, old)
         while batch := list(itertools.islice(chunks, num_proc)):
             try:
                 for (conn, _), text in zip(pipes, batch):
@@ -136,8 +144,10 @@ def _encoded(chunks, tok, num_proc):
             yield from ids
     finally:  # at once: a worker holds no lock of ours
         for p in procs:
-            p.kill()
-            p.join()
+            if p.pid:  # started
+                p.kill()
+                p.join()
+        block(signal.SIG_SETMASK, old)
 
 
 def _tokenize(source, label, tok, stage, chunk_bytes, fmt, seq_len, num_proc):

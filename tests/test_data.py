@@ -562,6 +562,38 @@ def test_num_proc_workers_leave_ctrl_c_to_prepare():
     assert list(prep._encoded(iter(["a", "b", "c"]), SignalsSeen(), num_proc=2)) == [True] * 3
 
 
+def interrupted():
+    """A SignalsSeen, which a --num_proc worker unpickles in its first moment, before it can ignore signals: it
+    sends that worker a Ctrl-C and a SIGTERM then, as a terminal or `kill -TERM -PGID` can."""
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return SignalsSeen()
+
+
+class SignalledAtStart(SignalsSeen):
+    def __reduce__(self):
+        return interrupted, ()
+
+
+# in a fresh process (Python's resource tracker not yet started: its start unblocked signals), 2 workers
+# signalled in their first moment encode 3 chunks; then prepare.py's own signals, which it blocked as they started
+SIGNALLED = """import signal
+import data.prepare as prep
+from test_data import SignalledAtStart
+print(list(prep._encoded(iter("abc"), SignalledAtStart(), 2)), signal.pthread_sigmask(signal.SIG_BLOCK, []))"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="needs POSIX signals")
+def test_num_proc_workers_ignore_signals_from_their_first_moment():
+    """The workers start with Ctrl-C and SIGTERM blocked, then ignore them. One that came before it could ignore
+    them printed its KeyboardInterrupt's traceback, or ended it silently: prepare.py failed."""
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "tests")}
+    r = subprocess.run([sys.executable, "-c", SIGNALLED], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert (r.stderr, r.stdout, r.returncode) == ("", "[True, True, True] set()\n", 0)
+
+
 # prepare.py, its tokenizing paused once the --num_proc workers are up and wait for work
 PAUSED = """import sys, time
 import data.prepare as prep
