@@ -133,6 +133,8 @@ class ByteLevelBPE:
                                 f"pip install tokenizers to use it") from None
             try:
                 self._hf = HFTokenizer.from_file(self.file)
+                self._hf.no_truncation()  # the file's, if any: every id
+                self._hf.no_padding()
             except Exception as e:  # the tokenizers package's own refusal: one line too
                 raise DataError(f"{self.file} cannot be run by tiktoken ({why}) "
                                 f"nor by the tokenizers package ({type(e).__name__}: "

@@ -791,6 +791,24 @@ def test_bpe_on_tokenizers_is_encoded_whole(tmp_path):
     assert np.concatenate([train, val]).tolist() == theirs.encode(TEXT, add_special_tokens=False).ids
 
 
+def test_bpe_on_tokenizers_neither_truncates_nor_pads(tmp_path):
+    """A tokenizer.json saved with truncation or padding on (as one used so is saved), run by `tokenizers`: the ids
+    of the whole text, none cut off, none added. A dataset held only its text's first max_length tokens."""
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = json.loads(train_bpe(tmp_path / "base.json").to_str())
+    spec["pre_tokenizer"]["add_prefix_space"] = True
+    (tmp_path / "prefix.json").write_text(json.dumps(spec))
+    ids = tokenizers.Tokenizer.from_file(str(tmp_path / "prefix.json")).encode(TEXT, add_special_tokens=False).ids
+    spec["truncation"] = dict(direction="Right", max_length=16, strategy="LongestFirst", stride=0)
+    (tmp_path / "cut.json").write_text(json.dumps(spec))
+    spec["truncation"], spec["padding"] = None, dict(strategy={"Fixed": 50_000}, direction="Right", pad_id=1,
+                                                     pad_to_multiple_of=None, pad_type_id=0, pad_token="<|padding|>")
+    (tmp_path / "pad.json").write_text(json.dumps(spec))
+    for name in ("cut.json", "pad.json"):
+        tok = Tokenizer("bpe", path=str(tmp_path / name))
+        assert tok._bpe.backend == "tokenizers" and tok.encode(TEXT) == ids, name
+
+
 @pytest.mark.slow
 def test_describe_indexed(tmp_path):
     """--indexed PATH: meta.json (and the tokenizer's copy) beside a dataset made elsewhere, e.g. Pythia's Pile."""
