@@ -57,8 +57,8 @@ def _stderr(msg):
 
 
 def _read_chunks(source, label, chunk_bytes, sha=None):
-    """source's UTF-8 text (a path, or bytes) in pieces of about chunk_bytes, cut before the
-    last newline's run of spaces (or inside a longer line), where GPT-2's pre-tokenizer splits too:
+    """source's UTF-8 text (a path, or bytes) in pieces of about chunk_bytes, cut before the last
+    run of spaces or newlines (or inside a longer word), where GPT-2's pre-tokenizer splits too:
     the ids are those of the whole text. A leading byte order mark is dropped."""
     f = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     decoder, text, offset = codecs.getincrementaldecoder("utf-8-sig")(), "", 0
@@ -74,7 +74,7 @@ def _read_chunks(source, label, chunk_bytes, sha=None):
                 raise DataError(f"{label} is not UTF-8: invalid byte 0x{e.object[e.start]:02x} "
                                 f"at byte offset {at}") from None
             offset += len(block)
-            cut = text.rfind("\n")
+            cut = max(text.rfind("\n"), text.rfind(" "))
             while cut > 0 and text[cut - 1].isspace():
                 cut -= 1
             if not block or cut <= 0 and len(text) > chunk_bytes:

@@ -100,13 +100,14 @@ def test_gpt2_prepare(tmp_path, gpt2):
     assert gpt2.decode(ids + [50300]) == text  # padding ids are dropped
 
 
-def test_gpt2_chunked(tmp_path, gpt2):
-    """Chunks are cut before a newline's run of spaces, where GPT-2's pre-tokenizer splits too: blank lines,
+@pytest.mark.parametrize("end", ["\n", "\r"], ids=["lines", "one line"])  # "\r": old Macs' line ends
+def test_gpt2_chunked(tmp_path, gpt2, end):
+    """Chunks are cut before a run of spaces or newlines, where GPT-2's pre-tokenizer splits too: blank lines,
     indents and trailing spaces are encoded as in the whole text (cut after a newline, 'be,\\n\\n' ending a chunk
-    would end in one token where the whole text has two)."""
-    text = "To be,\n\nor not  \n    to be?\n\n\n" * 40 + "é 日本語 😀"
+    would end in one token where the whole text has two). A line longer than a chunk was cut in a word."""
+    text = "To be,\n\nor not  \n    to be?\n\n\n".replace("\n", end) * 40 + "é 日本語 😀"
     src = write(tmp_path / "in.txt", text)
-    for chunk in (16, 64, 1 << 30):  # every line shorter than a chunk
+    for chunk in (16, 64, 1 << 30):
         _, t, v = read_bins(prepare("a", input=src, tokenizer="gpt2", out_root=str(tmp_path), chunk_bytes=chunk,
                                     log=quiet))
         assert np.concatenate([t, v]).tolist() == gpt2.encode(text)
