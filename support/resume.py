@@ -91,9 +91,13 @@ def check_resumable(ckpt, tc, given):
     if conflicts:
         raise UsageError("the checkpoint's model differs from the flags given: "
                          + "; ".join(conflicts))
-    it, was = ckpt["iter_num"], old.get("batch_size", 0) * old.get("grad_accum", 0)
+    bs, ga = old.get("batch_size"), old.get("grad_accum")
+    it, was = ckpt["iter_num"], bs * ga if type(bs) is type(ga) is int else None
     now = tc.batch_size * tc.grad_accum
     if tc.data_order == "sequential" and old.get("data_order") == "sequential" and was != now:
+        if was is None:
+            raise CheckpointError(f"{path} lacks its run's batch_size or grad_accum, "
+                                  f"which its sequential order needs: put them back")
         raise UsageError(f"--data_order=sequential: this run has read windows 0-{it * was - 1} "
                          f"({it} steps of {was}); with {now} windows a step it would go on at "
                          f"window {it * now}, not {it * was}; resume with the run's own "

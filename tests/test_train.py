@@ -797,6 +797,15 @@ def test_sequential_order_never_skips_data_when_the_batch_changes(seq_root, tmp_
     assert train.main([*flags, f"--out_dir={rand}", "--data_order=random", "--max_iters=1"]) == 0
     assert train.main(["--init_from=resume", f"--out_dir={rand}", "--max_iters=2", "--batch_size=4"]) == 0
     # (a resume cannot switch the order: test_resume_launch.py's test_a_resume_keeps_what_the_run_did)
+    path = tmp_path / "run" / "ckpt.pt"  # edited: without batch_size, where the order goes on is unknown
+    ckpt = torch.load(path, weights_only=False)
+    del ckpt["train_config"]["batch_size"]
+    torch.save(ckpt, path)
+    capsys.readouterr()
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'run'}", "--max_iters=6"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (  # was a KeyError's traceback
+        f"train.py: error: {path} lacks its run's batch_size or grad_accum, which its sequential order needs: "
+        f"put them back")
 
 
 def test_a_dataset_path_from_the_working_folder_is_found_from_any_other(seq_root, tmp_path, monkeypatch, capsys):
