@@ -122,17 +122,17 @@ def _encoded(chunks, tok, num_proc):
     pipes = [multiprocessing.Pipe() for _ in range(num_proc)]
     spawn = multiprocessing.get_context("spawn")
     procs = [spawn.Process(target=_worker, args=(tok, end)) for _, end in pipes]
-    # the workers start with helper()'s signals blocked: none lands before it
-    block = getattr(signal, "pthread_sigmask", lambda *args: None)
-    if os.name == "posix":  # first: the tracker's start unblocks them
+    # the workers start with helper()'s signals blocked (POSIX): none lands before it
+    mask = getattr(signal, "pthread_sigmask", None)  # Windows: none
+    if mask:  # the resource tracker first: its start unblocks them
         multiprocessing.resource_tracker.ensure_running()
-    old = block(signal.SIG_BLOCK, [getattr(signal, name) for name in command.SIGNALS
-                                   if hasattr(signal, name)])
+        old = mask(signal.SIG_BLOCK, [getattr(signal, name) for name in command.SIGNALS])
+    unblock = lambda: mask and mask(signal.SIG_SETMASK, old)
     try:
         for p, (_, end) in zip(procs, pipes):
             p.start()
             end.close()  # so that a worker's end reads as EOF here
-        block(signal.SIG_SETMASK, old)
+        unblock()
         while batch := list(itertools.islice(chunks, num_proc)):
             try:
                 for (conn, _), text in zip(pipes, batch):
@@ -147,7 +147,7 @@ def _encoded(chunks, tok, num_proc):
             if p.pid:  # started
                 p.kill()
                 p.join()
-        block(signal.SIG_SETMASK, old)
+        unblock()
 
 
 def _tokenize(source, label, tok, stage, chunk_bytes, fmt, seq_len, num_proc):

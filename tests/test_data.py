@@ -563,6 +563,14 @@ def test_num_proc_workers_leave_ctrl_c_to_prepare():
     assert list(prep._encoded(iter(["a", "b", "c"]), SignalsSeen(), num_proc=2)) == [True] * 3
 
 
+@pytest.mark.slow
+def test_num_proc_workers_start_where_signals_cannot_be_blocked(monkeypatch):
+    """Windows has no pthread_sigmask (nor SIG_BLOCK): the workers start, unblocked."""
+    for name in ("pthread_sigmask", "SIG_BLOCK", "SIG_SETMASK"):
+        monkeypatch.delattr(signal, name, raising=False)
+    assert list(prep._encoded(iter(["a", "b", "c"]), SignalsSeen(), num_proc=2)) == [True] * 3
+
+
 def interrupted():
     """A SignalsSeen, which a --num_proc worker unpickles in its first moment, before it can ignore signals: it
     sends that worker a Ctrl-C and a SIGTERM then, as a terminal or `kill -TERM -PGID` can."""
