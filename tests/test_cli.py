@@ -47,10 +47,20 @@ def test_both_forms_and_a_flag_alone():
     (["--max_itrs"], "unknown setting 'max_itrs' in the command line (did you mean --max_iters?)"),
     (["--max_iters", "ten"], "--max_iters=ten is not an integer"),
     (["--compile=maybe"], "--compile=maybe is not true or false (or None)"),
+    (["--warm=1"], "'warm' in the command line (did you mean --warmup_iters?)"),
+    (["--bsz=1"], "setting 'bsz' in the command line; see python"),
+    (["--seed=-9223372036854775808"],
+     "--seed=-9223372036854775808, too large: an integer setting"),
 ])
 def test_bad_flags_are_one_line(argv, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         parse_flags(train.TrainConfig, argv, "train.py")
+
+
+def test_an_empty_value_is_none_and_the_largest_integer_is_taken():
+    argv = ["--lr_decay_iters=", "--seed=9223372036854775807"]
+    assert parse_flags(train.TrainConfig, argv, "train.py") == {
+        "lr_decay_iters": None, "seed": 2**63 - 1}
 
 
 def test_config_files_are_read_by_the_reader_given_and_refused_without_one(tmp_path):
