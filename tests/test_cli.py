@@ -57,6 +57,15 @@ def test_bad_flags_are_one_line(argv, message):
         parse_flags(train.TrainConfig, argv, "train.py")
 
 
+def test_true_and_false_are_words_in_any_case():
+    for word, value in [("1", True), ("yes", True), ("ON", True),
+                        ("True", True), ("0", False), ("No", False),
+                        ("off", False), ("FALSE", False)]:
+        for argv in (["--overwrite=" + word], ["--overwrite", word]):
+            given = parse_flags(train.TrainConfig, argv, "train.py")
+            assert given == {"overwrite": value}, argv
+
+
 def test_an_empty_value_is_none_and_the_largest_integer_is_taken():
     argv = ["--lr_decay_iters=", "--seed=9223372036854775807"]
     assert parse_flags(train.TrainConfig, argv, "train.py") == {
