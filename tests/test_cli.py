@@ -86,6 +86,21 @@ def test_config_files_are_read_by_the_reader_given_and_refused_without_one(tmp_p
     assert r.stdout.startswith("usage: python tools/draw.py [CONFIG.json ...] [--key=value"), r.stdout
 
 
+def test_a_config_files_whole_number_is_either_type_a_fraction_no_integer(tmp_path):
+    cfg, argv = tmp_path / "c.json", [str(tmp_path / "c.json")]
+    cfg.write_text('{"lr": 1, "max_iters": 2.0}')
+    given = parse_flags(train.TrainConfig, argv, "train.py",
+                        read_config=read_config)
+    assert given == {"lr": 1.0, "max_iters": 2}
+    assert [type(v) for v in given.values()] == [float, int]
+    cfg.write_text('{"max_iters": 2.5}')
+    with pytest.raises(UsageError) as e:
+        parse_flags(train.TrainConfig, argv, "train.py",
+                    read_config=read_config)
+    assert str(e.value) == (f"config file {str(cfg)!r}: max_iters is 2.5 "
+                            f"(a number), not an integer")
+
+
 def test_a_config_file_after_a_flag_is_refused_not_put_over_it(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text('{"max_iters": 7}')
@@ -161,3 +176,4 @@ def test_help_lists_every_setting(script):
         for f in dataclasses.fields(train.TrainConfig):
             line = next(x for x in r.stdout.splitlines() if x.startswith(f"  --{f.name}="))
             assert line.rstrip().endswith(f.metadata["help"])
+
