@@ -17,7 +17,7 @@ import pytest
 import mesh
 import sample
 import train
-from configurator import UsageError, parse_flags
+from configurator import UsageError, parse_flags, setting
 from conftest import HANG, ROOT
 from support.files import read_config
 from data.prepare import PrepareConfig
@@ -177,3 +177,17 @@ def test_help_lists_every_setting(script):
             line = next(x for x in r.stdout.splitlines() if x.startswith(f"  --{f.name}="))
             assert line.rstrip().endswith(f.metadata["help"])
 
+
+def test_h_is_help_and_it_shows_each_default_readably(capsys):
+    @dataclasses.dataclass
+    class Two:
+        """Two settings."""
+        sep: str = setting("\n", "between samples")
+        name: str = setting("x" * 30, "a long default")
+    with pytest.raises(SystemExit) as e:
+        parse_flags(Two, ["-h"], "t.py")
+    assert e.value.code == 0 and capsys.readouterr().out == (
+        "usage: python t.py [CONFIG.json ...] [--key=value | --key "
+        "value ...]\n\nTwo settings.\n\n"
+        "  --sep='\\n'" + " " * 23 + "between samples\n"
+        "  --name=" + "x" * 30 + "\n" + " " * 35 + "a long default\n")
