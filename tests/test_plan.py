@@ -69,6 +69,8 @@ def test_fsdp_shards_weights_gradients_and_optimizer_state():
     assert four["weights"] == P and four["gradients"] == P and four["optimizer"] == 2 * P
     assert four["activations"] == ddp["activations"]  # the micro-batch per GPU is the same
     assert ddp["working"] == 6 * P  # all-reduce buckets and autocast's bf16 weight copies
+    _, root, block = plan.param_counts(cfg)  # the root unit, the head's gradient, two bf16 blocks
+    assert four["working"] == one["working"] == 4 * root + 4 * 64 * 32 + 2 * 2 * block
 
 
 def test_a_plan_for_one_gpu_counts_no_all_reduce_buckets(capsys, monkeypatch):
@@ -84,6 +86,33 @@ def test_a_plan_for_one_gpu_counts_no_all_reduce_buckets(capsys, monkeypatch):
     monkeypatch.setattr(plan, "device_memory", lambda device: (need - 1, "this GPU"))
     with pytest.raises(configurator.UsageError, match="needs about"):
         plan.check_fits(cfg, 16, "cuda", 2)
+
+
+def test_activation_bytes_is_its_docstrings_formula():
+    """MeSH adds r (K + 1) (S D + D + 2 S) a token; with --grad_checkpoint the peak is the larger of the head's
+    gradients and one recomputed block's (a small vocabulary here: the block's)."""
+    mesh, base = (Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme=scheme)
+                  for scheme in ("mesh", "base"))
+    D, H, V, L, S, K, tokens = 32, 2, 64, mesh.shape.depth, mesh.slots, mesh.n_steps, 4 * 16
+    buffer = 4 * (K + 1) * (S * D + D + 2 * S)
+    assert plan.activation_bytes(mesh, 4) - plan.activation_bytes(base, 4) == tokens * buffer
+    block, backward = 4 * (D + H + 4) + 16 * 4 * D, 8 * 4 * D
+    assert 4 * V + block + backward > 4 * 4 * V
+    per_token = L * 4 * D + 2 * 4 * D + buffer + 4 * V + block + backward
+    assert plan.activation_bytes(mesh, 4, grad_checkpoint=True) == tokens * per_token
+
+
+def test_a_model_alone_is_refused_where_its_weights_twice_do_not_fit(monkeypatch):
+    """batch_size=None (an imported model): a state dict and the model it is loaded into, 8 bytes a parameter."""
+    cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="mesh")
+    P = plan.param_counts(cfg)[0]
+    monkeypatch.setattr(plan, "device_memory", lambda device: (8 * P, "this machine"))
+    assert plan.check_fits(cfg, None, "cpu") is cfg
+    monkeypatch.setattr(plan, "device_memory", lambda device: (8 * P - 1, "this machine"))
+    with pytest.raises(configurator.UsageError, match=rf"^this model \(layout 1\+2R3\+1, n_embd 32, {P:,} "
+                                                      r"parameters\) needs about 0\.0 GiB, more than the 0\.0 GiB "
+                                                      r"of this machine; choose a smaller one$"):
+        plan.check_fits(cfg, None, "cpu")
 
 
 @pytest.mark.slow
@@ -186,6 +215,27 @@ def test_torchrun_processes_on_a_cpu_share_its_memory(monkeypatch):
         plan.check_run(cfg, tc, cpu, 4)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=need))
     assert plan.device_memory("cuda:3") == (need, "cuda:3")
+    monkeypatch.setattr(plan, "physical_memory", lambda: None)  # unknown: no check, for any number of processes
+    assert plan.device_memory("cpu") == (None, "this machine")
+
+
+def test_a_runs_check_counts_its_dtype_processes_and_spread(monkeypatch):
+    """check_run refuses a run at memory()'s total for its compute dtype, its world and its spread, not a byte
+    sooner; a --n_slots a resumed base run carries is kept, not refused."""
+    from types import SimpleNamespace
+    cfg = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="mesh")
+    tc = SimpleNamespace(batch_size=4, fsdp=True, grad_checkpoint=False, n_slots=None, init_from="scratch")
+    need = plan.memory(cfg, 4, 4, True, False, 2)["total"]
+    bf16 = SimpleNamespace(name="cpu", dtype="bfloat16")
+    monkeypatch.setattr(plan, "physical_memory", lambda: need)
+    assert plan.check_run(cfg, tc, bf16, 4) is cfg
+    monkeypatch.setattr(plan, "physical_memory", lambda: need - 1)
+    with pytest.raises(configurator.UsageError, match=r"^the run \(layout 1\+2R3\+1, n_embd 32, "):
+        plan.check_run(cfg, tc, bf16, 4)
+    base = Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1", scheme="base")
+    monkeypatch.setattr(plan, "physical_memory", lambda: None)
+    resumed = SimpleNamespace(batch_size=4, fsdp=False, grad_checkpoint=False, n_slots=5, init_from="resume")
+    assert plan.check_run(base, resumed, bf16, 1) is base
 
 
 # -----------------------------------------------------------------------------
