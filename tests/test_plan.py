@@ -163,6 +163,16 @@ def test_a_gpu_not_listed_is_planned_from_the_memory_and_tflops_given(capsys):
     assert "--gpu=v100 is not one of a100, h100" in capsys.readouterr().err
 
 
+def test_a_plan_says_as_given_when_the_memory_alone_is_given_and_fits_up_to_the_whole_gpu(capsys):
+    """--gpu=h100 --gpu_memory=40: not an h100's 80 GiB, so "as given". A row fits up to the GPU's whole memory;
+    the choice keeps HEADROOM free: 160m's DDP fits on an h100 but is not chosen."""
+    assert train.main(["--plan=true", "--gpu=h100", "--gpu_memory=40"]) == 0
+    assert "GPU(s) of 40 GiB and 989 TFLOPS (as given)" in capsys.readouterr().out
+    assert train.main([os.path.join(ROOT, "config/pythia-160m_mesh.json"), "--plan=true", "--plan_gpus=8"]) == 0
+    rows = {line[:18].strip(): line.split() for line in capsys.readouterr().out.splitlines()[2:6]}
+    assert rows["DDP"][-1] == "yes" and rows["DDP + grad_ckpt"][-3:] == ["<-", "the", "choice"]
+
+
 @pytest.mark.skipif(not hasattr(os, "sysconf"), reason="Windows has no cgroups")
 def test_a_containers_memory_limit_is_the_memory_a_run_has(tmp_path, monkeypatch):
     """A container's cgroup limit (v2 memory.max, v1 memory.limit_in_bytes) below the machine's memory is what a
