@@ -452,6 +452,36 @@ def test_auto_dtype_takes_bf16_only_where_the_gpu_computes_it(monkeypatch):
         assert machine.resolve_dtype("auto", "cpu") == "float32"
 
 
+def test_auto_device_prefers_cuda_then_mps_and_compiles_by_default_on_cuda_alone(monkeypatch):
+    """--device=auto: cuda where there is one, even beside mps; --compile not given: compiled on CUDA only (an mps
+    or CPU run starts at once); --dtype=bfloat16 runs its matmuls under bf16 autocast, float32 does not."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert machine.resolve_device("auto") == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert machine.resolve_device("auto") == "mps"
+    tc = SimpleNamespace(device="mps", dtype="float32", compile=None, threads=None)
+    assert machine.Device(tc, True).compile is False
+    x = torch.ones(2, 2)
+    for dtype, computed in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        with machine.Device(SimpleNamespace(device="cpu", dtype=dtype, compile=None, threads=None), True).autocast:
+            assert (x @ x).dtype == computed, dtype
+
+
+def test_mfu_is_the_share_of_every_processs_peak_and_pace_compares_with_the_first_three_windows():
+    """mfu: FLOPs a second over world x the chip's peak. pace: a step 3x or more the fastest of the first three
+    logged windows is named; a later, faster window does not lower the mark."""
+    from types import SimpleNamespace
+    device = machine.Device(SimpleNamespace(device="cpu", dtype="float32", compile=None, threads=None), True)
+    cfg = mesh.Config(vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+2R3+1")
+    assert device.mfu(cfg, 1000, 2.0, 4) is None  # a CPU: no peak
+    device.peak = 1e12
+    assert device.mfu(cfg, 1000, 2.0, 4) == machine.flops_per_token(cfg) * 1000 / 2.0 / 4e12
+    said = [device.pace(s) for s in (1.0, 1.5, 1.2, 0.1, 2.9, 3.0)]
+    assert said[:5] == [""] * 5 and said[5].startswith(", 3x slower than its first steps: other work shares")
+
+
 @pytest.mark.slow
 def test_cli_errors_have_no_traceback(data_root, tmp_path):
     r = cli("train.py", ["--scheme=mesj"], data_root, tmp_path / "o")
