@@ -162,14 +162,15 @@ def test_a_device_the_machine_lacks_is_one_line(device, gpus, message, prog, fin
     assert snapshot(finished) == before and not (tmp_path / "out").exists()
 
 
-def test_more_torchrun_processes_than_gpus_is_one_line(monkeypatch):
+@pytest.mark.parametrize("local", [2, 3])  # local ranks count from 0: rank 2 of 2 GPUs has none
+def test_more_torchrun_processes_than_gpus_is_one_line(local, monkeypatch):
     from types import SimpleNamespace
     from configurator import UsageError
     from support.device import Device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setenv("LOCAL_RANK", "3")
-    with pytest.raises(UsageError, match=r"^this process is torchrun's local rank 3, but this machine has 2 GPU\(s\): "
+    monkeypatch.setenv("LOCAL_RANK", str(local))
+    with pytest.raises(UsageError, match=rf"^this process is torchrun's local rank {local}, but this machine has 2 GPU\(s\): "
                                          r"start at most 2 process\(es\) a machine \(--nproc_per_node=2\)$"):
         Device(SimpleNamespace(device="cuda", dist_timeout=5.0), True)
 
