@@ -377,6 +377,29 @@ def test_a_frozen_peer_is_named_after_dist_timeout(data_root, tmp_path):
     assert p.returncode != 0 and iter_of(out) == 0
 
 
+def test_the_words_of_a_launch_its_id_and_a_lost_peer(monkeypatch):
+    """A launch with run id "none" (torchrun without --rdzv_id) is told apart by machine and agent pid, so that one
+    restarting is not taken for another's; the command that continues a job is the one that started it; a peer
+    that times out is named as rank 1 - rank in a pair, as one of the others in a larger job."""
+    from support import distributed, torchrun
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert distributed.launch_id() == f"none@{platform.node()}:{os.getppid()}"
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert distributed.launch_id() is None and distributed.launch(1) == "python"
+    monkeypatch.setenv("RANK", "0")
+    assert distributed.launch(1) == "torchrun --standalone --nproc_per_node=1"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert distributed.launch(4) == "torchrun --nnodes=2 --nproc_per_node=2 (and this job's rendezvous flags)"
+    monkeypatch.setattr(torchrun, "_timeout", [5.0])
+    monkeypatch.setattr(torchrun.dist, "get_rank", lambda: 1)
+    for world, peer in ((2, "rank 0"), (3, "one of the other 2 processes")):
+        monkeypatch.setattr(torchrun.dist, "get_world_size", lambda: world)
+        assert torchrun.lost_peer(RuntimeError("[c10d.cpp:1] Timed out waiting")).startswith(
+            f"rank 1: no answer from {peer} of this torchrun job within --dist_timeout=5 s (Timed out waiting): ")
+    assert torchrun.lost_peer(RuntimeError("[gloo.cc:2] Connection closed by peer\nmore")) == (
+        "another process of this torchrun job stopped (Connection closed by peer); its own output says why")
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_process_that_cannot_join_its_job_is_one_line(rank, data_root, tmp_path):
     """A torchrun process whose peers never come (one failed before joining, or an elastic restart's rank that
