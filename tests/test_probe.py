@@ -195,6 +195,46 @@ def test_probe_end_to_end_writes_the_documented_json(tmp_path, capsys, monkeypat
     assert f"loss {vanilla['loss']:.4f}; no loop steps\n" in printed
 
 
+def by_hand_cka(X, Y, frac):
+    """RBF CKA written out: distances row by row, sigma = frac x the median of the nonzero ones."""
+    def gram(A):
+        d = ((A[:, None] - A[None]) ** 2).sum(-1).sqrt()
+        sigma = frac * d[torch.triu(torch.ones_like(d), 1) > 0].numpy()
+        sigma = float(np.median(sigma[sigma > 0]))
+        H = torch.eye(len(A), dtype=torch.float64) - 1 / len(A)
+        return H @ torch.exp(-d ** 2 / (2 * sigma ** 2)) @ H
+    K, L = gram(X.double()), gram(Y.double())
+    return (torch.trace(K @ L) / torch.sqrt(torch.trace(K @ K) * torch.trace(L @ L))).item()
+
+
+def test_probe_numbers_are_each_samples_diagnostics_averaged_over_samples():
+    """probe() on 10 sequences (two chunks) against the measures taken by hand, sample by sample."""
+    torch.manual_seed(0)
+    model = RecursiveGPT(Config(**TINY, layout="1+2R2+1", scheme="mesh", n_slots=4)).eval()
+    idx = torch.randint(0, 11, (10, 16))
+    r = probe.probe(model, idx, sigma_frac=0.5)
+    with torch.no_grad(), capture(model) as cap:
+        model(idx)
+    for name, h, fh in cap["blocks"]:
+        h, fh = h.double(), fh.double()
+        e = [(2 * (y - x).norm() / (y.norm() + x.norm())).item() for x, y in zip(h, fh)]
+        assert r["effort"][name] == pytest.approx([np.mean(e), np.std(e)], rel=1e-6)
+    states = [x for _, x in cap["states"]]
+    cka = np.mean([[[by_hand_cka(X[b], Y[b], 0.5) for Y in states] for X in states] for b in range(10)], 0)
+    assert np.array(r["cka"]["matrix"]) == pytest.approx(cka, abs=1e-6)
+    for i, X in enumerate(states):
+        s = torch.stack([torch.linalg.svdvals(x.double()) for x in X])
+        s = (s / s[:, :1]).numpy()
+        assert r["spectrum"]["mean"][i] == pytest.approx(s.mean(0), abs=1e-6)
+        assert r["spectrum"]["std"][i] == pytest.approx(s.std(0), abs=1e-6)
+    for i, (name, write, read) in enumerate(cap["routers"]):
+        for kind, w in (("write", write), ("read", read)):
+            w = w.double().flatten(0, 1)  # (B T, S): a token's weights
+            assert r["routers"][kind][i] == pytest.approx(w.mean(0).tolist(), abs=1e-6)
+            H = -(w * w.log()).sum(-1).mean().item()
+            assert r["routers"][f"entropy_{kind}"][i] == pytest.approx(H, abs=1e-6)
+
+
 def test_probe_same_seed_same_numbers(tmp_path, capsys):
     run = make_run(tmp_path, "mesh", "1+2R2+1", "mesh")
     for name in ("a", "b"):
