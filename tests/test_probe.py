@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tools import probe, routing
-from support.capture import capture
+from support.capture import capture, readout
 from tools import table1
 from support.checkpoint import load as load_checkpoint, save as save_checkpoint
 from data.dataset import random_windows
@@ -115,6 +115,24 @@ def test_captured_states_reproduce_the_normal_logits_exactly(scheme):
             assert torch.equal(model.run(model.cores[0], x, 0, model.rotary(x.size(1)), None)[0], y)
         assert torch.equal(blocks["coda"][0], states["h3"]) and torch.equal(blocks["coda"][1], states["out"])
         assert [name for name, _, _ in cap["routers"]] == (["cycle", "step0", "step1", "step2"] if scheme == "mesh" else [])
+
+
+@pytest.mark.parametrize("scheme", ["residual", "anchor", "anchor_emb"])
+def test_readout_past_k_is_the_model_given_more_steps_of_its_last_core(scheme):
+    """After loop step t > K, the logits of the same weights with t shared steps: the last core run
+    on, each step's update the scheme's own (h(0) for anchor, h_emb for anchor_emb)."""
+    torch.manual_seed(0)
+    model = RecursiveGPT(Config(**TINY, layout="1+1+2R2+1", scheme=scheme)).eval()  # K = 3
+    idx = torch.randint(0, 11, (2, 16))
+    with torch.no_grad():
+        with capture(model) as cap:
+            model(idx)
+        logits = list(readout(model, cap))
+        assert len(logits) == 7
+        for t in range(3, 7):  # schedule 0, 1, 1, ...: t steps
+            longer = RecursiveGPT(Config(**TINY, layout=f"1+1+2R{t - 1}+1", scheme=scheme)).eval()
+            longer.load_state_dict(model.state_dict())
+            assert torch.allclose(logits[t], longer(idx)[0], atol=1e-5), t
 
 
 def test_an_empty_prelude_or_coda_is_no_block_and_has_no_effort():
