@@ -253,6 +253,18 @@ def test_probe_numbers_are_each_samples_diagnostics_averaged_over_samples():
             assert r["routers"][f"entropy_{kind}"][i] == pytest.approx(H, abs=1e-6)
 
 
+def test_probe_cka_leaves_out_only_the_samples_where_a_state_is_degenerate():
+    """A sequence of one repeated token has every state's rows equal (no CKA): the matrix is that of
+    the other sequences, not all null."""
+    torch.manual_seed(0)
+    model = RecursiveGPT(Config(**TINY, layout="1+2R2+1", scheme="base")).eval()
+    idx = torch.randint(0, 11, (3, 16))
+    idx[0] = 4
+    matrix = np.array(probe.probe(model, idx)["cka"]["matrix"])
+    assert matrix == pytest.approx(np.array(probe.probe(model, idx[1:])["cka"]["matrix"]), abs=1e-12)
+    assert probe.probe(model, idx[:1])["cka"]["matrix"] == [[None] * 5] * 5
+
+
 def test_probe_same_seed_same_numbers(tmp_path, capsys):
     run = make_run(tmp_path, "mesh", "1+2R2+1", "mesh")
     for name in ("a", "b"):
