@@ -270,6 +270,25 @@ def test_probe_same_seed_same_numbers(tmp_path, capsys):
     for name in ("a", "b"):
         assert probe.main([f"--out_dir={run}", "--num_samples=3", "--seed=5", f"--json={tmp_path / name}"]) == 0
     assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text()
+    model, ckpt = load_checkpoint(run)
+    idx = probe.validation_windows(ckpt, 16, 3, 5)  # --seed's windows, the loss their model's
+    targets = torch.cat((idx[:, 1:], torch.full((3, 1), -1)), dim=1)
+    with torch.no_grad():
+        loss = model.eval()(idx, targets)[1].item()
+    assert json.loads((tmp_path / "a").read_text())[0]["loss"] == pytest.approx(loss, abs=1e-6)
+    probe.main([f"--out_dir={run}", "--num_samples=3", "--seed=6", f"--json={tmp_path / 'c'}"])
+    assert json.loads((tmp_path / "c").read_text())[0]["loss"] != pytest.approx(loss, abs=1e-6)
+
+
+def test_probe_refuses_samples_whose_measures_need_over_half_the_memory(tmp_path, capsys, monkeypatch):
+    """2 samples of T = 16 and 5 states (K = 2): 2 x 8 x (16 + 2 (50 x 5 + 5^2)) = 9,056 bytes."""
+    run = make_run(tmp_path, "mesh", "1+2R2+1", "mesh")
+    monkeypatch.setattr(probe, "physical_memory", lambda: 2 * 9056 - 1)
+    assert probe.main([f"--out_dir={run}", "--num_samples=2"]) == 2
+    assert capsys.readouterr().err == ("probe.py: error: --num_samples=2: its windows and measures need "
+                                       "about 0.0 GiB, more than half of this machine's 0.0 GiB; use fewer\n")
+    monkeypatch.setattr(probe, "physical_memory", lambda: 2 * 9056)
+    assert probe.main([f"--out_dir={run}", "--num_samples=2"]) == 0
 
 
 def test_probe_writes_pngs_when_matplotlib_is_installed(tmp_path, capsys):
@@ -307,6 +326,7 @@ def test_routing_predicts_after_each_step_what_a_model_stopped_there_predicts(tm
     (["--out_dir=nowhere"], "probe.py: error: no checkpoint at nowhere/ckpt.pt; train one with: python train.py --out_dir=nowhere\n"),
     (["--out_dir=x", "--num_samples=0"], "probe.py: error: --num_samples=0 must be at least 1\n"),
     ([], "probe.py: error: give a run's folder: --out_dir=OUT_DIR (again to compare several)\n"),
+    (["--out_dir=x", "--sigma_frac=0"], "probe.py: error: --sigma_frac=0.0 must be a positive finite number\n"),
     (["--out_dir=x", "--sigma_frac=inf"], "probe.py: error: --sigma_frac=inf must be a positive finite number\n"),
     (["--out_dir=x", "--sigma_frac=1e300"], "probe.py: error: --sigma_frac=1e+300 must be at most 1e6\n"),
     (["--out_dir=x", "--seed=-1"], "probe.py: error: --seed=-1 must be 0 or more\n"),  # numpy takes no other
