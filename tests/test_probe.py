@@ -265,6 +265,37 @@ def test_probe_cka_leaves_out_only_the_samples_where_a_state_is_degenerate():
     assert probe.probe(model, idx[:1])["cka"]["matrix"] == [[None] * 5] * 5
 
 
+def test_probe_report_prints_each_number_under_its_name():
+    r = dict(out_dir="runs/m", state="finished", layout="1+2R2+1", scheme="mesh", num_samples=3, seq_len=16,
+             dataset="tiny", n_steps=2, effort={"prelude": [0.5, 0.25], "step0": [0.125, 0.0625]},
+             cka={"labels": ["h_emb", "h0", "out"], "sigma_frac": 0.8,
+                  "matrix": [[1.0, 0.5, None], [0.5, 1.0, 0.25], [None, 0.25, 1.0]]},
+             spectrum={"labels": ["h_emb", "h0", "out"], "std": [[0, 0, 0]] * 3,
+                       "mean": [[1.0, 0.5, 0.25], [1.0, 0.75, 0.125], [1.0, 0.375, 0.0625]]},
+             routers={"labels": ["cycle", "step0"], "n_slots": 2, "max_entropy": math.log(2),
+                      "write": [[0.25, 0.75], [0.5, 0.5]], "read": [[0.125, 0.875], [1.0, 0.0]],
+                      "entropy_write": [0.5, 0.25], "entropy_read": [0.125, 0.0]},
+             loss=1.5, step_loss=[2.5, 2.0, 1.5])
+    assert probe.report(r) == """\
+== runs/m: layout 1+2R2+1, scheme mesh, 3 x 16 tokens of tiny ==
+effort (relative update, mean +- std):  prelude 0.500+-0.250  step0 0.125+-0.062
+CKA (RBF, sigma = 0.8 x median distance):
+       h_emb    h0   out
+h_emb   1.00  0.50   -  
+h0      0.50  1.00  0.25
+out      -    0.25  1.00
+spectrum sigma_i/sigma_0 (mean) at i = 1, 2:
+  h_emb 0.500 0.250
+  h0    0.750 0.125
+  out   0.375 0.062
+routers (mean slot weight; entropy, max ln 2 = 0.693):
+  cycle   write [0.25 0.75] H 0.500   read [0.12 0.88] H 0.125
+  step0   write [0.50 0.50] H 0.250   read [1.00 0.00] H 0.000
+loss 1.5000; stopped after loop step t = 0, 1, ... (early exit through the coda, not the paper's method; \
+* the trained K):
+  2.5000  2.0000  1.5000*  (MeSH stops at K: a router per step, 2 buffer slots)"""
+
+
 def test_probe_same_seed_same_numbers(tmp_path, capsys):
     run = make_run(tmp_path, "mesh", "1+2R2+1", "mesh")
     for name in ("a", "b"):
