@@ -139,6 +139,8 @@ def test_routing_numbers_are_the_captured_states_token_by_token(runs):
         expected = 2 * (fh - h).norm(dim=-1) / (fh.norm(dim=-1) + h.norm(dim=-1))
         assert r["effort"][name] == pytest.approx(expected.tolist(), rel=1e-12)
     assert list(r["routers"]) == ["cycle", "step0", "step1"]
+    for name, w_write, w_read in cap["routers"]:  # each kind its own router's softmax
+        assert r["routers"][name] == {"write": w_write[0].double().tolist(), "read": w_read[0].double().tolist()}
     for weights in r["routers"].values():
         for kind in ("write", "read"):
             assert len(weights[kind]) == 6 and all(sum(w) == pytest.approx(1, abs=1e-6) for w in weights[kind])
@@ -166,6 +168,8 @@ def test_routing_end_to_end_writes_the_json_and_the_figure(runs, tmp_path, capsy
     a = routing.RoutingConfig(tokens=5)  # no --text: a validation window
     window = lambda: routing.routing_checkpoint(probe.opened(runs[1], a, "routing.py"), a)
     assert len(window()["tokens"]) == 5 and window() == window()
+    assert window()["tokens"][0].isalpha()  # a line's first letter, not the newline before it
+    assert routing.main([f"--out_dir={runs[1]}", "--text=" + ("the king " * 2)[:16]]) == 0  # block_size: 16
 
 
 def test_routing_without_matplotlib_writes_the_numbers_and_says_so(runs, tmp_path, capsys, monkeypatch):
