@@ -220,6 +220,19 @@ def test_export_weights_are_the_runs(runs, exports):
     assert torch.equal(qkv[1, 0], ours["prelude.2.attn.qkv.weight"][D // H:2 * D // H])  # head 1, q
 
 
+def test_a_vanilla_exports_config_is_its_models_shape():
+    """config.json carries the run's own block_size, residual form and rotary settings (in
+    transformers 4's and 5's names), not Pythia's defaults."""
+    from mesh import Config, RecursiveGPT
+    cfg = Config(layout="2", vocab_size=65, n_embd=32, n_head=4, block_size=16,
+                 parallel_residual=False, rotary_pct=0.5, rotary_base=500.0)
+    hf, _ = export_hf.neox(cfg, RecursiveGPT(cfg).state_dict())
+    assert (hf["max_position_embeddings"], hf["use_parallel_residual"], hf["num_hidden_layers"],
+            hf["rotary_pct"], hf["rotary_emb_base"]) == (16, False, 2, 0.5, 500.0)
+    assert hf["rope_parameters"] == {"rope_type": "default", "rope_theta": 500.0,
+                                     "partial_rotary_factor": 0.5}
+
+
 @pytest.mark.slow
 def test_lm_eval_scores_a_character_export_as_its_run(runs, exports):
     """lm_eval_mesh.py's pretrained= of a character run's export reads with the run's tokenizer:
