@@ -122,6 +122,15 @@ def test_a_config_files_integer_past_what_python_reads_is_one_line(tmp_path):
                             f"settings as flags")
 
 
+def test_a_config_file_of_anything_but_an_object_is_one_line(tmp_path):
+    cfg = tmp_path / "c.json"
+    for text in ('[{"max_iters": 7}]', "7", "null"):
+        cfg.write_text(text)
+        with pytest.raises(UsageError) as e:
+            parse_flags(train.TrainConfig, [str(cfg)], "train.py", read_config=read_config)
+        assert str(e.value) == f"config file {str(cfg)!r} must hold a JSON object of settings"
+
+
 def test_an_empty_path_is_refused_by_name():
     with pytest.raises(UsageError) as e:
         parse_flags(train.TrainConfig, ["--data_root= "], "train.py")
