@@ -828,7 +828,7 @@ def test_sequential_order_never_skips_data_when_the_batch_changes(seq_root, tmp_
     assert train.main(["--init_from=resume", f"--out_dir={rand}", "--max_iters=2", "--batch_size=4"]) == 0
     # (a resume cannot switch the order: test_resume_launch.py's test_a_resume_keeps_what_the_run_did)
     path = tmp_path / "run" / "ckpt.pt"  # edited: without batch_size, where the order goes on is unknown
-    ckpt = torch.load(path, weights_only=False)
+    ckpt = torch.load(path, weights_only=True)
     del ckpt["train_config"]["batch_size"]
     torch.save(ckpt, path)
     capsys.readouterr()
