@@ -6,8 +6,10 @@ per GPU memory under DDP and FSDP, with and without --grad_checkpoint; the sprea
 import os
 
 from configurator import UsageError
+from support import pretrained
 from support.device import PEAK_BF16_FLOPS, flops_per_token
 from support.memory import GiB, memory, param_counts
+from support.resume import resume_from
 
 GPUS = {"a100": (80, 312e12), "h100": (80, PEAK_BF16_FLOPS["NVIDIA H100"])}  # GiB, FLOP/s
 # [choice] of each GPU's memory a plan leaves free: the CUDA context, the allocator's fragments,
@@ -26,8 +28,19 @@ def choose(cfg, batch_size, n, gib, compute_bytes):
                  if memory(cfg, batch_size, n, *s[1:], compute_bytes)["total"] <= room), None)
 
 
+def start(tc, given):
+    """What a plan's model comes from, read as train.py would read it: a resume's checkpoint, a
+    source to loop (vanilla:OUT_DIR or hf:PATH), or None (the flags' model)."""
+    if tc.init_from == "resume":
+        return resume_from(tc.out_dir, True)
+    if tc.init_from != "scratch":
+        return pretrained.source(pretrained.where(tc.init_from, tc.out_dir), given)
+
+
 def plan(tc, cfg):
-    """The plan's text for TrainConfig tc and model cfg."""
+    """The plan's text for TrainConfig tc and model cfg (a source's: looped as the flags say)."""
+    if tc.init_from not in ("scratch", "resume"):
+        cfg = pretrained.looped(cfg, tc)
     if tc.gpu not in GPUS and not (tc.gpu_memory and tc.gpu_tflops):
         raise UsageError(f"--gpu={tc.gpu} is not one of {', '.join(GPUS)}; name one, or give "
                          f"--gpu_memory=GIB and --gpu_tflops=TFLOPS")

@@ -222,15 +222,7 @@ def loop(start, tc, data=None):
     if data is not None:
         check_tokens(start, data)
     source = start["model"]
-    old, L = source.config, source.config.shape.prelude
-    ours = {k: getattr(tc, k) for k in LOOPED if getattr(tc, k) is not None}
-    try:  # scale_embeddings too: the sqrt(D) of Appendix B, off for Pythia's
-        cfg = Config(**{**old.to_dict(), **ours})
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
-    if cfg.shape.unique > L:
-        raise UsageError(f"--layout={cfg.layout} needs {cfg.shape.unique} unique blocks, but "
-                         f"--init_from={tc.init_from} has {L} layers; loop fewer unique blocks")
+    cfg, L = looped(source.config, tc), source.config.shape.prelude
     model = RecursiveGPT(cfg)  # the routers' init kept; the rest replaced
     theirs, state = source.state_dict(), model.state_dict()
     for block, layers in core_layers(cfg.shape, L, tc.core_init).items():
@@ -241,6 +233,21 @@ def loop(start, tc, data=None):
         state[key] = theirs[key]
     model.load_state_dict(state)
     return model
+
+
+def looped(old, tc):
+    """The Config of --layout and --scheme over the vanilla source's Config old; refused where
+    the layout needs more unique blocks than old has layers."""
+    ours = {k: getattr(tc, k) for k in LOOPED if getattr(tc, k) is not None}
+    try:  # scale_embeddings too: the sqrt(D) of Appendix B, off for Pythia's
+        cfg = Config(**{**old.to_dict(), **ours})
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    if cfg.shape.unique > old.shape.prelude:
+        raise UsageError(f"--layout={cfg.layout} needs {cfg.shape.unique} unique blocks, but "
+                         f"--init_from={tc.init_from} has {old.shape.prelude} layers; loop fewer "
+                         f"unique blocks")
+    return cfg
 
 
 def core_layers(shape, L, core_init):

@@ -40,9 +40,9 @@ def resolve(cls, given):
     from support.tool import check_run_folder  # a checkpoint's or an export's: never trained in
     check_run_folder(tc.out_dir)
     if tc.plan:  # nothing is joined or written; a resume's settings and model, its checkpoint's
-        from support.resume import resume_from
-        ckpt = resume_from(tc.out_dir, True) if resume else None
-        return (settings(cls, ckpt, given, None, tc.out_dir) if ckpt else tc), ckpt
+        from support.plan import start  # (or the source a run would loop)
+        ckpt = start(tc, given)
+        return (settings(cls, ckpt, given, None, tc.out_dir) if resume else tc), ckpt
     real = os.path.realpath(tc.out_dir)  # a link re-pointed later moves nothing of this run
     out_dir = tc.out_dir if real == os.path.abspath(tc.out_dir) else real
     rank, world, restarted = 0, 1, False

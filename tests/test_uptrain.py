@@ -278,3 +278,21 @@ def test_the_source_model_is_not_held_while_uptraining(vanilla, data_root, tmp_p
     monkeypatch.setattr(train, "evaluate", evaluating)
     assert run([f"--init_from=vanilla:{vanilla}", "--max_iters=0"], data_root, tmp_path / "o") == 0
     assert alive == [False]
+
+
+def test_a_plan_of_a_looped_run_plans_the_model_the_loop_makes(vanilla, data_root, tmp_path, capsys):
+    """--plan=true with --init_from=vanilla:OUT_DIR: the source's width, heads and vocabulary,
+    looped to --layout and --scheme, as the run would build it; its bad flags refused alike."""
+    from support import memory
+    source, _ = checkpoint.load(vanilla)
+    v, out = f"--init_from=vanilla:{vanilla}", f"--out_dir={tmp_path / 'o'}"
+    plan = [v, "--layout=1+2R2+1", "--scheme=mesh", "--plan=true", "--plan_gpus=1", out]
+    assert train.main(plan) == 0  # no model flags: the classroom preset's would be 128 wide
+    want = source.config.to_dict() | dict(layout="1+2R2+1", scheme="mesh")
+    P = memory.param_counts(Config(**want))[0]
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f"layout 1+2R2+1 scheme mesh, {P:,} params, micro-batch 16 x 16 = 256 tokens" in first
+    assert train.main([*plan, "--layout=2+2R2+1"]) == 2
+    assert capsys.readouterr().err == (f"train.py: error: --layout=2+2R2+1 needs 5 unique blocks, "
+                                       f"but {v} has 4 layers; loop fewer unique blocks\n")
+    assert not (tmp_path / "o").exists()
