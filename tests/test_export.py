@@ -311,6 +311,7 @@ def test_an_export_to_another_drive_than_the_run_is_written(runs, tmp_path, monk
 def test_an_export_that_fails_writes_nothing(runs, tmp_path, monkeypatch, capsys):
     need("safetensors")
     write, calls = files.atomic_write, []
+    out = runs("char", "mesh")[0]  # trained before the disk fills
 
     def full_disk(path, *args):  # the third file fails
         calls.append(path)
@@ -319,7 +320,7 @@ def test_an_export_that_fails_writes_nothing(runs, tmp_path, monkeypatch, capsys
         write(path, *args)
     monkeypatch.setattr(files, "atomic_write", full_disk)
     capsys.readouterr()
-    assert export_hf.main([f"--out_dir={runs('char', 'mesh')[0]}", f"--to={tmp_path / 'hf'}"]) == 2
+    assert export_hf.main([f"--out_dir={out}", f"--to={tmp_path / 'hf'}"]) == 2
     assert capsys.readouterr().err == (
         "export_hf.py: error: the disk is full; check the disk (free space, permissions) and try "
         "again\n")
