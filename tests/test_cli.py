@@ -7,6 +7,7 @@ setting, without reading source text.
 """
 
 import dataclasses
+import errno
 import os
 import re
 import subprocess
@@ -84,6 +85,14 @@ def test_config_files_are_read_by_the_reader_given_and_refused_without_one(tmp_p
     r = subprocess.run([sys.executable, "tools/draw.py", "--help"], cwd=ROOT, capture_output=True,
                        text=True, timeout=HANG)  # every script's: command.main reads config files
     assert r.stdout.startswith("usage: python tools/draw.py [CONFIG.json ...] [--key=value"), r.stdout
+
+
+def test_a_config_file_that_cannot_be_read_says_why_in_words(tmp_path):
+    missing = str(tmp_path / "c.json")
+    with pytest.raises(UsageError) as e:
+        parse_flags(train.TrainConfig, [missing], "train.py", read_config=read_config)
+    assert str(e.value) == (f"cannot read config file {missing!r}: "
+                            f"{os.strerror(errno.ENOENT)}")
 
 
 def test_a_config_files_whole_number_is_either_type_a_fraction_no_integer(tmp_path):
