@@ -75,3 +75,19 @@ def test_read_text_refuses_a_fifo_without_waiting_for_a_writer(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(plain.PlainDataError, match="is not a regular file"):
         plain.read_text(fifo)  # no writer: a plain open() would block here forever
+
+
+def test_read_bytes_takes_exactly_max_bytes_and_refuses_one_more(tmp_path):
+    path = tmp_path / "f.json"
+    path.write_bytes(b"x" * 1000)
+    assert plain.read_bytes(path, 1000) == b"x" * 1000  # "at most max_bytes"
+    path.write_bytes(b"x" * 1001)
+    with pytest.raises(plain.PlainDataError) as e:
+        plain.read_bytes(path, 1000)
+    assert str(e.value) == "is larger than 1,000 bytes"
+
+
+def test_a_plain_name_is_a_file_of_the_folder_itself():
+    names = ["meta.json", "", ".", "..", "a/b", "..\\x", "/etc", None, 3]
+    assert [plain.plain_name(n) for n in names] == [True] + [False] * 8
+
