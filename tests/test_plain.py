@@ -3,10 +3,13 @@ support/plain.py: the limits on every JSON file the project reads, config files 
 
     python -m pytest tests/test_plain.py -q
 """
+import errno
 import json
 import os
+import stat
 import sys
 import time
+import types
 
 import pytest
 
@@ -91,3 +94,56 @@ def test_a_plain_name_is_a_file_of_the_folder_itself():
     names = ["meta.json", "", ".", "..", "a/b", "..\\x", "/etc", None, 3]
     assert [plain.plain_name(n) for n in names] == [True] + [False] * 8
 
+
+def test_atomic_write_syncs_the_whole_file_before_replacing_the_old(tmp_path, monkeypatch):
+    path, synced, fsync = tmp_path / "a.json", [], os.fsync
+    path.write_text("old")
+
+    def seen(fd):  # the bytes on disk when fsync runs, and what path holds then
+        synced.append((os.fstat(fd).st_size, path.read_text()))
+        fsync(fd)
+    monkeypatch.setattr(os, "fsync", seen)
+    plain.atomic_write(path, lambda f: f.write(b"new" * 1000))
+    assert synced == [(3000, "old")] and path.read_bytes() == b"new" * 1000
+    assert os.listdir(tmp_path) == ["a.json"]
+
+
+@pytest.mark.parametrize("error", [PermissionError(errno.EACCES, "Permission denied"),
+                                   KeyboardInterrupt()], ids=["oserror", "ctrl_c"])
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(error, tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text("old")
+
+    def fails(f):
+        f.write(b"half")
+        raise error
+    with pytest.raises(type(error)) as e:  # (OSError(13, ...) is a PermissionError)
+        plain.atomic_write(path, fails)
+    assert os.listdir(tmp_path) == ["a.json"] and path.read_text() == "old"
+    if isinstance(error, OSError):  # re-raised as an OSError saying why in words
+        assert (e.value.errno, e.value.strerror) == (errno.EACCES, "Permission denied")
+
+
+def test_an_atomic_write_gets_the_mode_a_plain_write_gets(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        plain.atomic_write(tmp_path / "a", lambda f: f.write(b"a"))
+        (tmp_path / "b").write_bytes(b"b")
+    finally:
+        os.umask(umask)
+    modes = [stat.S_IMODE(os.stat(tmp_path / n).st_mode) for n in "ab"]
+    assert modes[0] == modes[1]  # (0o644 here: not mkstemp's private 0o600)
+
+
+def test_why_a_write_failed_in_words(tmp_path, monkeypatch):
+    why = plain.why_write_failed
+    assert why(PermissionError(13, "Permission denied", "x"), tmp_path) == "Permission denied"
+    assert why(RuntimeError("zip writer failed\nat 3"), tmp_path) == "zip writer failed"
+    usage = types.SimpleNamespace(free=123456)
+    monkeypatch.setattr(plain.shutil, "disk_usage", lambda folder: usage)
+    assert why(RuntimeError("x"), tmp_path) == "the disk is full (123,456 bytes free)"
+
+    def gone(folder):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+    monkeypatch.setattr(plain.shutil, "disk_usage", gone)
+    assert why(OSError(errno.ENOSPC, "No space left"), tmp_path) == "the disk is full"
