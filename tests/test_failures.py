@@ -854,6 +854,22 @@ def test_two_prepares_of_one_dataset_never_mix(tmp_path):
     assert listed(tmp_path / "data") == ["tiny"] and listed(tmp_path / "data" / "tiny") == []
 
 
+def test_a_run_on_a_dataset_being_prepared_is_refused_in_one_line(data_root, tmp_path):  # noqa: F811
+    """While data/prepare.py writes a dataset (here: its folder's lock, held by this process), a run on it
+    stops in one line and trains nothing."""
+    data = copy_of(data_root, tmp_path, "data")
+    runfiles.own(str(data / "tiny"))
+    try:
+        r = subprocess.run(train_cmd(data, tmp_path / "out", "--max_iters=1"), cwd=ROOT, capture_output=True,
+                           text=True, timeout=HANG)
+    finally:
+        runfiles.release()
+    assert r.returncode == 2 and r.stderr == (f"train.py: error: --dataset={data / 'tiny'} is being written "
+                                              f"(another process holds the folder's lock, as data/prepare.py "
+                                              f"does); wait for it to end\n")
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
 # -----------------------------------------------------------------------------
 # Nothing read from a file that names a path reaches outside its own folder
 
