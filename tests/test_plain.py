@@ -147,3 +147,27 @@ def test_why_a_write_failed_in_words(tmp_path, monkeypatch):
         raise FileNotFoundError(errno.ENOENT, "No such file or directory")
     monkeypatch.setattr(plain.shutil, "disk_usage", gone)
     assert why(OSError(errno.ENOSPC, "No space left"), tmp_path) == "the disk is full"
+
+
+def test_own_takes_a_folder_once_and_never_waits_on_itself(tmp_path):
+    waited = []
+    try:
+        assert plain.own(str(tmp_path)) is True
+        assert plain.own(str(tmp_path), waiting=lambda: waited.append(1)) is False
+    finally:
+        plain.release()
+    assert waited == [] and plain._owned == {}
+    try:
+        assert plain.own(str(tmp_path)) is True  # given back: taken afresh
+    finally:
+        plain.release()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a symbolic link needs privileges there")
+def test_remove_takes_a_link_itself_never_what_it_points_to(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("x")
+    os.symlink(tmp_path / "d", tmp_path / "link")
+    plain.remove(str(tmp_path / "link"))
+    plain.remove(str(tmp_path / "never"))  # not there: nothing to do
+    assert os.listdir(tmp_path) == ["d"] and (tmp_path / "d" / "f").read_text() == "x"
