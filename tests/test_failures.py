@@ -789,6 +789,56 @@ def test_clear_words(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
                                        "permissions) and try again\n")
 
 
+ERRORS = [  # what a command's function raised: its exit code, and the one line on stderr
+    ("usage", configurator.UsageError("--x=1 is bad"), 2, "x.py: error: --x=1 is bad"),
+    ("oserror", NotADirectoryError(errno.ENOTDIR, "Not a directory", "f"), 2,
+     "x.py: error: cannot use f: Not a directory; check the path"),
+    ("blown_up", FloatingPointError("loss is nan"), 1, "x.py: error: loss is nan"),
+    ("lost_peer", RuntimeError("[gloo] Connection reset by peer"), 1, "x.py: error: rank 1 is gone"),
+    ("signal", command.Stopped("SIGTERM"), 130, "\nx.py: stopped by SIGTERM, so at once: a file being "
+     "written, if any, was dropped, the one before it is as it was"),
+]
+
+
+@pytest.mark.parametrize("name, error, code, line", ERRORS, ids=[e[0] for e in ERRORS])
+def test_a_commands_error_is_one_line_with_its_exit_code(name, error, code, line, capsys, monkeypatch):
+    from support import distributed, torchrun
+    monkeypatch.setattr(distributed, "grouped", lambda: True)  # a torchrun job's process
+    monkeypatch.setattr(distributed, "close", lambda: None)
+    monkeypatch.setattr(torchrun, "lost_peer", lambda e: "rank 1 is gone")
+
+    def fails(argv):
+        raise error
+    assert command.main("x.py", fails, []) == code
+    assert capsys.readouterr().err == line + "\n"
+
+
+def test_debug_shows_the_traceback_of_a_signal_too(capsys):
+    def stopped(given):
+        raise command.Stopped("SIGINT")
+    with pytest.raises(command.Stopped):
+        command.main("sample.py", stopped, ["--debug=true"], sample.SampleConfig)
+    assert command.main("sample.py", stopped, [], sample.SampleConfig) == 130
+
+
+def test_a_command_gives_back_its_signal_handlers_locks_and_streams(tmp_path):
+    signums = [getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s)]
+    streams, mine = (sys.stdout, sys.stderr), lambda signum, frame: None
+    before = [signal.signal(signum, mine) for signum in signums]  # the caller's own handlers
+
+    def holds(argv):
+        runfiles.own(str(tmp_path))
+        command.Stop.poll()  # a loop that polls: its first signal would be a request
+        assert sys.stdout is not streams[0] and runfiles._owned
+    try:
+        assert command.main("x.py", holds, []) == 0
+        assert [signal.getsignal(signum) for signum in signums] == [mine] * len(signums)
+    finally:
+        for signum, handler in zip(signums, before):
+            signal.signal(signum, handler)
+    assert runfiles._owned == {} and (sys.stdout, sys.stderr) == streams
+
+
 # -----------------------------------------------------------------------------
 # A folder holding a run, whatever its format, is the run's
 
