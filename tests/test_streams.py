@@ -165,6 +165,39 @@ def test_a_command_forgets_the_launcher_an_earlier_one_in_its_process_had(monkey
         command.Stop.restore()
 
 
+def test_a_signal_before_the_launchers_end_is_what_stops_the_run(monkeypatch, capsys):
+    """SIGTERM came, then the launcher is found gone: the stop is still the signal's, said once."""
+    monkeypatch.setenv(command.LAUNCHER, "999999999")  # named, not the parent: gone
+    command.Stop.install()
+    try:
+        stop = command.Stop.poll()
+        stop.signals, stop.name = 1, "SIGTERM"  # as _on_signal leaves them
+        assert stop.requested() and (stop.signals, stop.name) == (1, "SIGTERM")
+    finally:
+        command.Stop.restore()
+        command.Stop.install()  # (its state put back for the next command)
+        command.Stop.restore()
+    assert capsys.readouterr().out == ""
+
+
+def test_a_request_that_came_during_the_last_step_stops_once_it_is_saved():
+    """The last step finishes and saves (finished()): a request that came meanwhile stops the
+    command then, rather than let its closing sample run; with none, finished() is True."""
+    command.Stop.install()
+    try:
+        stop = command.Stop.poll()
+        assert stop.finished() is True and stop.saved
+        stop.install()
+        stop.poll().signals, stop.name = 1, "SIGTERM"
+        with pytest.raises(command.Stopped) as e:
+            stop.finished()
+        assert e.value.name == "SIGTERM" and stop.saved
+    finally:
+        command.Stop.restore()
+        command.Stop.install()  # (its state put back for the next command)
+        command.Stop.restore()
+
+
 @pytest.mark.parametrize("named", ["\u00b2", "x", ""])
 def test_a_launcher_named_by_no_pid_is_none(named, monkeypatch):
     """NANOMESH_LAUNCHER holding no process id (a digit int() does not read, as "\u00b2"): no
