@@ -172,6 +172,25 @@ def test_sample_reads_a_prompt_file_as_plain_text_only(tiny_ckpt, tmp_path, caps
     assert capsys.readouterr().out.startswith("Then the")
 
 
+def test_sample_prints_what_generate_makes_of_its_flags(tiny_ckpt, data_root, capsys):
+    """Past block_size (16) too: the prompt and 20 new tokens; --max_new_tokens=0 is the prompt."""
+    model, _, _ = reading.load_run(str(tiny_ckpt), "cpu", "sample.py")
+    tok = Tokenizer.load(os.path.join(data_root, "tiny"))
+    torch.manual_seed(7)
+    rows = model.eval().generate(torch.tensor([tok.encode("Then")] * 2), 20, temperature=1.5, top_k=3)
+    flags = ["--start=Then", "--num_samples=2", "--max_new_tokens=20", "--temperature=1.5",
+             "--top_k=3", "--seed=7", "--device=cpu"]
+    assert sample.main([f"--out_dir={tiny_ckpt}", *flags]) == 0
+    sep = "\n---------------\n"
+    assert capsys.readouterr().out == "".join(tok.decode(r.tolist()) + sep for r in rows)
+    assert sample.main([f"--out_dir={tiny_ckpt}", "--start=Then", "--max_new_tokens=0"]) == 0
+    assert capsys.readouterr().out == "Then" + sep
+    greedy = model.generate(torch.tensor([tok.encode("Then")]), 20, temperature=0)[0]
+    assert sample.main([f"--out_dir={tiny_ckpt}", "--start=Then", "--max_new_tokens=20",
+                        "--temperature=0", "--device=cpu"]) == 0  # 0: greedy, as its help says
+    assert capsys.readouterr().out == tok.decode(greedy.tolist()) + sep
+
+
 @pytest.mark.parametrize("flag", ["--num_samples=1000000", "--max_new_tokens=1000000000000"])
 def test_sample_refuses_a_decode_beyond_the_machines_memory_before_allocating(tiny_ckpt, flag, capsys,
                                                                                monkeypatch):
