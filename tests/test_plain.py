@@ -1,5 +1,5 @@
 """
-support/plain.py: the limits on every JSON file the project reads, config files included.
+support/files.py: the limits on every JSON file the project reads, config files included.
 
     python -m pytest tests/test_plain.py -q
 """
