@@ -323,6 +323,49 @@ def test_a_signal_ends_benchs_fresh_process_at_once(tmp_path):
     assert (tmp_path / "started").exists() and not (tmp_path / "ended").exists()
 
 
+def seen(arg, conn):
+    """A fresh process's measurement, deaf to the group's signals as bench.py's is: whether it ignores them."""
+    command.helper()
+    conn.send([signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == [signal.SIG_IGN] * 2)
+
+
+def interrupted():
+    """Unpickled in a fresh process's first moment, before it can ignore signals: it sends that process a
+    Ctrl-C and a SIGTERM then, as a terminal or `kill -TERM -PGID` can."""
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalledAtStart:
+    def __reduce__(self):
+        return interrupted, ()
+
+
+# in a fresh process (Python's resource tracker not yet started: its start unblocked signals), a fresh process
+# signalled in its first moment measures; then bench.py's own signals, which it blocked as it started
+SIGNALLED = """import signal
+from tools import bench
+from test_bench import SignalledAtStart, seen
+print(bench.in_fresh_process(seen, SignalledAtStart()), signal.pthread_sigmask(signal.SIG_BLOCK, []))"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="needs POSIX signals")
+def test_benchs_fresh_process_ignores_signals_from_its_first_moment():
+    """It starts with Ctrl-C and SIGTERM blocked, then ignores them. One that came before it could ignore them
+    printed its KeyboardInterrupt's traceback, and the measurement was lost."""
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "tests")}
+    r = subprocess.run([sys.executable, "-c", SIGNALLED], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=HANG)
+    assert (r.stderr, r.stdout, r.returncode) == ("", "True set()\n", 0)
+
+
+def test_benchs_fresh_process_starts_where_signals_cannot_be_blocked(monkeypatch):
+    """Windows has no pthread_sigmask (nor SIG_BLOCK): the fresh process starts, unblocked."""
+    for name in ("pthread_sigmask", "SIG_BLOCK", "SIG_SETMASK"):
+        monkeypatch.delattr(signal, name, raising=False)
+    assert bench.in_fresh_process(seen, None) is True
+
+
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_stops_bench_in_one_line(how, tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it), SIGTERM or SIGHUP while the variants

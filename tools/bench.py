@@ -12,7 +12,9 @@ Rounds interleave the variants, so that a busy machine slows them alike: figures
 import dataclasses
 import json
 import multiprocessing as mp
+import multiprocessing.resource_tracker
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -239,9 +241,20 @@ def in_fresh_process(fn, *args):
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=fn, args=(*args, send))
-    child.start()
+    # it starts with helper()'s signals blocked (POSIX): none lands before it
+    mask = getattr(signal, "pthread_sigmask", None)  # Windows: none
+    if mask:  # the resource tracker first: its start unblocks them
+        mp.resource_tracker.ensure_running()
+        old = mask(signal.SIG_BLOCK, [getattr(signal, name) for name in command.SIGNALS])
+    unblock = lambda: mask and mask(signal.SIG_SETMASK, old)
+    try:
+        child.start()
+    except BaseException:
+        unblock()
+        raise
     send.close()  # so that a child that dies reads as EOF here
     try:
+        unblock()  # a signal held meanwhile: raised here, which ends the child
         return recv.recv()
     except EOFError:
         return None, None
