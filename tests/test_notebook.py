@@ -91,6 +91,41 @@ def test_a_failed_command_stops_the_notebook_in_one_line(capsys):
         notebook.run(command)
     assert capsys.readouterr().out == "tool: error: why; fix\n"
     assert e.value._render_traceback_() == [f"Failed: {command} exited with 2: the lines above say why"]
+    killed = "python -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'"  # out of memory
+    with pytest.raises(notebook.Failed, match=f"^{re.escape(killed)} exited with -9: "):
+        notebook.run(killed)
+
+
+def test_run_shows_what_a_command_prints_in_any_locale(monkeypatch, capsys):
+    """In a locale that cannot write é (C, as a Windows console cannot write every language), the command's Python
+    writes UTF-8; a byte that is not UTF-8 (a program's own bytes) is shown as �, not the kernel's traceback."""
+    for name, value in [("LC_ALL", "C"), ("PYTHONCOERCECLOCALE", "0"), ("PYTHONUTF8", "0")]:
+        monkeypatch.setenv(name, value)
+    notebook.run("python -c 'import sys; print(\"é ±\", flush=True); sys.stdout.buffer.write(b\"\\xff\\n\")'")
+    assert capsys.readouterr().out == "é ±\n\ufffd\n"
+
+
+def test_run_shows_each_line_as_it_comes(tmp_path, monkeypatch):
+    """Not at the command's end: here the command waits (a minute at most) for its first line to be shown."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # a notebook's kernel may not have it
+    shown, lines = tmp_path / "shown", []
+    monkeypatch.setattr(notebook, "print", lambda out, **kw: [lines.append(out), shown.touch()], raising=False)
+    notebook.run(f"python -c 'import os, time; print(1); [time.sleep(0.1) for _ in range(600) if not "
+                 f"os.path.exists(\"{shown}\")]; print(os.path.exists(\"{shown}\"))'")
+    assert lines == ["1\n", "True\n"]
+
+
+def test_an_interrupted_command_is_waited_for(tmp_path, monkeypatch):
+    """Jupyter's interrupt (a KeyboardInterrupt here; the command gets its SIGINT too): the cell ends with the
+    command, which may be saving a checkpoint, never before it."""
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    saved = tmp_path / "saved"
+    monkeypatch.setattr(notebook, "print", interrupt, raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        notebook.run(f"python -c 'import time; print(1, flush=True); time.sleep(2); open(\"{saved}\", \"w\")'")
+    assert saved.exists()
 
 
 def test_show_draws_a_figure_inline_or_says_it_is_not_drawn_yet(tmp_path, monkeypatch, capsys):
