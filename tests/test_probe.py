@@ -572,13 +572,16 @@ def test_table1_bad_flags_are_one_line(capsys, tmp_path, monkeypatch):
         " ".join(capsys.readouterr().out.split())
 
 
-def test_cycle_table_pairs_direct_with_routed_by_seed(tmp_path):
+def test_cycle_table_pairs_direct_with_routed_by_seed(tmp_path, capsys):
+    """Each share closed is of the gap on the variant's own seeds; K = 2's base and mesh have no vanilla to pair."""
     from tools import cycle
     sweep = [dict(variant=v, layout=lay, seed=s, val_loss=x) for v, lay, s, x in [
-        ("vanilla", "12", 0, 1.80), ("vanilla", "12", 1, 1.82), ("base", "3+2R3+3", 0, 1.84),
-        ("base", "3+2R3+3", 1, 1.86), ("mesh", "3+2R3+3", 0, 1.81), ("mesh", "3+2R3+3", 1, 1.84)]]
+        ("vanilla", "12", 0, 1.79), ("vanilla", "12", 1, 1.82), ("base", "3+2R3+3", 0, 1.84),
+        ("base", "3+2R3+3", 1, 1.86), ("mesh", "3+2R3+3", 0, 1.81), ("mesh", "3+2R3+3", 1, 1.84),
+        ("base", "2+4R2+2", 2, 1.90), ("mesh", "2+4R2+2", 2, 1.88)]]
     (tmp_path / "sweep.json").write_text(json.dumps({"runs": sweep}))
-    (tmp_path / "choices.json").write_text(json.dumps({"runs": []}))
+    (tmp_path / "choices.json").write_text(json.dumps({"runs": [dict(variant="mesh_direct_base_init",
+                                                                     layout="3+2R3+3", seed=0, val_loss=1.82)]}))
     run = tmp_path / "runs" / "mesh_direct_3+2R3+3_s1"
     run.mkdir(parents=True)
     (run / "result.json").write_text(json.dumps(dict(variant="mesh_direct", layout="3+2R3+3", seed=1,
@@ -586,13 +589,19 @@ def test_cycle_table_pairs_direct_with_routed_by_seed(tmp_path):
     out = tmp_path / "out"
     cycle.main([f"--sweep={tmp_path / 'sweep.json'}", f"--choices={tmp_path / 'choices.json'}",
                 f"--root={tmp_path / 'runs'}", f"--results={out}"])
-    k3 = next(r for r in json.loads((out / "cycle.json").read_text()) if r["K"] == 3)
-    assert k3["base_vs_vanilla"] == pytest.approx([0.04, 0.0, 2])
+    k2, k3 = [r for r in json.loads((out / "cycle.json").read_text()) if r["K"] in (2, 3)]
+    assert k3["base_vs_vanilla"] == pytest.approx([0.045, 0.00707, 2], abs=1e-5)
     assert k3["mesh_vs_base"][:2] == pytest.approx([-0.025, 0.00707], abs=1e-5)
     assert k3["mesh_direct_vs_mesh"] == pytest.approx([-0.01, None, 1])  # seed 1 only: 1.83 - 1.84
     assert k3["mesh_direct_closes"] == pytest.approx(0.75)  # -(1.83 - 1.86) / (1.86 - 1.82): its seed
-    assert "| 3 | `3+2R3+3` | +0.0400 ± 0.0000 (2) | -0.0250 ± 0.0071 (2) | -0.0300 (1) | -0.0100 (1) " \
-           "| 62% | 75% |" in (out / "cycle.md").read_text()
+    assert (k2["mesh_vs_base"], k2["mesh_closes"]) == (pytest.approx([-0.02, None, 1]), None)
+    md = (out / "cycle.md").read_text()
+    assert "| 3 | `3+2R3+3` | +0.0450 ± 0.0071 (2) | -0.0250 ± 0.0071 (2) | -0.0300 (1) | -0.0100 (1) " \
+           "| 56% | 75% |" in md
+    assert "| 2 | `2+4R2+2` | - | -0.0200 (1) | - | - | - | - |" in md
+    assert "K = 3, cycle=direct with router_init=base: -0.0200 (1) against base, +0.0100 (1) against routed " \
+           "mesh (40% of the gap closed)." in md  # -(1.82 - 1.84) / (1.84 - 1.79)
+    assert capsys.readouterr().out == md + f"wrote {out}/cycle.md and cycle.json\n"
 
 
 def test_cycle_table_leaves_out_the_buffer_ablations_runs(tmp_path):

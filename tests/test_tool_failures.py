@@ -486,6 +486,8 @@ BAD_CYCLE_INPUTS = [  # (which file, its content, words of the one-line error)
     ("choices", '{"runs": [[1]]}', "holds a run record that is not a JSON object ([1]); give --choices"),
     ("choices", '{"runs": [{"variant": "mesh", "layout": "2+4R2+2", "seed": 0}]}',
      "holds a run whose val_loss is None, not a number; give --choices the table1.json"),
+    ("choices", '{"runs": [{"variant": "mesh", "layout": "2+4R2+2", "seed": 0, "val_loss": true}]}',
+     "holds a run whose val_loss is True, not a number"),
     ("sweep", '{"runs": [', "is not JSON (Expecting value, line 1 column 11)"),
     ("result", '{"params": 3}', "holds a run whose variant is None, not a name; delete that run's folder"),
     ("result", '"done"', "holds a run record that is not a JSON object ('done')"),
