@@ -293,3 +293,64 @@ def test_a_gpu_runs_report_from_its_rows(tmp_path):
     assert gpu_check.not_needed("profile", str(tmp_path), False) == why
     (tmp_path / "bench-410m.jsonl").unlink()
     assert gpu_check.not_needed("profile", str(tmp_path), False) is None  # not measured: it runs
+
+
+def test_the_targets_are_met_at_their_bounds(tmp_path):
+    """At most 1.05, at least 40%, within 25%: a figure on the bound meets its target (and a 410m MFU of 40% needs
+    no profile); a tiny check always profiles."""
+    rows = [dict(variant="base", time_vs_base=1.0, peak_fraction=0.3, eager_peak_mb=7500.0, plan_mb=10000.0),
+            dict(variant="mesh", time_vs_base=1.05, peak_fraction=0.40, eager_peak_mb=12500.0, plan_mb=10000.0)]
+    for name in ("bench-160m", "bench-410m"):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + [{}]))
+    report = gpu_check.Report(gpu_check.CheckConfig(out=str(tmp_path), budget=540), list(gpu_check.PARTS), [])
+    for name in ("bench-160m", "bench-410m"):
+        report.outcomes[name] = gpu_check.Outcome("passed", section=["its table"])
+    assert report.targets()[:6] == [
+        ("mesh / base step time at 160m width (at most 1.05)", "1.050", True),
+        ("base's eager peak memory / plan at 160m width (within 25%)", "0.75", True),
+        ("mesh's eager peak memory / plan at 160m width (within 25%)", "1.25", True),
+        ("mesh's MFU at 410m width (at least 40%)", "40.00%", True),
+        ("base's eager peak memory / plan at 410m width (within 25%)", "0.75", True),
+        ("mesh's eager peak memory / plan at 410m width (within 25%)", "1.25", True)]
+    assert gpu_check.not_needed("profile", str(tmp_path), False) == "mesh's MFU at 410m width is 40.0%, 40% or more"
+    assert gpu_check.not_needed("profile", str(tmp_path), True) is None
+    (tmp_path / "bench-410m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:1] + [{}]))
+    assert gpu_check.not_needed("profile", str(tmp_path), False) is None  # no mesh row: not measured
+
+
+def test_the_reports_sections_say_how_each_part_went(tmp_path):
+    """Its header, a row per part, and each part's section: what it left, else its last lines (200 characters of
+    each) where it failed, overran or was stopped, else why it did not run."""
+    report = gpu_check.Report(gpu_check.CheckConfig(out=str(tmp_path), budget=540), list(gpu_check.PARTS),
+                              ["--out", "OUT"])
+    o = report.outcomes
+    o["bench-160m"] = gpu_check.Outcome("stopped", 12.4, 150.0, "the check was stopped by SIGTERM while it ran",
+                                        last=["x" * 300, "its last line"])
+    o["bench-410m"] = gpu_check.Outcome("failed", 3.0, 320.0, "exit 1", last=["boom"])
+    o["profile"] = gpu_check.Outcome("not needed", note="mesh's MFU at 410m width is 45.0%, 40% or more")
+    lines = report.lines()
+    assert re.fullmatch(r"`python tools/gpu_check.py --out OUT`, \d{4}-\d\d-\d\d, \d+ s so far of a 540 s budget; "
+                        r"commit as `results/gpu-no-bench-part-has-run.md`.", lines[2]), lines[2]
+    assert lines[6:12] == ["| part | status | time | deadline | log |", "|---|---|---:|---:|---|",
+                           "| bench-160m | stopped: the check was stopped by SIGTERM while it ran | 12 s | 150 s "
+                           "| `bench-160m.log` |",
+                           "| bench-410m | failed: exit 1 | 3 s | 320 s | `bench-410m.log` |",
+                           "| tier | not run: not reached yet | - | - | - |",
+                           "| profile | not needed: mesh's MFU at 410m width is 45.0%, 40% or more | - | - | - |"]
+    report.done = True
+    assert " s in all of a 540 s budget; " in report.lines()[2]
+    assert report.part_lines("bench-160m") == [
+        "## bench-160m: stopped", "", "the check was stopped by SIGTERM while it ran, after 12 s; its last lines:",
+        "", "```", "x" * 200, "its last line", "```"]
+    o["bench-410m"].section = ["its table"]  # a failed tier's summary
+    assert report.part_lines("bench-410m") == [
+        "## bench-410m: failed", "", "its table", "", "exit 1, after 3 s; its last lines:", "", "```", "boom", "```"]
+    assert report.part_lines("tier") == ["## tier: not run", "", "not reached yet"]
+
+
+def test_the_tiers_section_names_its_errors_and_slowest_tests():
+    log = ("ERROR tests/test_cuda.py - ImportError: no\n12.01s setup    tests/test_cuda.py::test_a\n"
+           "==== 1 error in 13.5s ====")
+    assert gpu_check.tier_lines(log) == [
+        "`python -m pytest tests/test_cuda.py`: 1 error in 13.5s.", "", "- ERROR tests/test_cuda.py - ImportError: no",
+        "", "Slowest:", "", "- 12.01s setup    tests/test_cuda.py::test_a"]
