@@ -215,6 +215,14 @@ def test_a_tier_that_failed_where_the_rest_skipped_is_reported_as_failed(tmp_pat
 
 
 @POSIX
+def test_a_failed_part_shows_the_last_lines_of_its_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "part_command", lambda *_: ["sh", "-c", "seq 20; exit 1"])
+    a = gpu_check.CheckConfig(out=str(tmp_path), budget=100, tiny=True)
+    o = gpu_check.run("profile", a, gpu_check.Report(a, ["profile"], []), time.time() + HANG)
+    assert (o.status, o.last) == ("failed", [str(i) for i in range(21 - gpu_check.TAIL, 21)])
+
+
+@POSIX
 def test_a_second_check_on_one_out_is_refused_and_touches_nothing(tmp_path):
     out = tmp_path / "out"
     first, log = start_overrun(out)
