@@ -227,6 +227,45 @@ def test_profile_columns(monkeypatch, capsys):
     assert "--profile times CPU operators, but --device=auto runs on cuda; use --device=cpu" in capsys.readouterr().err
 
 
+def test_a_runs_ratios_and_plan_are_its_own(monkeypatch):
+    """In one round, a variant's time against base is its step time over base's; the plan is plan.py's at the
+    run's --grad_checkpoint."""
+    from support import memory
+    monkeypatch.setattr(bench, "in_fresh_process", lambda fn, cfg, bc: (1.0, 1.0))
+    flags = dict(TINY, schemes="base,mesh", batch_size=2, iters=1, warmup=0, decode=False, grad_checkpoint=True)
+    bc = bench.BenchConfig(**flags, threads=torch.get_num_threads())
+    rows, _ = bench.run(bc)
+    assert rows[1]["time_vs_base"] == pytest.approx(rows[1]["ms_per_step"] / rows[0]["ms_per_step"], rel=1e-12)
+    cfgs = dict(bench.variants(bc))
+    assert [r["plan_mb"] for r in rows] == [memory.memory(cfgs[r["variant"]], 2, 1, False, True, 4)["total"] / 2**20
+                                            for r in rows]
+
+
+def test_the_table_shows_each_measured_column_and_what_it_ran_on():
+    same = dict(dtype="float32", compile=False, batch_size=2, block_size=16, n_embd=32, vocab_size=64)
+    rows = [dict(variant="vanilla", layout="4", non_embedding_params=1000, ms_per_step=10.0, **same),
+            dict(variant="base", layout="1+1R2+1", non_embedding_params=500, ms_per_step=12.0, time_vs_vanilla=1.2,
+                 **same)]
+    info = dict(device="cpu", device_name="A CPU", threads=2, torch="2.x", peak_flops=2.5e12,
+                peak_source="measured", other_processes_cpus=0.5, cpus=4)
+    assert bench.table(rows, info) == (
+        "| variant | layout | non-emb params | ms/step | vs vanilla |\n|---|---|---|---|---|\n"
+        "| vanilla | 4 | 1,000 | 10.0 | - |\n| base | 1+1R2+1 | 500 | 12.0 | 1.200 |\n\n"
+        "A CPU (cpu, torch threads 2, torch 2.x), float32; batch 2 x 16 tokens, D=32, V=64; peak 2,500.0 GFLOP/s "
+        "(measured)\nOther processes kept 0.50 of the 4 CPUs busy during the timed steps.\n"
+        "Not measured on this system: peak memory (no /proc/self/status).")
+    assert "\nOther processes kept 0.00 of the 4 CPUs" in bench.table(rows, dict(info, other_processes_cpus=0.0))
+
+
+def dies(conn):
+    os._exit(1)
+
+
+def test_a_fresh_process_that_dies_measures_nothing():
+    """Killed (out of memory, say): its memory figures are left empty, not bench.py's error."""
+    assert bench.in_fresh_process(dies) == (None, None)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--schemes=vanilla,mehs"], "unknown scheme 'mehs' in --schemes (did you mean 'mesh'?)"),
     (["--schemes=,"], "--schemes is empty"),
