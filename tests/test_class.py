@@ -248,6 +248,40 @@ def test_table1_reuses_a_finished_run_only_at_the_same_width_and_lr(tmp_path, mo
     assert started == []  # refused before anything trains
 
 
+def test_table1_trains_again_a_run_of_another_rule_and_resumes_only_its_own_settings(tmp_path):
+    """A result trained with an update rule other than mesh.py's now is trained again; a checkpoint is continued
+    only where its settings are the table's, else (unfinished) the run starts afresh."""
+    from tools import table1
+    run = table1.plan(["base"], [0], ())[0]
+    folder = tmp_path / run["name"]
+    folder.mkdir()
+    done = dict(name=run["name"], seed=0, max_iters=5, params=1, val_loss=1.5, ms_per_iter=None, dataset="pydoc",
+                data_sha256=None, val_curve=[], rule="lambda h_m, h, h0, h_emb: h_m + h")
+    (folder / "result.json").write_text(json.dumps(done))
+    assert table1.stage(run, str(folder), 5) == ("again", "lambda h_m, h, h0, h_emb: h_m + h")
+    (folder / "result.json").unlink()
+    for max_iters, at, stage in ((5, 5, ("resume", 5)), (10, 3, ("fresh", None))):
+        torch.save({"train_config": dict(max_iters=max_iters, n_embd=128, lr=1e-3), "iter_num": at},
+                   folder / "ckpt.pt")
+        assert table1.stage(run, str(folder), 5) == stage
+
+
+def test_table1_names_a_failed_runs_last_words(tmp_path, monkeypatch):
+    from configurator import UsageError
+    from tools import table1
+
+    def fails(cmd, watch, env, stdout, stderr):
+        stdout.write("iter 0: loss 4.2\nTraceback (most recent call last):\nValueError: boom\n")
+        return 1
+
+    run = table1.plan(["base"], [0], ())[0]
+    monkeypatch.setattr(table1, "run_child", fails)
+    with pytest.raises(UsageError) as e:
+        table1.run_one(run, str(tmp_path), 5)
+    assert str(e.value) == (f"{run['name']} failed (exit 1); its last words: ValueError: boom (full output in "
+                            f"{tmp_path / run['name']}/train.out)")
+
+
 def test_table1_starts_no_run_once_stopped(tmp_path, monkeypatch, capsys):
     """Ctrl-C while two runs train: the third, which the pool takes up as they stop, never starts: no
     line saying it trains, no folder."""

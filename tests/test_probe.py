@@ -425,7 +425,9 @@ def test_table1_ms_per_iter_is_the_median_of_logged_iterations(tmp_path, capsys)
     assert table1.ms_per_iter(str(log)) == 25.0
     with log.open("a") as f:  # a text ms is no timing: progress's eta takes the last number
         f.write('{"iter": 80, "ms": "x"}\n{"iter": 90, "val_loss": 2.5}\n')
-    table1.progress("mesh_s0", str(tmp_path), 100, 80)()
+    watch = table1.progress("mesh_s0", str(tmp_path), 100, 80)
+    watch()
+    watch()  # called again while the run goes on: each evaluation is said once
     assert capsys.readouterr().out == "mesh_s0: iter 90/100, val loss 2.5000, eta 0.1 min\n"
 
 
@@ -488,6 +490,8 @@ def test_table1_machine_names_the_gpu_its_runs_trained_on(monkeypatch):
         table1.machine(1, "cuda:1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # runs reused where no GPU is: no crash
     assert "NVIDIA" not in table1.machine(1, "cuda")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # more runs at once than cores: a thread each, not 0
+    assert table1.machine(4).endswith(", 4 run(s) at a time with 1 thread(s) each")
 
 
 def test_table1_names_the_one_dataset_its_runs_trained_on():
