@@ -476,6 +476,8 @@ def test_table1_aggregates_seeds_and_writes_the_markdown_table():
     # paired with vanilla seed by seed: 1.40 - 1.50 and 1.44 - 1.52; no base runs to pair with
     assert "| mesh | `2+4R2+2` | 2 | 1,590,302 | 66.8% | 1.4200 ± 0.0283 (2) | - | -0.0900 ± 0.0141 | 90 |" in md
     assert "| 3 | 1,588,750 | 1.4700 | 85 |" in md and "| 5 | 1,590,302 | 1.4000 | 90 |" in md
+    assert "same 100 validation batches (102,400 tokens) for every run" in md  # 100 x 16 x 64
+    assert "Buffer size B (mesh `2+4R2+2`, K = 2, seed 0; the default is B = K+3 = 5):" in md
     assert "Machine: test cpu." in md and "1200 iterations" in md and md.startswith("Tiny Shakespeare (characters), ")
     offline = table1.markdown(rows, abl, 1200, "test cpu", "pydoc")  # the fallback says so: not Tiny Shakespeare
     assert offline.startswith("Python's pydoc text (characters; Tiny Shakespeare could not be downloaded), ")
