@@ -155,13 +155,18 @@ def check_fits(cfg, batch_size, device, compute_bytes=4, n=1, fsdp=False, grad_c
     return cfg
 
 
+def check_slots(cfg, n_slots):
+    """Refuse a --n_slots that cfg's scheme ignores."""
+    if cfg.scheme != "mesh" and n_slots is not None:
+        raise UsageError(f"--n_slots is a MeSH setting, but scheme "
+                         f"is {cfg.scheme!r}; drop it or use --scheme=mesh")
+
+
 def check_run(cfg, tc, device, world):
     """check_fits for train.py's run: TrainConfig tc on the Device device, over world processes;
     a --n_slots its scheme ignores is refused (a resume's is saved: kept)."""
-    ignored = cfg.scheme != "mesh" and tc.n_slots is not None
-    if ignored and tc.init_from != "resume":
-        raise UsageError(f"--n_slots is a MeSH setting, but scheme "
-                         f"is {cfg.scheme!r}; drop it or use --scheme=mesh")
+    if tc.init_from != "resume":
+        check_slots(cfg, tc.n_slots)
     return check_fits(cfg, tc.batch_size, device.name, 2 if device.dtype == "bfloat16" else 4,
                       world, tc.fsdp, tc.grad_checkpoint, "the run",
                       "use smaller settings (--plan=true shows where it goes)")

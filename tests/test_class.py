@@ -106,6 +106,9 @@ def test_draw_writes_a_png_or_says_why_not(tmp_path, capsys, monkeypatch):
     (["--layout=3+2R"], "draw.py: error: bad layout '3+2R'"),
     (["--layout=12", "--scheme=mesh"], "draw.py: error: scheme 'mesh' needs loop steps"),
     (["--schem=mesh"], "draw.py: error: unknown setting 'schem' in the command line (did you mean --scheme?)"),
+    (["--scheme=anchor", "--n_slots=5"], "draw.py: error: --n_slots is a MeSH setting, but scheme is 'anchor'; "
+                                         "drop it or use --scheme=mesh"),
+    (["--layout=12", "--n_slots=5"], "draw.py: error: --n_slots is a MeSH setting, but scheme is 'base'"),
 ])
 def test_draw_bad_input_is_one_line(args, message, capsys):
     assert draw.main(args) == 2

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, setting  # noqa: E402
 from mesh import (MESH_CHOICES, PRESETS, SCHEMES, Config, ConfigError, parse_layout,  # noqa: E402
                   summary)
-from support import command, tool  # noqa: E402
+from support import command, memory, tool  # noqa: E402
 from tools.curves import pyplot  # noqa: E402
 from tools.probe import save_figure  # noqa: E402
 
@@ -177,6 +177,7 @@ def run(given):
         cfg = Config.from_preset(a.model, **chosen)
     except ConfigError as e:  # a model mesh.py cannot build, in its words
         raise UsageError(str(e)) from None
+    memory.check_slots(cfg, a.n_slots)
     print(text(cfg) + "\n\n" + summary(cfg))
     if a.png:
         draw(cfg, a.png)
