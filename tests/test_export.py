@@ -113,6 +113,18 @@ for name, job in json.load(open(sys.argv[1])).items():
                      sampled=sampled.tolist(),
                      eos=[model.config.eos_token_id, model.generation_config.eos_token_id],
                      auto=ids, raw=raw.encode(job["text"]).ids, decoded=tok.decode(ids))
+    if remote:  # modeling_nanomesh's own: a loss of labels, a mask, past block_size, padding
+        ones = torch.ones_like(idx)
+        with torch.no_grad():
+            loss = model(idx, labels=idx).loss.item()
+        long = model.generate(idx[:, :4], attention_mask=ones[:, :4], max_new_tokens=20,
+                              do_sample=False)
+        try:
+            model.generate(idx[:, :4], attention_mask=ones[:, :4].tril(), max_new_tokens=2)
+            padded = None
+        except ValueError as e:
+            padded = str(e)
+        out[name].update(loss=loss, long=long.tolist(), padded=padded)
 json.dump(out, open(sys.argv[2], "w"))
 """
 
@@ -158,6 +170,23 @@ def test_transformers_runs_the_export_as_the_run(vocab, kind, runs, loaded):
     assert sampled[:, :4].tolist() == idx[:, :4].tolist() and sampled.max() < tok.vocab_size
     if vocab == "char":
         assert sampled.shape == (2, 16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vocab, kind", [c for c in CASES if c[1] != "vanilla"])
+def test_the_remote_code_takes_labels_and_generates_past_its_window(vocab, kind, runs, loaded):
+    """The transformers model of a looped export: its loss of labels is the run's cross-entropy
+    of the next tokens; a mask of ones is taken, generate keeps the last block_size tokens past
+    it as RecursiveGPT.generate does; a padded row is refused in one line."""
+    model, tok = model_and_tokenizer(*runs(vocab, kind))
+    got, idx = loaded[f"{vocab}-{kind}"], prompt(tok, vocab)
+    with torch.no_grad():
+        logits = model(idx)[0]
+    want = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), idx[:, 1:].flatten())
+    assert abs(got["loss"] - want.item()) < 1e-4
+    assert got["long"] == model.generate(idx[:, :4], 20, temperature=0).tolist()
+    assert len(got["long"][0]) == 24 > model.config.block_size
+    assert got["padded"] == "padding is not supported: give rows of one length"
 
 
 @pytest.mark.slow
