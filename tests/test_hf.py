@@ -294,6 +294,7 @@ def test_loglikelihood_equals_direct_sum(mesh_lm):
         want, want_greedy = direct_loglikelihood(model, context, continuation)
         assert ll == pytest.approx(want, abs=1e-4) and greedy == want_greedy
     assert got[3][1] is True and got[0][1] is False
+    assert lm.loglikelihood(requests("loglikelihood", ("a", ""))) == [(0.0, True)]  # a batch of an empty row
     with pytest.raises(ValueError, match="continuation of 17 tokens cannot be scored in a 16-token window"):
         lm.loglikelihood(requests("loglikelihood", ("a", "b" * 17)))
 
@@ -326,10 +327,46 @@ def test_generate_until_is_greedy_and_stops(mesh_lm):
     out = lm.generate_until(requests("generate_until", ("the cat", {"until": ["@@"], "max_gen_toks": 9}),
                                      ("the cat", {"until": [stop], "max_gen_toks": 9})))
     assert out == [full, full.split(stop)[0]]  # 7 + 9 = block_size: the whole context is kept
+    one = {"until": full[0] + "@", "max_gen_toks": 9}  # a string: one stop, not a stop per character
+    assert lm.generate_until(requests("generate_until", ("the cat", one))) == [full]
+    # a longer context: its last block_size - max_gen_toks tokens, so the answer stays in the window
+    context = "a b c d e f g h i j k"
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([enc(context[-7:])]), 9, temperature=0)[0, 7:].tolist()
+    assert lm.generate_until(requests("generate_until", (context, {"until": ["@@"], "max_gen_toks": 9}))) == [
+        "".join(CHARS[i] for i in ids)]
     from configurator import UsageError
     with pytest.raises(UsageError, match=r"^the task's temperature=-1.0 must be a finite number"):
         lm.generate_until(requests("generate_until", ("the cat", {"do_sample": True,
                                                                  "temperature": -1})))
+
+
+def test_each_result_goes_to_lm_evals_cache_as_returned(mesh_lm, monkeypatch):
+    """lm_eval --use_cache: every answer is handed to the cache hook under its request."""
+    lm, _, _ = mesh_lm
+    kept = []
+    monkeypatch.setattr(lm, "cache_hook", type("Hook", (), {"add_partial": lambda _, *a: kept.append(a)})())
+    ll = lm.loglikelihood(requests("loglikelihood", ("the", " cat")))
+    rolling = lm.loglikelihood_rolling(requests("loglikelihood_rolling", ("the cat sat.",)))
+    until = ("the cat", {"until": ["@@"], "max_gen_toks": 3})
+    text = lm.generate_until(requests("generate_until", until))
+    assert kept == [("loglikelihood", ("the", " cat"), ll[0]), ("loglikelihood_rolling", ("the cat sat.",), rolling[0]),
+                    ("generate_until", until, text[0])]
+
+
+def test_a_dtype_is_the_models_and_an_empty_context_needs_a_prefix(mesh_lm, monkeypatch):
+    from configurator import UsageError
+    from data.meta import Tokenizer
+    from tools import lm_eval_mesh
+    lm, _, root = mesh_lm
+    for dtype in ("bfloat16", "float16"):
+        half = lm_eval_mesh.MeshLM(out_dir=str(root / "out"), dtype=dtype)
+        assert {p.dtype for p in half.model.parameters()} == {getattr(torch, dtype)}
+    monkeypatch.setattr(lm, "tokenizer", Tokenizer("char", chars="ab"))  # no newline, no <|endoftext|>
+    with pytest.raises(UsageError) as e:
+        lm.loglikelihood(requests("loglikelihood", ("", "ab")))
+    assert str(e.value) == ("this tokenizer has neither <|endoftext|> nor a newline to condition an empty "
+                            "context on; give every request a non-empty context")
 
 
 def test_simple_evaluate_local_multiple_choice(mesh_lm):
