@@ -440,6 +440,14 @@ def test_a_device_the_machine_lacks_is_one_line_before_the_checkpoint_is_read(me
     assert str(e.value) == words
 
 
+def test_lm_evals_default_cuda_on_a_machine_without_one_runs_on_the_cpu_and_says_so(mesh_lm, capsys, monkeypatch):
+    from tools import lm_eval_mesh
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    lm = lm_eval_mesh.MeshLM(out_dir=str(mesh_lm[2] / "out"), device="cuda:0")
+    assert lm.device == torch.device("cpu") and next(lm.model.parameters()).device == torch.device("cpu")
+    assert capsys.readouterr().err == "lm_eval_mesh: no cuda:0 here, running on the CPU\n"
+
+
 def test_mesh_lm_reads_the_runs_latest_checkpoint_as_sample_does(mesh_lm, tmp_path):
     """out_dir is a run, read as sample.py reads it: its kept ckpt_ITER.pt where ckpt.pt is gone;
     a sharded latest checkpoint is refused naming consolidate.py, never a stale ckpt.pt read."""
