@@ -1272,6 +1272,21 @@ def test_a_damaged_log_is_set_aside_and_the_run_resumes(finished, data_root, tmp
         json.loads, log.splitlines()) if "val_loss" in r]
 
 
+def test_each_resume_sets_its_damaged_lines_aside_in_a_file_of_its_own(tmp_path, capsys):
+    """An iteration that is not an integer is a damaged line; the last whole record gets back its newline;
+    the note names the first five lines; a second damaged log goes beside the first .damaged, not over it."""
+    log = tmp_path / "log.jsonl"
+    good = [b'{"iter": 0, "loss": 4.0}\n', b'{"iter": 1, "loss": 3.5}']  # the last one without its newline
+    bad = [b'{"iter": "2"}\n', b'{"iter": 2.5}\n'] + [b"junk %d\n" % i for i in range(5)]
+    for aside in (tmp_path / "log.jsonl.damaged", tmp_path / "log.jsonl.damaged-2"):
+        log.write_bytes(good[0] + b"".join(bad) + good[1])
+        assert tool.read_log(str(log), upto=1) == good[0] + good[1] + b"\n"
+        assert aside.read_bytes() == b"".join(bad)
+        assert capsys.readouterr().out == (f"note: {log} has 7 damaged line(s) (line 2, 3, 4, 5, 6, ...: not whole "
+                                           f"JSON records, as a kill or a full disk leaves); moved into {aside}, the "
+                                           f"rest of the log goes on\n")
+
+
 def test_a_full_disk_while_logging_leaves_no_half_line(finished, tmp_path, capsys, monkeypatch):
     """A log append that meets a full disk, on a real one (a small tmpfs, where this machine lets us mount one:
     the kernel writes what fits of the line, then ENOSPC) or else simulated so: the half line is taken back, one

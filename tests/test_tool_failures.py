@@ -204,6 +204,9 @@ def test_sample_refuses_a_decode_beyond_the_machines_memory_before_allocating(ti
     assert err.startswith(f"sample.py: error: --num_samples={n} and --max_new_tokens={m} need about ")
     assert err.endswith(" GiB to decode (the KV cache of 4 applied blocks, the logits, the tokens), more than "
                         "the 8.0 GiB of this machine; use fewer samples or tokens\n")
+    model, _ = checkpoint.load(str(tiny_ckpt))
+    monkeypatch.setattr(reading, "device_memory", lambda device: (None, "this machine"))  # memory unknown
+    assert reading.check_decode(model, 0, 1000000, 10**12, "cpu") is None  # nothing to check against
 
 
 @pytest.mark.parametrize("prog, when", [("sample.py", "load"), ("sample.py", "decode"), ("probe.py", "load"),
@@ -548,6 +551,19 @@ def test_an_output_file_is_never_a_file_of_a_run_or_a_dataset(tool, target, tiny
     assert code == 2 and err.strip().endswith(f"error: --json={path} is the {name} of the {kind} in {folder}, which "
                                               f"no output may write; give another file name"), err
     assert snapshot(tiny_ckpt, data_root) == before
+
+
+def test_a_run_with_its_log_alone_is_a_run_and_an_ending_in_capitals_is_that_ending(tmp_path):
+    """A run folder before its first checkpoint (log.jsonl alone) keeps its files; FIG.PNG ends in .png."""
+    from configurator import UsageError
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "log.jsonl").write_text('{"iter": 0, "loss": 3.2}\n')
+    result = tmp_path / "run" / "result.json"
+    with pytest.raises(UsageError) as e:
+        reading.check_writable(str(result), "json", ".json")
+    assert str(e.value) == (f"--json={result} is the result.json of the run in {tmp_path / 'run'}, which no output "
+                            f"may write; give another file name")
+    reading.check_writable(str(tmp_path / "FIG.PNG"), "png", ".png")
 
 
 def test_a_figure_is_never_drawn_into_a_run_or_a_dataset(tiny_ckpt, data_root, capsys):
