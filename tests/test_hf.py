@@ -394,6 +394,30 @@ def test_simple_evaluate_local_multiple_choice(mesh_lm):
     assert results["results"]["tiny_mc"]["acc,none"] == pytest.approx(want)
 
 
+def test_cli_is_lm_evals_with_the_mesh_model(mesh_lm):
+    """The command line: lm_eval's, --model mesh filled in; a local task scored on the run as directly."""
+    _, model, root = mesh_lm
+    docs = [{"question": "the cat sat on the", "choices": ["mat", "sky", "why"], "answer": 0},
+            {"question": "is it blue?", "choices": ["yes", "no"], "answer": 1}]
+    (root / "cli").mkdir()
+    (root / "cli" / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (root / "cli" / "cli_mc.yaml").write_text(
+        f"task: cli_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'cli' / 'docs.jsonl'}\n"
+        f"  cache_dir: {root / 'hf_cache'}\noutput_type: multiple_choice\ntest_split: test\n"
+        "doc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\n"
+        "metric_list:\n  - metric: acc\n")
+    r = subprocess.run([sys.executable, "tools/lm_eval_mesh.py", "--model_args", f"out_dir={root / 'out'}", "--tasks",
+                        "cli_mc", "--include_path", str(root / "cli"), "--device", "cpu", "--output_path",
+                        str(root / "cli" / "results")], cwd=ROOT, capture_output=True, text=True, timeout=HANG,
+                       env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    (path,) = (root / "cli" / "results").glob("**/results_*.json")
+    results = json.loads(path.read_text())
+    want = np.mean([max(range(len(d["choices"])), key=lambda c: direct_loglikelihood(
+        model, d["question"], " " + d["choices"][c])[0]) == d["answer"] for d in docs])
+    assert results["config"]["model"] == "mesh" and results["results"]["cli_mc"]["acc,none"] == pytest.approx(want)
+
+
 def test_cli_task_data_offline_is_one_line(mesh_lm):
     """A task whose dataset is neither cached nor downloadable ends in one line, not a traceback."""
     _, _, root = mesh_lm
