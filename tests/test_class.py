@@ -347,6 +347,12 @@ def test_curves_of_a_sharded_run_name_its_scheme(runs, tmp_path, monkeypatch):
     command.main("curves.py", curves.run, [f"--out_dir={sharded}", f"--png={tmp_path / 'c.png'}"], curves.CurvesConfig)
     (_, lines), = kept[0]
     assert (lines[0]["label"], lines[0]["colour"]) == ("sharded (mesh) val", "tab:red")
+    state = json.loads((sharded / "shards-00000002" / "state.json").read_text())
+    state["model_config"].update(layout="3", scheme="base")  # no loop steps: vanilla, in its own colour
+    (sharded / "shards-00000002" / "state.json").write_text(json.dumps(state))
+    command.main("curves.py", curves.run, [f"--out_dir={sharded}", f"--png={tmp_path / 'c.png'}"], curves.CurvesConfig)
+    (_, lines), = kept[1]
+    assert (lines[0]["label"], lines[0]["colour"]) == ("sharded (vanilla) val", "black")
 
 
 def test_curves_without_matplotlib_says_so_in_one_line(runs, tmp_path, capsys, monkeypatch):
