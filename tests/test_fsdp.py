@@ -183,6 +183,28 @@ def test_a_sharded_state_without_adamws_settings_is_one_line(change, words, tmp_
     assert capsys.readouterr().err == f"train.py: error: {line}consolidate.py: error: {line}"
 
 
+def test_consolidating_nothing_or_behind_a_later_whole_checkpoint_is_one_line(tmp_path, capsys):
+    """No sharded checkpoint: one line saying how to train one. A ckpt.pt at the shards' iteration but saved
+    after them: refused, ckpt.pt kept."""
+    assert consolidate.main([f"--out_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err == (f"consolidate.py: error: no sharded checkpoint in {tmp_path} (no whole "
+                                       f"shards-<iter> folder); train one with torchrun ... train.py --fsdp=true "
+                                       f"--out_dir={tmp_path}\n")
+    (tmp_path / "shards-00000003").mkdir()
+    (tmp_path / "shards-00000003" / ".metadata").write_bytes(b"")
+    cfg = Config(vocab_size=32, block_size=16, n_embd=32, n_head=2, layout="1+1R2+1", scheme="mesh")
+    tc = dict(dataset="tiny", lr=None, weight_decay=0.1, beta1=0.9, beta2=0.95)
+    (tmp_path / "shards-00000003" / "state.json").write_text(json.dumps(dict(
+        model_config=cfg.to_dict(), train_config=tc, iter_num=3, saved_at=100.0, best_val_loss=1.0, rng={"torch": [0]})))
+    checkpoint.save(dict(model=RecursiveGPT(cfg).state_dict(), model_config=cfg.to_dict(), train_config=tc, iter_num=3,
+                         saved_at=200.0), str(tmp_path / "ckpt.pt"))
+    before = snapshot(tmp_path)
+    assert consolidate.main([f"--out_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err == (f"consolidate.py: error: {tmp_path / 'ckpt.pt'} (iter 3) was saved after the "
+                                       f"sharded checkpoint (iter 3), which would replace it; it needs no consolidation\n")
+    assert snapshot(tmp_path) == before
+
+
 def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path):
     """A dotted name (protocol 4) would reach os.system through a DCP module's own imports: refused, while plain
     pickle would return it."""
