@@ -91,6 +91,16 @@ def test_vanilla_is_drawn_as_blocks_without_a_prelude_or_steps(monkeypatch, tmp_
     assert drawn(cfg, monkeypatch, tmp_path).get_title().startswith("layout 12, vanilla: compute depth 12")
 
 
+def test_draw_leaves_out_an_empty_part_and_shows_up_to_its_limits(capsys):
+    assert draw.text(Config(layout="0+2R2+0", scheme="mesh", n_embd=64, n_head=4)).splitlines() == [
+        "token ids -> embedding h_emb (B, T, 64)", "step 0   [b0][b1]",
+        "step 1   [b0][b1]  shared: the weights of an earlier step", "-> ln_f -> lm_head -> logits (B, T, vocab)",
+        "buffer: 5 slots m0..m4 (B, T, 5, 64), m0 = h_emb, the others 0 at the start; routers (write + read, each "
+        "a softmax over the slots): cycle, step 0, step 1"]
+    assert draw.main([f"--layout={draw.MAX_DRAWN}"]) == draw.main(["--scheme=mesh", "--n_slots=256"]) == 0
+    assert "compute depth 256" in capsys.readouterr().out
+
+
 def test_draw_writes_a_png_or_says_why_not(tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
     draw.main(["--layout=3+2R3+3", "--scheme=mesh", f"--png={tmp_path / 'a' / 'model.png'}"])
