@@ -8,7 +8,7 @@ import os
 from configurator import UsageError
 from support import pretrained
 from support.device import PEAK_BF16_FLOPS, flops_per_token
-from support.memory import GiB, memory, param_counts
+from support.memory import GiB, check_slots, memory, param_counts
 from support.resume import resume_from
 
 GPUS = {"a100": (80, 312e12), "h100": (80, PEAK_BF16_FLOPS["NVIDIA H100"])}  # GiB, FLOP/s
@@ -41,6 +41,8 @@ def plan(tc, cfg):
     """The plan's text for TrainConfig tc and model cfg (a source's: looped as the flags say)."""
     if tc.init_from not in ("scratch", "resume"):
         cfg = pretrained.looped(cfg, tc)
+    if tc.init_from != "resume":  # as train.py refuses it
+        check_slots(cfg, tc.n_slots)
     if tc.gpu not in GPUS and not (tc.gpu_memory and tc.gpu_tflops):
         raise UsageError(f"--gpu={tc.gpu} is not one of {', '.join(GPUS)}; name one, or give "
                          f"--gpu_memory=GIB and --gpu_tflops=TFLOPS")

@@ -330,6 +330,7 @@ BAD_TRAIN_INPUT = [  # (flags, words the one-line error must contain)
     (["--cycle=direkt"], "unknown cycle 'direkt' (did you mean 'direct'?)"),
     (["--scheme=anchor", "--router_init=base"], "router_init='base' is a MeSH setting, but scheme is 'anchor'"),
     (["--scheme=anchor", "--n_slots=5"], "--n_slots is a MeSH setting, but scheme is 'anchor'; drop it"),
+    (["--scheme=anchor", "--n_slots=5", "--plan=true"], "--n_slots is a MeSH setting, but scheme is 'anchor'"),
     (["--n_embd=30", "--n_head=4"], "not divisible by n_head=4"),
     (["--dataset=never_made"], "python data/prepare.py --dataset never_made"),
     (["--block_size=8192"], "longer than the validation split"),
