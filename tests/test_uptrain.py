@@ -295,4 +295,7 @@ def test_a_plan_of_a_looped_run_plans_the_model_the_loop_makes(vanilla, data_roo
     assert train.main([*plan, "--layout=2+2R2+1"]) == 2
     assert capsys.readouterr().err == (f"train.py: error: --layout=2+2R2+1 needs 5 unique blocks, "
                                        f"but {v} has 4 layers; loop fewer unique blocks\n")
+    assert train.main([v, "--n_slots=5", "--plan=true", out]) == 2  # the source's scheme: base
+    assert capsys.readouterr().err == ("train.py: error: --n_slots is a MeSH setting, but scheme "
+                                       "is 'base'; drop it or use --scheme=mesh\n")
     assert not (tmp_path / "o").exists()
