@@ -17,7 +17,6 @@ import http.client
 import io
 import os
 import shutil
-import signal
 import sys
 import time
 import urllib.request
@@ -27,7 +26,7 @@ from shlex import quote
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import command, files  # noqa: E402
+from support import command, files, spawn  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
 from data.meta import (PROJECT_DATA, STAND_IN, DataError, Tokenizer, check_ids,  # noqa: E402
@@ -105,7 +104,7 @@ def _download(url, dest, dataset, log):
 
 def _worker(tok, conn):
     """A --num_proc process: the ids of each text it is sent, until it is ended (or its parent)."""
-    command.helper()  # a Ctrl-C, a SIGTERM: prepare.py's to answer, by ending it
+    spawn.helper()  # a Ctrl-C, a SIGTERM: prepare.py's to answer, by ending it
     with contextlib.suppress(EOFError, BrokenPipeError):
         while True:
             conn.send(tok.encode_array(conn.recv()))
@@ -117,20 +116,14 @@ def _encoded(chunks, tok, num_proc):
         yield from map(tok.encode_array, chunks)
         return
     import itertools
-    import multiprocessing.resource_tracker
+    import multiprocessing
     # a pipe each, no pool: a pool hangs on a worker killed holding its lock (a group's SIGTERM)
     pipes = [multiprocessing.Pipe() for _ in range(num_proc)]
-    spawn = multiprocessing.get_context("spawn")
-    procs = [spawn.Process(target=_worker, args=(tok, end)) for _, end in pipes]
-    # the workers start with helper()'s signals blocked (POSIX): none lands before it
-    mask = getattr(signal, "pthread_sigmask", None)  # Windows: none
-    if mask:  # the resource tracker first: its start unblocks them
-        multiprocessing.resource_tracker.ensure_running()
-        old = mask(signal.SIG_BLOCK, [getattr(signal, name) for name in command.SIGNALS])
-    unblock = lambda: mask and mask(signal.SIG_SETMASK, old)
+    context = multiprocessing.get_context("spawn")
+    procs = [context.Process(target=_worker, args=(tok, end)) for _, end in pipes]
+    unblock = spawn.start(procs)  # the signals held until each ignores them
     try:
-        for p, (_, end) in zip(procs, pipes):
-            p.start()
+        for _, end in pipes:
             end.close()  # so that a worker's end reads as EOF here
         unblock()
         while batch := list(itertools.islice(chunks, num_proc)):

@@ -139,14 +139,6 @@ class Stop:
         return True
 
 
-def helper():
-    """In a helper process: a Ctrl-C, hang-up or `kill -TERM -PGID` reaches the whole group, and
-    the command answers it by ending its helpers (one it ended mid-message could leave it hung)."""
-    for name in SIGNALS:  # SIGHUP: not on Windows
-        with contextlib.suppress(AttributeError):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
-
-
 # -----------------------------------------------------------------------------
 # Streams: what a command prints, never its undoing
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import HANG, ROOT, small_disk
-from support import command
+from support import spawn
 from tools import bench
 from mesh import Config, RecursiveGPT
 
@@ -343,7 +343,7 @@ def test_json_on_a_disk_that_fills_is_appended_whole_or_not_at_all(tmp_path, cap
 
 def deaf(folder, conn):
     """A fresh process's measurement, deaf to the group's signals as bench.py's is: it marks its start and end."""
-    command.helper()
+    spawn.helper()
     (folder / "started").touch()
     time.sleep(30)
     (folder / "ended").touch()
@@ -364,7 +364,7 @@ def test_a_signal_ends_benchs_fresh_process_at_once(tmp_path):
 
 def seen(arg, conn):
     """A fresh process's measurement, deaf to the group's signals as bench.py's is: whether it ignores them."""
-    command.helper()
+    spawn.helper()
     conn.send([signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == [signal.SIG_IGN] * 2)
 
 
@@ -403,6 +403,35 @@ def test_benchs_fresh_process_starts_where_signals_cannot_be_blocked(monkeypatch
     for name in ("pthread_sigmask", "SIG_BLOCK", "SIG_SETMASK"):
         monkeypatch.delattr(signal, name, raising=False)
     assert bench.in_fresh_process(seen, None) is True
+
+
+class Helper:
+    """A helper process that starts, or whose start fails (out of processes); what befell it."""
+    def __init__(self, starts, seen):
+        self.starts, self.seen, self.pid = starts, seen, None
+
+    def start(self):
+        if not self.starts:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        self.pid = 12345
+
+    def kill(self):
+        self.seen.append(("killed", self.pid))
+
+    def join(self):
+        self.seen.append(("joined", self.pid))
+
+
+def test_a_failed_start_ends_the_helpers_started_and_unblocks_signals():
+    """spawn.start: the second of two helpers cannot start; the first is ended (killed, joined),
+    the signals blocked for their start are unblocked, and the error passes on."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, []) if hasattr(signal, "pthread_sigmask") else 0
+    seen = []
+    with pytest.raises(OSError, match="Resource temporarily unavailable"):
+        spawn.start([Helper(True, seen), Helper(False, seen), Helper(True, seen)])
+    assert seen == [("killed", 12345), ("joined", 12345)]
+    if hasattr(signal, "pthread_sigmask"):
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
 
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGHUP"])

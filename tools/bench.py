@@ -12,9 +12,7 @@ Rounds interleave the variants, so that a busy machine slows them alike: figures
 import dataclasses
 import json
 import multiprocessing as mp
-import multiprocessing.resource_tracker
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from torch._dynamo.utils import counters
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, check_ranges, closest, setting  # noqa: E402
 from mesh import PRESETS, SCHEMES, Config, ConfigError, RecursiveGPT  # noqa: E402
-from support import command, device as devices, files, memory, tool  # noqa: E402
+from support import command, device as devices, files, memory, spawn, tool  # noqa: E402
 from support.device import resolve_device  # noqa: E402
 
 VARIANTS = ("vanilla", *SCHEMES)  # vanilla: the layout's compute depth as one unshared stack
@@ -229,7 +227,7 @@ def step_memory(model, opt, x, y, autocast, device, steps=1, eager=False):
 
 def peak_memory(cfg, bc, conn):
     """In a fresh process: build, then step_memory of 3 steps."""
-    command.helper()  # Ctrl-C, a hang-up: bench.py's to answer
+    spawn.helper()  # Ctrl-C, a hang-up: bench.py's to answer
     device, _, autocast = setup(bc)
     model, opt = build(cfg, bc, device)
     x = torch.randint(cfg.vocab_size, (2, bc.batch_size, cfg.block_size), device=device)
@@ -241,17 +239,7 @@ def in_fresh_process(fn, *args):
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=fn, args=(*args, send))
-    # it starts with helper()'s signals blocked (POSIX): none lands before it
-    mask = getattr(signal, "pthread_sigmask", None)  # Windows: none
-    if mask:  # the resource tracker first: its start unblocks them
-        mp.resource_tracker.ensure_running()
-        old = mask(signal.SIG_BLOCK, [getattr(signal, name) for name in command.SIGNALS])
-    unblock = lambda: mask and mask(signal.SIG_SETMASK, old)
-    try:
-        child.start()
-    except BaseException:
-        unblock()
-        raise
+    unblock = spawn.start([child])  # the signals held until it ignores them
     send.close()  # so that a child that dies reads as EOF here
     try:
         unblock()  # a signal held meanwhile: raised here, which ends the child
