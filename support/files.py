@@ -15,6 +15,7 @@ import re
 import shutil
 import stat
 import sqlite3
+import time
 import uuid
 
 import filelock
@@ -25,6 +26,7 @@ MAX_BYTES = 64 << 20  # larger than any config, meta.json, pointer or result fil
 MAX_DEPTH = 64        # nesting: the project's own files are at most 4 deep
 MARK = ".nanomesh.tmp"  # the end of every temporary name the project makes, and of no other
 TEMPORARY = re.compile(r"^\..+-(\d+)-[0-9a-f]{12}" + re.escape(MARK) + "$")  # .NAME-PID-HEX{MARK}
+RETRIES = (0.1, 0.2, 0.5, 1, 2, 4, 8)  # Windows: a reader (a CRC check, sample.py) is done by then
 LOCK = ".nanomesh.lock"  # the lock file a folder held by own() holds
 _owned = {}  # this process's locks: real path -> ReadWriteLock (None: no lock could be taken)
 
@@ -144,13 +146,19 @@ def temporary_name(path, folder=False):
 def atomic_write(path, write, mode="wb"):
     """write(f) into a temporary file beside path, fsync, then os.replace: a crash leaves the old
     file or the new. A failed write removes its temporary and raises OSError saying why in words
-    (a full disk, whatever the writer made of ENOSPC); the old file is unchanged."""
+    (a full disk, whatever the writer made of ENOSPC); the old file is unchanged. On Windows a
+    file another process has open cannot be replaced: tried again for RETRIES' seconds first."""
     tmp = temporary_name(path)
     try:
         with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        for wait in RETRIES if os.name == "nt" else ():  # a reader's open refuses a replace
+            try:
+                return os.replace(tmp, path)
+            except PermissionError:
+                time.sleep(wait)
         os.replace(tmp, path)
     except BaseException as e:
         remove(tmp)

@@ -124,6 +124,37 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(error, tmp_p
         assert (e.value.errno, e.value.strerror) == (errno.EACCES, "Permission denied")
 
 
+@pytest.mark.parametrize("system, refusals", [("nt", 2), ("nt", 99), ("posix", 1)])
+def test_a_replace_refused_is_tried_again_on_windows_only(system, refusals, tmp_path, monkeypatch):
+    """On Windows a file another process has open (a reader's CRC check, sample.py) cannot be
+    replaced: the replace is tried again after each of RETRIES' waits, the last refusal raised
+    with the old file kept; elsewhere a refusal is a real one, raised at once."""
+    path, waits, replace = tmp_path / "a.json", [], os.replace
+    path.write_text("old")
+    left = [refusals]
+
+    def refused(src, dst):  # refused while a reader holds dst open
+        if left[0]:
+            left[0] -= 1
+            raise PermissionError(errno.EACCES, "Access is denied")
+        replace(src, dst)
+    monkeypatch.setattr(plain.os, "replace", refused)
+    monkeypatch.setattr(plain.time, "sleep", waits.append)
+    error = None
+    with monkeypatch.context() as m:  # os.name put back before pytest reports anything
+        m.setattr(plain.os, "name", system)
+        try:
+            plain.atomic_write(path, lambda f: f.write(b"new"))
+        except OSError as e:
+            error = e.strerror
+    if refusals <= len(plain.RETRIES) and system == "nt":
+        assert (error, path.read_text(), waits) == (None, "new", list(plain.RETRIES[:refusals]))
+    else:
+        waited = list(plain.RETRIES) if system == "nt" else []
+        assert (error, path.read_text(), waits) == ("Access is denied", "old", waited)
+    assert os.listdir(tmp_path) == ["a.json"]
+
+
 def test_an_atomic_write_gets_the_mode_a_plain_write_gets(tmp_path):
     umask = os.umask(0o022)
     try:
