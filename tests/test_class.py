@@ -426,6 +426,13 @@ def test_table1_curves_name_vanilla_only_when_drawn_and_end_on_the_tables_loss(m
     assert [ln.get("style") for ln in lines[:2]] == [None, "*"]
 
 
+def test_every_table1_variant_has_a_colour_of_its_own():
+    """table1.py's variants (every scheme, vanilla, the four [choice]s of mesh) drawn in one
+    figure: no two share a colour, and none is the gray of a run whose scheme is unknown."""
+    colours = [curves.colour(v) for v in table1.SCHEME]
+    assert len(set(colours)) == len(colours) == len(table1.SCHEME) and "tab:gray" not in colours
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "curves.py: error: give a run's folder: --out_dir=OUT_DIR (again for more runs)"),
     (["--out_dir=nowhere"], "curves.py: error: cannot use nowhere/log.jsonl: No such file or directory; check the path"),

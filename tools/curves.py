@@ -18,7 +18,8 @@ from support import checkpoint, command, tool  # noqa: E402
 
 COLOURS = {"vanilla": "black", "base": "tab:blue", "residual": "tab:purple", "anchor": "tab:green",
            "anchor_emb": "tab:olive", "mesh": "tab:red"}
-OTHERS = ("tab:orange", "tab:cyan", "tab:pink", "tab:brown")  # a scheme of one's own, a [choice]
+# a scheme of one's own, a [choice] (six: table1.py's four CHOICES get four apart)
+OTHERS = ("tab:orange", "tab:cyan", "tab:pink", "tab:brown", "gold", "navy")
 
 
 def colour(variant):
