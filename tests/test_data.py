@@ -319,11 +319,34 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
     monkeypatch.setattr(data_meta, "PROJECT_DATA", str(tmp_path / "mine"))
     assert checkpoint_dataset({"data_root": "data", "dataset": "tiny"}) == str(tmp_path / "mine" / "tiny")
     assert checkpoint_dataset({"data_root": "gone", "dataset": "tiny"}, root=str(tmp_path / "mine")).endswith("tiny")
+    assert checkpoint_dataset({"data_root": "gone", "dataset": str(tmp_path / "mine" / "tiny")}) == str(tmp_path / "mine" / "tiny")
     with pytest.raises(DataError, match=rf"dataset 'nope' is not in --data_root={tmp_path}/mine \(no "
                                         rf"{tmp_path}/mine/nope/meta.json\): give the folder it moved to with "
                                         r"--data_root or prepare it with: python data/prepare.py --dataset nope"):
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
+
+def test_tiny_shakespeare_gone_is_named_though_its_stand_in_is_there(tmp_path):
+    """A checkpoint of Tiny Shakespeare itself, whose folder is gone, never reads the offline stand-in (pydoc) instead."""
+    prepare("pydoc", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path), log=quiet)
+    with pytest.raises(DataError, match=rf"^dataset 'shakespeare_char' is not in --data_root={tmp_path} \(no "):
+        checkpoint_dataset({"data_root": str(tmp_path), "dataset": "shakespeare_char"}, {"sha256": "another"})
+
+
+def test_a_changed_dataset_is_said_field_by_field():
+    """Each field that differs, in words: characters reordered, a field the data gained, a value of over 20 characters
+    cut to 17 and '...'; a character vocabulary replaced by a subword one (no chars) too."""
+    from data.trained_on import check_unchanged
+    then = {"chars": "ab", "sha256": "0123456789abcdef01"}  # its repr: 20 characters
+    now = {"chars": "ba", "sequences": 3, "sha256": "0123456789abcdef0123"}
+    with pytest.raises(DataError) as e:
+        check_unchanged("d", "tiny", then, now)
+    assert str(e.value) == (f"{os.path.join('d', 'meta.json')} is not the data the checkpoint was trained on: "
+                            "characters in another order, sequences None then, 3 now, sha256 '0123456789abcdef01' "
+                            "then, '0123456789abcdef... now; prepare 'tiny' again from its original text, or train "
+                            "a new run on this data")
+    with pytest.raises(DataError, match=r"on: chars 'ab' then, None now, encoding None then, 'gpt2' now; prepare"):
+        check_unchanged("d", "tiny", {"chars": "ab"}, {"encoding": "gpt2"})
 
 def test_a_relative_data_root_is_the_working_folders_before_the_projects(tmp_path, monkeypatch):
     """A relative --data_root from the working folder where it is there; else the project folder's."""

@@ -520,6 +520,7 @@ def test_an_offline_run_of_tiny_shakespeare_resumes_with_the_command_that_began_
     assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["train_config"]["dataset"] == "pydoc"
     assert train.main([*common, f"--out_dir={tmp_path / 'run'}", "--max_iters=4", "--init_from=resume"]) == 0
     assert losses(tmp_path / "run") == losses(tmp_path / "whole")
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["train_config"]["dataset"] == "pydoc"
     capsys.readouterr()
     assert train.main([*common[:-3], "--dataset=nope", f"--data_root={root}", f"--out_dir={tmp_path / 'run'}",
                        "--max_iters=6", "--init_from=resume"]) == 2
