@@ -143,3 +143,57 @@ def test_a_resume_continues_the_wandb_run_its_log_names_a_damaged_id_left_out(tm
     log.write_text('{"iter": 0, "wandb_run_id": "abc123"}\n{"iter": 2, "wandb_run_id": [7]}\n')
     mirror.start(train.TrainConfig(), SimpleNamespace(path=str(log)), resumed_at=2)
     assert seen["id"] == "abc123"
+
+
+def fake_wandb(init):
+    """wandb as mirror.py calls it, its init() replaced (its errors: RuntimeError)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(init=init, Settings=lambda **kwargs: None, Error=RuntimeError)
+
+
+def test_a_wandb_run_is_named_after_out_dir_records_the_settings_and_the_log_its_id(tmp_path, monkeypatch):
+    """A run's wandb run: named after OUT_DIR (no --wandb_run_name) in --wandb_project, the run's settings its
+    config, its charts over iter; the log records its id at the iteration the mirroring began (a run resumed with
+    --wandb_log=true at the one it resumed at)."""
+    import dataclasses
+    from types import SimpleNamespace
+    import train
+    from support import mirror
+    seen, metrics, written = {}, [], []
+
+    def init(**kwargs):
+        seen.update(kwargs)
+        return SimpleNamespace(define_metric=lambda *a, **k: metrics.append((a, k)), id="xyz", name=kwargs["name"])
+    monkeypatch.setattr(mirror, "need_wandb", lambda tc: fake_wandb(init))
+    (tmp_path / "run-a").mkdir()
+    (tmp_path / "run-a" / "log.jsonl").write_text('{"iter": 0, "loss": 4.0}\n')  # a run that logged no id
+    tc = train.TrainConfig(out_dir=str(tmp_path / "run-a"), wandb_project="mine")
+    log = SimpleNamespace(path=str(tmp_path / "run-a" / "log.jsonl"), write=lambda *a: written.append(a))
+    for resumed_at in (None, 4):
+        mirror.start(tc, log, resumed_at)
+        assert seen["name"] == "run-a" and seen["project"] == "mine" and seen["id"] is None
+        assert seen["config"] == dataclasses.asdict(tc) and metrics.pop() == (("*",), {"step_metric": "iter"})
+        assert written.pop() == ({"iter": resumed_at or 0, "wandb_run_id": "xyz"},
+                                 "wandb: run xyz of project mine, named run-a")
+    mirror.start(dataclasses.replace(tc, wandb_run_name="named"), log)
+    assert seen["name"] == "named"
+
+
+@pytest.mark.parametrize("flags", [["--init_from=resume"], ["--overwrite=true"]], ids=["resume", "overwrite"])
+def test_wandb_that_cannot_start_leaves_an_old_runs_folder_as_it_was(flags, data_root, tmp_path, capsys, monkeypatch):
+    """A resume, or a new run over an old one, that wandb cannot start: the first line of wandb's words, exit 2,
+    and the old run's files (its log.jsonl) as they were."""
+    from support import mirror
+    out = tmp_path / "out"
+    assert run(["--max_iters=2", "--eval_interval=2"], data_root, out) == 0
+    before = snapshot(out)
+
+    def init(**kwargs):
+        raise RuntimeError(" No API key configured.\nRun `wandb login`.\n")
+    monkeypatch.setattr(mirror, "need_wandb", lambda tc: fake_wandb(init))
+    capsys.readouterr()
+    assert run(["--max_iters=4", "--wandb_log=true", *flags], data_root, out) == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: wandb could not start a run (No API key configured.); log in with `wandb login`, or log "
+        "offline: WANDB_MODE=offline\n")
+    assert snapshot(out) == before
