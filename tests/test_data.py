@@ -30,6 +30,7 @@ from conftest import listed, snapshot, train_bpe
 from support import files as runfiles
 from data.meta import dataset_folder
 from data.trained_on import checkpoint_dataset
+from data.bpe import bytes_to_unicode
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project folder
 TEXT = "".join(f"Line {i}: to be, or not to be; that is the question! {i * i}\n" for i in range(300))
@@ -807,6 +808,55 @@ def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"cannot read the tokenizer .*deep.json \(PlainDataError: is nested more "
                                            r"than 64 levels deep\)"):  # not a RecursionError's traceback
         Tokenizer("bpe", path=str(tmp_path / "deep.json"))
+
+
+def raw_token(spec):
+    """Add e + combining accent (NFC makes it é) as an added token matched before NFC, at the next id."""
+    spec["added_tokens"].append({"id": max(t["id"] for t in spec["added_tokens"]) + 1, "content": "e\u0301",
+                                 "special": False, "normalized": False, "lstrip": False, "rstrip": False,
+                                 "single_word": False})
+
+
+BPE_CHANGES = {  # what tiktoken alone would encode otherwise, or tokenizers' own post-processing would
+    "lowercase": lambda s: s.update(normalizer={"type": "Lowercase"}),
+    "single word": lambda s: s["added_tokens"][0].update(single_word=True),
+    "not byte-level": lambda s: s["model"]["vocab"].update({"日": 1000}),
+    "without a byte": lambda s: s["model"]["vocab"].pop(bytes_to_unicode()[1]),
+    "a merge twice": lambda s: s["model"]["merges"].append(s["model"]["merges"][0]),
+    "an added token unnormalized": raw_token,
+    "post-processed": lambda s: s.update(pre_tokenizer={**s["pre_tokenizer"], "add_prefix_space": True}, post_processor={
+        "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                                                 {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+        "pair": [], "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}),
+}
+
+
+@pytest.mark.parametrize("change", BPE_CHANGES.values(), ids=BPE_CHANGES)
+def test_bpe_gets_the_ids_of_tokenizers_where_tiktoken_alone_would_not(tmp_path, change):
+    """The ids and text of `tokenizers` (which runs what tiktoken cannot), for a tokenizer.json tiktoken alone would
+    encode otherwise; its identity is not the unchanged file's."""
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = json.loads(train_bpe(tmp_path / "base.json").to_str())
+    change(spec)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    ours, theirs = Tokenizer("bpe", path=str(tmp_path)), tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    texts = BPE_TEXTS + ["a\x01b cafe\u0301 Hello"]
+    assert [ours.encode(t) for t in texts] == [theirs.encode(t, add_special_tokens=False).ids for t in texts]
+    assert [ours.decode(ours.encode(t)) for t in texts] == [theirs.decode(ours.encode(t), skip_special_tokens=False)
+                                                            for t in texts]
+    assert ours.identity != Tokenizer("bpe", path=str(tmp_path / "base.json")).identity
+
+
+def test_bpe_knows_an_end_of_text_in_its_vocabulary_only_and_decodes_half_a_character_as_tokenizers(tmp_path):
+    """An <|endoftext|> the vocabulary lists but added_tokens does not is the end of text still; a character's first
+    byte alone decodes to U+FFFD, as in `tokenizers`."""
+    theirs = train_bpe(tmp_path / "base.json")
+    spec = json.loads(theirs.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "<|endoftext|>"]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    assert Tokenizer("bpe", path=str(tmp_path)).eot_id == spec["model"]["vocab"]["<|endoftext|>"] == 0
+    half = [spec["model"]["vocab"][bytes_to_unicode()[0xC3]]]  # é's first byte
+    assert Tokenizer("bpe", path=str(tmp_path)).decode(half) == theirs.decode(half) == "\ufffd"
 
 
 def test_bpe_on_tokenizers_is_encoded_whole(tmp_path):
