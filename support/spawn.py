@@ -3,6 +3,7 @@ Helper processes a command spawns (data/prepare.py's --num_proc workers, bench.p
 process). A Ctrl-C, a hang-up or `kill -TERM -PGID` reaches the whole group: the command alone
 answers it, by ending its helpers (one it ended mid-message could leave it hung).
 
+    spawn.helper()                    # a helper's first line: it ignores them from then on
     unblock = spawn.start(processes)  # the signals held until each helper ignores them
     unblock()                         # once the command can answer one: a held one lands here
 """
