@@ -572,6 +572,19 @@ def test_num_proc_output_equals_one_process(tmp_path, tok, request):
         prepare("c", input=src, out_root=str(tmp_path), num_proc=0, log=quiet)
 
 
+@pytest.mark.parametrize("args, message", [
+    (dict(input="in.txt", url="https://example.com/in.txt"), "pass either --input or --url, not both"),
+    (dict(tokenizer="gpt2"), "dataset 'shakespeare_char' uses the char tokenizer; pick another --dataset "
+                             "name for a gpt2 version"),
+    (dict(format="jsonl"), "unknown format 'jsonl'; use 'flat' or 'indexed'"),
+])
+def test_prepare_refuses_flags_that_contradict_each_other_before_any_work(args, message, tmp_path):
+    """Two sources, or a tokenizer other than a known dataset's own: one line, nothing read or made."""
+    with pytest.raises(DataError) as e:
+        prepare("shakespeare_char", out_root=str(tmp_path / "data"), log=quiet, **args)
+    assert str(e.value) == message and not (tmp_path / "data").exists()
+
+
 class SignalsSeen:
     """A tokenizer's stand-in whose encode_array reports how a --num_proc worker takes SIGINT and SIGTERM."""
 
