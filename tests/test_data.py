@@ -946,6 +946,29 @@ def test_describe_indexed(tmp_path):
         dataset_folder("data", str(tmp_path / "pile"))
 
 
+def test_describe_indexed_refuses_ids_past_its_tokenizer_and_another_tokenizer_json(tmp_path, capsys):
+    """--indexed with a tokenizer whose vocabulary the data's ids pass, or beside a tokenizer.json of another
+    tokenizer: one line each, naming the file and the fix; nothing written."""
+    train_bpe(tmp_path / "tokenizer.json")
+    ours = Tokenizer("bpe", path=str(tmp_path / "tokenizer.json"))
+    (tmp_path / "pile").mkdir()
+    prefix = str(tmp_path / "pile" / "document")
+    write_indexed(prefix, [np.array([1, 2, ours.vocab_size]), np.array([3, 4])])
+    before = snapshot(tmp_path / "pile")
+    assert prep.main(["--indexed", prefix, "--tokenizer", str(tmp_path / "tokenizer.json")]) == 2
+    assert capsys.readouterr().err == (f"prepare.py: error: {prefix}.bin holds token id {ours.vocab_size}, outside "
+                                       f"the vocabulary of {ours.vocab_size}; it was made with another tokenizer\n")
+    assert snapshot(tmp_path / "pile") == before
+    write_indexed(prefix, [np.array([1, 2, 5]), np.array([3, 4])])
+    train_bpe(tmp_path / "pile" / "tokenizer.json", add_space_runs=False)  # another's, left there
+    before = snapshot(tmp_path / "pile")
+    assert prep.main(["--indexed", prefix, "--tokenizer", str(tmp_path / "tokenizer.json")]) == 2
+    kept = tmp_path / "pile" / "tokenizer.json"
+    assert capsys.readouterr().err == (f"prepare.py: error: {kept} exists and is another tokenizer; move it "
+                                       f"away first\n")
+    assert snapshot(tmp_path / "pile") == before
+
+
 def test_describe_indexed_never_writes_over_a_prepared_datasets_meta(tmp_path, capsys):
     """An indexed dataset prepare.py made from text keeps its meta.json (its sha256, which its runs' checkpoints
     record): --indexed on it is refused, touching nothing."""
