@@ -143,7 +143,9 @@ class TrainConfig:
 def model_config(tc, vocab_size):
     """The model's Config: the preset's, with every model setting that was given. One the model
     cannot take (mesh.py's own ConfigError, so that the file stands alone) is bad input here."""
-    shape = {k: getattr(tc, k) for k in Config.__dataclass_fields__ if hasattr(tc, k)}
+    own = ("n_embd", "n_head") if tc.init_from != "scratch" else ()  # a resume's or source's own
+    shape = {k: getattr(tc, k) for k in Config.__dataclass_fields__
+             if hasattr(tc, k) and k not in own}
     try:
         return Config.from_preset(tc.model, vocab_size=vocab_size, **shape)
     except ConfigError as e:
