@@ -39,8 +39,9 @@ def start(tc, given):
 
 def plan(tc, cfg):
     """The plan's text for TrainConfig tc and model cfg (a source's: looped as the flags say)."""
+    what = tc.model  # the preset's, or the source looped
     if tc.init_from not in ("scratch", "resume"):
-        cfg = pretrained.looped(cfg, tc)
+        cfg, what = pretrained.looped(cfg, tc), tc.init_from
     if tc.init_from != "resume":  # as train.py refuses it
         check_slots(cfg, tc.n_slots)
     if tc.gpu not in GPUS and not (tc.gpu_memory and tc.gpu_tflops):
@@ -55,7 +56,7 @@ def plan(tc, cfg):
     a = 4 if tc.dtype == "float32" else 2  # auto means bf16 autocast on the GPUs planned for
     tokens = tc.batch_size * cfg.block_size
     name = "as given" if tc.gpu_memory or tc.gpu_tflops else tc.gpu
-    lines = [f"plan: {tc.model} layout {cfg.layout} scheme {cfg.scheme}, "
+    lines = [f"plan: {what} layout {cfg.layout} scheme {cfg.scheme}, "
              f"{param_counts(cfg)[0]:,} params, micro-batch {tc.batch_size} x {cfg.block_size} = "
              f"{tokens:,} tokens, {'float32' if a == 4 else 'bf16 autocast'}, {n} GPU(s) of "
              f"{gib:g} GiB and {peak / 1e12:g} TFLOPS ({name})",

@@ -291,7 +291,8 @@ def test_a_plan_of_a_looped_run_plans_the_model_the_loop_makes(vanilla, data_roo
     want = source.config.to_dict() | dict(layout="1+2R2+1", scheme="mesh")
     P = memory.param_counts(Config(**want))[0]
     first = capsys.readouterr().out.splitlines()[0]
-    assert f"layout 1+2R2+1 scheme mesh, {P:,} params, micro-batch 16 x 16 = 256 tokens" in first
+    assert first.startswith(f"plan: {v[12:]} layout 1+2R2+1 scheme mesh, {P:,} params, "
+                            f"micro-batch 16 x 16 = 256 tokens")
     assert train.main([*plan, "--layout=2+2R2+1"]) == 2
     assert capsys.readouterr().err == (f"train.py: error: --layout=2+2R2+1 needs 5 unique blocks, "
                                        f"but {v} has 4 layers; loop fewer unique blocks\n")
