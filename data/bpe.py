@@ -78,6 +78,7 @@ def check(spec, file):
     for key in ("normalizer", "pre_tokenizer", "decoder"):
         if not isinstance(spec.get(key) or {}, dict):
             raise DataError(f"{bad} {key} is {spec[key]!r:.40}, not an object")
+    added, free = {}, len(vocab)  # the ids tokenizers gives
     for t in spec.get("added_tokens") or []:
         content, i = (t.get("content"), t.get("id")) if isinstance(t, dict) else (None, None)
         if not isinstance(content, str) or type(i) is not int or not 0 <= i < MAX_ID:
@@ -86,6 +87,15 @@ def check(spec, file):
         if by_id.setdefault(i, content) != content:
             raise DataError(f"{bad} the added token {content!r:.40} has id {i}, "
                             f"which is {by_id[i]!r:.40}'s")
+        if not content:
+            continue  # tokenizers gives it no id
+        want = added.setdefault(content, vocab.get(content, free))
+        free = max(free, want + 1)
+        if want != i:
+            raise DataError(f"{bad} the added token {content!r:.40} has id {i}, "
+                            f"but tokenizers gives it {want} (a vocabulary token's "
+                            f"id, else the next free one, in the file's order); "
+                            f"give it id {want}")
 
 
 def _why_not_tiktoken(spec):

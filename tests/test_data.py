@@ -752,6 +752,43 @@ def test_bpe_ignores_an_added_token_of_no_text_as_tokenizers_does(tmp_path):
     assert all(ours.encode(text) == theirs.encode(text).ids for text in BPE_TEXTS + [TEXT])
 
 
+ADDED_IDS = {  # an added token's ids in the file: what `tokenizers` gives it instead
+    "past the end": ([(300, "<|endoftext|>")], "'<|endoftext|>' has id 300", 257),
+    "out of order": ([(258, "<|pad|>"), (257, "<|endoftext|>")], "'<|pad|>' has id 258", 257),
+    "the vocabulary's other id": ([(257, "ab")], "'ab' has id 257", 256),
+    "twice": ([(257, "<|endoftext|>"), (258, "<|endoftext|>")], "'<|endoftext|>' has id 258", 257),
+}
+
+
+@pytest.mark.parametrize("case", ADDED_IDS.values(), ids=ADDED_IDS)
+def test_bpe_refuses_added_token_ids_that_tokenizers_would_renumber(tmp_path, case):
+    """`tokenizers` numbers added tokens in the file's order, not by their ids there: a token of the vocabulary
+    keeps its id, another takes the next free one (with a warning only). Such a file is refused, naming the id
+    `tokenizers` gives; with that id the same ids as `tokenizers`."""
+    tokens, named, want = case
+    vocab = {c: b for b, c in bytes_to_unicode().items()}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    spec = {"model": {"type": "BPE", "vocab": {**vocab, "ab": 256}, "merges": ["a b"]},
+            "pre_tokenizer": byte_level, "decoder": byte_level,
+            "added_tokens": [{"id": i, "content": c, "special": True, "normalized": False, "lstrip": False,
+                              "rstrip": False, "single_word": False} for i, c in tokens]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(DataError) as e:
+        Tokenizer("bpe", path=str(tmp_path))
+    assert str(e.value) == (f"{tmp_path / 'tokenizer.json'} is not a tokenizer nanoMeSH can run: the added token "
+                            f"{named}, but tokenizers gives it {want} (a vocabulary token's id, else the next "
+                            f"free one, in the file's order); give it id {want}")
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed: pip install tokenizers")
+    theirs = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert theirs.token_to_id(named.split("'")[1]) == want
+    for t in spec["added_tokens"]:  # numbered as tokenizers does: accepted, with its ids
+        t["id"] = theirs.token_to_id(t["content"])
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    ours, text = Tokenizer("bpe", path=str(tmp_path)), "ab<|pad|>cab<|endoftext|>"
+    assert ours.encode(text) == theirs.encode(text, add_special_tokens=False).ids
+    assert ours.vocab_size == theirs.get_vocab_size() and ours.decode(ours.encode(text)) == text
+
+
 def test_bpe_without_the_bytes_no_text_holds_runs_on_tiktoken(tmp_path):
     """GPT-NeoX's vocabulary (Pythia's) lacks the 13 bytes no UTF-8 text holds (0xc0, 0xc1, 0xf5-0xff): tiktoken
     runs it all the same, with the ids of `tokenizers`, which is not needed for it."""
@@ -830,11 +867,27 @@ def raw_token(spec):
                                  "single_word": False})
 
 
+def vocab_token(spec, token):
+    """Add token to the vocabulary at its next id: the added tokens after it move up one, as tokenizers numbers them."""
+    vocab = spec["model"]["vocab"]
+    for t in spec["added_tokens"]:
+        t["id"] += t["id"] >= len(vocab)
+    vocab[token] = len(vocab)
+
+
+def without_a_byte(spec):
+    """Drop byte 0x01 from the vocabulary: the ids after it move down one, as tokenizers numbers them."""
+    gone = spec["model"]["vocab"].pop(bytes_to_unicode()[1])
+    spec["model"]["vocab"] = {token: i - (i > gone) for token, i in spec["model"]["vocab"].items()}
+    for t in spec["added_tokens"]:
+        t["id"] -= t["id"] > gone
+
+
 BPE_CHANGES = {  # what tiktoken alone would encode otherwise, or tokenizers' own post-processing would
     "lowercase": lambda s: s.update(normalizer={"type": "Lowercase"}),
     "single word": lambda s: s["added_tokens"][0].update(single_word=True),
-    "not byte-level": lambda s: s["model"]["vocab"].update({"日": 1000}),
-    "without a byte": lambda s: s["model"]["vocab"].pop(bytes_to_unicode()[1]),
+    "not byte-level": lambda s: vocab_token(s, "日"),
+    "without a byte": without_a_byte,
     "a merge twice": lambda s: s["model"]["merges"].append(s["model"]["merges"][0]),
     "an added token unnormalized": raw_token,
     "post-processed": lambda s: s.update(pre_tokenizer={**s["pre_tokenizer"], "add_prefix_space": True}, post_processor={
