@@ -84,9 +84,6 @@ def check(spec, file):
         if not isinstance(content, str) or type(i) is not int or not 0 <= i < MAX_ID:
             raise DataError(f"{bad} added_tokens holds {t!r:.60}, not a content string "
                             f"with an id from 0 to {MAX_ID - 1:,}")
-        if by_id.setdefault(i, content) != content:
-            raise DataError(f"{bad} the added token {content!r:.40} has id {i}, "
-                            f"which is {by_id[i]!r:.40}'s")
         if not content:
             continue  # tokenizers gives it no id
         want = added.setdefault(content, vocab.get(content, free))
@@ -96,6 +93,9 @@ def check(spec, file):
                             f"but tokenizers gives it {want} (a vocabulary token's "
                             f"id, else the next free one, in the file's order); "
                             f"give it id {want}")
+        if by_id.setdefault(i, content) != content:
+            raise DataError(f"{bad} the added token {content!r:.40} has id {i}, "
+                            f"which is {by_id[i]!r:.40}'s")
 
 
 def _why_not_tiktoken(spec):

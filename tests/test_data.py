@@ -757,6 +757,8 @@ ADDED_IDS = {  # an added token's ids in the file: what `tokenizers` gives it in
     "out of order": ([(258, "<|pad|>"), (257, "<|endoftext|>")], "'<|pad|>' has id 258", 257),
     "the vocabulary's other id": ([(257, "ab")], "'ab' has id 257", 256),
     "twice": ([(257, "<|endoftext|>"), (258, "<|endoftext|>")], "'<|endoftext|>' has id 258", 257),
+    "a vocabulary token's id": ([(100, "<|endoftext|>")], "'<|endoftext|>' has id 100", 257),
+    "another's id": ([(257, "<|endoftext|>"), (257, "<|pad|>")], "'<|pad|>' has id 257", 258),
 }
 
 
