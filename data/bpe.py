@@ -115,6 +115,9 @@ def _why_not_tiktoken(spec):
     for t in spec.get("added_tokens") or []:
         if t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
             return f"added token {t['content']!r} has lstrip, rstrip or single_word"
+        if (norm and t.get("normalized", not t.get("special"))
+                and unicodedata.normalize("NFC", t["content"]) != t["content"]):
+            return f"normalized added token {t['content']!r} is not in NFC"
     return None
 
 

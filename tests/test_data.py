@@ -862,10 +862,11 @@ def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
         Tokenizer("bpe", path=str(tmp_path / "deep.json"))
 
 
-def raw_token(spec):
-    """Add e + combining accent (NFC makes it é) as an added token matched before NFC, at the next id."""
+def raw_token(spec, normalized=False):
+    """Add e + combining accent (NFC makes it é) as an added token matched before NFC (or after it, as é), at the
+    next id."""
     spec["added_tokens"].append({"id": max(t["id"] for t in spec["added_tokens"]) + 1, "content": "e\u0301",
-                                 "special": False, "normalized": False, "lstrip": False, "rstrip": False,
+                                 "special": False, "normalized": normalized, "lstrip": False, "rstrip": False,
                                  "single_word": False})
 
 
@@ -892,6 +893,7 @@ BPE_CHANGES = {  # what tiktoken alone would encode otherwise, or tokenizers' ow
     "without a byte": without_a_byte,
     "a merge twice": lambda s: s["model"]["merges"].append(s["model"]["merges"][0]),
     "an added token unnormalized": raw_token,
+    "an added token normalized, not in NFC": lambda s: raw_token(s, normalized=True),
     "post-processed": lambda s: s.update(pre_tokenizer={**s["pre_tokenizer"], "add_prefix_space": True}, post_processor={
         "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
                                                  {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
