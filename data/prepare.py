@@ -42,13 +42,18 @@ SPLITS = {"train.bin", "val.bin", "document.bin", "document.idx"}  # either form
 NAME_BYTES = 200  # its staging folder's name fits in 255
 
 
+def elsewhere(out_root):  # a suggested command's --out_root
+    return "" if out_root in ("data", PROJECT_DATA) else f" --out_root {quote(out_root)}"
+
+
 class DownloadError(DataError):
     """The download itself failed (offline, a bad address), as opposed to a bad file."""
 
-    def __init__(self, url, reason, dataset):
+    def __init__(self, url, reason, dataset, out_root):
         self.reason = reason
         super().__init__(f"could not download {url} ({reason}); prepare it from a local copy "
-                         f"with: python data/prepare.py --dataset {dataset} --input FILE")
+                         f"with: python data/prepare.py --dataset {dataset} --input FILE"
+                         + elsewhere(out_root))
 
 
 def _stderr(msg):
@@ -85,7 +90,7 @@ def _read_chunks(source, label, chunk_bytes, sha=None):
                 return
 
 
-def _download(url, dest, dataset, log):
+def _download(url, dest, dataset, out_root, log):
     log(f"prepare: downloading {url}")
     sha = hashlib.sha256()
     with open(dest, "wb") as f:
@@ -96,7 +101,7 @@ def _download(url, dest, dataset, log):
                     f.write(block)
         except (OSError, ValueError, http.client.HTTPException) as e:
             raise DownloadError(url, str(getattr(e, "reason", "") or e) or type(e).__name__,
-                                dataset) from None
+                                dataset, out_root) from None
     if dataset in ("shakespeare", "shakespeare_char") and sha.hexdigest() != SHAKESPEARE_SHA256:
         raise DataError(f"{url} is not the expected file: sha256 expected {SHAKESPEARE_SHA256}, "
                         f"got {sha.hexdigest()}")
@@ -298,7 +303,7 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
     try:
         if source is None:  # downloaded into the stage: it lands beside the .bin files
             source = os.path.join(stage, "input.txt")
-            _download(label, source, dataset, log)
+            _download(label, source, dataset, out_root, log)
             if os.path.getsize(source) == 0:
                 raise DataError(f"{label} is empty")
         meta = _tokenize(source, label, tok, stage, chunk_bytes, format, seq_len, num_proc)
@@ -373,11 +378,10 @@ def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
                         f"data/prepare.py --format=indexed")
     check_name(dataset)  # what is suggested below, prepare.py accepts
     if dataset not in DATASETS:
-        there = "" if out_root in ("data", PROJECT_DATA) else f" --out_root {quote(out_root)}"
         raise DataError(f"dataset {dataset!r} is not in --data_root={out_root} "
                         f"(no {dataset}/meta.json there); give the --data_root that holds it, "
                         f"or prepare it with: python data/prepare.py "
-                        f"--dataset {dataset} --input FILE{there}")
+                        f"--dataset {dataset} --input FILE{elsewhere(out_root)}")
     check_root_ours(out_root)
     made = make_folder(out_root, dataset, out_root, "--data_root")
     took = files.own(out_root, "--data_root", note=False, waiting=lambda: log(
@@ -400,7 +404,8 @@ def _first_use(dataset, out_root, log):
     if stand_in and os.path.isfile(offline):
         with open(offline, encoding="utf-8") as f:
             log(f"prepare: training on the offline 'pydoc' corpus: {f.read().strip()}; "
-                f"python data/prepare.py --dataset shakespeare_char tries the download again")
+                f"python data/prepare.py --dataset shakespeare_char{elsewhere(out_root)} "
+                "tries the download again")
         return _first_use(stand_in, out_root, log)
     try:
         prepare(dataset, out_root=out_root, log=log, root_flag="--data_root")

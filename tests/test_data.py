@@ -176,8 +176,15 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
     assert ensure_dataset("shakespeare_char", out_root=str(tmp_path), log=logs.append) == "pydoc"
     assert len(logs) == 1 and logs[0].startswith("prepare: training on the offline 'pydoc' corpus: Tiny Shakespeare "
                                                  "could not be downloaded on ") and logs[0].endswith(
-        "; python data/prepare.py --dataset shakespeare_char tries the download again")
+        f"; python data/prepare.py --dataset shakespeare_char --out_root {tmp_path} tries the "
+        "download again")
     monkeypatch.undo()  # the explicit prepare tries, and once it succeeds nothing falls back any more
+    # the local copy a failed download suggests lands in the data root that failed, not in data/
+    with pytest.raises(DataError) as e:
+        prepare("shakespeare_char", url=(tmp_path / "gone").as_uri(), out_root=str(tmp_path / "o"),
+                log=quiet)
+    want = f"--dataset shakespeare_char --input FILE --out_root {tmp_path / 'o'}"
+    assert str(e.value).endswith(want)
     prepare("shakespeare_char", input=write(tmp_path / "s.txt", TEXT), out_root=str(tmp_path), log=quiet)
     assert ensure_dataset("shakespeare_char", out_root=str(tmp_path), log=quiet) == "shakespeare_char"
     assert not (tmp_path / ".shakespeare_char.offline").exists()
