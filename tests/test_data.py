@@ -105,8 +105,9 @@ def test_gpt2_prepare(tmp_path, gpt2):
 def test_gpt2_chunked(tmp_path, gpt2, end):
     """Chunks are cut before a run of spaces or newlines, where GPT-2's pre-tokenizer splits too: blank lines,
     indents and trailing spaces are encoded as in the whole text (cut after a newline, 'be,\\n\\n' ending a chunk
-    would end in one token where the whole text has two). A line longer than a chunk was cut in a word."""
-    text = "To be,\n\nor not  \n    to be?\n\n\n".replace("\n", end) * 40 + "é 日本語 😀"
+    would end in one token where the whole text has two; cut at the run's last newline, '\n\n\t' would be split
+    where the whole text's '\n\n' is one). A line longer than a chunk was cut in a word."""
+    text = "To be,\n\nor not  \n    to be?\n\n\tor\n\n\n".replace("\n", end) * 40 + "é 日本語 😀"
     src = write(tmp_path / "in.txt", text)
     for chunk in (16, 64, 1 << 30):
         _, t, v = read_bins(prepare("a", input=src, tokenizer="gpt2", out_root=str(tmp_path), chunk_bytes=chunk,
