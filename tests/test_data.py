@@ -524,6 +524,11 @@ def test_prepare_indexed_format(tmp_path):
         assert n_win >= 2 and loader.sequential_windows(split, 2, 0, n_win).tolist() == \
             np.asarray(split[:n_win * 2]).reshape(n_win, 2).tolist()
     assert Tokenizer.load(d).decode(ds.tokens) == UNICODE
+    many = prepare("ix200", input=write(tmp_path / "ab.txt", "ab" * 200), out_root=str(tmp_path),
+                   format="indexed", seq_len=2, log=quiet)  # 200 sequences: the last 2 are val
+    meta = json.load(open(os.path.join(many, "meta.json")))
+    assert (meta["sequences"], meta["train_tokens"], meta["val_tokens"]) == (200, 396, 4)
+    assert (len(load_split(many, "train")), len(load_split(many, "val"))) == (396, 4)
     with pytest.raises(DataError, match="fewer than 2 sequences of 5000"):
         prepare("ix2", input=src, out_root=str(tmp_path), format="indexed", seq_len=5000, log=quiet)
     for fmt, files in [("flat", ["meta.json", "train.bin", "val.bin"]), ("indexed", listed(d))]:  # prepared again
