@@ -1530,12 +1530,17 @@ def test_prepare_refuses_a_dataset_folder_of_another_tool_and_reuses_its_own(tmp
             f"train.bin, ... (4 in all)) and no meta.json: another tool's dataset, which nanoMeSH never writes "
             f"over; give another --out_root, or move those files away") in r.stderr
     assert snapshot(root) == before and listed(root) == ["shakespeare", "shakespeare_char"]
-    # a folder of its own is prepared again: an empty one, one prepared, one whose replacement was cut short
+    # a folder of its own is prepared again: an empty one, one prepared, one whose replacement was cut short,
+    # one whose first prepare was killed (kill -9: its staging folder left, no meta.json)
     (root / "empty").mkdir()
     folder = prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
     prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
     os.replace(os.path.join(folder, "meta.json"), os.path.join(folder, ".meta.json.replacing"))
     prepare("empty", input=text, out_root=str(root), log=lambda *a: None)
+    assert listed(folder) == ["meta.json", "train.bin", "val.bin"]
+    (root / "killed").mkdir()
+    runfiles.temporary_name(str(root / "killed" / "staging"), folder=True)
+    folder = prepare("killed", input=text, out_root=str(root), log=lambda *a: None)
     assert listed(folder) == ["meta.json", "train.bin", "val.bin"]
 
 
