@@ -306,6 +306,16 @@ def test_cli(tmp_path):
         f"prepare.py: error: cannot use {tmp_path / 'in.txt'}: File exists; check the path"]
 
 
+def test_a_dataset_name_is_refused_by_its_rule_at_its_edges():
+    """200 bytes pass, 201 do not; a backslash (a folder separator on Windows) is refused; a name
+    made of argv's undecodable bytes (lone surrogates) is measured in bytes too: one line, no traceback."""
+    prep.check_name("x" * 200)
+    prep.check_name("é" * 100)
+    for name in ("x" * 201, "é" * 100 + "x", "a\\b", "\udcff" * 67):
+        with pytest.raises(DataError, match="^invalid dataset name"):
+            prep.check_name(name)
+
+
 def test_damaged_dataset_names_the_file_and_the_fix(tmp_path):
     prepare("tiny", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path), log=quiet)
     os.remove(tmp_path / "tiny" / "train.bin")
