@@ -601,6 +601,7 @@ def test_num_proc_output_equals_one_process(tmp_path, tok, request):
     (dict(tokenizer="gpt2"), "dataset 'shakespeare_char' uses the char tokenizer; pick another --dataset "
                              "name for a gpt2 version"),
     (dict(format="jsonl"), "unknown format 'jsonl'; use 'flat' or 'indexed'"),
+    (dict(format="indexed", seq_len=1), "--seq_len=1 must be at least 2 and --num_proc=1 at least 1"),
 ])
 def test_prepare_refuses_flags_that_contradict_each_other_before_any_work(args, message, tmp_path):
     """Two sources, or a tokenizer other than a known dataset's own: one line, nothing read or made."""
