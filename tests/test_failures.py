@@ -1530,6 +1530,12 @@ def test_prepare_refuses_a_dataset_folder_of_another_tool_and_reuses_its_own(tmp
             f"train.bin, ... (4 in all)) and no meta.json: another tool's dataset, which nanoMeSH never writes "
             f"over; give another --out_root, or move those files away") in r.stderr
     assert snapshot(root) == before and listed(root) == ["shakespeare", "shakespeare_char"]
+    (root / "three").mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):  # three: all named, no "..."
+        (root / "three" / name).write_text(name)
+    with pytest.raises(DataError, match=r"three holds files that data/prepare.py did not make \(a.txt, b.txt, "
+                                        r"c.txt\) and no meta.json"):
+        prepare("three", input=text, out_root=str(root), log=lambda *a: None)
     # a folder of its own is prepared again: an empty one, one prepared, one whose replacement was cut short,
     # one whose first prepare was killed (kill -9: its staging folder left, no meta.json)
     (root / "empty").mkdir()
