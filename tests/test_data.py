@@ -60,14 +60,16 @@ def gpt2():
 
 
 def test_char_prepare(tmp_path):
-    src = write(tmp_path / "in.txt", UNICODE)
-    d = prepare("mine", input=src, out_root=str(tmp_path / "out"), log=quiet)
+    src, logs = write(tmp_path / "in.txt", UNICODE), []
+    d = prepare("mine", input=src, out_root=str(tmp_path / "out"), log=logs.append)
     assert d == str(tmp_path / "out" / "mine")
     meta, train, val = read_bins(d)
     assert meta["tokenizer"] == "char" and meta["dtype"] == "uint16"
     assert "".join(meta["chars"]) == "".join(sorted(set(UNICODE))) and meta["vocab_size"] == len(set(UNICODE))
     n = len(UNICODE)
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val)) == (n * 9 // 10, n - n * 9 // 10)
+    assert len(logs) == 1 and logs[0].startswith(f"prepare: mine: 1,039 train + 116 val tokens, vocab "
+                                                 f"{len(set(UNICODE))}, uint16 -> {d} (")
     assert meta["sha256"] == hashlib.sha256(UNICODE.encode()).hexdigest()
     assert meta["source"] == os.path.abspath(src)
     assert train.dtype == np.uint16
