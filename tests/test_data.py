@@ -452,6 +452,8 @@ def corrupt(tmp_path, how):
         raw[17] = 7  # float32 in Megatron's table
     elif how == "truncated idx":
         raw = raw[:-3]
+    elif how == "short header":
+        raw = raw[:20]
     elif how == "pointer":
         raw[34 + 8 + 8:34 + 8 + 16] = (6).to_bytes(8, "little")  # sequence 1 at byte 6, not 8
     elif how == "negative size":  # sequence 0 of 8 tokens, sequence 1 of -1 ending where the .bin does
@@ -466,6 +468,7 @@ def corrupt(tmp_path, how):
 
 
 BAD_INDEX = [("magic", "does not start with the magic"), ("version", "version 2, expected 1"),
+             ("short header", "does not start with the magic"),
              ("dtype", "dtype code 7 is not an integer token type"),
              ("truncated idx", r"promises 2 sequences and 3 document entries \(82 bytes\) but the file has 79"),
              ("pointer", "sequence 1 has size 3 at byte offset 6, expected a size >= 0 at offset 8"),
@@ -510,6 +513,10 @@ def test_an_index_is_checked_in_slices_and_needs_two_sequences_and_regular_files
     write_indexed(str(tmp_path / "one"), [np.arange(4)])
     with pytest.raises(DataError, match="one has 1 sequence.s.: it needs 2 or more, the last 1% .at least one."):
         IndexedDataset(str(tmp_path / "one")).train_tokens()
+    (tmp_path / "none.bin").write_bytes(b"")  # no sequence at all: an empty .bin, which cannot be mapped
+    indexed.write_index(str(tmp_path / "none"), [], "uint16")
+    with pytest.raises(DataError, match="none has 0 sequence.s.: it needs 2 or more"):
+        IndexedDataset(str(tmp_path / "none")).train_tokens()
     os.remove(tmp_path / "one.bin")
     os.mkdir(tmp_path / "one.bin")
     with pytest.raises(DataError, match="one.bin is not a regular file .a folder, a FIFO or a device.."):
