@@ -59,7 +59,7 @@ def gpt2():
         pytest.skip(f"GPT-2 vocabulary unavailable (set TIKTOKEN_CACHE_DIR): {e}")
 
 
-def test_char_prepare(tmp_path):
+def test_char_prepare(tmp_path, monkeypatch):
     src, logs = write(tmp_path / "in.txt", UNICODE), []
     d = prepare("mine", input=src, out_root=str(tmp_path / "out"), log=logs.append)
     assert d == str(tmp_path / "out" / "mine")
@@ -78,6 +78,9 @@ def test_char_prepare(tmp_path):
     assert Tokenizer.load(os.path.join(d, "meta.json")).to_meta() == tok.to_meta()
     assert listed(tmp_path / "out") == ["mine"]  # no staging leftovers
     assert listed(d) == ["meta.json", "train.bin", "val.bin"]
+    monkeypatch.chdir(tmp_path)  # a relative --input: meta.json names the file wherever it is read from
+    meta, _, _ = read_bins(prepare("rel", input="in.txt", out_root="out", log=quiet))
+    assert meta["source"] == src
 
 
 @pytest.mark.slow
