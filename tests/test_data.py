@@ -166,6 +166,12 @@ def test_download_ok_and_mismatch(tmp_path, monkeypatch):
     assert meta["source"] == url and meta["sha256"] == got
     assert open(out / "shakespeare_char" / "input.txt", "rb").read() == open(served, "rb").read()
     assert Tokenizer.from_meta(meta).decode(list(train) + list(val)) == TEXT
+    meta, train, val = read_bins(prepare("mine", url=url, out_root=str(out), log=quiet))  # any name's --url
+    assert meta["source"] == url and Tokenizer.from_meta(meta).decode(list(train) + list(val)) == TEXT
+    write(tmp_path / "empty.txt", b"")
+    with pytest.raises(DataError) as e:
+        prepare("mine", url=(tmp_path / "empty.txt").as_uri(), out_root=str(out), log=quiet)
+    assert str(e.value) == f"{(tmp_path / 'empty.txt').as_uri()} is empty"
 
 
 def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
