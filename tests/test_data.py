@@ -174,6 +174,26 @@ def test_download_ok_and_mismatch(tmp_path, monkeypatch):
     assert str(e.value) == f"{(tmp_path / 'empty.txt').as_uri()} is empty"
 
 
+def test_a_replacement_cut_short_leaves_no_meta_json_over_mixed_files(tmp_path, monkeypatch):
+    """Prepared again, a dataset's new files move in with the old meta.json set aside, the new one last: cut
+    short (here a full disk as val.bin moves in), no meta.json describes the mix; the next prepare ends it."""
+    d = prepare("tiny", input=write(tmp_path / "a.txt", TEXT), out_root=str(tmp_path), log=quiet)
+    replace = os.replace
+
+    def full_at_val(src, dst):
+        if dst.endswith("val.bin"):
+            raise OSError(28, os.strerror(28))  # ENOSPC
+        replace(src, dst)
+    monkeypatch.setattr(os, "replace", full_at_val)
+    with pytest.raises(DataError, match="^could not write dataset 'tiny'"):
+        prepare("tiny", input=write(tmp_path / "b.txt", TEXT.upper()), out_root=str(tmp_path), log=quiet)
+    monkeypatch.undo()
+    assert listed(d) == [".meta.json.replacing", "train.bin", "val.bin"]
+    meta, train, val = read_bins(prepare("tiny", input=str(tmp_path / "b.txt"), out_root=str(tmp_path), log=quiet))
+    assert Tokenizer.from_meta(meta).decode(list(train) + list(val)) == TEXT.upper()
+    assert listed(d) == ["meta.json", "train.bin", "val.bin"]
+
+
 def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOMESH_SHAKESPEARE_URL", (tmp_path / "missing.txt").as_uri())
     logs = []
