@@ -228,6 +228,13 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
         ensure_dataset("mine", out_root=str(tmp_path), log=quiet)
 
 
+def test_a_hidden_folder_in_a_data_root_is_not_another_tools_dataset(tmp_path):
+    (tmp_path / ".cache").mkdir()  # a tool's cache, a file manager's trash: not a dataset of nanoGPT's
+    (tmp_path / ".cache" / "x.bin").write_bytes(b"x")
+    assert ensure_dataset("pydoc", out_root=str(tmp_path), log=quiet) == "pydoc"
+    assert listed(tmp_path) == [".cache", "pydoc"]
+
+
 def test_errors(tmp_path):
     out = tmp_path / "out"
     cases = [
