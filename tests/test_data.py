@@ -384,6 +384,17 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
 
+def test_a_dataset_path_is_the_absolute_prefix_its_meta_json_names(tmp_path, monkeypatch, gpt2):
+    """--dataset PATH, the folder or the prefix of data --indexed described as pile/part0 (no document.idx
+    there): the absolute prefix pile/part0, whatever the working folder."""
+    (tmp_path / "pile").mkdir()
+    write_indexed(str(tmp_path / "pile" / "part0"), [np.arange(8)] * 3)
+    prep.describe_indexed(str(tmp_path / "pile" / "part0"), "gpt2", log=quiet)
+    monkeypatch.chdir(tmp_path)
+    for given in ("./pile", "pile/part0", str(tmp_path / "pile")):
+        assert ensure_dataset(given, out_root=str(tmp_path / "data"), log=quiet) == str(tmp_path / "pile" / "part0")
+
+
 def test_tiny_shakespeare_gone_is_named_though_its_stand_in_is_there(tmp_path):
     """A checkpoint of Tiny Shakespeare itself, whose folder is gone, never reads the offline stand-in (pydoc) instead."""
     prepare("pydoc", input=write(tmp_path / "t.txt", TEXT), out_root=str(tmp_path), log=quiet)
