@@ -235,6 +235,17 @@ def test_a_hidden_folder_in_a_data_root_is_not_another_tools_dataset(tmp_path):
     assert listed(tmp_path) == [".cache", "pydoc"]
 
 
+def test_the_projects_data_folder_is_never_another_tools(tmp_path, monkeypatch):
+    """The project's data/ holds its scripts' __pycache__, a folder without meta.json: a first run prepares
+    its dataset there all the same; any other data root holding such a folder is another tool's."""
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "prepare.cpython-311.pyc").write_bytes(b"\x00")
+    with pytest.raises(DataError, match="holds another tool's datasets .__pycache__: folders without meta"):
+        ensure_dataset("pydoc", out_root=str(tmp_path), log=quiet)
+    monkeypatch.setattr(prep, "PROJECT_DATA", str(tmp_path))
+    assert ensure_dataset("pydoc", out_root=str(tmp_path), log=quiet) == "pydoc"
+
+
 def test_errors(tmp_path):
     out = tmp_path / "out"
     cases = [
