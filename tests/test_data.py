@@ -224,6 +224,9 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
     # no fallback for GPT-2 Shakespeare (without tiktoken's files the vocabulary fails first)
     with pytest.raises(DataError, match="could not download|GPT-2 vocabulary"):
         ensure_dataset("shakespeare", out_root=str(tmp_path), log=quiet)
+    with pytest.raises(DataError, match="could not download|GPT-2 vocabulary"):  # a data root it made: gone again
+        ensure_dataset("shakespeare", out_root=str(tmp_path / "new"), log=quiet)
+    assert not (tmp_path / "new").exists()
     with pytest.raises(DataError, match=r"'mine' is not in --data_root=.*--dataset mine --input FILE --out_root"):
         ensure_dataset("mine", out_root=str(tmp_path), log=quiet)
 
