@@ -680,6 +680,14 @@ def test_prepare_refuses_flags_that_contradict_each_other_before_any_work(args, 
     assert str(e.value) == message and not (tmp_path / "data").exists()
 
 
+def test_prepare_without_a_dataset_or_with_indexed_and_a_source_is_one_line(tmp_path, capsys):
+    assert prep.main([]) == 2
+    assert capsys.readouterr().err == "prepare.py: error: --dataset NAME is required (or --indexed PATH)\n"
+    assert prep.main(["--indexed", str(tmp_path), "--url", "https://example.com/t.txt"]) == 2
+    assert capsys.readouterr().err == ("prepare.py: error: --indexed describes an existing dataset: "
+                                       "drop --dataset, --input and --url\n")
+
+
 class SignalsSeen:
     """A tokenizer's stand-in whose encode_array reports how a --num_proc worker takes SIGINT and SIGTERM."""
 
