@@ -96,7 +96,7 @@ def test_char_chunked_equals_one_shot(tmp_path, text):
 
 def test_gpt2_prepare(tmp_path, gpt2):
     text = TEXT + "<|endoftext|>\n" + UNICODE
-    d = prepare("g", input=write(tmp_path / "in.txt", text), tokenizer="gpt2",
+    d = prepare("shakespeare", input=write(tmp_path / "in.txt", text),  # the dataset's own tokenizer: gpt2
                 out_root=str(tmp_path), log=quiet)
     meta, train, val = read_bins(d)
     assert meta["tokenizer"] == "gpt2" and meta["encoding"] == "gpt2" and meta["vocab_size"] == 50257
