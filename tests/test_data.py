@@ -406,7 +406,8 @@ def test_a_dataset_path_is_the_absolute_prefix_its_meta_json_names(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     prep.describe_indexed("pile/part0", "gpt2", log=quiet)  # the last of 3 sequences is val
     meta = json.load(open(tmp_path / "pile" / "meta.json"))
-    assert (meta["source"], meta["train_tokens"], meta["val_tokens"]) == (str(tmp_path / "pile" / "part0"), 16, 8)
+    assert (meta["dataset"], meta["source"], meta["train_tokens"], meta["val_tokens"]) == (
+        "pile", str(tmp_path / "pile" / "part0"), 16, 8)
     for given in ("./pile", "pile/part0", str(tmp_path / "pile")):
         assert ensure_dataset(given, out_root=str(tmp_path / "data"), log=quiet) == str(tmp_path / "pile" / "part0")
 
