@@ -559,6 +559,9 @@ def test_an_indexed_dataset_written_again_is_read_again(tmp_path):
     write_indexed(prefix, [np.arange(4), np.full(5, 9)])
     tokens, path, first = split_tokens(prefix, "val")
     assert (tokens.tolist(), path, first) == ([9] * 5, prefix + ".bin", 4)
+    (tmp_path / "new.bin").write_bytes(np.array([1] * 4 + [7] * 5, "<u2").tobytes())
+    os.replace(tmp_path / "new.bin", prefix + ".bin")  # the .bin alone downloaded again, the same size
+    assert split_tokens(prefix, "val")[0].tolist() == [7] * 5
 
 
 def test_an_index_is_checked_in_slices_and_needs_two_sequences_and_regular_files(tmp_path, monkeypatch):
@@ -584,6 +587,9 @@ def test_an_index_is_checked_in_slices_and_needs_two_sequences_and_regular_files
     os.remove(tmp_path / "one.bin")
     os.mkdir(tmp_path / "one.bin")
     with pytest.raises(DataError, match="one.bin is not a regular file .a folder, a FIFO or a device.."):
+        IndexedDataset(str(tmp_path / "one"))
+    os.rmdir(tmp_path / "one.bin")  # the .idx alone: no dataset, rather than a damaged one
+    with pytest.raises(DataError, match="one is not an indexed dataset: no .*one.idx and .*one.bin, nor"):
         IndexedDataset(str(tmp_path / "one"))
 
 
