@@ -300,3 +300,13 @@ def test_a_plan_of_a_looped_run_plans_the_model_the_loop_makes(vanilla, data_roo
     assert capsys.readouterr().err == ("train.py: error: --n_slots is a MeSH setting, but scheme "
                                        "is 'base'; drop it or use --scheme=mesh\n")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_plan_of_a_resume_plans_its_checkpoints_model(vanilla, capsys):
+    """--plan=true --init_from=resume: the model the run's checkpoint holds, under its preset."""
+    from support import memory
+    P = memory.param_counts(checkpoint.load(vanilla)[0].config)[0]
+    assert train.main(["--init_from=resume", f"--out_dir={vanilla}", "--plan=true",
+                       "--plan_gpus=1"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"plan: classroom layout 4 scheme base, {P:,} params, ")
