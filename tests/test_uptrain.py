@@ -164,6 +164,13 @@ def test_uptraining_resumes_bit_for_bit_without_its_source(vanilla, data_root, t
     assert capsys.readouterr().out.startswith("Then")
 
 
+def test_a_loops_dropout_of_0_is_kept_over_its_sources():
+    """--dropout=0 looping a source trained with dropout: the looped model has none."""
+    old = Config(layout="4", n_embd=32, n_head=2, vocab_size=65, block_size=16, dropout=0.1)
+    tc = train.TrainConfig(init_from="vanilla:x", dropout=0.0, layout="1+1R2+1")
+    assert pretrained.looped(old, tc).dropout == 0.0
+
+
 def test_bad_sources_are_one_line_and_touch_nothing(vanilla, data_root, tmp_path, capsys):
     looped_run = tmp_path / "looped"
     assert run([f"--init_from=vanilla:{vanilla}", "--max_iters=0"], data_root, looped_run) == 0
