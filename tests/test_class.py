@@ -433,6 +433,13 @@ def test_every_table1_variant_has_a_colour_of_its_own():
     assert len(set(colours)) == len(colours) == len(table1.SCHEME) and "tab:gray" not in colours
 
 
+def test_a_scheme_of_ones_own_is_never_drawn_in_a_named_schemes_colour():
+    """OTHERS (the colours of schemes of one's own, by name) are none of COLOURS' nor the gray
+    of a run whose scheme is unknown, and no two alike."""
+    named = {*curves.COLOURS.values(), "tab:gray"}
+    assert len(set(curves.OTHERS) - named) == len(curves.OTHERS)
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "curves.py: error: give a run's folder: --out_dir=OUT_DIR (again for more runs)"),
     (["--out_dir=nowhere"], "curves.py: error: cannot use nowhere/log.jsonl: No such file or directory; check the path"),
