@@ -593,19 +593,20 @@ def test_an_import_looped_at_k1_is_the_import_and_loops_to_any_layout(tmp_path, 
 
 
 def test_a_looped_sources_width_and_heads_may_be_typed_whatever_the_preset(tmp_path, capsys):
-    """A --n_head that names the source's own is taken, though the default preset's
-    width (128) does not divide by 3 heads; another width is the source's one line."""
+    """A --n_embd and --n_head that name the source's own are taken, though the default
+    preset's width (128) does not divide by 3 heads, nor 30 by its 4; other heads are the
+    source's one line."""
     import train
     from data.prepare import prepare
-    _, path = hf_neox(tmp_path, True, hidden_size=48, num_attention_heads=3, num_hidden_layers=3,
-                      intermediate_size=192)
+    _, path = hf_neox(tmp_path, True, hidden_size=30, num_attention_heads=3, num_hidden_layers=3,
+                      intermediate_size=120)
     (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 200)
     prepare("fox", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"),
             log=lambda *a: None)
     flags = [f"--init_from=hf:{path}", f"--data_root={tmp_path / 'data'}", "--dataset=fox",
              "--block_size=32", "--batch_size=4", "--eval_iters=2", "--sample_tokens=0",
              "--layout=1+1R2+1", "--max_iters=0"]
-    assert train.main([*flags, f"--out_dir={tmp_path / 'a'}", "--n_head=3"]) == 0
+    assert train.main([*flags, f"--out_dir={tmp_path / 'a'}", "--n_embd=30", "--n_head=3"]) == 0
     assert load_checkpoint(str(tmp_path / "a"))[0].config.n_head == 3
     assert train.main([f"--out_dir={tmp_path / 'a'}", "--init_from=resume", "--max_iters=1",
                        f"--data_root={tmp_path / 'data'}"]) == 0
