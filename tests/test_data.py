@@ -856,7 +856,7 @@ def test_bpe_equals_tokenizers(tmp_path):
 def test_bpe_ignores_an_added_token_of_no_text_as_tokenizers_does(tmp_path):
     theirs = train_bpe(tmp_path / "full.json")
     spec = json.load(open(tmp_path / "full.json"))
-    spec["added_tokens"].append(dict(spec["added_tokens"][0], id=theirs.get_vocab_size(), content=""))
+    spec["added_tokens"].insert(0, dict(spec["added_tokens"][0], id=theirs.get_vocab_size(), content=""))
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     theirs = pytest.importorskip("tokenizers").Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     ours = Tokenizer("bpe", path=str(tmp_path))
