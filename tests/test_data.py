@@ -1029,6 +1029,20 @@ def test_bpe_gets_the_ids_of_tokenizers_where_tiktoken_alone_would_not(tmp_path,
     assert ours.identity != Tokenizer("bpe", path=str(tmp_path / "base.json")).identity
 
 
+def test_bpe_without_a_normalizer_runs_a_normalized_token_not_in_nfc_on_tiktoken(tmp_path):
+    """No normalizer: a normalized added token not in NFC is matched as written, as tiktoken matches it; tiktoken
+    runs it, with the ids of `tokenizers`."""
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = json.loads(train_bpe(tmp_path / "base.json").to_str())
+    spec["normalizer"] = None
+    raw_token(spec, normalized=True)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    ours, theirs = Tokenizer("bpe", path=str(tmp_path)), tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    texts = BPE_TEXTS + ["a\x01b cafe\u0301 Hello"]
+    assert ours._bpe.backend == "tiktoken"
+    assert [ours.encode(t) for t in texts] == [theirs.encode(t, add_special_tokens=False).ids for t in texts]
+
+
 def test_bpe_knows_an_end_of_text_in_its_vocabulary_only_and_decodes_half_a_character_as_tokenizers(tmp_path):
     """An <|endoftext|> the vocabulary lists but added_tokens does not is the end of text still; a character's first
     byte alone decodes to U+FFFD, as in `tokenizers`."""
