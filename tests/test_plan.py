@@ -197,6 +197,8 @@ def test_a_containers_memory_limit_is_the_memory_a_run_has(tmp_path, monkeypatch
     (tmp_path / "cpu" / "job_7" / "memory.limit_in_bytes").write_text("1024\n")
     proc.write_text("4:memory:/job_7\n3:cpu,cpuacct:/job_7\n1:name=systemd:/\n")
     assert plan.physical_memory() == 3 << 20
+    proc.unlink()  # no /proc (macOS): no cgroups, the machine's memory
+    assert plan.physical_memory() == machine
     proc.write_text("0::/\n")
     with monkeypatch.context() as m:  # a limit file this process may not read: the machine's memory
         read, denied = plan.Path.read_text, (_ for _ in ()).throw
