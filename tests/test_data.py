@@ -1055,6 +1055,20 @@ def test_bpe_knows_an_end_of_text_in_its_vocabulary_only_and_decodes_half_a_char
     assert Tokenizer("bpe", path=str(tmp_path)).decode(half) == theirs.decode(half) == "\ufffd"
 
 
+def test_bpe_on_tiktoken_in_chunks_gets_the_ids_of_the_whole_text(tmp_path):
+    """Chunks are cut before a whole run of spaces: a tokenizer.json with runs of spaces as added tokens (GPT-NeoX's)
+    run by tiktoken gets the ids `tokenizers` gives the whole text. Cut before its last space, '   to' was '  ', ' to'
+    where the whole text has '   ', 'to'."""
+    tokenizers = pytest.importorskip("tokenizers")
+    train_bpe(tmp_path / "tokenizer.json")
+    text = "To be,\n\nor not   to  be?\n    x\n" * 20
+    theirs = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode(text, add_special_tokens=False)
+    for chunk in (16, 64):
+        d = prepare(f"c{chunk}", input=write(tmp_path / "in.txt", text), tokenizer=str(tmp_path / "tokenizer.json"),
+                    out_root=str(tmp_path), chunk_bytes=chunk, log=quiet)
+        assert np.concatenate(read_bins(d)[1:]).tolist() == theirs.ids
+
+
 def test_bpe_on_tokenizers_is_encoded_whole(tmp_path):
     """A tokenizer.json run by `tokenizers` may split elsewhere than GPT-2's pre-tokenizer: its text is
     encoded whole, as prepare.py promises. In chunks, each chunk started with a prefix space here."""
