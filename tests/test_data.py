@@ -1063,7 +1063,7 @@ def test_bpe_on_tiktoken_in_chunks_gets_the_ids_of_the_whole_text(tmp_path):
     train_bpe(tmp_path / "tokenizer.json")
     text = "To be,\n\nor not   to  be?\n    x\n" * 20
     theirs = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode(text, add_special_tokens=False)
-    for chunk in (16, 64):
+    for chunk in (4, 8, 16, 64):
         d = prepare(f"c{chunk}", input=write(tmp_path / "in.txt", text), tokenizer=str(tmp_path / "tokenizer.json"),
                     out_root=str(tmp_path), chunk_bytes=chunk, log=quiet)
         assert np.concatenate(read_bins(d)[1:]).tolist() == theirs.ids
