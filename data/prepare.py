@@ -142,9 +142,8 @@ def _encoded(chunks, tok, num_proc):
             yield from ids
     finally:  # at once: a worker holds no lock of ours
         for p in procs:
-            if p.pid:  # started
-                p.kill()
-                p.join()
+            p.kill()
+            p.join()
         unblock()
 
 
