@@ -9,7 +9,7 @@ from configurator import UsageError
 from support import pretrained
 from support.device import PEAK_BF16_FLOPS, flops_per_token
 from support.memory import GiB, check_slots, memory, param_counts
-from support.resume import resume_from
+from support.resume import check_model, resume_from
 
 GPUS = {"a100": (80, 312e12), "h100": (80, PEAK_BF16_FLOPS["NVIDIA H100"])}  # GiB, FLOP/s
 # [choice] of each GPU's memory a plan leaves free: the CUDA context, the allocator's fragments,
@@ -32,7 +32,9 @@ def start(tc, given):
     """What a plan's model comes from, read as train.py would read it: a resume's checkpoint, a
     source to loop (vanilla:OUT_DIR or hf:PATH), or None (the flags' model)."""
     if tc.init_from == "resume":
-        return resume_from(tc.out_dir, True)
+        ckpt = resume_from(tc.out_dir, True)
+        check_model(ckpt, given)  # another model's flags: refused, as the run refuses them
+        return ckpt
     if tc.init_from != "scratch":
         return pretrained.source(pretrained.where(tc.init_from, tc.out_dir), given)
 

@@ -83,14 +83,8 @@ def check_resumable(ckpt, tc, given):
     if problem:
         raise CheckpointError(f"{path} cannot be resumed: {problem}; it is damaged or was not "
                               f"written by train.py (sample.py can still use its weights)")
+    check_model(ckpt, given)
     old = ckpt["train_config"]
-    saved = {"model": old.get("model"), **ckpt["model"].config.to_dict(),
-             **{k: old[k] for k in FIXED if type(old.get(k)) is str}}  # (else damaged)
-    conflicts = [f"{k}: checkpoint {saved[k]!r} vs given {given[k]!r}" for k in saved
-                 if k in given and given[k] != saved[k]]
-    if conflicts:
-        raise UsageError("the checkpoint's model differs from the flags given: "
-                         + "; ".join(conflicts))
     bs, ga = old.get("batch_size"), old.get("grad_accum")
     it, was = ckpt["iter_num"], bs * ga if type(bs) is type(ga) is int else None
     now = tc.batch_size * tc.grad_accum
@@ -103,6 +97,19 @@ def check_resumable(ckpt, tc, given):
                          f"window {it * now}, not {it * was}; resume with the run's own "
                          f"--batch_size={old['batch_size']} --grad_accum={old['grad_accum']} "
                          f"(or as many windows a step in all)")
+
+
+def check_model(ckpt, given):
+    """Refused where the flags given name another model than ckpt's, or change a FIXED setting
+    (a plan of a resume checks this too)."""
+    old = ckpt["train_config"]
+    saved = {"model": old.get("model"), **ckpt["model"].config.to_dict(),
+             **{k: old[k] for k in FIXED if type(old.get(k)) is str}}  # (else damaged)
+    conflicts = [f"{k}: checkpoint {saved[k]!r} vs given {given[k]!r}" for k in saved
+                 if k in given and given[k] != saved[k]]
+    if conflicts:
+        raise UsageError("the checkpoint's model differs from the flags given: "
+                         + "; ".join(conflicts))
 
 
 def optimizer_mismatch(saved, optimizer):

@@ -317,3 +317,8 @@ def test_a_plan_of_a_resume_plans_its_checkpoints_model(vanilla, capsys):
                        "--plan_gpus=1"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith(f"plan: classroom layout 4 scheme base, {P:,} params, ")
+    for flag, words in [("--n_embd=64", "n_embd: checkpoint 32 vs given 64"),
+                        ("--scheme=mesh", "scheme: checkpoint 'base' vs given 'mesh'")]:
+        assert train.main(["--init_from=resume", f"--out_dir={vanilla}", "--plan=true", flag]) == 2
+        assert capsys.readouterr().err == (f"train.py: error: the checkpoint's model differs "
+                                           f"from the flags given: {words}\n")
