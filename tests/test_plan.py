@@ -149,7 +149,9 @@ def test_plan_prints_the_table_the_choice_and_the_time_and_allocates_nothing(tmp
     (["--gpu=v100"], "--gpu=v100 is not one of a100, h100; name one, or give --gpu_memory=GIB and --gpu_tflops=TFLOPS"),
     (["--gpu_tflops=0"], "--gpu_tflops=0.0 must be a finite number above 0"),
     (["--grad_accum=4", "--plan_gpus=8"],
-     "--grad_accum=4 does not divide by the 8 GPU(s) planned for; use a multiple of 8, or another --plan_gpus")])
+     "--grad_accum=4 does not divide by the 8 GPU(s) planned for; use a multiple of 8, or another --plan_gpus"),
+    (["--grad_accum=3", "--plan_gpus=2"],
+     "--grad_accum=3 does not divide by the 2 GPU(s) planned for; use a multiple of 2, or another --plan_gpus")])
 def test_plan_bad_input_is_one_line(flags, message, capsys):
     assert train.main(["--plan=true", *flags]) == 2
     assert capsys.readouterr().err == f"train.py: error: {message}\n"
