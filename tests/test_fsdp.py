@@ -402,3 +402,8 @@ def test_a_kept_sharded_checkpoint_is_a_run_folder_later_saves_leave(sharded, tm
     assert consolidate.main([f"--out_dir={kept}"]) == 0
     assert sample.main([f"--out_dir={out}", "--ckpt=4", "--max_new_tokens=4"]) == 0
     assert checkpoint.load(str(kept))[1]["iter_num"] == 4
+    shutil.rmtree(out / "shards-00000006")  # moved away: the kept one is the run's latest, which it consolidates
+    os.remove(kept / "ckpt.pt")
+    capsys.readouterr()
+    assert consolidate.main([f"--out_dir={out}"]) == 0
+    assert capsys.readouterr().out == f"wrote {kept / 'ckpt.pt'} (iter 4) from {kept / 'shards-00000004'}\n"

@@ -25,19 +25,23 @@ class ConsolidateConfig:
 
 
 def consolidate(given):
-    """OUT_DIR's latest sharded checkpoint -> OUT_DIR/ckpt.pt, written atomically."""
+    """OUT_DIR's latest sharded checkpoint -> ckpt.pt beside it, written atomically."""
     out_dir = ConsolidateConfig(**given).out_dir
     tool.check_run_folder(out_dir)  # before its lock file is made
     if os.path.isdir(out_dir):
         files.own(out_dir, flag="OUT_DIR")
     shards = [entry for entry in checkpoint.found(out_dir) if checkpoint.SHARDS.match(entry[2])]
+    last = checkpoint.latest(out_dir, sharded=True)  # as a resume would take it
+    folder = last and os.path.join(out_dir, last[2])
+    if folder and checkpoint.KEPT.match(last[2]) and os.path.isdir(folder):  # ckpt_ITER/
+        return consolidate({"out_dir": folder})
     if not shards:
         raise CheckpointError(f"no sharded checkpoint in {out_dir} (no whole shards-<iter> "
                               f"folder); train one with torchrun ... train.py --fsdp=true "
                               f"--out_dir={out_dir}")
     _, _, name, sharded = max(shards, key=lambda entry: entry[:2])
     path = os.path.join(out_dir, checkpoint.CKPT)
-    at, _, latest, _ = checkpoint.latest(out_dir, sharded=True)  # as a resume would take it
+    at, _, latest, _ = last
     if latest != name:
         than = "is further in training than" if at > sharded["iter_num"] else "was saved after"
         raise CheckpointError(f"{os.path.join(out_dir, latest)} (iter {at}) {than} the sharded "
