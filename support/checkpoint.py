@@ -168,10 +168,9 @@ def sharded_state(out_dir, name):
     path = os.path.join(folder, STATE)
     if not os.path.isfile(os.path.join(folder, ".metadata")):
         return None
-    if not os.path.lexists(path):
-        path = os.path.join(out_dir, POINTER)
-        if not os.path.lexists(path):
-            return None
+    pointer = os.path.join(out_dir, POINTER)
+    if not os.path.lexists(path) and os.path.lexists(pointer):
+        path = pointer
     try:
         state = files.read_json(path)
         if not isinstance(state, dict):
@@ -183,7 +182,7 @@ def sharded_state(out_dir, name):
         for key, top in ("weight_decay", float("inf")), ("beta1", 1), ("beta2", 1):
             if not (type(tc.get(key)) in (int, float) and 0 <= tc[key] < top):
                 raise ValueError(f"train_config's {key} is {tc.get(key)!r:.40}, not AdamW's")
-    except (ValueError, TypeError) as e:  # (json's errors are ValueErrors)
+    except (OSError, ValueError, TypeError) as e:  # (json's errors are ValueErrors)
         raise CheckpointError(f"{path} is corrupt ({cause(e)}); move {folder} away or point "
                               f"--out_dir at another run") from None
     if path.endswith(POINTER) and state.get("folder") != name:

@@ -241,6 +241,25 @@ def test_a_corrupt_shards_folder_beside_a_ckpt_pt_names_the_way_back_to_it(tmp_p
             read(str(shards), model, optimizer, no_dist=True)
 
 
+def test_a_whole_shards_folder_without_its_state_is_refused_not_passed_over(tmp_path, capsys):
+    """state.json is written before any shard, so a shards folder with DCP's .metadata but no state.json is damaged,
+    not unfinished: a resume is refused, naming it, and never goes back to an older ckpt.pt beside it (whose run's
+    next save would remove the newer shards)."""
+    shards = tmp_path / "shards-00000003"
+    shards.mkdir()
+    (shards / ".metadata").write_bytes(b"")
+    cfg = Config(vocab_size=32, block_size=16, n_embd=32, n_head=2, layout="1+1R2+1", scheme="mesh")
+    checkpoint.save(dict(model=RecursiveGPT(cfg).state_dict(), model_config=cfg.to_dict(), iter_num=2,
+                         train_config=dict(dataset="tiny"), saved_at=100.0), str(tmp_path / "ckpt.pt"))
+    before = snapshot(tmp_path)
+    assert train.main(["--init_from=resume", f"--out_dir={tmp_path}"]) == 2
+    path = shards / "state.json"
+    assert capsys.readouterr().err == (f"train.py: error: {path} is corrupt (FileNotFoundError: [Errno 2] No such "
+                                       f"file or directory: '{path}'); move {shards} away or point --out_dir at "
+                                       f"another run\n")
+    assert snapshot(tmp_path) == before
+
+
 @pytest.fixture(scope="module")
 def sharded(data_root, tmp_path_factory):
     """A 2-process FSDP run, its checkpoint sharded at iters 0 and 2, ending with a sample (both ranks decode, as
