@@ -40,7 +40,7 @@ def start(tc, given):
 
 
 def plan(tc, cfg):
-    """The plan's text for TrainConfig tc and model cfg (a source's: looped as the flags say)."""
+    """Print the plan for TrainConfig tc and model cfg (a source's: looped as the flags say)."""
     what = tc.model  # the preset's, or the source looped
     if tc.init_from not in ("scratch", "resume"):
         cfg, what = pretrained.looped(cfg, tc), tc.init_from
@@ -80,4 +80,5 @@ def plan(tc, cfg):
                  f"{tc.max_iters:,} steps: {days:,.1f} days on {n} GPU(s) at {MFU:.0%} MFU "
                  f"({days * 24 * n:,.0f} GPU-hours"
                  + (", x 4/3 for grad_ckpt's recompute)" if again > 1 else ")"))
-    return "\n".join(lines)
+    if os.environ.get("RANK", "0") == "0":  # torchrun's processes: one table
+        print("\n".join(lines))

@@ -144,6 +144,15 @@ def test_plan_prints_the_table_the_choice_and_the_time_and_allocates_nothing(tmp
     assert f"time, as set: {step:.3g} FLOPs a step" in capsys.readouterr().out
 
 
+def test_torchrun_prints_the_plan_once(capsys, monkeypatch):
+    """Under torchrun every process reads the flags; rank 0 alone prints the plan."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, printed in (("1", ""), ("0", "plan: classroom layout 2+4R2+2 scheme mesh, ")):
+        monkeypatch.setenv("RANK", rank)
+        assert train.main(["--plan=true"]) == 0
+        assert capsys.readouterr().out[:44] == printed
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--plan_gpus=0"], "--plan_gpus=0 must be at least 1"),
     (["--gpu=v100"], "--gpu=v100 is not one of a100, h100; name one, or give --gpu_memory=GIB and --gpu_tflops=TFLOPS"),
