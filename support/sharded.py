@@ -158,8 +158,9 @@ def read(path, model, optimizer, no_dist):
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, storage_reader=reader, no_dist=no_dist)
     except (Exception, CheckpointException) as e:  # missing, truncated, or not DCP's
-        other = (f"move it away to resume from {checkpoint.CKPT} beside it, or "
-                 if os.path.isfile(os.path.join(os.path.dirname(path), checkpoint.CKPT)) else "")
+        up, name = os.path.split(path)
+        rest = [c for c in checkpoint.found(up) if c[2] != name]
+        other = (f"move it away to resume from {max(rest)[2]} beside it, or " if rest else "")
         raise CheckpointError(f"the sharded checkpoint {path} is incomplete or corrupt "
                               f"({checkpoint.cause(e)}); {other}point --out_dir at another "
                               f"run") from None

@@ -226,12 +226,16 @@ def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path)
 
 
 def test_a_corrupt_shards_folder_beside_a_ckpt_pt_names_the_way_back_to_it(tmp_path):
-    """A sharded checkpoint that cannot be read, with a ckpt.pt beside it: the one line says to move it away."""
+    """A sharded checkpoint that cannot be read, with a ckpt.pt or a kept one beside it: the one line says to move it
+    away, naming the one a resume then takes."""
     from support.sharded import read
     shards = tmp_path / "shards-00000004"
     shards.mkdir()
     (shards / ".metadata").write_bytes(b"not a pickle")
     model = RecursiveGPT(Config(vocab_size=8, block_size=4, n_embd=16, n_head=2, layout="1"))
+    tc = dict(dataset="tiny", weight_decay=0, beta1=0, beta2=0)  # whole plain data: its shards are what fails
+    (shards / "state.json").write_text(json.dumps(dict(model_config=model.config.to_dict(), train_config=tc,
+                                                       iter_num=4, best_val_loss=1.0)))
     optimizer = model.configure_optimizer(0.0, 1e-3)
     for beside, advice in [(False, "; point --out_dir"),
                            (True, "; move it away to resume from ckpt.pt beside it, or point")]:
@@ -239,6 +243,9 @@ def test_a_corrupt_shards_folder_beside_a_ckpt_pt_names_the_way_back_to_it(tmp_p
             (tmp_path / "ckpt.pt").write_bytes(b"")
         with pytest.raises(CheckpointError, match=f"checkpoint {shards} is incomplete or corrupt .*{advice}"):
             read(str(shards), model, optimizer, no_dist=True)
+    (tmp_path / "ckpt_2").mkdir()  # --keep_every's copy of a sharded one: further than the unreadable ckpt.pt
+    with pytest.raises(CheckpointError, match="; move it away to resume from ckpt_2 beside it, or point"):
+        read(str(shards), model, optimizer, no_dist=True)
 
 
 def test_a_whole_shards_folder_without_its_state_is_refused_not_passed_over(tmp_path, capsys):
