@@ -229,6 +229,11 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
     assert not (tmp_path / "new").exists()
     with pytest.raises(DataError, match=r"'mine' is not in --data_root=.*--dataset mine --input FILE --out_root"):
         ensure_dataset("mine", out_root=str(tmp_path), log=quiet)
+    txt = write(tmp_path / "my text.txt", TEXT)  # the text itself, given to train.py
+    with pytest.raises(DataError) as e:
+        ensure_dataset(txt, out_root=str(tmp_path / "o"), log=quiet)
+    assert str(e.value) == (f"{txt} is a file, not a dataset; prepare its text with: python data/prepare.py "
+                            f"--dataset NAME --input '{txt}' --out_root {tmp_path / 'o'}, then train with --dataset=NAME")
 
 
 def test_a_hidden_folder_in_a_data_root_is_not_another_tools_dataset(tmp_path):
