@@ -75,8 +75,9 @@ def _read_chunks(source, label, chunk_bytes, sha=None):
                 text += decoder.decode(block, final=not block)
             except UnicodeDecodeError as e:  # e.object ends where block does
                 at = offset + len(block) - len(e.object) + e.start
-                raise DataError(f"{label} is not UTF-8: invalid byte 0x{e.object[e.start]:02x} "
-                                f"at byte offset {at}") from None
+                raise DataError(f"{label} is not UTF-8: invalid byte "
+                                f"0x{e.object[e.start]:02x} at byte offset "
+                                f"{at}; save it as UTF-8 text") from None
             offset += len(block)
             cut = max(text.rfind("\n"), text.rfind(" "))
             while cut > 0 and text[cut - 1].isspace():
@@ -180,7 +181,8 @@ def _tokenize(source, label, tok, stage, chunk_bytes, fmt, seq_len, num_proc):
     else:
         n_train = n * 9 // 10
         if not 0 < n_train < n:
-            raise DataError(f"{label} is too small: {n} tokens cannot be split into train and val")
+            raise DataError(f"{label} is too small: {n} tokens cannot "
+                            "be split into train and val; give more text")
         # train is a prefix of all tokens: the tail copied out, then cut off
         with open(all_path, "rb") as f, open(os.path.join(stage, "val.bin"), "wb") as val:
             cut = f.seek(n_train * np.dtype(dtype).itemsize)
@@ -245,13 +247,15 @@ def _source(dataset, input, url):
     """(source, label): a path or bytes (None: url's, downloaded later), and its name."""
     if input is not None:
         if os.path.exists(input) and not os.path.isfile(input):
-            raise DataError(f"input file {input} is not a regular file (a folder or a device)")
+            raise DataError(f"input file {input} is not a regular file "
+                            "(a folder or a device); give one text file "
+                            "(a folder's: cat them into one)")
         if not os.path.isfile(input):
             raise DataError(f"input file {input} does not exist")
         if not os.access(input, os.R_OK):
             raise DataError(f"input file {input} cannot be read (permission denied)")
         if os.path.getsize(input) == 0:
-            raise DataError(f"{input} is empty")
+            raise DataError(f"{input} is empty; give a file of text")
         return input, input
     if dataset in ("shakespeare", "shakespeare_char") or url is not None:
         return None, url or os.environ.get("NANOMESH_SHAKESPEARE_URL") or SHAKESPEARE_URL

@@ -258,17 +258,17 @@ def test_errors(tmp_path):
     out = tmp_path / "out"
     cases = [
         (str(tmp_path / "nope.txt"), "nope.txt does not exist"),
-        (str(tmp_path), "is not a regular file"),  # a folder: it exists, but holds no text
-        (write(tmp_path / "empty.txt", b""), "empty.txt is empty"),
-        (write(tmp_path / "bad.txt", b"ab\xffcd"), "bad.txt is not UTF-8: invalid byte 0xff at byte offset 2"),
-        (write(tmp_path / "one.txt", "x"), "too small"),
+        (str(tmp_path), "is not a regular file .a folder or a device.; give one text file .a folder's: cat them into one.$"),
+        (write(tmp_path / "empty.txt", b""), "empty.txt is empty; give a file of text$"),
+        (write(tmp_path / "bad.txt", b"ab\xffcd"), "bad.txt is not UTF-8: invalid byte 0xff at byte offset 2; save it as UTF-8 text$"),
+        (write(tmp_path / "one.txt", "x"), "one.txt is too small: 1 tokens cannot be split into train and val; give more text$"),
     ]
     for src, msg in cases:
         for chunk in (1, 1 << 20):
             with pytest.raises(DataError, match=msg):
                 prepare("x", input=src, out_root=str(out), chunk_bytes=chunk, log=quiet)
     # an invalid byte far into a chunked file, and a truncated character at the very end
-    with pytest.raises(DataError, match="byte offset 1002$"):
+    with pytest.raises(DataError, match="byte offset 1002; save it as UTF-8 text$"):
         prepare("x", input=write(tmp_path / "b2", b"ab\n" * 334 + b"\xe2\x82"), out_root=str(out), chunk_bytes=10)
     with pytest.raises(DataError, match=r"did you mean 'shakespeare_char'\?.*pydoc, shakespeare, shakespeare_char"):
         prepare("shakespear_char", out_root=str(out))
