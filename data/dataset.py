@@ -68,8 +68,8 @@ class Dataset:
         for split, data in (("training", self.train), ("validation", self.val)):
             if len(data) < cfg.block_size + 1:
                 where = f" in {data.filename}" if split == "training" else ""
-                raise DataError(f"block_size {cfg.block_size} is longer than the {split} split of "
-                                f"{name!r} ({len(data)} tokens{where}); use a smaller "
+                raise DataError(f"block_size {cfg.block_size} + 1 is longer than the {split} "
+                                f"split of {name!r} ({len(data)} tokens{where}); use a smaller "
                                 f"--block_size or more text")
 
     def steps(self, tc, block_size):

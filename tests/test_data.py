@@ -641,7 +641,7 @@ def test_a_run_reads_both_splits_and_checks_the_model_fits(data_root):
     vocab, val = data.vocab_size, len(data.val)
     assert vocab == 26 and val < len(data.train)
     data.check_fits(Cfg(vocab_size=vocab, block_size=val - 1))
-    with pytest.raises(DataError, match=f"block_size {val} is longer than the validation split of 'tiny' .{val} tokens."):
+    with pytest.raises(DataError, match=f"block_size {val} . 1 is longer than the validation split of 'tiny' .{val} tokens."):
         data.check_fits(Cfg(vocab_size=vocab, block_size=val))
     with pytest.raises(DataError, match="dataset 'tiny' has 26 tokens but the model's vocabulary is 25; use a dataset"):
         data.check_fits(Cfg(vocab_size=25, block_size=8))

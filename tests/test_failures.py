@@ -594,7 +594,7 @@ DAMAGED_DATA = [  # (name, damage, words of the one-line error)
     ("empty train.bin", edit_bin("train", lambda d: b""), "train.bin is empty"),
     ("odd size", edit_bin("train", lambda d: d[:-1]), "train.bin has 30563 bytes, not a whole number of uint16 tokens"),
     ("a token short", edit_bin("val", lambda d: d[:-2]), "val.bin holds 1,697 tokens but meta.json says 1,698"),
-    ("shorter than a block", shorten_train, "block_size 16 is longer than the training split of 'tiny' (10 tokens in"),
+    ("shorter than a block", shorten_train, "block_size 16 + 1 is longer than the training split of 'tiny' (10 tokens in"),
 ]
 
 
