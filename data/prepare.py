@@ -233,6 +233,9 @@ def make_folder(folder, dataset, out_root, root_flag):
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
+        if e.errno == errno.EEXIST:  # a file is in the way
+            raise DataError(f"{folder} is a file; move it, or give "
+                            f"another --dataset or {root_flag}") from None
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
         there = (f", or have it prepared there by someone who can: python data/prepare.py "

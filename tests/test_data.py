@@ -273,6 +273,11 @@ def test_errors(tmp_path):
     with pytest.raises(DataError, match=r"did you mean 'shakespeare_char'\?.*pydoc, shakespeare, shakespeare_char"):
         prepare("shakespear_char", out_root=str(out))
     assert not out.exists()
+    for name, root in (("mytext", tmp_path), ("x", tmp_path / "mytext")):  # a file in the way
+        with pytest.raises(DataError) as e:
+            prepare(name, input=write(tmp_path / "mytext", TEXT), out_root=str(root), log=quiet)
+        assert str(e.value) == f"{tmp_path / 'mytext'} is a file; move it, or give another --dataset or --out_root"
+    assert open(tmp_path / "mytext").read() == TEXT
 
 
 def test_an_unreadable_input_is_named_not_the_dataset(tmp_path):
@@ -360,7 +365,7 @@ def test_cli(tmp_path):
     r = subprocess.run([sys.executable, "data/prepare.py", "--dataset", "y", "--input", str(tmp_path / "in.txt"),
                         "--out_root", str(tmp_path / "in.txt")], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.splitlines() == [
-        f"prepare.py: error: cannot use {tmp_path / 'in.txt'}: File exists; check the path"]
+        f"prepare.py: error: {tmp_path / 'in.txt'} is a file; move it, or give another --dataset or --out_root"]
 
 
 def test_a_dataset_name_is_refused_by_its_rule_at_its_edges():
