@@ -372,12 +372,9 @@ def ensure_dataset(dataset, out_root=PROJECT_DATA, log=_stderr):
     if folder:
         return dataset
     if os.path.isfile(dataset) and dataset not in DATASETS:
-        raise DataError(f"{dataset} is a file, not a dataset; "
-                        "prepare its text with: python "
-                        "data/prepare.py --dataset NAME "
-                        f"--input {quote(dataset)}"
-                        f"{elsewhere(out_root)}, "
-                        "then train with --dataset=NAME")
+        raise DataError(f"{dataset} is a file, not a dataset; prepare its text with: python "
+                        f"data/prepare.py --dataset NAME --input {quote(dataset)}"
+                        f"{elsewhere(out_root)}, then train with --dataset=NAME")
     if is_path(dataset) and (foreign := foreign_files(dataset)):  # nanoGPT's?
         kept = [n for n in ("train.bin", "val.bin", "meta.pkl") if n in foreign]
         other = f" (its {', '.join(kept)}: another tool's format, nanoGPT's?)" if kept else ""
