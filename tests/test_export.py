@@ -402,3 +402,20 @@ def test_bad_targets_are_one_line_and_write_nothing(runs, tmp_path, capsys):
         assert capsys.readouterr().err == f"export_hf.py: error: {words}\n", flags
     assert snapshot(tmp_path, os.path.dirname(out)) == before
     assert sorted(os.listdir(tmp_path)) == ["full", "sharded"]
+
+
+def test_a_model_folder_in_a_folder_not_writable_is_refused_first(runs, exports, tmp_path,
+                                                                 monkeypatch, capsys):
+    """--overwrite renames in the folder above --to: without permission there, one line
+    before the run is read, and the folder as it was."""
+    up = tmp_path / "read-only"
+    shutil.copytree(exports("char", "mesh"), up / "hf")
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: p != str(up) and access(p, mode))
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert export_hf.main([f"--out_dir={runs('char', 'vanilla')[0]}", f"--to={up / 'hf'}",
+                           "--overwrite=true"]) == 2
+    assert capsys.readouterr().err == (
+        f"export_hf.py: error: cannot write --to={up / 'hf'}: no permission in {up}\n")
+    assert snapshot(tmp_path) == before

@@ -134,6 +134,9 @@ def check_target(ec):
         raise UsageError(f"--to={ec.to} {how} the run's folder {ec.out_dir}; "
                          f"give a folder of its own")
     tool.check_writable(ec.to, "to", folder=True)
+    up = os.path.dirname(to)  # place() renames in it
+    if os.path.isdir(to) and not os.access(up, os.W_OK):
+        raise UsageError(f"cannot write --to={ec.to}: no permission in {up}")
     full = os.path.isdir(to) and os.listdir(to)
     if full and not ec.overwrite:
         raise UsageError(f"--to={ec.to} is not empty; give a new folder, or "
