@@ -330,6 +330,18 @@ def test_probe_writes_pngs_when_matplotlib_is_installed(tmp_path, capsys):
                                                     "steps.png"]
 
 
+def test_probe_steps_png_draws_each_scheme_in_its_colour_of_every_figure(tmp_path, monkeypatch):
+    """steps.png: mesh in red and base in blue, curves.COLOURS's, whatever order they come in."""
+    to_hex = pytest.importorskip("matplotlib.colors").to_hex
+    runs = [make_run(tmp_path, s, "1+2R2+1", s) for s in ("mesh", "base")]
+    drawn = {}
+    monkeypatch.setattr(probe, "save_figure", lambda plt, fig, path: drawn.update({path: fig}))
+    probe.main([f"--out_dir={d}" for d in runs] + ["--num_samples=2", f"--png={tmp_path}"])
+    lines = drawn[os.path.join(str(tmp_path), "steps.png")].axes[0].lines
+    assert {ln.get_label(): to_hex(ln.get_color()) for ln in lines} == {
+        "mesh 1+2R2+1": to_hex("tab:red"), "base 1+2R2+1": to_hex("tab:blue"), "trained K": "#000000"}
+
+
 def test_routing_predicts_after_each_step_what_a_model_stopped_there_predicts(tmp_path):
     """Base's prediction after loop step t is that of a base model given t loop steps and the same weights;
     MeSH's after its last step is its own; each shown as its token's text."""

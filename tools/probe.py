@@ -331,14 +331,14 @@ def write_pngs(results, folder):
 
     with plt.rc_context({"font.size": 15}):  # legible when projected
         fig, ax = plt.subplots(figsize=(10, 6.5), layout="constrained")
-        colors = {}  # a colour per scheme and layout: its seeds share it
+        marks = {}  # a layout's marker; its scheme's colour
         for r in results:
             K, steps, kind = r["n_steps"], r["step_loss"], f"{r['scheme']} {r['layout']}"
             if not K:  # vanilla: no loop steps, its loss a level to compare with
                 ax.axhline(r["loss"], color="k", ls="--", lw=2, label=f"vanilla {r['layout']}")
                 continue
-            color = colors.setdefault(kind, f"C{len(colors)}")
-            ax.plot(steps, color=color, marker="o", lw=2.5, label=kind)
+            mark = "os^dv"[marks.setdefault(r["layout"], len(marks)) % 5]
+            ax.plot(steps, color=colour(r["scheme"]), marker=mark, lw=2.5, label=kind)
             ax.plot(K, steps[K], "k*", ms=18, zorder=3, label="trained K")
         ax.set(xlabel="loop step t: the model stopped after it", ylabel="validation loss")
         ax.set_title("The model stopped after loop step t: early exit, not the paper's method")
