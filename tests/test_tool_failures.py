@@ -515,6 +515,18 @@ def test_cycle_names_a_file_of_another_kind_in_one_line(which, content, words, t
     assert not (tmp_path / "out").exists()
 
 
+def test_cycle_never_writes_its_tables_into_a_dataset(data_root, tmp_path, capsys):
+    """cycle.py's --results, checked as table1.py's: a dataset's folder refused in one line, nothing written."""
+    from tools import cycle
+    sweep, dataset = tmp_path / "sweep.json", os.path.join(data_root, "tiny")
+    sweep.write_text(json.dumps({"runs": [dict(variant="base", layout="2+4R2+2", seed=0, val_loss=1.9)]}))
+    before = snapshot(data_root)
+    assert cycle.main([f"--sweep={sweep}", f"--choices={sweep}", f"--root={tmp_path}", f"--results={dataset}"]) == 2
+    assert one_line(capsys, "cycle.py") == (f"cycle.py: error: --results={dataset} is a folder of the dataset in "
+                                            f"{dataset}, which no output may write; give another folder\n")
+    assert snapshot(data_root) == before
+
+
 @pytest.mark.parametrize("tool", ["probe", "bench", "routing"])
 @pytest.mark.parametrize("target", ["ckpt.pt", "log.jsonl", "a link to ckpt.pt", "the dataset's meta.json",
                                     "the dataset's train.bin", "a shard of a sharded checkpoint",

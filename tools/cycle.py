@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import UsageError, setting  # noqa: E402
-from support import command, files  # noqa: E402
+from support import command, files, tool  # noqa: E402
 from tools.table1 import mean_std, pm, run_name, steps  # noqa: E402
 
 LAYOUTS = ["2+4R2+2", "3+2R3+3", "2+2R4+2", "3+1R6+3"]  # K = 2, 3, 4, 6: the depth sweep's
@@ -116,6 +116,7 @@ def main(argv):
 
 def run(given):
     cfg = CycleConfig(**given)
+    tool.check_writable(cfg.results, "results", folder=True)
     found = records(cfg.sweep, "--sweep") + records(cfg.choices, "--choices")
     for path in sorted(glob.glob(os.path.join(glob.escape(cfg.root), "*", "result.json"))):
         found += records(path)  # the direct runs'
