@@ -88,6 +88,8 @@ def test_from_pretrained_reads_pytorch_bin(tmp_path, monkeypatch):
     idx = torch.arange(30).view(1, 30)
     with torch.no_grad():
         assert (load_hf(path)(idx)[0] - hf(idx).logits).abs().max().item() < 1e-4
+        torch.save(hf.state_dict(), os.path.join(path, "pytorch_model.bin"))  # transformers 5's names: lm_head
+        assert (load_hf(path)(idx)[0] - hf(idx).logits).abs().max().item() < 1e-4
     load = torch.load
 
     def warns(*args, **kwargs):
@@ -138,8 +140,44 @@ def test_from_pretrained_refuses_bad_folders(tmp_path):
     with pytest.raises(CheckpointError, match=r"gpt_neox.embed_in.weight has shape \(101, 64\), not \(100, 64\) "
                                               r"as config.json gives: the weights are of another model$"):
         load_hf(path)
-    os.remove(os.path.join(path, "model.safetensors"))
+    from safetensors.torch import load_file, save_file
+    weights = os.path.join(path, "model.safetensors")
+    save_file({k: v for k, v in load_file(weights).items() if k != "gpt_neox.final_layer_norm.bias"}, weights)
+    with pytest.raises(CheckpointError, match=r": 1 weight\(s\) missing, e.g. gpt_neox.final_layer_norm.bias$"):
+        load_hf(path)
+    os.remove(weights)
     with pytest.raises(CheckpointError, match="no weights; expected model.safetensors"):
+        load_hf(path)
+
+
+def test_pythias_spelling_defaults_and_float16_are_read_as_transformers_reads_them(tmp_path):
+    """A folder as Pythia's on the Hub: float16 weights, config.json in transformers 4's names (a
+    rotary_pct of 1.0: all of a head rotates), then without the fields transformers defaults: the
+    import is float32 with transformers' logits. A config.json without model_type is refused."""
+    from safetensors.torch import load_file, save_file
+    transformers = pytest.importorskip("transformers")
+    _, path = hf_neox(tmp_path, False)
+    weights, config_json = os.path.join(path, "model.safetensors"), os.path.join(path, "config.json")
+    save_file({k: v.half() for k, v in load_file(weights).items()}, weights)
+    with open(config_json) as f:
+        config = json.load(f)
+    for k in ("rope_parameters", "max_position_embeddings", "use_parallel_residual"):
+        del config[k]
+    idx = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    for old in [dict(rotary_pct=1.0, rotary_emb_base=500), {}]:
+        with open(config_json, "w") as f:
+            json.dump({**config, **old}, f)
+        hf = transformers.GPTNeoXForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+        model = load_hf(path).eval()
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        assert model.config.block_size == hf.config.max_position_embeddings
+        with torch.no_grad():
+            assert (model(idx)[0] - hf(idx).logits).abs().max().item() < 1e-4
+    del config["model_type"]
+    with open(config_json, "w") as f:
+        json.dump(config, f)
+    with pytest.raises(CheckpointError, match="model_type=None is not supported"):
         load_hf(path)
 
 
@@ -173,6 +211,7 @@ BROKEN_HF = [  # (a field of config.json, or a weight: its new value, or a chang
     ("tie_word_embeddings", 0, f"{FIELD} tie_word_embeddings is 0, not true or false"),
     ("attention_bias", None, f"{FIELD} attention_bias is null, not true or false"),
     ("num_hidden_layers", 0, f"{FIELD} num_hidden_layers is 0, not an integer above 0"),
+    ("hidden_size", True, f"{FIELD} hidden_size is true, not an integer above 0"),  # a bool is no number
     ("gpt_neox.layers.1.mlp.dense_h_to_4h.weight", lambda w: w[:, :32],
      "gpt_neox.layers.1.mlp.dense_h_to_4h.weight has shape (256, 32), not (256, 64) as config.json gives: "
      "the weights are of another model"),
