@@ -598,16 +598,18 @@ def test_train_continues_an_imported_model(tmp_path):
     assert not (tmp_path / "o2").exists()
 
 
-def test_an_import_looped_at_k1_is_the_import_and_loops_to_any_layout(tmp_path, capsys):
+def test_an_import_looped_at_k1_is_the_import_and_loops_to_any_layout(tmp_path, capsys, monkeypatch):
     """train.py --init_from=hf:PATH --layout: with K = 1 over its 4 layers the model saved at iter 0
-    is transformers' (logits to 1e-5 of the plain import); looped with any scheme it uptrains."""
+    is transformers' (logits to 1e-5 of the plain import), its source recorded by its absolute path;
+    looped with any scheme it uptrains."""
     import train
     from data.prepare import prepare
     hf, path = hf_neox(tmp_path, True, num_hidden_layers=4)
     (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 200)
     prepare("fox", input=str(tmp_path / "text.txt"), out_root=str(tmp_path / "data"),
             log=lambda *a: None)
-    flags = [f"--init_from=hf:{path}", f"--data_root={tmp_path / 'data'}", "--dataset=fox",
+    monkeypatch.chdir(tmp_path)  # a path relative to where train.py runs
+    flags = ["--init_from=hf:parallel", f"--data_root={tmp_path / 'data'}", "--dataset=fox",
              "--block_size=32", "--batch_size=4", "--eval_iters=2", "--sample_tokens=0", "--lr=1e-3"]
     assert train.main([*flags, f"--out_dir={tmp_path / 'k1'}", "--layout=1+2R1+1", "--scheme=base",
                        "--max_iters=0"]) == 0
@@ -627,7 +629,7 @@ def test_an_import_looped_at_k1_is_the_import_and_loops_to_any_layout(tmp_path, 
     capsys.readouterr()
     assert train.main([*flags, f"--out_dir={tmp_path / 'o'}", "--layout=2+2R2+1"]) == 2
     assert capsys.readouterr().err == (
-        f"train.py: error: --layout=2+2R2+1 needs 5 unique blocks, but --init_from=hf:{path} has 4 "
+        f"train.py: error: --layout=2+2R2+1 needs 5 unique blocks, but --init_from=hf:parallel has 4 "
         f"layers; loop fewer unique blocks\n")
 
 
