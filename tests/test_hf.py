@@ -181,6 +181,20 @@ def test_pythias_spelling_defaults_and_float16_are_read_as_transformers_reads_th
         load_hf(path)
 
 
+def test_gpt2_data_on_an_import_without_its_tokenizer_is_noted_by_rank_0_alone(tmp_path, capsys, monkeypatch):
+    """A GPT-NeoX folder without tokenizer.json (Pythia's weights alone) fine-tuned on GPT-2 data: one note
+    that the ids mean other tokens to it, from rank 0 only; data of another tokenizer: nothing said."""
+    from types import SimpleNamespace as NS
+    from support.pretrained import check_tokens
+    note = ("note: Pythia checkpoints use the GPT-NeoX tokenizer, not GPT-2's; the ids of a GPT-2 dataset mean "
+            "other tokens to them\n")
+    for kind, rank, said in [("gpt2", "0", note), ("char", "0", ""), ("gpt2", "1", "")]:
+        monkeypatch.setenv("RANK", rank)
+        check_tokens({"source": {"init_from": f"hf:{tmp_path}"}},
+                     NS(tokenizer=NS(kind=kind, identity=kind), name="d", record={}))
+        assert capsys.readouterr().out == said
+
+
 @pytest.fixture(scope="module")
 def neox_folder(tmp_path_factory):
     return hf_neox(tmp_path_factory.mktemp("neox"), True)[1]
