@@ -218,8 +218,12 @@ def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path)
     assert pickle.loads(payload) is os.system
     with pytest.raises(pickle.UnpicklingError, match="os.system is not allowed in checkpoint metadata"):
         Unpickler(io.BytesIO(payload)).load()
-    # a class reached so (io.FileIO truncates the file it opens), and torch's functions: refused; its dtypes read
-    for module, name in [("torch.distributed.checkpoint.filesystem", "io.FileIO"), ("torch", "save")]:
+    # a class reached so (io.FileIO truncates the file it opens), and torch's functions: refused; its dtypes read.
+    # DCP's own functions (torch_save_to_dcp unpickles any file), torch's classes beyond DCP's (_open_file opens
+    # a file to write): refused
+    for module, name in [("torch.distributed.checkpoint.filesystem", "io.FileIO"), ("torch", "save"),
+                         ("torch.distributed.checkpoint.format_utils", "torch_save_to_dcp"),
+                         ("torch.serialization", "_open_file")]:
         with pytest.raises(pickle.UnpicklingError, match=f"{module}.{name} is not allowed in checkpoint metadata"):
             Unpickler(io.BytesIO(b"\x80\x04" + text(module) + text(name) + b"\x93.")).load()
     assert Unpickler(io.BytesIO(b"\x80\x04" + text("torch") + text("float32") + b"\x93.")).load() is torch.float32
