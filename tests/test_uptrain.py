@@ -59,6 +59,7 @@ def test_where_reads_an_iteration_of_vanilla_sources_only(tmp_path):
     out = str(tmp_path / "out")
     assert pretrained.where("vanilla:runs/a@12", out) == ("vanilla:runs/a@12", "vanilla", "runs/a", 12)
     assert pretrained.where("vanilla:runs/a@b", out)[2:] == ("runs/a@b", None)
+    assert pretrained.where("vanilla:runs@2/a@12", out)[2:] == ("runs@2/a", 12)
     assert pretrained.where("hf:models/pythia@1000", out)[1:] == ("hf", "models/pythia@1000", None)
 
 
@@ -174,6 +175,9 @@ def test_a_loops_dropout_of_0_is_kept_over_its_sources():
 def test_bad_sources_are_one_line_and_touch_nothing(vanilla, data_root, tmp_path, capsys):
     looped_run = tmp_path / "looped"
     assert run([f"--init_from=vanilla:{vanilla}", "--max_iters=0"], data_root, looped_run) == 0
+    coda_run = tmp_path / "coda"  # no loop, but blocks apart from its prelude: no vanilla source
+    assert run([f"--init_from=vanilla:{vanilla}", "--layout=2+2", "--scheme=base", "--max_iters=0"], data_root,
+               coda_run) == 0
     other = tmp_path / "other"
     os.makedirs(other / "tiny2")
     (tmp_path / "t.txt").write_text("zyx wvu\n" * 400)
@@ -184,6 +188,8 @@ def test_bad_sources_are_one_line_and_touch_nothing(vanilla, data_root, tmp_path
         ([f"--init_from=vanilla:{looped_run}"], f"--init_from=vanilla:{looped_run} is a 1+1R2+1 "
          f"base model, not a vanilla one (a plain layout such as 12, scheme base); loop a vanilla "
          f"run"),
+        ([f"--init_from=vanilla:{coda_run}"], f"--init_from=vanilla:{coda_run} is a 2+2 base model, not a "
+         f"vanilla one (a plain layout such as 12, scheme base); loop a vanilla run"),
         ([v, "--layout=2+2R2+1"], f"--layout=2+2R2+1 needs 5 unique blocks, but {v} has 4 "
          f"layers; loop fewer unique blocks"),
         ([v, "--n_embd=64"], f"{v} has n_embd=32, not --n_embd=64: the width and heads are the "
