@@ -245,6 +245,7 @@ def test_export_weights_are_the_runs(runs, exports):
     D, H = model.config.n_embd, model.config.n_head
     assert len(theirs) == 4 + 12 * 3 and torch.equal(theirs["gpt_neox.embed_in.weight"],
                                                      ours["wte.weight"] * math.sqrt(D))
+    assert "embed_out.weight" in theirs  # the head's name in GPT-NeoX's files (transformers 4 reads no other)
     qkv = theirs["gpt_neox.layers.2.attention.query_key_value.weight"].view(H, 3, D // H, D)
     assert torch.equal(qkv[1, 0], ours["prelude.2.attn.qkv.weight"][D // H:2 * D // H])  # head 1, q
 
