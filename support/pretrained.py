@@ -118,7 +118,7 @@ def from_hf_neox(path):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     # tied: lm_head read from wte's (load_hf copies it)
     head = ("gpt_neox.embed_in.weight" if hf.get("tie_word_embeddings") else
-            "embed_out.weight" if "embed_out.weight" in sd else "lm_head.weight")  # disk, memory
+            "lm_head.weight" if "lm_head.weight" in sd else "embed_out.weight")  # memory, disk
     names = neox_names(L, head)
     absent = [theirs for theirs in names.values() if theirs not in sd]
     if absent:
