@@ -75,6 +75,10 @@ def test_fsdp_equals_one_process_and_resumes_across_modes(data_root, tmp_path, c
     assert [str(w.message) for w in said] == []
     model, ckpt = checkpoint.load(str(mix))
     assert ckpt["iter_num"] == 6 and set(ckpt["optimizer"]["state"]) == set(range(len(list(model.parameters()))))
+    # AdamW's settings as the 1-process run's ckpt.pt holds them: a resume without --fsdp takes them from here
+    ones = torch.load(one / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [(g["betas"], g["weight_decay"]) for g in ckpt["optimizer"]["param_groups"]] == \
+        [(g["betas"], g["weight_decay"]) for g in ones]
     capsys.readouterr()
     assert sample.main([f"--out_dir={mix}", "--start=Then", "--max_new_tokens=10"]) == 0
     assert capsys.readouterr().out.startswith("Then")
