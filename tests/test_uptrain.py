@@ -198,6 +198,8 @@ def test_bad_sources_are_one_line_and_touch_nothing(vanilla, data_root, tmp_path
          f"source's; drop --n_head"),
         ([v, "--n_slots=5"], "--n_slots is a MeSH setting, but scheme is 'base'; drop it or use "
          "--scheme=mesh"),  # the source's scheme, not the preset's (mesh)
+        ([v, "--slot0=unscaled"], "slot0='unscaled' is a MeSH setting, but scheme is 'base'; drop it or use "
+         "scheme 'mesh'"),  # checked against the source's scheme; the preset's (mesh) takes it
         ([v, "--core_init=lower"], "--core_init=lower is not stepwise or average"),
         ([v, "--data_root=" + str(other), "--dataset=tiny2"], f"dataset 'tiny2' is not tokenized "
          f"as the run in {vanilla} (chars differs); uptrain on data made with its tokenizer, as "
