@@ -433,7 +433,7 @@ def test_kept_checkpoints_outlive_later_saves_and_the_tools_read_them(data_root,
     out, alone = tmp_path / "run", tmp_path / "alone"
     assert run(["--max_iters=6", "--eval_interval=2", "--keep_every=4"], data_root, out) == 0
     assert listed(out) == ["ckpt.pt", "ckpt_4.pt", "log.jsonl"] and iter_of(out) == 6
-    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=8"]) == 0
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=8", "--keep_every=4"]) == 0
     assert listed(out) == ["ckpt.pt", "ckpt_4.pt", "ckpt_8.pt", "log.jsonl"]
     assert (iter_of(out), iter_of(out, "ckpt_4.pt"), iter_of(out, "ckpt_8.pt")) == (8, 4, 8)
     assert records(out, "val_loss") == [0, 2, 4, 6, 8]  # the resume took the latest, iter 6's
