@@ -179,11 +179,12 @@ def test_more_torchrun_processes_than_gpus_is_one_line(local, monkeypatch):
 # A ~ the shell left in a path setting means the home folder
 
 def test_grad_accum_defaults_to_one_micro_batch_a_process(tmp_path):
-    """--grad_accum not given: one micro-batch for each of the launch's processes; given: as given."""
+    """--grad_accum not given (or null): one micro-batch for each of the launch's processes; given:
+    as given."""
     from support.run import settings
     got = [settings(train.TrainConfig, None, given, world, str(tmp_path)).grad_accum
-           for given, world in [({}, 1), ({}, 3), ({"grad_accum": 6}, 3)]]
-    assert got == [1, 3, 6]
+           for given, world in [({}, 1), ({}, 3), ({"grad_accum": 6}, 3), ({"grad_accum": None}, 2)]]
+    assert got == [1, 3, 6, 2]
 
 
 def test_a_tilde_in_a_path_setting_is_the_home_folder(data_root, tmp_path):
