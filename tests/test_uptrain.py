@@ -327,7 +327,8 @@ def test_a_plan_of_a_resume_plans_its_checkpoints_model(vanilla, capsys):
     assert first.startswith(f"plan: classroom layout 4 scheme base, {P:,} params, "
                             "micro-batch 4 x 16 = 64 tokens, bf16 autocast, 1 GPU(s) ")
     for flag, words in [("--n_embd=64", "n_embd: checkpoint 32 vs given 64"),
-                        ("--scheme=mesh", "scheme: checkpoint 'base' vs given 'mesh'")]:
+                        ("--scheme=mesh", "scheme: checkpoint 'base' vs given 'mesh'"),
+                        ("--model=pythia-14m", "model: checkpoint 'classroom' vs given 'pythia-14m'")]:
         assert train.main(["--init_from=resume", f"--out_dir={vanilla}", "--plan=true", flag]) == 2
         assert capsys.readouterr().err == (f"train.py: error: the checkpoint's model differs "
                                            f"from the flags given: {words}\n")
