@@ -177,6 +177,8 @@ def test_a_blown_up_model_is_never_saved(how, flags, message, kept, finished, da
         monkeypatch.setattr(train, "evaluate", lambda *a: {**evaluate(*a), "train": float("nan")})
         assert run(["--max_iters=4", "--eval_interval=2"], data_root, out) == 1
         assert not (out / "ckpt.pt").exists()
+        with open(out / "log.jsonl") as f:  # what it logged stays, though no checkpoint commits it
+            assert [r["iter"] for r in map(json.loads, f)] == [0]
     else:
         out = copy_of(finished, tmp_path)
         good = (out / "ckpt.pt").read_bytes()
