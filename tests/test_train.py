@@ -574,14 +574,16 @@ def test_ms_per_iter_leaves_evaluation_out(data_root, tmp_path, monkeypatch):
     assert logged == [(i, 1000.0) for i in (2, 4, 6, 8, 9)]
 
 
-def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(data_root, tmp_path, capsys, monkeypatch):
-    out = tmp_path / "nan"
+@pytest.mark.parametrize("every", [4, 8])  # the last good checkpoint: iter 4's, or iter 0's alone
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(every, data_root, tmp_path, capsys, monkeypatch):
+    out, kept = tmp_path / "nan", 6 // every * every
     poison_micro_batch(monkeypatch, 7)  # the 7th training micro-batch: iter 6 (0-based)
-    assert run(["--max_iters=10", "--eval_interval=4"], data_root, out) == 1
+    assert run(["--max_iters=10", f"--eval_interval={every}"], data_root, out) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "loss is nan at iter 6" in err
+    assert f"{out / 'ckpt.pt'} (iter {kept}) is the last good checkpoint" in err
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
-    assert ckpt["iter_num"] == 4 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    assert ckpt["iter_num"] == kept and all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
 
 @pytest.mark.slow
