@@ -429,7 +429,8 @@ def test_checkpoint_file_gets_the_mode_of_a_plain_save(data_root, tmp_path):
         assert run(["--max_iters=1", "--eval_interval=1"], data_root, tmp_path / "o") == 0
     finally:
         os.umask(umask)
-    assert os.stat(tmp_path / "o" / "ckpt.pt").st_mode & 0o777 == 0o644
+    for name in ("ckpt.pt", "log.jsonl"):
+        assert os.stat(tmp_path / "o" / name).st_mode & 0o777 == 0o644
     assert not [n for n in os.listdir(tmp_path / "o") if n.endswith(".tmp")]
 
 
