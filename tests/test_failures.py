@@ -865,9 +865,11 @@ def test_a_sharded_run_is_refused_and_replaced_whole(data_root, tmp_path, capsys
     checkpoint (the old shards go, however damaged), so a resume continues the new run."""
     out = tmp_path / "run"
     fake_sharded(out)
+    (out / checkpoint.POINTER).write_text("{}")  # earlier code's pointer: it goes too
     before = snapshot(out)
     assert run(["--max_iters=2"], data_root, out) == 2
-    assert one_line(capsys) == (f"train.py: error: {out} holds a run's checkpoints (shards-00000002); continue it "
+    assert one_line(capsys) == (f"train.py: error: {out} holds a run's checkpoints ({checkpoint.POINTER}, "
+                                f"shards-00000002); continue it "
                                 f"with --init_from=resume, or start over with --overwrite=true (which replaces all of "
                                 f"them), or choose another --out_dir\n")
     assert snapshot(out) == before
