@@ -471,7 +471,7 @@ def test_kept_checkpoints_are_checkpoints_to_a_resume_and_to_a_fresh_run(data_ro
     assert run([*flags, "--max_iters=4"], data_root, out) == 0
     os.remove(out / "ckpt.pt")
     before = snapshot(out)
-    capsys.readouterr()
+    assert "note:" not in capsys.readouterr().out  # new folders: nothing replaced, nothing noted
     assert run([*flags, "--max_iters=4"], data_root, out) == 2
     assert one_line(capsys) == (f"train.py: error: {out} holds a run's checkpoints (ckpt_2.pt, ckpt_4.pt); "
                                 f"continue from its latest, ckpt_4.pt (iter 4), with --init_from=resume, or start "
