@@ -878,6 +878,16 @@ def test_a_sharded_run_is_refused_and_replaced_whole(data_root, tmp_path, capsys
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=3"]) == 0
 
 
+def test_an_interrupted_sharded_save_is_no_run(data_root, tmp_path):  # noqa: F811
+    """A shards folder without DCP's .metadata (a save killed midway) is no checkpoint: a new run there goes
+    ahead, and removes it."""
+    out = tmp_path / "run"
+    (out / "shards-00000002").mkdir(parents=True)
+    (out / "shards-00000002" / "__0_0.distcp").write_bytes(b"shard")
+    assert run(["--max_iters=1"], data_root, out) == 0
+    assert listed(out) == ["ckpt.pt", "log.jsonl"]
+
+
 def test_a_second_table1_on_a_live_root_touches_nothing(tmp_path):  # noqa: F811
     """table1.py beside a live run of its --root (here its folder's lock, held by this process) stops before it
     deletes, truncates or trains anything there."""
