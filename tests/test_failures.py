@@ -888,6 +888,15 @@ def test_an_interrupted_sharded_save_is_no_run(data_root, tmp_path):  # noqa: F8
     assert listed(out) == ["ckpt.pt", "log.jsonl"]
 
 
+def test_a_sharded_save_without_its_state_is_refused_in_one_line(data_root, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    (out / "shards-00000002").mkdir(parents=True)
+    (out / "shards-00000002" / ".metadata").write_bytes(b"")  # finished, but its state.json is gone
+    assert run(["--max_iters=1"], data_root, out) == 2
+    assert f"{out} holds a run's checkpoints (shards-00000002); continue it with --init_from=resume, or " \
+        in one_line(capsys)
+
+
 def test_a_second_table1_on_a_live_root_touches_nothing(tmp_path):  # noqa: F811
     """table1.py beside a live run of its --root (here its folder's lock, held by this process) stops before it
     deletes, truncates or trains anything there."""
