@@ -36,7 +36,8 @@ def start(tc, given):
         check_model(ckpt, given)  # another model's flags: refused, as the run refuses them
         return ckpt
     if tc.init_from != "scratch":
-        return pretrained.source(pretrained.where(tc.init_from, tc.out_dir), given)
+        found = pretrained.where(tc.init_from, tc.out_dir)
+        return pretrained.source(found, given, weights=False)  # an hf: source's config alone
 
 
 def plan(tc, cfg):

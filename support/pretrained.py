@@ -39,8 +39,9 @@ FIELDS = {**dict.fromkeys(("hidden_size", "num_attention_heads", "num_hidden_lay
           "rope_parameters": (lambda x: type(x) is dict, "an object")}
 
 
-def from_hf_neox(path):
-    """A GPT-NeoX folder -> (Config, RecursiveGPT state_dict), refusing what we cannot express."""
+def from_hf_neox(path, weights=True):
+    """A GPT-NeoX folder -> (Config, RecursiveGPT state_dict), refusing what we cannot express;
+    weights=False: (Config, None), config.json's alone (a plan's: nothing loaded)."""
     where = f"cannot import {path}"
     hf = {}
     try:
@@ -75,6 +76,8 @@ def from_hf_neox(path):
                      rotary_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)),
                      rotary_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))),
                      parallel_residual=hf.get("use_parallel_residual", True))
+        if not weights:
+            return cfg, None
         check_fits(cfg, None, "cpu", what="its config.json's model", fix="import a smaller one")
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{where}: {e}") from None
@@ -185,11 +188,15 @@ def where(init_from, out_dir):
     return init_from, kind, path, at
 
 
-def source(found, given):
+def source(found, given, weights=True):
     """where()'s -> {"model": the vanilla model, "source": what checkpoints keep, "data": its
-    data's}; refused where the flags name another width or heads (SHAPE)."""
+    data's}; refused where the flags name another width or heads (SHAPE). weights=False: an hf
+    source's on the meta device, from its config.json alone (a plan's)."""
     init_from, kind, path, at = found
-    if kind == "hf":
+    if kind == "hf" and not weights:
+        with torch.device("meta"):
+            model, record, data = RecursiveGPT(from_hf_neox(path, False)[0]), {}, None
+    elif kind == "hf":
         model, record, data = load_hf(path), {}, None
     else:
         as_is = lambda it: f"loop it as is: --init_from={init_from}@{it or 'ITER'}"  # noqa: E731

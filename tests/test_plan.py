@@ -166,6 +166,21 @@ def test_plan_bad_input_is_one_line(flags, message, capsys):
     assert capsys.readouterr().err == f"train.py: error: {message}\n"
 
 
+def test_a_plan_of_an_hf_source_reads_its_config_alone_and_plans_the_preset_it_is(tmp_path, capsys):
+    """--init_from=hf:PATH --plan=true loads no weights (Pythia-6.9b's: 27 GiB; here none are there): its
+    config.json's model, looped, is planned as config/pythia-6.9b_mesh.json plans the preset."""
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "gpt_neox", "hidden_size": 4096, "num_attention_heads": 32, '
+        '"num_hidden_layers": 32, "vocab_size": 50432, "intermediate_size": 16384}')
+    config = os.path.join(ROOT, "config", "pythia-6.9b_mesh.json")
+    assert train.main([config, "--plan=true"]) == 0
+    preset = capsys.readouterr().out.splitlines()
+    assert train.main([config, "--plan=true", f"--init_from=hf:{tmp_path}"]) == 0
+    looped = capsys.readouterr().out.splitlines()
+    assert looped[0] == preset[0].replace("pythia-6.9b", f"hf:{tmp_path}")
+    assert looped[1:] == preset[1:] and "4,642,246,686 params" in looped[0]
+
+
 def test_a_gpu_not_listed_is_planned_from_the_memory_and_tflops_given(capsys):
     """--gpu=v100 is refused with "give --gpu_memory and --gpu_tflops": with both given, it is planned as given."""
     assert train.main(["--plan=true", "--gpu=v100", "--gpu_memory=32", "--gpu_tflops=125"]) == 0
