@@ -7,7 +7,7 @@ import os
 
 from configurator import UsageError
 from support import pretrained
-from support.device import PEAK_BF16_FLOPS, flops_per_token
+from support.device import PEAK_BF16_FLOPS, flops_per_token, resolve_dtype
 from support.memory import GiB, check_slots, memory, param_counts
 from support.resume import check_model, resume_from
 
@@ -56,6 +56,7 @@ def plan(tc, cfg):
                          f"planned for; use a multiple of {n}, or another --plan_gpus")
     gib, peak = GPUS.get(tc.gpu, (0, 0))
     gib, peak = tc.gpu_memory or gib, 1e12 * tc.gpu_tflops if tc.gpu_tflops else peak
+    resolve_dtype(tc.dtype, "")  # refused as the run does
     a = 4 if tc.dtype == "float32" else 2  # auto means bf16 autocast on the GPUs planned for
     tokens = tc.batch_size * cfg.block_size
     name = "as given" if tc.gpu_memory or tc.gpu_tflops else tc.gpu

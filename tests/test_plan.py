@@ -157,6 +157,7 @@ def test_torchrun_prints_the_plan_once(capsys, monkeypatch):
     (["--plan_gpus=0"], "--plan_gpus=0 must be at least 1"),
     (["--gpu=v100"], "--gpu=v100 is not one of a100, h100; name one, or give --gpu_memory=GIB and --gpu_tflops=TFLOPS"),
     (["--gpu_tflops=0"], "--gpu_tflops=0.0 must be a finite number above 0"),
+    (["--dtype=float16"], "--dtype=float16 is not supported; use auto, float32 or bfloat16"),
     (["--grad_accum=4", "--plan_gpus=8"],
      "--grad_accum=4 does not divide by the 8 GPU(s) planned for; use a multiple of 8, or another --plan_gpus"),
     (["--grad_accum=3", "--plan_gpus=2"],
