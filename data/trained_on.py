@@ -5,9 +5,10 @@ refused where it changed since: for a resume (Dataset.open) and every reader of 
     folder = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))  # refused if it changed
 """
 import os
+from shlex import quote
 
 from configurator import DataError
-from data.meta import STAND_IN, data_root, dataset_folder, dataset_record, is_path
+from data.meta import PROJECT_DATA, STAND_IN, data_root, dataset_folder, dataset_record, is_path
 
 
 def checkpoint_dataset(train_config, trained_on=None, root=None):
@@ -29,9 +30,11 @@ def trained_folder(root, name, trained_on):
         raise DataError(f"dataset {name} is not there (no {name}.idx + .bin, nor "
                         f"{os.path.join(name, 'document')}.idx + .bin)")
     if folder is None:
+        out = "" if root == PROJECT_DATA else f" --out_root {quote(root)}"
         raise DataError(f"dataset {name!r} is not in --data_root={root} (no "
                         f"{os.path.join(root, name)}/meta.json): give the folder it moved to with "
-                        f"--data_root or prepare it with: python data/prepare.py --dataset {name}")
+                        f"--data_root or prepare it with: python data/prepare.py --dataset {name}"
+                        f"{out}")
     return name, folder
 
 

@@ -408,6 +408,16 @@ def test_checkpoint_dataset_finds_the_folder_from_anywhere(tmp_path, monkeypatch
         checkpoint_dataset({"data_root": "data", "dataset": "nope"})
 
 
+def test_the_prepare_command_for_a_missing_dataset_names_its_data_root(tmp_path):
+    """Followed, it prepares the data where the run looks (--out_root), not in data/."""
+    with pytest.raises(DataError) as e:
+        checkpoint_dataset({"data_root": str(tmp_path / "my data"), "dataset": "tiny"})
+    suggested = str(e.value).split("prepare it with: ")[1]
+    assert suggested == f"python data/prepare.py --dataset tiny --out_root '{tmp_path}/my data'"
+    with pytest.raises(DataError, match=r"prepare it with: python data/prepare.py --dataset tiny$"):
+        checkpoint_dataset({"data_root": "data", "dataset": "tiny"})
+
+
 def test_a_dataset_path_is_the_absolute_prefix_its_meta_json_names(tmp_path, monkeypatch, gpt2):
     """--dataset PATH, the folder or the prefix of data --indexed described as pile/part0 (no document.idx
     there): the absolute prefix pile/part0, whatever the working folder."""
