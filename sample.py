@@ -44,7 +44,7 @@ class SampleConfig:
     unfinished: bool = setting(False, UNFINISHED)
     debug: bool = setting(False, "show Python tracebacks for errors")
 
-    def __post_init__(self):  # in range, before anything is read (an inf temperature is uniform)
+    def __post_init__(self):  # in range, before anything is read
         check_ranges(self, [
             ("num_samples", lambda v: v >= 1, "at least 1"),
             ("max_new_tokens", lambda v: v >= 0, "at least 0"),
