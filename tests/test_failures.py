@@ -897,6 +897,30 @@ def test_a_sharded_save_without_its_state_is_refused_in_one_line(data_root, tmp_
         in one_line(capsys)
 
 
+@pytest.mark.parametrize("taken", ["checkpoint", "log"])
+def test_a_refused_run_prepares_no_dataset(taken, tmp_path, capsys, monkeypatch):
+    """A run refused for its --out_dir (a run's checkpoint there, a
+    linked log.jsonl) is refused before its dataset, prepared on first
+    use, is prepared: nothing is written under --data_root."""
+    text = tmp_path / "input.txt"
+    text.write_text(TEXT)
+    monkeypatch.setenv("NANOMESH_SHAKESPEARE_URL", text.as_uri())
+    out, root = tmp_path / "run", tmp_path / "data"
+    root.mkdir()
+    if taken == "checkpoint":
+        fake_sharded(out)
+    else:
+        out.mkdir()
+        os.symlink(text, out / "log.jsonl")
+    flags = [f for f in TINY if not f.startswith("--dataset=")]
+    assert train.main([*flags, "--dataset=shakespeare_char",
+                       f"--data_root={root}", f"--out_dir={out}"]) == 2
+    said = {"checkpoint": f"{out} holds a run's checkpoints",
+            "log": f"{out / 'log.jsonl'} is a symbolic link"}[taken]
+    assert one_line(capsys).startswith(f"train.py: error: {said}")
+    assert listed(root) == []
+
+
 def test_a_second_table1_on_a_live_root_touches_nothing(tmp_path):  # noqa: F811
     """table1.py beside a live run of its --root (here its folder's lock, held by this process) stops before it
     deletes, truncates or trains anything there."""
