@@ -38,9 +38,10 @@ def load_latest(out_dir, device, prog, kept=None):
                               f"{', '.join(map(str, have))})")
     name = entry[2] if entry else CKPT  # none at all: load()'s one line
     if os.path.isdir(os.path.join(out_dir, name)) and KEPT.match(name):
-        return load_latest(os.path.join(out_dir, name), device, prog)
+        return load_latest(os.path.join(out_dir, name), device, prog, kept)
     if SHARDS.match(name):
-        raise UsageError(f"{os.path.join(out_dir, name)} (iter {entry[0]}) is the run's latest "
+        which = "latest" if kept is None else "kept"
+        raise UsageError(f"{os.path.join(out_dir, name)} (iter {entry[0]}) is the run's {which} "
                          f"checkpoint, a sharded one, and {prog} reads a whole one ({CKPT}); "
                          f"write it first: python tools/consolidate.py "
                          f"{shlex.quote('--out_dir=' + out_dir)}")

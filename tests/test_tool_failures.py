@@ -92,6 +92,13 @@ def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, cap
     assert sample.main([f"--out_dir={out}", "--start=Then", "--max_new_tokens=3"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out.startswith("Then")
+    (out / "ckpt_8").mkdir()  # --keep_every's copy of a sharded one: --ckpt=8's, not the latest
+    kept = shutil.move(write_shards(out, 8, saved_at=0.0), out / "ckpt_8")
+    assert sample.main([f"--out_dir={out}", "--ckpt=8"]) == 2
+    assert one_line(capsys, "sample.py") == (
+        f"sample.py: error: {kept} (iter 8) is the run's kept checkpoint, a sharded one, "
+        f"and sample.py reads a whole one (ckpt.pt); write it first: python "
+        f"tools/consolidate.py --out_dir={out / 'ckpt_8'}\n")
 
 
 def test_a_checkpoint_or_an_export_given_as_a_run_names_the_folder_to_give(tiny_ckpt, tmp_path, capsys):
