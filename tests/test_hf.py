@@ -550,6 +550,18 @@ def test_mesh_lm_reads_the_runs_latest_checkpoint_as_sample_does(mesh_lm, tmp_pa
         lm_eval_mesh.MeshLM(out_dir=str(sharded))
 
 
+def test_an_export_given_as_out_dir_is_named_as_lm_evals_pretrained(tmp_path):
+    """out_dir=<an export_hf.py folder>: lm_eval's model arg for it is pretrained=."""
+    pytest.importorskip("lm_eval", reason="lm_eval is not installed: pip install lm_eval")
+    from configurator import UsageError
+    from tools import lm_eval_mesh
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(UsageError) as e:
+        lm_eval_mesh.MeshLM(out_dir=str(tmp_path))
+    assert str(e.value) == (f"{tmp_path} is a Hugging Face export; give it as "
+                            f"pretrained={tmp_path}")
+
+
 def test_lm_evals_own_refusals_are_one_line_and_a_bug_is_not(mesh_lm):
     """lm_eval's checks of its command line refuse with ValueError: bad_input makes them
     UsageErrors; any other exception (a bug) passes through as it was."""
