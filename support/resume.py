@@ -109,7 +109,7 @@ def check_model(ckpt, given):
                  if k in given and given[k] != saved[k]]
     if conflicts:
         raise UsageError("the checkpoint's model differs from the flags given: "
-                         + "; ".join(conflicts))
+                         + "; ".join(conflicts) + "; resume without them")
 
 
 def optimizer_mismatch(saved, optimizer):

@@ -496,10 +496,13 @@ def test_a_resume_keeps_what_the_run_did(finished, tmp_path, capsys):
     before = snapshot(out)
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--core_init=average"]) == 2
     assert one_line(capsys) == ("train.py: error: the checkpoint's model differs from the flags given: core_init: "
-                                "checkpoint 'stepwise' vs given 'average'\n")
+                                "checkpoint 'stepwise' vs given 'average'; resume without them\n")
     assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--data_order=sequential"]) == 2
     assert one_line(capsys) == ("train.py: error: the checkpoint's model differs from the flags given: data_order: "
-                                "checkpoint 'random' vs given 'sequential'\n")
+                                "checkpoint 'random' vs given 'sequential'; resume without them\n")
+    (tmp_path / "c.json").write_text('{"core_init": "average"}')  # a config file's value is given too
+    assert train.main([str(tmp_path / "c.json"), "--init_from=resume", f"--out_dir={out}"]) == 2
+    assert one_line(capsys).endswith("given 'average'; resume without them\n")
     assert snapshot(out) == before
     resave(out / "ckpt.pt", lambda c: c.update(teacher={"name": "big"}))
     before = snapshot(out)

@@ -331,4 +331,4 @@ def test_a_plan_of_a_resume_plans_its_checkpoints_model(vanilla, capsys):
                         ("--model=pythia-14m", "model: checkpoint 'classroom' vs given 'pythia-14m'")]:
         assert train.main(["--init_from=resume", f"--out_dir={vanilla}", "--plan=true", flag]) == 2
         assert capsys.readouterr().err == (f"train.py: error: the checkpoint's model differs "
-                                           f"from the flags given: {words}\n")
+                                           f"from the flags given: {words}; resume without them\n")
