@@ -140,8 +140,8 @@ def parse_flags(cls, argv, prog, notes="", read_config=None):
 
     def put(key, value, where, file=None):
         if key not in fields:
-            raise UsageError(f"unknown setting {key!r} in {where}{closest(key, fields, True)}; "
-                             f"see python {prog} --help")
+            raise UsageError(f"unknown setting {key!r} in {where}{closest(key, fields, not file)}"
+                             f"; see python {prog} --help")
         # a command line's bytes that are not UTF-8 reach Python as lone surrogates: a path may
         # hold what the file system takes, any other text must be UTF-8
         encode = os.fsencode if fields[key].metadata.get("path") else str.encode

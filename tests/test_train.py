@@ -680,7 +680,7 @@ def test_help_lists_every_setting_with_default_and_config_files_are_data(tmp_pat
     assert parse_flags(train.TrainConfig, ["--compile", "--overwrite"], "train.py") == {"compile": True,
                                                                                              "overwrite": True}
     cfg.write_text('{"max_iterz": 7}')
-    with pytest.raises(UsageError, match="did you mean --max_iters"):
+    with pytest.raises(UsageError, match="did you mean 'max_iters'"):
         parse_flags(train.TrainConfig, [str(cfg)], "train.py", read_config=read_config)
     cfg.write_text('{\n  "max_iters": 7,\n}\n')  # a trailing comma: said so, with where
     with pytest.raises(UsageError) as e:
