@@ -113,7 +113,7 @@ def read_config(path):
     try:
         values = read_json(path)
     except OSError as e:
-        raise UsageError(f"cannot read config file {path!r}: {e.strerror}") from None
+        raise UsageError(f"cannot read config file {path!r}: {e.strerror}; fix the path") from None
     except PlainDataError as e:
         raise UsageError(f"config file {path!r} {e}; fix it, or give the settings as flags") \
             from None

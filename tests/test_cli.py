@@ -92,7 +92,7 @@ def test_a_config_file_that_cannot_be_read_says_why_in_words(tmp_path):
     with pytest.raises(UsageError) as e:
         parse_flags(train.TrainConfig, [missing], "train.py", read_config=read_config)
     assert str(e.value) == (f"cannot read config file {missing!r}: "
-                            f"{os.strerror(errno.ENOENT)}")
+                            f"{os.strerror(errno.ENOENT)}; fix the path")
 
 
 def test_a_config_files_whole_number_is_either_type_a_fraction_no_integer(tmp_path):
