@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import command, files, spawn  # noqa: E402
 from configurator import UsageError, closest, setting  # noqa: E402
 from data.indexed import IndexedDataset, train_sequences, write_index  # noqa: E402
+from data.trained_on import elsewhere  # noqa: E402
 from data.meta import (PROJECT_DATA, STAND_IN, DataError, Tokenizer, check_ids,  # noqa: E402
                        data_root, dataset_folder, dtype_for_vocab, is_path, read_meta)
 
@@ -40,10 +41,6 @@ OFFLINE = ".shakespeare_char.offline"  # why shakespeare_char fell back on pydoc
 REPLACING = ".meta.json.replacing"  # the old meta.json while new files move in
 SPLITS = {"train.bin", "val.bin", "document.bin", "document.idx"}  # either format's
 NAME_BYTES = 200  # its staging folder's name fits in 255
-
-
-def elsewhere(out_root):  # a suggested command's --out_root
-    return "" if out_root in ("data", PROJECT_DATA) else f" --out_root {quote(out_root)}"
 
 
 class DownloadError(DataError):

@@ -30,12 +30,15 @@ def trained_folder(root, name, trained_on):
         raise DataError(f"dataset {name} is not there (no {name}.idx + .bin, nor "
                         f"{os.path.join(name, 'document')}.idx + .bin)")
     if folder is None:
-        out = "" if root == PROJECT_DATA else f" --out_root {quote(root)}"
         raise DataError(f"dataset {name!r} is not in --data_root={root} (no "
                         f"{os.path.join(root, name)}/meta.json): give the folder it moved to with "
                         f"--data_root or prepare it with: python data/prepare.py --dataset {name}"
-                        f"{out}")
+                        f"{elsewhere(root)}")
     return name, folder
+
+
+def elsewhere(out_root):  # a suggested prepare command's --out_root
+    return "" if out_root in ("data", PROJECT_DATA) else f" --out_root {quote(out_root)}"
 
 
 def check_unchanged(folder, name, trained_on, now):
