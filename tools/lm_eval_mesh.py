@@ -84,10 +84,8 @@ class MeshLM(TemplateLM):
             own = str(config.get("nanomesh_tokenizer"))
             self.tokenizer = (Tokenizer.from_meta(files.parse_json(own)) if own.startswith("{")
                               else Tokenizer("bpe", path=pretrained))
-        elif out_dir and os.path.isfile(os.path.join(out_dir, "model.safetensors")):
-            raise UsageError(f"{out_dir} is a Hugging Face export; give it as "
-                             f"pretrained={out_dir}")
         else:
+            tool.check_run_folder(out_dir or "out", export="as pretrained=")
             model, ckpt = tool.load_latest(out_dir or "out", device, "lm_eval_mesh.py")
             dataset = checkpoint_dataset(ckpt["train_config"], ckpt.get("data"))
             self.tokenizer = Tokenizer.load(dataset)
