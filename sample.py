@@ -57,7 +57,7 @@ class SampleConfig:
 def complete(model, tokenizer, start, max_new_tokens, temperature=0.8, top_k=None, device="cpu",
              num_samples=1):
     """Continue the text `start` num_samples times -> the decoded strings (prompt included)."""
-    ids = tokenizer.encode(start) or [0]  # an empty prompt starts from token 0
+    ids = tokenizer.encode(start) or [tokenizer.eot_id or 0]  # empty: <|endoftext|>, or token 0
     idx = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (N, T)
     out = model.eval().generate(idx, max_new_tokens, temperature=temperature, top_k=top_k)
     return [tokenizer.decode(row.tolist()) for row in out]

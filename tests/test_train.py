@@ -24,7 +24,7 @@ import mesh
 from tools import probe
 import sample
 import train
-from configurator import UsageError, parse_flags
+from configurator import DataError, UsageError, parse_flags
 from support.files import read_config
 from data.dataset import load_split
 from data.prepare import prepare
@@ -497,6 +497,16 @@ def test_empty_prompt_starts_from_token_0(data_root):
     tok = Tokenizer.load(os.path.join(data_root, "tiny"))
     model = mesh.RecursiveGPT(mesh.Config(vocab_size=tok.vocab_size, block_size=8, n_embd=16, n_head=2, layout="2"))
     assert sample.complete(model, tok, "", 0, num_samples=2) == [tok.decode([0])] * 2
+
+
+def test_an_empty_prompt_starts_from_endoftext_where_the_vocabulary_has_it():
+    """GPT-2's BPE: <|endoftext|>, the token its documents start after (lm_eval_mesh.py's too)."""
+    try:
+        tok = Tokenizer("gpt2")
+    except DataError as e:
+        pytest.skip(f"GPT-2 vocabulary unavailable (set TIKTOKEN_CACHE_DIR): {e}")
+    model = mesh.RecursiveGPT(mesh.Config(vocab_size=tok.vocab_size, block_size=8, n_embd=16, n_head=2, layout="2"))
+    assert sample.complete(model, tok, "", 0) == ["<|endoftext|>"]
 
 
 def test_bad_sample_input(data_root, tmp_path, capsys):
