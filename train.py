@@ -184,7 +184,7 @@ def train(given):
     tc, ckpt = resolve(TrainConfig, given)  # ckpt: a resume's checkpoint, or a source to loop
     if tc.plan:  # the memory plan: nothing is trained or allocated
         from support.plan import plan
-        plan(tc, ckpt["model"].config if ckpt else model_config(tc, vocab_size=None))
+        plan(tc, ckpt["model"].config if ckpt else model_config(tc, vocab_size=None), ckpt)
         return 0
     launched = dist.is_initialized()  # by torchrun: its processes have joined their group
     rank, world = (dist.get_rank(), dist.get_world_size()) if launched else (0, 1)

@@ -40,8 +40,9 @@ def start(tc, given):
         return pretrained.source(found, given, weights=False)  # an hf: source's config alone
 
 
-def plan(tc, cfg):
-    """Print the plan for TrainConfig tc and model cfg (a source's: looped as the flags say)."""
+def plan(tc, cfg, ckpt=None):
+    """Print the plan for TrainConfig tc and model cfg (a source's: looped as the flags say); a
+    resume's time is that of the steps its checkpoint ckpt has left."""
     what = tc.model  # the preset's, or the source looped
     if tc.init_from not in ("scratch", "resume"):
         cfg, what = pretrained.looped(cfg, tc), tc.init_from
@@ -77,9 +78,12 @@ def plan(tc, cfg):
     accum = tc.grad_accum or n  # not given: one micro-batch a process
     step = flops_per_token(cfg) * tokens * accum
     again = 4 / 3 if tc.grad_checkpoint else 1  # grad_ckpt: each block's forward runs again
-    days = step * tc.max_iters * again / (n * peak * MFU) / 86400
+    done = ckpt["iter_num"] if tc.init_from == "resume" else 0
+    left = max(0, tc.max_iters - done)
+    days = step * left * again / (n * peak * MFU) / 86400
     lines.append(f"time, as set: {step:.3g} FLOPs a step ({flops_per_token(cfg):.3g} a token), "
-                 f"{tc.max_iters:,} steps: {days:,.1f} days on {n} GPU(s) at {MFU:.0%} MFU "
+                 f"{left:,} steps" + (f" (of {tc.max_iters:,}, from iter {done:,})" if done else "")
+                 + f": {days:,.1f} days on {n} GPU(s) at {MFU:.0%} MFU "
                  f"({days * 24 * n:,.0f} GPU-hours"
                  + (", x 4/3 for grad_ckpt's recompute)" if again > 1 else ")"))
     if os.environ.get("RANK", "0") == "0":  # torchrun's processes: one table

@@ -326,6 +326,10 @@ def test_a_plan_of_a_resume_plans_its_checkpoints_model(vanilla, capsys):
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith(f"plan: classroom layout 4 scheme base, {P:,} params, "
                             "micro-batch 4 x 16 = 64 tokens, bf16 autocast, 1 GPU(s) ")
+    # its time: the steps the checkpoint (iter 4) has left, not all of --max_iters
+    assert train.main(["--init_from=resume", f"--out_dir={vanilla}", "--plan=true",
+                       "--plan_gpus=1", "--max_iters=10"]) == 0
+    assert ", 6 steps (of 10, from iter 4): " in capsys.readouterr().out
     for flag, words in [("--n_embd=64", "n_embd: checkpoint 32 vs given 64"),
                         ("--scheme=mesh", "scheme: checkpoint 'base' vs given 'mesh'"),
                         ("--model=pythia-14m", "model: checkpoint 'classroom' vs given 'pythia-14m'")]:
