@@ -49,13 +49,15 @@ def load_latest(out_dir, device, prog, kept=None):
 
 
 def check_run_folder(out_dir, export="to from_pretrained or to train.py as --init_from=hf:"):
-    """Refuse a checkpoint or an export given as a run; export: how the caller takes an export."""
+    """Refuse a checkpoint, an export or a file given as a run; export: how the caller takes one."""
     up, name = os.path.split(os.path.normpath(out_dir))
     saved = os.path.isfile(out_dir) and (name == CKPT or KEPT.match(name))
     if SHARDS.match(name) or saved:
         raise CheckpointError(f"{out_dir} is a checkpoint; give its run's folder, {up or '.'}")
     if os.path.isfile(os.path.join(out_dir, "model.safetensors")):  # export_hf.py's
         raise CheckpointError(f"{out_dir} is a Hugging Face export; give it {export}{out_dir}")
+    if os.path.isfile(out_dir):
+        raise CheckpointError(f"{out_dir} is a file; give a run's folder")
 
 
 def load_run(out_dir, device, prog, unfinished=False, kept=None,

@@ -102,8 +102,8 @@ def test_sample_refuses_a_sharded_checkpoint_that_trained_further(tiny_ckpt, cap
 
 
 def test_a_checkpoint_or_an_export_given_as_a_run_names_the_folder_to_give(tiny_ckpt, tmp_path, capsys):
-    """A sharded checkpoint's folder (a kept ckpt_ITER/'s too), a ckpt.pt or ckpt_ITER.pt file, or an
-    export_hf.py folder given where a run's folder is expected: every tool that reads a run says what it
+    """A sharded checkpoint's folder (a kept ckpt_ITER/'s too), a ckpt.pt or ckpt_ITER.pt file, an
+    export_hf.py folder or another file given where a run's folder is expected: every tool that reads a run says what it
     is and which folder to give, in one line, never to train into it, and writes nothing there
     (consolidate.py's lock file included)."""
     from tools import consolidate, export_hf, routing
@@ -114,13 +114,15 @@ def test_a_checkpoint_or_an_export_given_as_a_run_names_the_folder_to_give(tiny_
     export.mkdir()
     (export / "model.safetensors").write_bytes(b"")
     shutil.copy(tiny_ckpt / "ckpt.pt", tiny_ckpt / "ckpt_4.pt")  # a kept one, as --keep_every's
+    (tmp_path / "notes.txt").write_text("mine")
     before = snapshot(tmp_path)
     for folder, words in [
             (shards, f"a checkpoint; give its run's folder, {tiny_ckpt}"),
             (tiny_ckpt / "ckpt.pt", f"a checkpoint; give its run's folder, {tiny_ckpt}"),
             (tiny_ckpt / "ckpt_4.pt", f"a checkpoint; give its run's folder, {tiny_ckpt}"),
             (kept, f"a checkpoint; give its run's folder, {tiny_ckpt / 'ckpt_8'}"),
-            (export, f"a Hugging Face export; give it to from_pretrained or to train.py as --init_from=hf:{export}")]:
+            (export, f"a Hugging Face export; give it to from_pretrained or to train.py as --init_from=hf:{export}"),
+            (tmp_path / "notes.txt", "a file; give a run's folder")]:
         for tool, flags in [(sample, []), (probe, []), (routing, ["--text=the"]), (consolidate, []),
                             (export_hf, [f"--to={tmp_path / 'new'}"]), (train, []),
                             (train, ["--init_from=resume"])]:

@@ -419,7 +419,7 @@ def test_existing_run_is_protected_and_resume_conflicts_are_listed(data_root, tm
 def test_out_dir_that_is_a_file_is_one_line(data_root, tmp_path, capsys):
     (tmp_path / "f").write_text("mine")
     assert run(["--max_iters=1"], data_root, tmp_path / "f") == 2
-    assert capsys.readouterr().err == f"train.py: error: cannot use {tmp_path / 'f'}: File exists; check the path\n"
+    assert capsys.readouterr().err == f"train.py: error: {tmp_path / 'f'} is a file; give a run's folder\n"
     assert (tmp_path / "f").read_text() == "mine"
 
 
