@@ -225,6 +225,9 @@ def check_writable(path, flag, ending="", folder=False):
     shown, kind = f"--{flag}={path}", "folder" if folder else "file name"
     if os.path.exists(path) and os.path.isdir(path) != folder:
         raise UsageError(f"{shown} is a {'file' if folder else 'folder'}; give a {kind}")
+    if os.path.islink(path) and not os.path.exists(path):  # its writer would replace the link
+        raise UsageError(f"{shown} is a link to {os.readlink(path)}, which is not there; give a "
+                         f"{kind}")
     if not path.lower().endswith(ending):
         raise UsageError(f"{shown} does not end in {ending}; give a {kind} that does")
     found = _owner(os.path.join(path, "x") if folder else path)

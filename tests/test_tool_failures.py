@@ -587,6 +587,19 @@ def test_a_run_with_its_log_alone_is_a_run_and_an_ending_in_capitals_is_that_end
     reading.check_writable(str(tmp_path / "FIG.PNG"), "png", ".png")
 
 
+def test_an_output_on_a_link_to_nothing_names_where_it_points(tmp_path):
+    """A folder's writer (export_hf.py's --to) would fail naming its temporary folder, a file's replace
+    the link: both refused first, in one line."""
+    from configurator import UsageError
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone")
+    for flag, folder, kind in [("to", True, "folder"), ("json", False, "file name")]:
+        with pytest.raises(UsageError) as e:
+            reading.check_writable(str(link), flag, folder=folder)
+        assert str(e.value) == f"--{flag}={link} is a link to {tmp_path / 'gone'}, which is not there; give a {kind}"
+    assert os.listdir(tmp_path) == ["out"] and os.readlink(link) == str(tmp_path / "gone")
+
+
 def test_a_figure_is_never_drawn_into_a_run_or_a_dataset(tiny_ckpt, data_root, capsys):
     """draw.py's and routing.py's --png, routing.py's --json and probe.py's --png folder: refused in one line
     inside a sharded checkpoint's folder (onto a shard too), on a kept checkpoint (ckpt_ITER.pt, the folder
