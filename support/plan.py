@@ -82,7 +82,7 @@ def plan(tc, cfg, ckpt=None):
     left = max(0, tc.max_iters - done)
     days = step * left * again / (n * peak * MFU) / 86400
     lines.append(f"time, as set: {step:.3g} FLOPs a step ({flops_per_token(cfg):.3g} a token), "
-                 f"{left:,} steps" + (f" (of {tc.max_iters:,}, from iter {done:,})" if done else "")
+                 f"{left:,} steps" + (f" (of {tc.max_iters:,}, from iter {done})" if done else "")
                  + f": {days:,.1f} days on {n} GPU(s) at {MFU:.0%} MFU "
                  f"({days * 24 * n:,.0f} GPU-hours"
                  + (", x 4/3 for grad_ckpt's recompute)" if again > 1 else ")"))

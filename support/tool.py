@@ -49,7 +49,7 @@ def load_latest(out_dir, device, prog, kept=None):
 
 
 def check_run_folder(out_dir, export="to from_pretrained or to train.py as --init_from=hf:"):
-    """Refuse a checkpoint, an export or a file given as a run; export: how the caller takes one."""
+    """Refuse a checkpoint, an export or a file given as a run; export: how the caller takes it."""
     up, name = os.path.split(os.path.normpath(out_dir))
     saved = os.path.isfile(out_dir) and (name == CKPT or KEPT.match(name))
     if SHARDS.match(name) or saved:
