@@ -491,6 +491,8 @@ def run(given):
         return 0
     if not args.dataset:
         raise DataError("--dataset NAME is required (or --indexed PATH)")
+    if "seq_len" in given and args.format != "indexed":  # a flat dataset is one stream of ids
+        raise DataError("--seq_len is the indexed format's; add --format indexed, or drop it")
     prepare(args.dataset, input=args.input, url=args.url, tokenizer=args.tokenizer,
             out_root=data_root(args.out_root), format=args.format, seq_len=args.seq_len,
             num_proc=args.num_proc)

@@ -715,6 +715,10 @@ def test_prepare_without_a_dataset_or_with_indexed_and_a_source_is_one_line(tmp_
     assert prep.main(["--indexed", str(tmp_path), "--url", "https://example.com/t.txt"]) == 2
     assert capsys.readouterr().err == ("prepare.py: error: --indexed describes an existing dataset: "
                                        "drop --dataset, --input and --url\n")
+    assert prep.main(["--dataset", "x", "--seq_len", "64", "--out_root", str(tmp_path / "d")]) == 2
+    assert capsys.readouterr().err == ("prepare.py: error: --seq_len is the indexed format's; add "
+                                       "--format indexed, or drop it\n")
+    assert not (tmp_path / "d").exists()
 
 
 class SignalsSeen:
