@@ -39,7 +39,7 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2", "pydoc": "char"}  # name: tokenizer
 OFFLINE = ".shakespeare_char.offline"  # why shakespeare_char fell back on pydoc
 REPLACING = ".meta.json.replacing"  # the old meta.json while new files move in
-SPLITS = {"train.bin", "val.bin", "document.bin", "document.idx"}  # either format's
+MADE = {"train.bin", "val.bin", "document.bin", "document.idx", "tokenizer.json"}  # any kind's
 NAME_BYTES = 200  # its staging folder's name fits in 255
 
 
@@ -312,10 +312,10 @@ def prepare(dataset, input=None, url=None, tokenizer=None, out_root=PROJECT_DATA
         meta = _tokenize(source, label, tok, stage, chunk_bytes, format, seq_len, num_proc)
         files.write_json(os.path.join(stage, "meta.json"), {
             "dataset": dataset, **meta, "source": os.path.abspath(input) if input else label})
-        # commit: the old meta.json set aside, the old format's files gone, meta.json in last
+        # commit: the old meta.json set aside, old files the new lack gone, meta.json in last
         if os.path.exists(os.path.join(final, "meta.json")):
             os.replace(os.path.join(final, "meta.json"), os.path.join(final, REPLACING))
-        for name in SPLITS - set(os.listdir(stage)):
+        for name in MADE - set(os.listdir(stage)):
             files.remove(os.path.join(final, name))
         for name in sorted(os.listdir(stage), key=lambda name: name == "meta.json"):
             os.replace(os.path.join(stage, name), os.path.join(final, name))

@@ -967,6 +967,9 @@ def test_bpe_dataset_keeps_its_tokenizer(tmp_path):
         json.dump(spec, f)
     with pytest.raises(DataError, match="not the tokenizer this dataset was made with"):
         Tokenizer.load(d)
+    # prepared again with characters: the folder is the char dataset's alone, its copy gone
+    assert prepare("neox", input=str(tmp_path / "in.txt"), out_root=str(tmp_path / "data"), log=quiet) == d
+    assert listed(d) == ["meta.json", "train.bin", "val.bin"] and Tokenizer.load(d).kind == "char"
 
 
 def test_bpe_that_tiktoken_cannot_run(tmp_path, monkeypatch):
