@@ -330,6 +330,9 @@ def test_a_plan_of_a_resume_plans_its_checkpoints_model(vanilla, capsys):
     assert train.main(["--init_from=resume", f"--out_dir={vanilla}", "--plan=true",
                        "--plan_gpus=1", "--max_iters=10"]) == 0
     assert ", 6 steps (of 10, from iter 4): " in capsys.readouterr().out
+    assert train.main(["--init_from=resume", f"--out_dir={vanilla}", "--plan=true",
+                       "--plan_gpus=1", "--max_iters=2"]) == 0  # past it: none left, no time
+    assert ", 0 steps (of 2, from iter 4): 0.0 days on 1 GPU(s) at " in capsys.readouterr().out
     for flag, words in [("--n_embd=64", "n_embd: checkpoint 32 vs given 64"),
                         ("--scheme=mesh", "scheme: checkpoint 'base' vs given 'mesh'"),
                         ("--model=pythia-14m", "model: checkpoint 'classroom' vs given 'pythia-14m'")]:
