@@ -194,7 +194,8 @@ def test_a_sharded_state_without_adamws_settings_is_one_line(change, words, tmp_
 
 def test_consolidating_nothing_or_behind_a_later_whole_checkpoint_is_one_line(tmp_path, capsys):
     """No sharded checkpoint: one line saying how to train one. A ckpt.pt at the shards' iteration but saved
-    after them: refused, ckpt.pt kept."""
+    after them: refused, ckpt.pt kept; so is a kept ckpt_ITER.pt further on. At a tie (a consolidation's ckpt.pt) the
+    shards are read again."""
     assert consolidate.main([f"--out_dir={tmp_path}"]) == 2
     assert capsys.readouterr().err == (f"consolidate.py: error: no sharded checkpoint in {tmp_path} (no whole "
                                        f"shards-<iter> folder); train one with torchrun ... train.py --fsdp=true "
@@ -212,6 +213,17 @@ def test_consolidating_nothing_or_behind_a_later_whole_checkpoint_is_one_line(tm
     assert capsys.readouterr().err == (f"consolidate.py: error: {tmp_path / 'ckpt.pt'} (iter 3) was saved after the "
                                        f"sharded checkpoint (iter 3), which would replace it; it needs no consolidation\n")
     assert snapshot(tmp_path) == before
+    checkpoint.save(dict(model=RecursiveGPT(cfg).state_dict(), model_config=cfg.to_dict(), train_config=tc, iter_num=5,
+                         saved_at=300.0), str(tmp_path / "ckpt_5.pt"))  # a kept whole one, further
+    assert consolidate.main([f"--out_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err == (f"consolidate.py: error: {tmp_path / 'ckpt_5.pt'} (iter 5) is further in "
+                                       f"training than the sharded checkpoint (iter 3), which would replace it; it "
+                                       f"needs no consolidation\n")
+    os.remove(tmp_path / "ckpt_5.pt")
+    checkpoint.save(dict(model=RecursiveGPT(cfg).state_dict(), model_config=cfg.to_dict(), train_config=tc, iter_num=3,
+                         saved_at=100.0), str(tmp_path / "ckpt.pt"))  # a tie, as a consolidation leaves: the shards
+    assert consolidate.main([f"--out_dir={tmp_path}"]) == 2
+    assert f"the sharded checkpoint {tmp_path / 'shards-00000003'} is incomplete or corrupt" in capsys.readouterr().err
 
 
 def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path):
