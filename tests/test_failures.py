@@ -571,9 +571,9 @@ def set_token(split, value):
     return edit_bin(split, fn)
 
 
-def shorten_train(folder):
-    (folder / "train.bin").write_bytes((folder / "train.bin").read_bytes()[:20])
-    edit_meta(train_tokens=10)(folder)
+def shorten_train(folder, n=10):
+    (folder / "train.bin").write_bytes((folder / "train.bin").read_bytes()[:2 * n])
+    edit_meta(train_tokens=n)(folder)
 
 
 DAMAGED_DATA = [  # (name, damage, words of the one-line error)
@@ -597,6 +597,8 @@ DAMAGED_DATA = [  # (name, damage, words of the one-line error)
     ("odd size", edit_bin("train", lambda d: d[:-1]), "train.bin has 30563 bytes, not a whole number of uint16 tokens"),
     ("a token short", edit_bin("val", lambda d: d[:-2]), "val.bin holds 1,697 tokens but meta.json says 1,698"),
     ("shorter than a block", shorten_train, "block_size 16 + 1 is longer than the training split of 'tiny' (10 tokens in"),
+    ("a block, not one more", lambda folder: shorten_train(folder, 16),
+     "block_size 16 + 1 is longer than the training split of 'tiny' (16 tokens in"),
 ]
 
 
