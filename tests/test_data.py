@@ -234,6 +234,10 @@ def test_offline_fallback_to_pydoc(tmp_path, monkeypatch):
         ensure_dataset(txt, out_root=str(tmp_path / "o"), log=quiet)
     assert str(e.value) == (f"{txt} is a file, not a dataset; prepare its text with: python data/prepare.py "
                             f"--dataset NAME --input '{txt}' --out_root {tmp_path / 'o'}, then train with --dataset=NAME")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    write(tmp_path / "here" / "pydoc", TEXT)  # a file in the working folder named as one of ours: ours, prepared
+    assert ensure_dataset("pydoc", out_root=str(tmp_path / "o"), log=quiet) == "pydoc"
 
 
 def test_a_hidden_folder_in_a_data_root_is_not_another_tools_dataset(tmp_path):
