@@ -226,6 +226,20 @@ def test_consolidating_nothing_or_behind_a_later_whole_checkpoint_is_one_line(tm
     assert f"the sharded checkpoint {tmp_path / 'shards-00000003'} is incomplete or corrupt" in capsys.readouterr().err
 
 
+def test_a_shards_folders_own_state_is_read_before_earlier_codes_pointer(tmp_path):
+    """A save of this code's beside earlier code's ckpt-sharded.json (not yet removed): its own state.json."""
+    shards = tmp_path / "shards-00000004"
+    shards.mkdir()
+    (shards / ".metadata").write_bytes(b"")
+    cfg = Config(vocab_size=32, block_size=16, n_embd=32, n_head=2, layout="1+1R2+1", scheme="mesh").to_dict()
+    tc = dict(dataset="tiny", weight_decay=0.1, beta1=0.9, beta2=0.95)
+    plain = dict(model_config=cfg, train_config=tc, iter_num=4, best_val_loss=1.0, rng={"torch": [0]})
+    (shards / "state.json").write_text(json.dumps(plain))
+    (tmp_path / checkpoint.POINTER).write_text(json.dumps({**plain, "iter_num": 2, "folder": "shards-00000002"}))
+    got = checkpoint.sharded_state(str(tmp_path), shards.name)
+    assert (got["path"], got["iter_num"]) == (str(shards / "state.json"), 4)
+
+
 def test_metadata_unpickler_refuses_names_reached_through_a_dcp_module(tmp_path):
     """A dotted name (protocol 4) would reach os.system through a DCP module's own imports: refused, while plain
     pickle would return it."""
