@@ -340,6 +340,8 @@ def test_probe_steps_png_draws_each_scheme_in_its_colour_of_every_figure(tmp_pat
     lines = drawn[os.path.join(str(tmp_path), "steps.png")].axes[0].lines
     assert {ln.get_label(): to_hex(ln.get_color()) for ln in lines} == {
         "mesh 1+2R2+1": to_hex("tab:red"), "base 1+2R2+1": to_hex("tab:blue"), "trained K": "#000000"}
+    assert {ln.get_label(): ln.get_marker() for ln in lines} == {  # a layout's marker, whatever the scheme
+        "mesh 1+2R2+1": "o", "base 1+2R2+1": "o", "trained K": "*"}
 
 
 def test_routing_predicts_after_each_step_what_a_model_stopped_there_predicts(tmp_path):
