@@ -282,6 +282,11 @@ def test_errors(tmp_path):
             prepare(name, input=write(tmp_path / "mytext", TEXT), out_root=str(root), log=quiet)
         assert str(e.value) == f"{tmp_path / 'mytext'} is a file; move it, or give another --dataset or --out_root"
     assert open(tmp_path / "mytext").read() == TEXT
+    (tmp_path / "root").mkdir()
+    write(tmp_path / "root" / "pydoc", TEXT)  # train.py's first use: its flag, --data_root
+    with pytest.raises(DataError) as e:
+        ensure_dataset("pydoc", out_root=str(tmp_path / "root"), log=quiet)
+    assert str(e.value) == f"{tmp_path / 'root' / 'pydoc'} is a file; move it, or give another --dataset or --data_root"
 
 
 def test_an_unreadable_input_is_named_not_the_dataset(tmp_path):
