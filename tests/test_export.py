@@ -338,10 +338,13 @@ def test_an_export_to_another_drive_than_the_run_is_written(runs, tmp_path, monk
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
-def test_an_export_to_a_folder_in_folders_not_there_yet_makes_them(runs, tmp_path):
+def test_an_export_to_a_folder_in_folders_not_there_yet_makes_them(runs, tmp_path, monkeypatch):
     need("safetensors")
     to = tmp_path / "new" / "hf"
     assert export_hf.main([f"--out_dir={runs('char', 'mesh')[0]}", f"--to={to}"]) == 0
+    assert os.listdir(tmp_path / "new") == ["hf"] and (to / "model.safetensors").is_file()
+    monkeypatch.chdir(tmp_path / "new")  # replaced, given as a relative --to
+    assert export_hf.main([f"--out_dir={runs('char', 'mesh')[0]}", "--to=hf", "--overwrite=true"]) == 0
     assert os.listdir(tmp_path / "new") == ["hf"] and (to / "model.safetensors").is_file()
 
 
