@@ -562,6 +562,16 @@ def test_an_export_given_as_out_dir_is_named_as_lm_evals_pretrained(tmp_path):
                             f"pretrained={tmp_path}")
 
 
+def test_lm_eval_mesh_without_out_dir_reads_the_run_in_out(tmp_path, monkeypatch):
+    """No out_dir and no pretrained: ./out, train.py's default --out_dir, named when no run is there."""
+    pytest.importorskip("lm_eval", reason="lm_eval is not installed: pip install lm_eval")
+    from tools import lm_eval_mesh
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError) as e:
+        lm_eval_mesh.MeshLM()
+    assert str(e.value) == "no checkpoint at out/ckpt.pt; train one with: python train.py --out_dir=out"
+
+
 def test_lm_evals_own_refusals_are_one_line_and_a_bug_is_not(mesh_lm):
     """lm_eval's checks of its command line refuse with ValueError: bad_input makes them
     UsageErrors; any other exception (a bug) passes through as it was."""
