@@ -286,7 +286,8 @@ def test_errors(tmp_path):
     write(tmp_path / "root" / "pydoc", TEXT)  # train.py's first use: its flag, --data_root
     with pytest.raises(DataError) as e:
         ensure_dataset("pydoc", out_root=str(tmp_path / "root"), log=quiet)
-    assert str(e.value) == f"{tmp_path / 'root' / 'pydoc'} is a file; move it, or give another --dataset or --data_root"
+    assert str(e.value) == (f"{tmp_path / 'root' / 'pydoc'} is a file; move it, or give another --dataset "
+                            f"or --data_root")
 
 
 def test_an_unreadable_input_is_named_not_the_dataset(tmp_path):
@@ -665,7 +666,8 @@ def test_a_run_reads_both_splits_and_checks_the_model_fits(data_root):
     vocab, val = data.vocab_size, len(data.val)
     assert vocab == 26 and val < len(data.train)
     data.check_fits(Cfg(vocab_size=vocab, block_size=val - 1))
-    with pytest.raises(DataError, match=f"block_size {val} . 1 is longer than the validation split of 'tiny' .{val} tokens."):
+    said = rf"block_size {val} \+ 1 is longer than the validation split of 'tiny' \({val} tokens\); use"
+    with pytest.raises(DataError, match=said):
         data.check_fits(Cfg(vocab_size=vocab, block_size=val))
     with pytest.raises(DataError, match="dataset 'tiny' has 26 tokens but the model's vocabulary is 25; use a dataset"):
         data.check_fits(Cfg(vocab_size=25, block_size=8))
