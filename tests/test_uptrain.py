@@ -7,6 +7,7 @@ hf: source's own tests are in tests/test_hf.py.
     python -m pytest tests/test_uptrain.py -q --all
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -333,6 +334,12 @@ def test_a_plan_of_a_resume_plans_its_checkpoints_model(vanilla, capsys):
     assert train.main(["--init_from=resume", f"--out_dir={vanilla}", "--plan=true",
                        "--plan_gpus=1", "--max_iters=2"]) == 0  # past it: none left, no time
     assert ", 0 steps (of 2, from iter 4): 0.0 days on 1 GPU(s) at " in capsys.readouterr().out
+    days = []  # the time of the steps left: 6 take twice 3's (a slow GPU: many days to compare)
+    for max_iters in (10, 7):
+        assert train.main(["--init_from=resume", f"--out_dir={vanilla}", "--plan=true", "--plan_gpus=1",
+                           f"--max_iters={max_iters}", "--gpu_tflops=1e-12"]) == 0
+        days.append(float(re.search(r"\): ([\d,.]+) days", capsys.readouterr().out)[1].replace(",", "")))
+    assert days[0] == pytest.approx(2 * days[1], rel=1e-3) and days[1] > 100
     for flag, words in [("--n_embd=64", "n_embd: checkpoint 32 vs given 64"),
                         ("--scheme=mesh", "scheme: checkpoint 'base' vs given 'mesh'"),
                         ("--model=pythia-14m", "model: checkpoint 'classroom' vs given 'pythia-14m'")]:
