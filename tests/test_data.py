@@ -750,6 +750,8 @@ def test_num_proc_workers_leave_ctrl_c_to_prepare():
 @pytest.mark.slow
 def test_num_proc_workers_start_where_signals_cannot_be_blocked(monkeypatch):
     """Windows has no pthread_sigmask (nor SIG_BLOCK): the workers start, unblocked."""
+    from multiprocessing import resource_tracker
+    resource_tracker.ensure_running()  # POSIX's own, which its start masks signals for: first, as in a whole run
     for name in ("pthread_sigmask", "SIG_BLOCK", "SIG_SETMASK"):
         monkeypatch.delattr(signal, name, raising=False)
     assert list(prep._encoded(iter(["a", "b", "c"]), SignalsSeen(), num_proc=2)) == [True] * 3
