@@ -60,6 +60,16 @@ def check_run_folder(out_dir, export="to from_pretrained or to train.py as --ini
         raise CheckpointError(f"{out_dir} is a file; give a run's folder")
 
 
+def ran_out(ckpt):
+    """Whether a sequential run read its --epochs passes."""
+    tc, data = ckpt["train_config"], ckpt.get("data") or {}
+    if tc.get("data_order") != "sequential" or not data.get("train_tokens"):
+        return False
+    windows = data["train_tokens"] // (ckpt["model_config"]["block_size"] + 1)
+    step = tc["batch_size"] * tc["grad_accum"]
+    return ckpt["iter_num"] >= tc.get("epochs", 1) * windows // step
+
+
 def load_run(out_dir, device, prog, unfinished=False, kept=None,
              as_is=lambda it: "give --unfinished=true to use it as it is"):
     """load_latest for a tool: unless unfinished, a run a process trains (it holds OUT_DIR's lock)
@@ -86,7 +96,7 @@ def load_run(out_dir, device, prog, unfinished=False, kept=None,
                 raise
             continue
         at, end = ckpt["iter_num"], ckpt["train_config"].get("max_iters")
-        short = isinstance(end, int) and at < end
+        short = isinstance(end, int) and at < end and not ran_out(ckpt)
         if unfinished or not short:
             return model, ckpt, f"unfinished at iter {at}" if short else ""
     raise CheckpointError(f"{out_dir} is unfinished (iter {at} of its --max_iters={end}) and "

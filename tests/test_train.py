@@ -799,6 +799,7 @@ def test_sequential_stops_when_the_data_runs_out(seq_root, tmp_path, monkeypatch
             "768 tokens seen; allow more passes with --init_from=resume --epochs=2") in out
     assert [i for i, _ in losses(tmp_path / "run")][-1] == 12
     assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["iter_num"] == 12
+    assert sample.main([f"--out_dir={tmp_path / 'run'}", "--max_new_tokens=4"]) == 0  # done
     spy_in_process(monkeypatch, str(tmp_path / "spy.jsonl"))
     assert train.main(["--init_from=resume", f"--out_dir={tmp_path / 'run'}", "--epochs=2", "--max_iters=14"]) == 0
     steps = read_spy(tmp_path / "spy.jsonl")
