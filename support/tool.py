@@ -61,7 +61,7 @@ def check_run_folder(out_dir, export="to from_pretrained or to train.py as --ini
 
 
 def ran_out(ckpt):
-    """Whether a sequential run read its --epochs passes."""
+    """Whether a sequential run read its --epochs passes: Dataset.steps, from ckpt's records."""
     tc, data = ckpt["train_config"], ckpt.get("data") or {}
     if tc.get("data_order") != "sequential" or not data.get("train_tokens"):
         return False
